@@ -1,0 +1,32 @@
+# Quick start: `make demo` runs the main job, `make test` runs the whole suite.
+# Both create (or reuse) a local virtual environment in .venv and install what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# PyTorch: this machine kind has a CPU build of 2.13.0 on disk; elsewhere any torch>=2.1 works.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q '$(TORCH_SPEC)' || $(BIN)/python -m pip install -q torch
+	$(BIN)/python -m pip install -q jax jaxlib
+	touch $(VENV)/.core-installed $@
+
+demo: $(VENV)/.core-installed
+	$(BIN)/python -m pullback demo
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info

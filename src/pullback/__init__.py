@@ -1,0 +1,34 @@
+"""pullback: a pure-Python compiler IR for training tensor programs."""
+
+from . import ops  # noqa: F401  (registers operators)
+from . import op
+from . import analysis
+from .ir import (
+    Any,
+    AttrError,
+    Call,
+    Constant,
+    DiagnosticError,
+    ExecutionError,
+    Expr,
+    FuncType,
+    Function,
+    GlobalVar,
+    If,
+    IRModule,
+    ParseError,
+    PassError,
+    PullbackError,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    TupleType,
+    Type,
+    TypeInferenceError,
+    Var,
+    WellFormedError,
+    const,
+    var,
+)
+
+__version__ = "0.1.0"

@@ -1,0 +1,16 @@
+"""The IR: nodes, types, modules, traversals, structural equality, text format."""
+
+from .errors import (
+    AttrError,
+    DiagnosticError,
+    ExecutionError,
+    ParseError,
+    PassError,
+    PullbackError,
+    TypeInferenceError,
+    WellFormedError,
+)
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, const, var
+from .module import IRModule
+from .traversal import free_vars, post_order, transform
+from .types import Any, FuncType, TensorType, TupleType, Type

@@ -1,0 +1,19 @@
+"""Neural-network operator builders: ``pullback.op.nn.dense(x, w)`` and friends."""
+
+from __future__ import annotations
+
+from ..ops.registry import get_op as _get_op
+from ..ops.registry import list_ops as _list_ops
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return _get_op("nn." + name)
+    except Exception:
+        raise AttributeError(f"pullback.op.nn has no operator {name!r}") from None
+
+
+def __dir__():
+    return sorted(o.name[3:] for o in _list_ops() if o.name.startswith("nn."))

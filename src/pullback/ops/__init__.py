@@ -1,0 +1,10 @@
+"""Operator definitions. Importing this package registers every operator."""
+
+from ..ir.expr import install_arith
+from . import elemwise, nn, reduce, transform  # noqa: F401  (registration)
+from .registry import OpDef, OpPattern, defop, get_op, has_op, is_op, list_ops, register
+
+for _name in ("add", "subtract", "multiply", "divide", "negative"):
+    install_arith(_name, get_op(_name))
+
+__all__ = ["OpDef", "OpPattern", "defop", "get_op", "has_op", "is_op", "list_ops", "register"]

@@ -1,0 +1,208 @@
+"""The operator registry: one typed ``OpDef`` per operator, no string-keyed attributes.
+
+Each operator carries, next to its definition: an attrs dataclass, a type
+relation ``infer``, a NumPy kernel ``compute``, a gradient rule ``grad`` (or
+``differentiable=False`` with a reason), a fusion ``pattern`` and a ``flops``
+estimate. Builders follow Relay: ``op.reshape(x, (6, 2, 2))`` passes tensor
+arguments first, then attributes positionally or by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any as _Any
+from typing import Callable, Optional, Sequence
+
+from ..ir.errors import AttrError, PullbackError, TypeInferenceError
+from ..ir.expr import Call, Expr, Op, as_expr
+from ..ir.types import TensorType, Type
+
+
+class OpPattern(enum.IntEnum):
+    """Relay's fusion kinds."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    COMM_REDUCE = 3
+    OUT_ELEMWISE_FUSABLE = 4
+    TUPLE = 7
+    OPAQUE = 8
+
+
+InferFn = Callable[[list, _Any], Type]
+ComputeFn = Callable[..., _Any]
+GradFn = Callable[[Call, Expr], list]
+FlopsFn = Callable[[list, Type, _Any], int]
+
+
+def _default_flops(arg_types: list, out_type: Type, attrs) -> int:
+    """One operation per output element."""
+    if isinstance(out_type, TensorType) and out_type.is_static:
+        return int(math.prod(out_type.shape))
+    return 0
+
+
+def zero_flops(arg_types: list, out_type: Type, attrs) -> int:
+    return 0
+
+
+class OpDef(Op):
+    """An operator definition. Calling it builds a ``Call``.
+
+    ``num_inputs`` is the number of tensor operands (-1: variadic). Extra
+    positional arguments fill the attrs dataclass fields in order.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        num_inputs: int,
+        infer: InferFn,
+        compute: ComputeFn,
+        *,
+        attrs_type: Optional[type] = None,
+        grad: Optional[GradFn] = None,
+        differentiable: bool = True,
+        nondiff_reason: str = "",
+        pattern: OpPattern = OpPattern.OPAQUE,
+        flops: FlopsFn = _default_flops,
+        torch_name: Optional[str] = None,
+        doc: str = "",
+    ):
+        self.name = name
+        self.num_inputs = num_inputs
+        self.infer = infer
+        self.compute = compute
+        self.attrs_type = attrs_type
+        self.grad = grad
+        self.differentiable = differentiable
+        self.nondiff_reason = nondiff_reason
+        self.pattern = OpPattern(pattern)
+        self.flops = flops
+        self.torch_name = torch_name
+        self.__doc__ = doc or f"The ``{name}`` operator."
+        if differentiable and grad is None:
+            # allowed while a rule is being written; the registry test reports it
+            pass
+        if not differentiable and not nondiff_reason:
+            raise PullbackError(f"op {name}: differentiable=False needs a reason")
+
+    # -- building calls
+    def make_attrs(self, *args, **kwargs):
+        """Validated attrs from positional/keyword values; errors name the op."""
+        if self.attrs_type is None:
+            if args or kwargs:
+                given = ", ".join(list(map(repr, args)) + list(kwargs))
+                raise AttrError(f"op {self.name} takes no attributes, got {given}")
+            return None
+        names = [f.name for f in dataclasses.fields(self.attrs_type)]
+        if len(args) > len(names):
+            raise AttrError(f"op {self.name}: too many positional attributes ({len(args)} > {len(names)}: {', '.join(names)})")
+        values = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise AttrError(f"op {self.name} has no attribute {k!r} (attributes: {', '.join(names) or 'none'})")
+            if k in values:
+                raise AttrError(f"op {self.name}: attribute {k!r} given twice")
+            values[k] = v
+        try:
+            return self.attrs_type(**values)
+        except AttrError as e:
+            raise AttrError(f"op {self.name}: {e}") from None
+        except TypeError as e:
+            raise AttrError(f"op {self.name}: bad attributes: {e}") from None
+
+    def __call__(self, *args, **kwargs) -> Call:
+        n = self.num_inputs
+        if n < 0:
+            if not args or not isinstance(args[0], (list, tuple)):
+                raise PullbackError(f"op {self.name} takes a list of tensors as its first argument")
+            tensors, rest = list(args[0]), args[1:]
+        else:
+            if len(args) < n:
+                raise PullbackError(f"op {self.name} expects {n} tensor argument{'s' if n != 1 else ''}, got {len(args)}")
+            tensors, rest = list(args[:n]), args[n:]
+        like = next((t for t in tensors if isinstance(t, Expr)), None)
+        exprs = [as_expr(t, like) for t in tensors]
+        return Call(self, exprs, self.make_attrs(*rest, **kwargs))
+
+    def check_arity(self, nargs: int) -> None:
+        if self.num_inputs >= 0 and nargs != self.num_inputs:
+            raise TypeInferenceError(f"op {self.name} expects {self.num_inputs} argument{'s' if self.num_inputs != 1 else ''}, got {nargs}")
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name})"
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add ``opdef`` to the registry (names are unique)."""
+    if opdef.name in _REGISTRY:
+        raise PullbackError(f"op {opdef.name} is already registered")
+    _REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get_op(name: str) -> OpDef:
+    """The operator called ``name`` (Relay's name, e.g. ``nn.dense``)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PullbackError(f"unknown operator {name!r}") from None
+
+
+def has_op(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def list_ops() -> list[OpDef]:
+    """Every registered operator, sorted by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def defop(name: str, num_inputs: int, infer: InferFn, compute: ComputeFn, **kw) -> OpDef:
+    """Define and register an operator in one step."""
+    return register(OpDef(name, num_inputs, infer, compute, **kw))
+
+
+def is_op(expr: Expr, names) -> bool:
+    """``expr`` is a Call to one of the operators ``names`` (a name or a collection)."""
+    if not isinstance(expr, Call) or not isinstance(expr.op, OpDef):
+        return False
+    return expr.op.name == names if isinstance(names, str) else expr.op.name in names
+
+
+def seq_of_int(value, what: str, allow_none: bool = False, allow_negative: bool = True) -> Optional[tuple]:
+    """Normalise an int or sequence of ints to a tuple (for axis/shape attrs)."""
+    if value is None:
+        if allow_none:
+            return None
+        raise AttrError(f"{what} is required")
+    if isinstance(value, bool):
+        raise AttrError(f"{what} must be an int or a sequence of ints, got {value!r}")
+    if isinstance(value, int) or hasattr(value, "__index__") and not isinstance(value, (list, tuple)):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) and hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise AttrError(f"{what} must be an int or a sequence of ints, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not (isinstance(v, int) or hasattr(v, "__index__")):
+            raise AttrError(f"{what} must contain ints, got {v!r}")
+        v = int(v)
+        if not allow_negative and v < 0:
+            raise AttrError(f"{what} must not contain negative values, got {tuple(value)}")
+        out.append(v)
+    return tuple(out)
+
+
+def type_error(op: str, arg_types: Sequence[Type], message: str) -> TypeInferenceError:
+    """A TypeInferenceError that names the op and its argument types."""
+    args = ", ".join(repr(t) for t in arg_types)
+    return TypeInferenceError(f"{op}: {message} (argument types: {args})")
