@@ -3,6 +3,8 @@
 from . import ops  # noqa: F401  (registers operators)
 from . import op
 from . import analysis
+from . import transform
+from .ir.structural import assert_structural_equal, structural_equal, structural_hash
 from .ir import (
     Any,
     AttrError,
@@ -30,5 +32,7 @@ from .ir import (
     const,
     var,
 )
+
+from .runtime import build  # noqa: E402
 
 __version__ = "0.1.0"

@@ -46,6 +46,15 @@ def _arith(name: str, *args: _Any) -> "Expr":
     return builder(*args)
 
 
+def _same(old, new) -> bool:
+    """Same object, or tuples of the same objects (``replace`` keeps identity then)."""
+    if old is new:
+        return True
+    if type(old) is tuple and type(new) is tuple and len(old) == len(new):
+        return all(a is b for a, b in zip(old, new))
+    return False
+
+
 class Expr:
     """Base class of expressions."""
 
@@ -83,7 +92,7 @@ class Expr:
 
     def replace(self, **changes) -> "Expr":
         """A copy with ``changes``; returns ``self`` when every field is the same object."""
-        if all(getattr(self, k) is v for k, v in changes.items()):
+        if all(_same(getattr(self, k), v) for k, v in changes.items()):
             return self
         kw = {f: getattr(self, f) for f in self._fields}
         kw.update(changes)

@@ -63,9 +63,6 @@ def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = F
     return node
 
 
-def _same_tuple(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
 
 def transform(
     root: Expr,

@@ -1,15 +1,100 @@
-"""Neural-network operators (``pullback.op.nn.*``)."""
+"""Neural-network operators (``pullback.op.nn.*``): relu, dense, bias_add, batch_flatten, pad, dropout.
+
+The other ``nn.*`` families live next door: ``activation`` (leaky_relu, gelu, silu,
+softplus, softmax, log_softmax), ``linalg`` (matmul, batch_matmul), ``conv``,
+``pool``, ``norm`` and ``loss``. The helpers at the top are shared by them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 import numpy as np
 
-from ..ir.expr import Call, Expr
-from ..ir.types import TensorType
+from ..ir.errors import AttrError
+from ..ir.expr import Call, Expr, Tuple, TupleGetItem, const
+from ..ir.types import Any, TensorType
 from . import elemwise as E
+from . import reduce as R
 from . import transform as T
-from .common import float_arg, numel, same_dtype, tensor_arg
-from .registry import OpPattern, defop, type_error
+from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, tensor_arg
+from .registry import OpPattern, defop, get_op, seq_of_int, type_error, zero_flops
+
+# ------------------------------------------------------------------ helpers shared by the nn modules
+
+
+def lazy(name: str):
+    """The op ``name`` looked up when a rule runs (ops of sibling modules register later)."""
+    return lambda *args, **kw: get_op(name)(*args, **kw)
+
+
+def scalar(value: float, like: Expr) -> Expr:
+    """A rank-0 constant in the dtype of ``like`` (a node whose type is known)."""
+    return const(value, like.checked_type.dtype)
+
+
+def field(g: Expr, i: int) -> Expr:
+    """Field ``i`` of a tuple cotangent (a ``Tuple`` node or any tuple-typed expression)."""
+    return g.fields[i] if isinstance(g, Tuple) else TupleGetItem(g, i)
+
+
+def count(x: Expr, axes: Sequence[int]) -> Expr:
+    """Number of elements of ``x`` along ``axes`` as a scalar of x's dtype; dynamic dims count at run time."""
+    shape = x.checked_type.shape
+    dims = [shape[a] for a in axes]
+    if all(d is not Any for d in dims):
+        return scalar(float(np.prod(dims)) if dims else 1.0, x)
+    ones = T.ones_like(x)
+    kept = R.sum(ones, tuple(axes), True)  # each entry = the count
+    return R.sum(kept) / R.sum(T.ones_like(kept))
+
+
+def check_bool(obj, *names: str) -> None:
+    for f in names:
+        v = getattr(obj, f)
+        if not isinstance(v, (bool, np.bool_)):
+            raise AttrError(f"attribute {f} must be a bool, got {v!r}")
+        object.__setattr__(obj, f, bool(v))
+
+
+def check_float(obj, *names: str, positive: bool = False, nonneg: bool = False) -> None:
+    for f in names:
+        v = getattr(obj, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+            raise AttrError(f"attribute {f} must be a number, got {v!r}")
+        v = float(v)
+        if (positive and not v > 0) or (nonneg and not v >= 0) or not np.isfinite(v):
+            raise AttrError(f"attribute {f} must be {'positive' if positive else 'non-negative' if nonneg else 'finite'}, got {v!r}")
+        object.__setattr__(obj, f, v)
+
+
+def check_int(obj, name: str, lo: int | None = None, allow_none: bool = False) -> None:
+    v = getattr(obj, name)
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise AttrError(f"attribute {name} must be an int, got {v!r}")
+    if lo is not None and v < lo:
+        raise AttrError(f"attribute {name} must be >= {lo}, got {v}")
+    object.__setattr__(obj, name, int(v))
+
+
+def check_choice(obj, name: str, choices: Sequence[str]) -> None:
+    v = getattr(obj, name)
+    if v not in choices:
+        raise AttrError(f"attribute {name}={v!r} is not supported (supported: {', '.join(map(repr, choices))})")
+
+
+def unary_float_infer(name: str):
+    return lambda ts, attrs: float_arg(name, ts, 0)
+
+
+def numel_flops(per_elem: int):
+    return lambda ts, out, attrs: per_elem * numel(out.shape)
+
+
+# ------------------------------------------------------------------ relu
 
 
 def _relu_grad(call: Call, g: Expr):
@@ -20,12 +105,14 @@ def _relu_grad(call: Call, g: Expr):
 relu = defop(
     "nn.relu",
     1,
-    lambda ts, attrs: float_arg("nn.relu", ts, 0),
+    unary_float_infer("nn.relu"),
     lambda x, attrs=None: np.maximum(x, np.zeros((), x.dtype)),
     grad=_relu_grad,
     pattern=OpPattern.ELEMWISE,
     torch_name="relu",
 )
+
+# ------------------------------------------------------------------ dense
 
 
 def _dense_infer(arg_types, attrs):
@@ -41,29 +128,265 @@ def _dense_infer(arg_types, attrs):
 
 
 def _dense_grad(call: Call, g: Expr):
+    """dx = dense(g, w^T); dw = dense(g2^T, x2^T) with the leading dims of g and x flattened."""
     x, w = call.args
     xt = x.checked_type
     gx = dense(g, T.transpose(w, (1, 0)))
     if xt.ndim == 2:
         g2, x2 = g, x
     else:
-        g2 = T.reshape(g, (-1, w.checked_type.shape[0]))
-        x2 = T.reshape(x, (-1, xt.shape[-1]))
+        g2 = T.reshape(g, (-1, w.checked_type.shape[0]) if xt.ndim > 1 else (1, -1))
+        x2 = T.reshape(x, (-1, xt.shape[-1]) if xt.ndim > 1 else (1, -1))
     gw = dense(T.transpose(g2, (1, 0)), T.transpose(x2, (1, 0)))
     return [gx, gw]
 
 
 def _dense_flops(arg_types, out_type, attrs):
-    return 2 * numel(out_type.shape) * (arg_types[0].shape[-1] if isinstance(arg_types[0].shape[-1], int) else 0)
+    k = arg_types[0].shape[-1]
+    return 2 * numel(out_type.shape) * (k if isinstance(k, int) else 0)
+
+
+def _dense_compute(x, w, attrs=None):
+    return np.asarray(np.matmul(x, w.T), dtype=x.dtype)
 
 
 dense = defop(
     "nn.dense",
     2,
     _dense_infer,
-    lambda x, w, attrs=None: np.matmul(x, w.T),
+    _dense_compute,
     grad=_dense_grad,
     pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,
     torch_name="linear",
 )
+
+# ------------------------------------------------------------------ bias_add
+
+
+@dataclass(frozen=True)
+class BiasAddAttrs:
+    axis: int = 1
+
+    def __post_init__(self):
+        check_int(self, "axis")
+
+
+def _bias_axis(arg_types, attrs) -> int:
+    x = tensor_arg("nn.bias_add", arg_types, 0)
+    return normalize_axis("nn.bias_add", attrs.axis, x.ndim, arg_types)
+
+
+def _bias_add_infer(arg_types, attrs):
+    x = tensor_arg("nn.bias_add", arg_types, 0)
+    b = tensor_arg("nn.bias_add", arg_types, 1)
+    same_dtype("nn.bias_add", arg_types)
+    axis = _bias_axis(arg_types, attrs)
+    if b.ndim != 1:
+        raise type_error("nn.bias_add", arg_types, f"bias must be 1-D, got rank {b.ndim}")
+    c, cb = x.shape[axis], b.shape[0]
+    if c is not Any and cb is not Any and c != cb:
+        raise type_error("nn.bias_add", arg_types, f"bias has {cb} elements but data axis {attrs.axis} has {c}")
+    return x
+
+
+def _bias_add_compute(x, b, attrs):
+    axis = attrs.axis % x.ndim
+    return x + b.reshape((-1,) + (1,) * (x.ndim - axis - 1))
+
+
+def _bias_add_grad(call: Call, g: Expr):
+    axis = _bias_axis([a.checked_type for a in call.args], call.attrs)
+    return [g, R.sum(g, axis, False, True)]
+
+
+bias_add = defop(
+    "nn.bias_add",
+    2,
+    _bias_add_infer,
+    _bias_add_compute,
+    attrs_type=BiasAddAttrs,
+    grad=_bias_add_grad,
+    pattern=OpPattern.BROADCAST,
+    torch_name="add",
+)
+
+# ------------------------------------------------------------------ batch_flatten
+
+
+def _batch_flatten_infer(arg_types, attrs):
+    x = tensor_arg("nn.batch_flatten", arg_types, 0)
+    if x.ndim < 1:
+        raise type_error("nn.batch_flatten", arg_types, "expects a tensor of rank >= 1")
+    rest = x.shape[1:]
+    return TensorType((x.shape[0], Any if any(d is Any for d in rest) else numel(rest)), x.dtype)
+
+
+batch_flatten = defop(
+    "nn.batch_flatten",
+    1,
+    _batch_flatten_infer,
+    lambda x, attrs=None: np.reshape(x, (x.shape[0], -1)),
+    grad=lambda c, g: [T.reshape_like(g, c.args[0])],
+    pattern=OpPattern.INJECTIVE,
+    flops=zero_flops,
+    torch_name="flatten",
+)
+
+# ------------------------------------------------------------------ pad
+
+
+PAD_MODES = ("constant", "edge", "reflect")
+
+
+@dataclass(frozen=True)
+class PadAttrs:
+    """``pad_width``: one ``(before, after)`` pair per axis; negative widths crop (constant mode)."""
+
+    pad_width: tuple
+    pad_value: float = 0.0
+    pad_mode: str = "constant"
+
+    def __post_init__(self):
+        pw = self.pad_width
+        if not isinstance(pw, (list, tuple)):
+            raise AttrError(f"attribute pad_width must be a sequence of (before, after) pairs, got {pw!r}")
+        pairs = []
+        for p in pw:
+            p = seq_of_int(p, "attribute pad_width")
+            if len(p) != 2:
+                raise AttrError(f"attribute pad_width must hold (before, after) pairs, got {p}")
+            pairs.append(p)
+        object.__setattr__(self, "pad_width", tuple(pairs))
+        check_float(self, "pad_value")
+        check_choice(self, "pad_mode", PAD_MODES)
+        if self.pad_mode != "constant" and any(v < 0 for p in pairs for v in p):
+            raise AttrError(f"attribute pad_width: negative widths (cropping) need pad_mode='constant', got {self.pad_width}")
+
+
+def _pad_infer(arg_types, attrs):
+    x = tensor_arg("nn.pad", arg_types, 0)
+    if len(attrs.pad_width) != x.ndim:
+        raise type_error("nn.pad", arg_types, f"pad_width has {len(attrs.pad_width)} pairs for a tensor of rank {x.ndim}")
+    out = []
+    for d, (a, b) in zip(x.shape, attrs.pad_width):
+        if d is Any:
+            out.append(Any)
+            continue
+        n = d + a + b
+        if n < 0:
+            raise type_error("nn.pad", arg_types, f"pad_width {attrs.pad_width} crops more than the dimension {d}")
+        if attrs.pad_mode == "reflect" and max(a, b) >= d:
+            raise type_error("nn.pad", arg_types, f"reflect padding {max(a, b)} must be smaller than the dimension {d}")
+        if attrs.pad_mode == "edge" and d == 0 and (a or b):
+            raise type_error("nn.pad", arg_types, "edge padding of an empty dimension")
+        out.append(n)
+    return TensorType(tuple(out), x.dtype)
+
+
+def _pad_compute(x, attrs):
+    crop = tuple(slice(max(-a, 0), x.shape[i] - max(-b, 0)) for i, (a, b) in enumerate(attrs.pad_width))
+    widths = [(max(a, 0), max(b, 0)) for a, b in attrs.pad_width]
+    x = x[crop]
+    if attrs.pad_mode == "constant":
+        return np.pad(x, widths, mode="constant", constant_values=np.asarray(attrs.pad_value, x.dtype))
+    return np.pad(x, widths, mode=attrs.pad_mode)
+
+
+def _pad_backward_compute(g, attrs):
+    """Adjoint of edge/reflect padding: fold each padded border back onto the input."""
+    out = np.array(g, copy=True)
+    for axis, (a, b) in enumerate(attrs.pad_width):
+        n = out.shape[axis] - a - b
+        moved = np.moveaxis(out, axis, 0)
+        core = np.array(moved[a:a + n], copy=True)
+        for k in range(a):  # before: padded index k maps to source index
+            src = a - k if attrs.pad_mode == "reflect" else 0
+            core[src] += moved[k]
+        for k in range(b):
+            src = n - 2 - k if attrs.pad_mode == "reflect" else n - 1
+            core[src] += moved[a + n + k]
+        out = np.moveaxis(core, 0, axis)
+    return np.ascontiguousarray(out)
+
+
+def _pad_backward_infer(arg_types, attrs):
+    g = tensor_arg("nn.pad_backward", arg_types, 0)
+    if len(attrs.pad_width) != g.ndim:
+        raise type_error("nn.pad_backward", arg_types, f"pad_width has {len(attrs.pad_width)} pairs for a tensor of rank {g.ndim}")
+    out = tuple(Any if d is Any else d - a - b for d, (a, b) in zip(g.shape, attrs.pad_width))
+    if any(d is not Any and d < 1 for d in out):
+        raise type_error("nn.pad_backward", arg_types, f"pad_width {attrs.pad_width} leaves an empty dimension")
+    return TensorType(out, g.dtype)
+
+
+def _pad_grad(call: Call, g: Expr):
+    a = call.attrs
+    if a.pad_mode == "constant":
+        return [pad(g, tuple((-x, -y) for x, y in a.pad_width), 0.0, "constant")]
+    return [pad_backward(g, a.pad_width, 0.0, a.pad_mode)]
+
+
+pad = defop(
+    "nn.pad",
+    1,
+    _pad_infer,
+    _pad_compute,
+    attrs_type=PadAttrs,
+    grad=_pad_grad,
+    pattern=OpPattern.INJECTIVE,
+    flops=zero_flops,
+    torch_name="pad",
+)
+pad_backward = defop(
+    "nn.pad_backward",
+    1,
+    _pad_backward_infer,
+    _pad_backward_compute,
+    attrs_type=PadAttrs,
+    grad=lambda c, g: [pad(g, c.attrs.pad_width, 0.0, c.attrs.pad_mode)],
+    pattern=OpPattern.INJECTIVE,
+    doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).",
+)
+
+# ------------------------------------------------------------------ dropout (explicit mask: pure)
+
+
+@dataclass(frozen=True)
+class DropoutAttrs:
+    rate: float = 0.5
+
+    def __post_init__(self):
+        check_float(self, "rate", nonneg=True)
+        if not self.rate < 1.0:
+            raise AttrError(f"attribute rate must be in [0, 1), got {self.rate}")
+
+
+def _dropout_infer(arg_types, attrs):
+    x = float_arg("nn.dropout", arg_types, 0)
+    m = tensor_arg("nn.dropout", arg_types, 1)
+    same_dtype("nn.dropout", arg_types)
+    if broadcast_shapes("nn.dropout", arg_types, x.shape, m.shape) != x.shape or m.ndim > x.ndim:
+        raise type_error("nn.dropout", arg_types, f"mask of shape {m.shape} must broadcast to the data shape {x.shape}")
+    return x
+
+
+def _dropout_grad(call: Call, g: Expr):
+    x, m = call.args
+    s = scalar(1.0 / (1.0 - call.attrs.rate), x)
+    return [g * m * s, T.collapse_sum_like(g * x * s, m)]
+
+
+dropout = defop(
+    "nn.dropout",
+    2,
+    _dropout_infer,
+    lambda x, m, attrs: np.asarray(x * m * np.asarray(1.0 / (1.0 - attrs.rate), x.dtype), dtype=x.dtype),
+    attrs_type=DropoutAttrs,
+    grad=_dropout_grad,
+    pattern=OpPattern.BROADCAST,
+    flops=numel_flops(2),
+    torch_name="dropout",
+    doc="``out = data * mask / (1 - rate)``: dropout with the random mask as an explicit input (pure).",
+)
+

@@ -1,15 +1,23 @@
-"""Reductions over axes (Relay's ``axis``, ``keepdims``, ``exclude``)."""
+"""Reductions over axes (Relay's ``axis``, ``keepdims``, ``exclude``).
+
+Gradient notes: ``max``/``min`` split the gradient evenly among tied maxima
+(PyTorch's ``amax`` rule); ``prod``'s rule is ``g * prod / x`` and so needs
+non-zero inputs; ``argmax``/``argmin`` return int32 indices (flat over the
+reduced axes when several are reduced) and have no gradient.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+import math
+
 import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import TensorType
+from ..ir.types import Any, TensorType
 from . import transform as T
 from .common import normalize_axes, numel, tensor_arg
 from .registry import OpPattern, defop, seq_of_int
@@ -67,18 +75,174 @@ def _reduce_flops(arg_types, out_type, attrs):
     return numel(arg_types[0].shape)
 
 
+def _rank_axes(call: Call) -> tuple:
+    xt = call.args[0].checked_type
+    return reduced_axes(call.op.name, [xt], call.attrs, xt.ndim)
+
+
+def reduced_count(call: Call, minus: int = 0) -> Expr:
+    """Number of reduced elements (less ``minus``) as a constant, or a tensor when dims are ``Any``."""
+    from .elemwise import scalar_like, subtract
+
+    x = call.args[0]
+    axes = _rank_axes(call)
+    dims = [x.checked_type.shape[a] for a in axes]
+    if all(d is not Any for d in dims):
+        return scalar_like(float(math.prod(dims) - minus), x)
+    n = sum(T.ones_like(x), axes, True)
+    return subtract(n, scalar_like(float(minus), x)) if minus else n
+
+
+def _acc_dtype(x: np.ndarray):
+    return np.float32 if x.dtype == np.float16 else None
+
+
+def reduction(name: str, kernel, grad=None, *, attrs_type=ReduceAttrs, out_dtype=None, **kw):
+    """Define a reduction from ``kernel(x, axes, keepdims, attrs)``; the result is cast to the inferred dtype."""
+
+    def infer(arg_types, attrs):
+        t = _reduce_infer(name)(arg_types, attrs)
+        return TensorType(t.shape, out_dtype) if out_dtype else t
+
+    def compute(x, attrs):
+        out = kernel(x, np_axes(x, attrs), attrs.keepdims, attrs)
+        return np.asarray(out).astype(out_dtype or x.dtype, copy=False)
+
+    return defop(name, 1, infer, compute, attrs_type=attrs_type, grad=grad, pattern=OpPattern.COMM_REDUCE,
+                 flops=_reduce_flops, **kw)
+
+
 def _sum_grad(call: Call, g: Expr):
     return [T.broadcast_to_like(keepdims_grad(call, g), call.args[0])]
 
 
-sum = defop(  # noqa: A001 - Relay's name
-    "sum",
-    1,
-    _reduce_infer("sum"),
-    lambda x, attrs: np.sum(x, axis=np_axes(x, attrs), keepdims=attrs.keepdims, dtype=x.dtype),
-    attrs_type=ReduceAttrs,
-    grad=_sum_grad,
-    pattern=OpPattern.COMM_REDUCE,
-    flops=_reduce_flops,
-    torch_name="sum",
-)
+sum = reduction("sum", lambda x, ax, kd, a: np.sum(x, axis=ax, keepdims=kd, dtype=x.dtype), _sum_grad,  # noqa: A001
+                torch_name="sum")
+
+
+def _mean_grad(call: Call, g: Expr):
+    from .elemwise import divide
+
+    return [divide(T.broadcast_to_like(keepdims_grad(call, g), call.args[0]), reduced_count(call))]
+
+
+mean = reduction("mean", lambda x, ax, kd, a: np.mean(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x)), _mean_grad,
+                 torch_name="mean")
+
+
+def _extreme_grad(call: Call, g: Expr):
+    """Ties share the gradient evenly: g * [x == y] / count(x == y)."""
+    from .elemwise import divide, equal, multiply
+
+    x = call.args[0]
+    mask = T.cast_like(equal(x, keepdims_grad(call, call)), x)
+    share = divide(mask, sum(mask, _rank_axes(call), True))
+    return [multiply(share, keepdims_grad(call, g))]
+
+
+max = reduction("max", lambda x, ax, kd, a: np.max(x, axis=ax, keepdims=kd), _extreme_grad, torch_name="amax",  # noqa: A001
+                doc="Maximum over axes; tied maxima share the gradient evenly (like torch.amax).")
+min = reduction("min", lambda x, ax, kd, a: np.min(x, axis=ax, keepdims=kd), _extreme_grad, torch_name="amin",  # noqa: A001
+                doc="Minimum over axes; tied minima share the gradient evenly (like torch.amin).")
+
+
+def _prod_grad(call: Call, g: Expr):
+    from .elemwise import divide, multiply
+
+    return [divide(multiply(keepdims_grad(call, g), keepdims_grad(call, call)), call.args[0])]
+
+
+prod = reduction("prod", lambda x, ax, kd, a: np.prod(x, axis=ax, keepdims=kd, dtype=x.dtype), _prod_grad,
+                 torch_name="prod", doc="Product over axes; the gradient g * prod / x needs non-zero inputs.")
+
+
+@dataclass(frozen=True)
+class VarianceAttrs(ReduceAttrs):
+    unbiased: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.unbiased, (bool, np.bool_)):
+            raise AttrError(f"attribute unbiased must be a bool, got {self.unbiased!r}")
+        object.__setattr__(self, "unbiased", bool(self.unbiased))
+
+
+def _var_np(x, ax, kd, a):
+    return np.var(x, axis=ax, keepdims=kd, ddof=int(a.unbiased), dtype=_acc_dtype(x))
+
+
+def _centered_over_n(call: Call) -> Expr:
+    """(x - mean(x)) / (N - unbiased), the shared factor of the variance and std gradients."""
+    from .elemwise import divide, subtract
+
+    x = call.args[0]
+    return divide(subtract(x, mean(x, _rank_axes(call), True)), reduced_count(call, int(call.attrs.unbiased)))
+
+
+def _variance_grad(call: Call, g: Expr):
+    from .elemwise import multiply, scalar_like
+
+    return [multiply(multiply(keepdims_grad(call, g), scalar_like(2.0, call)), _centered_over_n(call))]
+
+
+def _std_grad(call: Call, g: Expr):
+    from .elemwise import divide, multiply
+
+    return [multiply(keepdims_grad(call, divide(g, call)), _centered_over_n(call))]
+
+
+variance = reduction("variance", _var_np, _variance_grad, attrs_type=VarianceAttrs, torch_name="var",
+                     doc="Variance over axes; ``unbiased=True`` divides by N - 1.")
+std = reduction("std", lambda x, ax, kd, a: np.sqrt(_var_np(x, ax, kd, a)), _std_grad, attrs_type=VarianceAttrs,
+                torch_name="std", doc="Standard deviation over axes; ``unbiased=True`` divides by N - 1.")
+
+
+def _logsumexp_np(x, ax, kd, a):
+    if x.size == 0:
+        return np.log(np.sum(np.exp(x), axis=ax, keepdims=kd))
+    m = np.max(x, axis=ax, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide="ignore"):
+        out = np.log(np.sum(np.exp(x - m), axis=ax, keepdims=True)) + m
+    return out if kd else np.squeeze(out, axis=ax)
+
+
+def _logsumexp_grad(call: Call, g: Expr):
+    from .elemwise import exp, multiply, subtract
+
+    x = call.args[0]
+    return [multiply(keepdims_grad(call, g), exp(subtract(x, keepdims_grad(call, call))))]
+
+
+logsumexp = reduction("logsumexp", _logsumexp_np, _logsumexp_grad, torch_name="logsumexp")
+
+
+@dataclass(frozen=True)
+class ArgReduceAttrs(ReduceAttrs):
+    select_last_index: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.select_last_index, (bool, np.bool_)):
+            raise AttrError(f"attribute select_last_index must be a bool, got {self.select_last_index!r}")
+        object.__setattr__(self, "select_last_index", bool(self.select_last_index))
+
+
+def _arg_np(fn):
+    def kernel(x, ax, kd, a):
+        keep = [i for i in range(x.ndim) if i not in ax]
+        flat = np.transpose(x, keep + list(ax)).reshape([x.shape[i] for i in keep] + [-1])
+        if a.select_last_index:
+            idx = flat.shape[-1] - 1 - fn(flat[..., ::-1], axis=-1)
+        else:
+            idx = fn(flat, axis=-1)
+        return np.reshape(idx, reduce_shape(x.shape, ax, kd))
+
+    return kernel
+
+
+_NO_GRAD_INDEX = "the result is an integer index: it carries no gradient"
+argmax = reduction("argmax", _arg_np(np.argmax), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
+                   nondiff_reason=_NO_GRAD_INDEX, torch_name="argmax")
+argmin = reduction("argmin", _arg_np(np.argmin), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
+                   nondiff_reason=_NO_GRAD_INDEX, torch_name="argmin")

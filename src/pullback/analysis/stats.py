@@ -1,0 +1,171 @@
+"""Static program statistics: operator histograms, leftovers of AD, FLOPs, memory.
+
+Counts are static (nodes in the program, not executions), look into primitive
+functions, and take either a whole IRModule, one Function, or an IRModule
+restricted to ``func`` and the functions it calls. ``flops`` counts per
+execution instead: a global function is counted once per call site, a
+primitive function once per call, and both If branches are counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional, Union
+
+import numpy as np
+
+from ..ir.errors import PullbackError
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar
+from ..ir.module import IRModule
+from ..ir.traversal import global_calls, post_order
+from ..ops.registry import OpDef, is_op
+from .liveness import _function_of, peak_memory
+
+Target = Union[IRModule, Function, Expr]
+
+LIKE_OPS = ("zeros_like", "ones_like", "full_like", "reshape_like", "collapse_sum_like", "broadcast_to_like", "cast_like")
+
+
+def _roots(target: Target, func: Optional[str] = None) -> list[Expr]:
+    """The functions to look at: all of a module, or ``func`` and its callees."""
+    if isinstance(target, Expr):
+        return [target]
+    if not isinstance(target, IRModule):
+        raise PullbackError(f"expected an IRModule, Function or Expr, got {type(target).__name__}")
+    if func is None:
+        return [f for _, f in target.items()]
+    names, stack = [], [func]
+    while stack:
+        name = stack.pop()
+        if name in names:
+            continue
+        target[name]  # raises a clear error for an unknown name
+        names.append(name)
+        stack.extend(g.name_hint for g in global_calls(target[name]) if g.name_hint in target)
+    return [target[n] for n in names]
+
+
+def _calls(target: Target, func: Optional[str]) -> list[Call]:
+    seen: set[int] = set()
+    out = []
+    for root in _roots(target, func):
+        for n in post_order(root, into_functions=True):
+            if isinstance(n, Call) and isinstance(n.op, OpDef) and id(n) not in seen:
+                seen.add(id(n))
+                out.append(n)
+    return out
+
+
+def op_histogram(target: Target, func: Optional[str] = None) -> dict[str, int]:
+    """``{op name: number of Call nodes}``, sorted by name (primitive functions included)."""
+    return dict(sorted(Counter(c.op.name for c in _calls(target, func)).items()))
+
+
+def count_like_ops(target: Target, func: Optional[str] = None) -> int:
+    """Number of calls to the ``*_like`` operators (``LIKE_OPS``) left in the program."""
+    return sum(1 for c in _calls(target, func) if c.op.name in LIKE_OPS)
+
+
+_FILL_ARG = {"full": 0, "full_like": 1}
+_MADE = {0: ("zeros", "zeros_like"), 1: ("ones", "ones_like")}
+
+
+def _is_fill(e: Expr, value: int) -> bool:
+    """``e`` is, statically, a tensor filled with ``value`` (0 or 1)."""
+    if isinstance(e, Constant):
+        return e.data.size > 0 and bool(np.all(e.data == value))
+    if is_op(e, _MADE[value]):
+        return True
+    if is_op(e, tuple(_FILL_ARG)):
+        fill = e.args[_FILL_ARG[e.op.name]]
+        return isinstance(fill, Constant) and bool(np.all(fill.data == value))
+    return False
+
+
+# op -> (operand positions that may hold the identity, identity value)
+_IDENTITY = {"add": ((0, 1), 0), "subtract": ((1,), 0), "multiply": ((0, 1), 1), "divide": ((1,), 1)}
+
+
+def count_identity_arith(target: Target, func: Optional[str] = None) -> int:
+    """Calls ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` (zeros/ones/full and
+    their ``*_like``, all-zero / all-one constants); counted, never rewritten."""
+    n = 0
+    for c in _calls(target, func):
+        rule = _IDENTITY.get(c.op.name)
+        if rule is not None and any(_is_fill(c.args[i], rule[1]) for i in rule[0]):
+            n += 1
+    return n
+
+
+def _call_flops(call: Call) -> int:
+    op = call.op
+    return int(op.flops([a.checked_type for a in call.args], call.checked_type, call.attrs))
+
+
+def flops(target: Union[IRModule, Function], func: str = "main") -> int:
+    """FLOPs of one run of ``func``: the sum of ``op.flops(arg_types, out_type, attrs)`` over its
+    calls, into primitive functions, with each call of a global function adding that
+    function's FLOPs (a recursive call adds 0). Types are inferred if missing."""
+    fn, mod = _function_of(target, func)
+    # own cost of every Function (inner primitive ones first: post order) + global callees
+    own: dict[int, tuple[int, Counter]] = {}
+
+    def cost_of(f: Function) -> tuple[int, Counter]:
+        total, callees = 0, Counter()
+        for n in post_order(f.body):
+            if not isinstance(n, Call):
+                continue
+            if isinstance(n.op, OpDef):
+                total += _call_flops(n)
+            elif isinstance(n.op, GlobalVar):
+                callees[n.op.name_hint] += 1
+            else:
+                sub_total, sub_callees = own[id(n.op)]
+                total += sub_total
+                callees.update(sub_callees)
+        return total, callees
+
+    def own_cost(root: Function) -> tuple[int, Counter]:
+        for n in post_order(root, into_functions=True):
+            if isinstance(n, Function) and id(n) not in own:
+                own[id(n)] = cost_of(n)
+        return own[id(root)]
+
+    if mod is None:
+        return own_cost(fn)[0]
+    totals: dict[str, int] = {}
+    active: set[str] = set()
+    stack = [(func, False)]
+    while stack:  # call-graph post order, callees first
+        name, expanded = stack.pop()
+        if expanded:
+            active.discard(name)
+            base, callees = own_cost(mod[name])
+            totals[name] = base + sum(k * totals.get(c, 0) for c, k in callees.items())
+            continue
+        if name in totals or name in active:
+            continue
+        active.add(name)
+        stack.append((name, True))
+        stack.extend((c, False) for c in own_cost(mod[name])[1] if c in mod and c not in totals and c not in active)
+    return totals[func]
+
+
+def program_stats(target: Union[IRModule, Function], func: str = "main") -> dict:
+    """``ops`` (histogram), ``like_ops``, ``identity_arith``, ``flops``, ``peak_bytes`` and
+    ``peak_bytes_no_reuse`` of ``func`` and the functions it calls."""
+    fn, mod = _function_of(target, func)
+    scope: Target = mod if mod is not None else fn
+    name = func if mod is not None else None
+    return {
+        "ops": op_histogram(scope, name),
+        "calls": sum(op_histogram(scope, name).values()),
+        "like_ops": count_like_ops(scope, name),
+        "identity_arith": count_identity_arith(scope, name),
+        "flops": flops(target, func),
+        "peak_bytes": peak_memory(target, func),
+        "peak_bytes_no_reuse": peak_memory(target, func, reuse=False),
+    }
+
+
+__all__ = ["LIKE_OPS", "op_histogram", "count_like_ops", "count_identity_arith", "flops", "program_stats"]

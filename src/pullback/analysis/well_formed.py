@@ -1,0 +1,203 @@
+"""Well-formedness: variable binding, global references, arities and cached types.
+
+``check_well_formed`` reports every problem at once in one ``WellFormedError``
+(its ``problems`` attribute lists them). Rules, per module function:
+
+- a Var is bound by at most one Function, and used only inside the Function
+  that binds it (no free variables in a module function);
+- every GlobalVar (called or used as a value) names a function of the module,
+  and a call to it passes as many arguments as the callee has parameters;
+- a call to an operator passes as many arguments as the operator takes;
+- where nodes carry cached types, they are consistent with their operands:
+  a Call's type equals ``op.infer(arg types, attrs)``, a global call's type the
+  callee's return type, Tuple / TupleGetItem / If types follow their operands,
+  and a parameter's type equals its annotation.
+
+A Function value (closure) inside a body is well formed; first-order passes
+reject it themselves. Different module functions may share nodes (and even
+parameter Vars): binding is checked inside each function.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from ..ir.errors import PullbackError, WellFormedError
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.module import IRModule
+from ..ir.structural import describe_node
+from ..ir.traversal import post_order
+from ..ir.types import FuncType, TensorType, TupleType
+from ..ops.registry import OpDef
+from .type_infer import join_types, types_compatible
+
+Checkable = Union[IRModule, Function, Expr]
+
+
+def _where(fn_name: Optional[str], node: Expr) -> str:
+    loc = f" at {node.span}" if getattr(node, "span", None) else ""
+    return (f"in @{fn_name}" if fn_name else "in the expression") + loc
+
+
+class _Checker:
+    def __init__(self, mod: Optional[IRModule]):
+        self.mod = mod
+        self.problems: list[str] = []
+
+    def report(self, fn_name: Optional[str], node: Expr, message: str) -> None:
+        self.problems.append(f"{_where(fn_name, node)}: {message} [{describe_node(node)}]")
+
+    # -- binding
+    def check_binding(self, root: Expr, fn_name: Optional[str]) -> None:
+        nodes = post_order(root, into_functions=True)
+        binder: dict[int, Function] = {}
+        for n in nodes:
+            if isinstance(n, Function):
+                for p in n.params:
+                    if id(p) in binder and binder[id(p)] is not n:
+                        self.report(fn_name, p, f"variable %{p.name_hint} is bound by two functions")
+                    binder[id(p)] = n
+        # walk each function body in its own scope, with the params of enclosing functions in view
+        # a bare expression may use free variables; a function may not
+        outer_bound = frozenset() if isinstance(root, Function) else frozenset(
+            id(n) for n in nodes if isinstance(n, Var) and id(n) not in binder)
+        stack: list = [(root, outer_bound)]
+        seen_fn: set[int] = set()
+        reported: set[int] = set()
+        while stack:
+            body, bound = stack.pop()
+            if isinstance(body, Function):
+                if id(body) in seen_fn:
+                    continue
+                seen_fn.add(id(body))
+                bound = bound | {id(p) for p in body.params}
+                body = body.body
+            for n in post_order(body):
+                if isinstance(n, Var):
+                    if id(n) not in bound and id(n) not in reported:
+                        reported.add(id(n))
+                        if id(n) in binder:
+                            self.report(fn_name, n, f"variable %{n.name_hint} is used outside the function that binds it")
+                        else:
+                            self.report(fn_name, n, f"free variable %{n.name_hint} (not a parameter of any enclosing function)")
+                elif isinstance(n, Function):
+                    stack.append((n, bound))
+                elif isinstance(n, Call) and isinstance(n.op, Function):
+                    stack.append((n.op, bound))
+
+    # -- globals, arity and cached types
+    def check_nodes(self, root: Expr, fn_name: Optional[str]) -> None:
+        for n in post_order(root, into_functions=True):
+            if isinstance(n, GlobalVar):
+                self.check_global(n, fn_name)
+            elif isinstance(n, Call):
+                self.check_call(n, fn_name)
+            if n._checked_type is not None:
+                self.check_type(n, fn_name)
+
+    def check_global(self, gv: GlobalVar, fn_name: Optional[str]) -> Optional[Function]:
+        if self.mod is None:
+            return None
+        if gv.name_hint not in self.mod:
+            self.report(fn_name, gv, f"reference to @{gv.name_hint}, which is not a function of the module")
+            return None
+        return self.mod[gv.name_hint]
+
+    def check_call(self, call: Call, fn_name: Optional[str]) -> None:
+        op = call.op
+        if isinstance(op, OpDef):
+            if op.num_inputs >= 0 and len(call.args) != op.num_inputs:
+                self.report(fn_name, call, f"{op.name} takes {op.num_inputs} arguments, got {len(call.args)}")
+            return
+        if isinstance(op, GlobalVar):
+            callee = self.check_global(op, fn_name)
+            label = "@" + op.name_hint
+        else:
+            callee, label = op, "the primitive function"
+        if callee is not None and len(callee.params) != len(call.args):
+            self.report(fn_name, call, f"{label} takes {len(callee.params)} arguments, got {len(call.args)}")
+
+    def expected_type(self, n: Expr):
+        """The type ``n`` should have given its operands' cached types (None: cannot tell)."""
+        kids = n.children()
+        if any(c._checked_type is None for c in kids):
+            return None
+        if isinstance(n, Var):
+            return n.type_annotation
+        if isinstance(n, Constant):
+            return TensorType(n.data.shape, n.data.dtype.name)
+        if isinstance(n, Tuple):
+            return TupleType(tuple(f._checked_type for f in n.fields))
+        if isinstance(n, TupleGetItem):
+            t = n.tuple_value._checked_type
+            if not isinstance(t, TupleType) or n.index >= len(t.fields):
+                raise PullbackError(f"index .{n.index} does not fit the operand type {t!r}")
+            return t.fields[n.index]
+        if isinstance(n, If):
+            j = join_types(n.true_branch._checked_type, n.false_branch._checked_type)
+            if j is None:
+                raise PullbackError(f"branch types {n.true_branch._checked_type!r} and {n.false_branch._checked_type!r} differ")
+            return j
+        if isinstance(n, Function):
+            if n.body._checked_type is None:
+                return None
+            return FuncType(tuple(p.type_annotation for p in n.params), n.ret_type or n.body._checked_type)
+        if isinstance(n, GlobalVar):
+            callee = self.mod[n.name_hint] if self.mod is not None and n.name_hint in self.mod else None
+            return callee._checked_type if callee is not None else None
+        if isinstance(n, Call):
+            op = n.op
+            if isinstance(op, OpDef):
+                return op.infer([a._checked_type for a in n.args], n.attrs)
+            callee = op if isinstance(op, Function) else (
+                self.mod[op.name_hint] if self.mod is not None and op.name_hint in self.mod else None)
+            ft = callee._checked_type if callee is not None else None
+            if not isinstance(ft, FuncType):
+                return None
+            for i, (want, got) in enumerate(zip(ft.arg_types, n.args)):
+                if not types_compatible(want, got._checked_type):
+                    raise PullbackError(f"argument {i} has type {got._checked_type!r}, the callee expects {want!r}")
+            return ft.ret_type
+        return None
+
+    def check_type(self, n: Expr, fn_name: Optional[str]) -> None:
+        try:
+            want = self.expected_type(n)
+        except PullbackError as e:
+            self.report(fn_name, n, f"cached type {n._checked_type!r} is inconsistent: {e}")
+            return
+        if want is not None and want != n._checked_type:
+            self.report(fn_name, n, f"cached type {n._checked_type!r} but its operands give {want!r}")
+
+
+def check_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> None:
+    """Raise ``WellFormedError`` listing every problem of ``target`` (an IRModule, a Function
+    or an expression). GlobalVars are resolved in ``target`` (a module) or ``mod``;
+    without a module they are not checked."""
+    if isinstance(target, IRModule):
+        mod, roots = target, list(target.items())
+    elif isinstance(target, Expr):
+        roots = [(None, target)]
+    else:
+        raise WellFormedError(f"check_well_formed expects an IRModule, Function or Expr, got {type(target).__name__}")
+    checker = _Checker(mod)
+    for name, fn in roots:
+        checker.check_binding(fn, name)
+        checker.check_nodes(fn, name)
+    if checker.problems:
+        n = len(checker.problems)
+        err = WellFormedError(f"ill-formed IR ({n} problem{'s' if n != 1 else ''}):\n" + "\n".join(f"  - {p}" for p in checker.problems))
+        err.problems = list(checker.problems)
+        raise err
+
+
+def is_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> bool:
+    """True if ``check_well_formed(target, mod)`` raises nothing."""
+    try:
+        check_well_formed(target, mod)
+    except WellFormedError:
+        return False
+    return True
+
+
+__all__ = ["check_well_formed", "is_well_formed"]

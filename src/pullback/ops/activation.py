@@ -1,0 +1,181 @@
+"""Activations and normalised exponentials: leaky_relu, gelu, silu, softplus, softmax, log_softmax.
+
+Gradient rules are written in differentiable pullback ops (some defined by the
+elementwise module, looked up when the rule runs), so second derivatives work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.expr import Call, Expr
+from . import elemwise as E
+from . import reduce as R
+from .common import float_arg, normalize_axis
+from .nn import check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer
+from .registry import OpPattern, defop
+
+_sigmoid, _erf = lazy("sigmoid"), lazy("erf")
+
+
+def _np_sigmoid(x):
+    return np.exp(-np.logaddexp(np.zeros((), x.dtype), -x))
+
+
+def _np_erf(x):
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def activation(name: str, attrs_type, compute, grad, per_elem: int, torch_name: str):
+    def kernel(x, attrs=None):
+        return np.asarray(compute(x, attrs), dtype=x.dtype)
+
+    return defop(name, 1, unary_float_infer(name), kernel, attrs_type=attrs_type, grad=grad,
+                 pattern=OpPattern.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name)
+
+
+# ------------------------------------------------------------------ leaky_relu
+
+
+@dataclass(frozen=True)
+class LeakyReluAttrs:
+    alpha: float = 0.01
+
+    def __post_init__(self):
+        check_float(self, "alpha")
+
+
+def _leaky_grad(call: Call, g: Expr):
+    x = call.args[0]
+    return [E.where(E.greater(x, scalar(0.0, x)), g, g * scalar(call.attrs.alpha, x))]
+
+
+leaky_relu = activation("nn.leaky_relu", LeakyReluAttrs, lambda x, a: np.where(x > 0, x, x * np.asarray(a.alpha, x.dtype)),
+                        _leaky_grad, 2, "leaky_relu")
+
+# ------------------------------------------------------------------ gelu
+
+_K_TANH = math.sqrt(2.0 / math.pi)
+_C_TANH = 0.044715
+
+
+@dataclass(frozen=True)
+class GeluAttrs:
+    approximate: str = "none"
+
+    def __post_init__(self):
+        check_choice(self, "approximate", ("none", "tanh"))
+
+
+def _gelu_compute(x, attrs):
+    x64 = x.astype(np.float64)
+    if attrs.approximate == "tanh":
+        return 0.5 * x64 * (1.0 + np.tanh(_K_TANH * (x64 + _C_TANH * x64**3)))
+    try:
+        from scipy.special import erf  # type: ignore
+    except ImportError:  # pragma: no cover
+        erf = _np_erf
+    return 0.5 * x64 * (1.0 + erf(x64 / math.sqrt(2.0)))
+
+
+def _gelu_grad(call: Call, g: Expr):
+    x = call.args[0]
+    s = lambda v: scalar(v, x)  # noqa: E731
+    if call.attrs.approximate == "tanh":
+        t = E.tanh(s(_K_TANH) * (x + s(_C_TANH) * x * x * x))
+        dt = (s(1.0) - t * t) * (s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x * x)
+        return [g * (s(0.5) * (s(1.0) + t) + s(0.5) * x * dt)]
+    cdf = s(0.5) * (s(1.0) + _erf(x * s(1.0 / math.sqrt(2.0))))
+    pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
+    return [g * (cdf + x * pdf)]
+
+
+gelu = activation("nn.gelu", GeluAttrs, _gelu_compute, _gelu_grad, 8, "gelu")
+
+# ------------------------------------------------------------------ silu
+
+
+def _silu_grad(call: Call, g: Expr):
+    x = call.args[0]
+    sg = _sigmoid(x)
+    return [g * (sg + x * sg * (scalar(1.0, x) - sg))]
+
+
+silu = activation("nn.silu", None, lambda x, a: x * _np_sigmoid(x), _silu_grad, 4, "silu")
+
+# ------------------------------------------------------------------ softplus
+
+
+@dataclass(frozen=True)
+class SoftplusAttrs:
+    beta: float = 1.0
+    threshold: float = 20.0
+
+    def __post_init__(self):
+        check_float(self, "beta", positive=True)
+        check_float(self, "threshold")
+
+
+def _softplus_compute(x, a):
+    bx = x * np.asarray(a.beta, x.dtype)
+    soft = np.logaddexp(np.zeros((), x.dtype), bx) / np.asarray(a.beta, x.dtype)
+    return np.where(bx > a.threshold, x, soft)
+
+
+def _softplus_grad(call: Call, g: Expr):
+    x = call.args[0]
+    bx = x * scalar(call.attrs.beta, x)
+    return [E.where(E.greater(bx, scalar(call.attrs.threshold, x)), g, g * _sigmoid(bx))]
+
+
+softplus = activation("nn.softplus", SoftplusAttrs, _softplus_compute, _softplus_grad, 4, "softplus")
+
+# ------------------------------------------------------------------ softmax / log_softmax
+
+
+@dataclass(frozen=True)
+class SoftmaxAttrs:
+    axis: int = -1
+
+    def __post_init__(self):
+        check_int(self, "axis")
+
+
+def _softmax_infer(name):
+    def infer(arg_types, attrs):
+        x = float_arg(name, arg_types, 0)
+        normalize_axis(name, attrs.axis, x.ndim, arg_types)
+        return x
+
+    return infer
+
+
+def _softmax_compute(x, attrs):
+    z = x - np.max(x, axis=attrs.axis, keepdims=True)
+    e = np.exp(z)
+    return np.asarray(e / np.sum(e, axis=attrs.axis, keepdims=True), dtype=x.dtype)
+
+
+def _log_softmax_compute(x, attrs):
+    z = x - np.max(x, axis=attrs.axis, keepdims=True)
+    return np.asarray(z - np.log(np.sum(np.exp(z), axis=attrs.axis, keepdims=True)), dtype=x.dtype)
+
+
+def _softmax_grad(call: Call, g: Expr):
+    y = call
+    return [y * (g - R.sum(g * y, call.attrs.axis, True))]
+
+
+def _log_softmax_grad(call: Call, g: Expr):
+    return [g - E.exp(call) * R.sum(g, call.attrs.axis, True)]
+
+
+softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), _softmax_compute, attrs_type=SoftmaxAttrs,
+                grad=_softmax_grad, pattern=OpPattern.OPAQUE, flops=numel_flops(5), torch_name="softmax")
+log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), _log_softmax_compute, attrs_type=SoftmaxAttrs,
+                    grad=_log_softmax_grad, pattern=OpPattern.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")

@@ -1,0 +1,277 @@
+"""Compiling a Function to a flat plan: instructions over integer value slots.
+
+A plan is a list of tuples run by one loop (``numpy_executor.run``). Every node
+of the body gets a slot; parameters take slots ``0..k-1`` and constants are
+preloaded in the slot template. ``If`` is compiled to jumps: the nodes of a
+branch (``ir.scope.ScopeInfo``) sit between the ``IF`` and the ``JUMP``, so
+they run only when the branch is taken. Each instruction carries the slots
+whose last use it is (``frees``); the loop sets them to None right after it.
+
+Instruction layouts (``node`` is the IR node, for errors and checks)::
+
+    (CALL1, compute, attrs, a0, out, frees, node)
+    (CALL2, compute, attrs, a0, a1, out, frees, node)
+    (CALLN, compute, attrs, (a...), out, frees, node)
+    (FN, FunctionPlan, (a...), out, frees, node)      call a module/primitive function
+    (TUPLE, (a...), out, frees, node)
+    (GET, src, index, out, frees, node)
+    (IF, cond, else_pc, then_frees, else_frees, node)
+    (JUMP, target_pc)
+    (MOVE, src, dst, frees)                           a branch's result into the If's slot
+    (RET, src)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..ir.errors import ExecutionError
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.scope import Scope, ScopeInfo
+from ..ir.traversal import post_order
+from ..ops.registry import OpDef
+
+CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, JUMP, MOVE, RET = range(10)
+OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "JUMP", "MOVE", "RET")
+KERNEL_OPS = (CALL1, CALL2, CALLN)
+
+
+class FunctionPlan:
+    """One function compiled lazily (on first ``ensure()``) to flat code.
+
+    ``resolve(callee)`` maps a GlobalVar or a called Function to its FunctionPlan;
+    callees are compiled only when first entered, so recursion is fine.
+    """
+
+    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve")
+
+    def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"]):
+        self.name = name
+        self.func = func
+        self.code: Optional[list] = None
+        self.template: list = []
+        self.num_params = len(func.params)
+        self._resolve = resolve
+
+    def ensure(self) -> "FunctionPlan":
+        if self.code is None:
+            self.code, self.template = compile_function(self.func, self.name, self._resolve)
+        return self
+
+    def dump(self) -> str:
+        """The instructions, one per line (for debugging)."""
+        self.ensure()
+        lines = []
+        for pc, ins in enumerate(self.code):
+            op = ins[0]
+            if op in (JUMP, MOVE, RET):
+                lines.append(f"{pc:5d} {OPCODE_NAMES[op]:6s} {ins[1:]}")
+                continue
+            node = ins[-1]
+            label = node.op_name if isinstance(node, Call) else type(node).__name__
+            operands = ins[3:-1] if op in KERNEL_OPS else ins[2:-1] if op == FN else ins[1:-1]
+            lines.append(f"{pc:5d} {OPCODE_NAMES[op]:6s} {label} {operands}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        state = f"{len(self.code)} instructions" if self.code is not None else "not compiled"
+        return f"FunctionPlan(@{self.name}, {state})"
+
+
+class _RootOnly:
+    """Stand-in for ScopeInfo when a body has no If: every node is in the root scope."""
+
+    def __init__(self, order: list):
+        self.root = Scope(None)
+        self.root.nodes = order
+        self.branches: dict = {}
+
+
+def _assign_slots(fn: Function, order: list, where: str) -> tuple[dict, list]:
+    slot: dict[int, int] = {}
+    template: list = []
+    for p in fn.params:
+        slot[id(p)] = len(template)
+        template.append(None)
+    for n in order:
+        t = type(n)
+        if t is Call or t is Tuple or t is TupleGetItem or t is If:
+            slot[id(n)] = len(template)
+            template.append(None)
+        elif id(n) in slot:
+            continue
+        elif isinstance(n, Constant):
+            slot[id(n)] = len(template)
+            template.append(n.data)
+        elif isinstance(n, Var):
+            raise ExecutionError(f"{where}: variable %{n.name_hint} is not a parameter (closures are not supported by the executor)")
+        elif isinstance(n, GlobalVar):
+            raise ExecutionError(f"{where}: @{n.name_hint} used as a value; the executor runs first-order programs only")
+        elif isinstance(n, Function):
+            raise ExecutionError(f"{where}: a function value (closure) in the body; the executor runs first-order programs only")
+        else:
+            slot[id(n)] = len(template)
+            template.append(None)
+    return slot, template
+
+
+def _operands(n: Expr) -> tuple:
+    t = type(n)
+    if t is Call:
+        return n.args
+    if t is Tuple:
+        return n.fields
+    if t is TupleGetItem:
+        return (n.tuple_value,)
+    return n.children()
+
+
+def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
+    """Where each slot dies: after a node, at the start of a branch, or after a branch's MOVE.
+
+    A value is tracked in every scope from its home scope down to its uses. In a
+    scope, its last use is a node, the scope's end (the branch result), or an If
+    holding a use: then it dies in each branch that uses it (recursively) and at
+    the start of each branch that does not, so it is freed once whichever branch runs.
+    Returns ``{id(scope): {position: [slots]}}``, ``{(id(if), branch): [slots]}`` twice.
+    """
+    root = all_scopes[0]
+    scope_of = getattr(scopes, "scope_of", None)
+    branches = scopes.branches
+    pos: dict[int, int] = {}
+    if branches:
+        for s in all_scopes:
+            for i, n in enumerate(s.nodes):
+                pos[id(n)] = i
+    last: dict[int, dict[int, int]] = {id(s): {} for s in all_scopes}
+    for s in all_scopes:
+        here = last[id(s)]
+        for p, n in enumerate(s.nodes):
+            t = type(n)
+            if t is If:
+                then_s, else_s = branches[id(n)]
+                uses = ((n.cond, s, p), (n.true_branch, then_s, len(then_s.nodes)), (n.false_branch, else_s, len(else_s.nodes)))
+            elif t is Var or t is Constant:
+                continue
+            else:
+                if scope_of is None:  # fast path: one scope, positions increase
+                    for c in _operands(n):
+                        if type(c) is not Constant:
+                            here[slot[id(c)]] = p
+                    continue
+                uses = tuple((c, s, p) for c in _operands(n))
+            for c, us, q in uses:
+                if type(c) is Constant:
+                    continue
+                k = slot[id(c)]
+                home = root if scope_of is None or isinstance(c, Var) else scope_of[id(c)]
+                while True:
+                    d = last[id(us)]
+                    if d.get(k, -1) < q:
+                        d[k] = q
+                    if us is home:
+                        break
+                    q = pos[id(us.if_node)]
+                    us = us.parent
+    free_after: dict[int, dict[int, list]] = {}
+    branch_start: dict[tuple, list] = {}
+    branch_end: dict[tuple, list] = {}
+    for s in all_scopes:
+        nodes = s.nodes
+        end = len(nodes)
+        fa = free_after[id(s)] = {}
+        for k, q in last[id(s)].items():
+            if q == end:
+                if s is not root:  # the root's end is the returned value
+                    branch_end.setdefault((id(s.if_node), s.branch), []).append(k)
+                continue
+            n = nodes[q]
+            if type(n) is If:
+                for b, bs in enumerate(branches[id(n)]):
+                    if k not in last[id(bs)]:
+                        branch_start.setdefault((id(n), b), []).append(k)
+            elif q in fa:
+                fa[q].append(k)
+            else:
+                fa[q] = [k]
+    return free_after, branch_start, branch_end
+
+
+def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -> tuple[list, list]:
+    """Flat code and slot template for ``fn`` (see the module docstring)."""
+    where = f"@{name}"
+    body = fn.body
+    order = post_order(body)
+    slot, template = _assign_slots(fn, order, where)
+    scopes = ScopeInfo(body, order) if any(type(n) is If for n in order) else _RootOnly(order)
+    root = scopes.root
+    all_scopes = [root] + [s for pair in scopes.branches.values() for s in pair]
+    free_after, branch_start, branch_end = _liveness(scopes, slot, all_scopes)
+    no_frees = ()
+    code: list = []
+    emit = code.append
+    # explicit work stack: ("nodes", scope, i) | ("else", if, if_pc) | ("end", if, b, jump_pc, if_pc)
+    work: list = [("nodes", root, 0)]
+    while work:
+        task = work.pop()
+        kind = task[0]
+        if kind == "nodes":
+            _, s, i = task
+            nodes = s.nodes
+            fa = free_after[id(s)]
+            while i < len(nodes):
+                n = nodes[i]
+                t = type(n)
+                frees = tuple(fa[i]) if i in fa else no_frees
+                i += 1
+                if t is Var or t is Constant or isinstance(n, (Var, Constant)):
+                    continue
+                out = slot[id(n)]
+                if t is Call or isinstance(n, Call):
+                    args = tuple(slot[id(a)] for a in n.args)
+                    op = n.op
+                    if isinstance(op, OpDef):
+                        if len(args) == 1:
+                            emit((CALL1, op.compute, n.attrs, args[0], out, frees, n))
+                        elif len(args) == 2:
+                            emit((CALL2, op.compute, n.attrs, args[0], args[1], out, frees, n))
+                        else:
+                            emit((CALLN, op.compute, n.attrs, args, out, frees, n))
+                    elif isinstance(op, (GlobalVar, Function)):
+                        emit((FN, resolve(op), args, out, frees, n))
+                    else:
+                        raise ExecutionError(f"{where}: cannot run a call to {op!r} (not an OpDef, GlobalVar or Function)")
+                elif isinstance(n, Tuple):
+                    emit((TUPLE, tuple(slot[id(f)] for f in n.fields), out, frees, n))
+                elif isinstance(n, TupleGetItem):
+                    emit((GET, slot[id(n.tuple_value)], n.index, out, frees, n))
+                elif isinstance(n, If):
+                    if_pc = len(code)
+                    emit(None)  # patched once the else branch's pc is known
+                    then_s, else_s = scopes.branches[id(n)]
+                    work.append(("nodes", s, i))
+                    work.append(("end", n, 1, None, if_pc))
+                    work.append(("nodes", else_s, 0))
+                    work.append(("else", n, if_pc))
+                    work.append(("end", n, 0, None, if_pc))
+                    work.append(("nodes", then_s, 0))
+                    break
+                else:
+                    raise ExecutionError(f"{where}: cannot run a {type(n).__name__} node")
+        elif kind == "end":  # a branch finished: move its result into the If's slot
+            _, n, b, _, if_pc = task
+            res = n.true_branch if b == 0 else n.false_branch
+            emit((MOVE, slot[id(res)], slot[id(n)], tuple(branch_end.get((id(n), b), no_frees))))
+            if b == 0:
+                emit(None)  # JUMP over the else branch, patched at the If's end
+                code[if_pc] = len(code) - 1  # remember the jump's pc until "else" patches the IF
+            else:
+                jump_pc = code[if_pc][2] - 1
+                code[jump_pc] = (JUMP, len(code))
+        elif kind == "else":
+            _, n, if_pc = task
+            jump_pc = code[if_pc]
+            code[if_pc] = (IF, slot[id(n.cond)], jump_pc + 1, tuple(branch_start.get((id(n), 0), no_frees)),
+                           tuple(branch_start.get((id(n), 1), no_frees)), n)
+    emit((RET, slot[id(body)]))
+    return code, template

@@ -1,0 +1,1 @@
+"""Reverse-mode AD internals: scan (diagnostics), inline (calls), sweep (adjoints)."""

@@ -1,0 +1,179 @@
+"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, zeros/ones.
+
+A *path* is a tuple of field indices into a (nested) tuple type; ``()`` is the
+value itself. Adjoints of tuple values are kept per tensor leaf path, so no
+tuple of zeros is ever built just to add into it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ...analysis.type_infer import _Inferencer
+from ...ir.errors import PullbackError, TypeInferenceError
+from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
+from ...ir.types import TensorType, TupleType, Type, is_float
+from ...ops.registry import get_op
+
+Path = tuple
+
+_INFER = _Inferencer(None)
+_zeros, _ones, _zeros_like, _ones_like, _add = (get_op(n) for n in ("zeros", "ones", "zeros_like", "ones_like", "add"))
+
+
+def typed(root: Expr) -> Expr:
+    """Infer the types of the not-yet-typed nodes under ``root`` (stops at typed nodes: O(new nodes))."""
+    if root._checked_type is not None:
+        return root
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node._checked_type is not None:
+            continue
+        if expanded:
+            node._checked_type = _INFER.infer_node(node, None)
+            continue
+        stack.append((node, True))
+        for c in node.children():
+            if c._checked_type is None:
+                stack.append((c, False))
+    return root
+
+
+def has_float_leaf(ty: Type) -> bool:
+    """``ty`` is a float tensor or a tuple with at least one float tensor leaf."""
+    stack = [ty]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, TupleType):
+            stack.extend(t.fields)
+        elif isinstance(t, TensorType) and is_float(t.dtype):
+            return True
+    return False
+
+
+def all_float_leaves(ty: Type) -> bool:
+    """``ty`` is a float tensor or a (nested) tuple whose leaves are all float tensors."""
+    stack = [ty]
+    seen = False
+    while stack:
+        t = stack.pop()
+        if isinstance(t, TupleType):
+            stack.extend(t.fields)
+        elif isinstance(t, TensorType) and is_float(t.dtype):
+            seen = True
+        else:
+            return False
+    return seen
+
+
+def type_at(ty: Type, path: Path) -> Type:
+    for i in path:
+        ty = ty.fields[i]
+    return ty
+
+
+def leaf_paths(ty: Type) -> list[tuple[Path, TensorType]]:
+    """``(path, tensor type)`` of every tensor leaf of ``ty``, left to right."""
+    out = []
+    stack = [((), ty)]
+    while stack:
+        path, t = stack.pop()
+        if isinstance(t, TupleType):
+            for i in range(len(t.fields) - 1, -1, -1):
+                stack.append((path + (i,), t.fields[i]))
+        else:
+            out.append((path, t))
+    return out
+
+
+def get_item(value: Expr, index: int) -> Expr:
+    """Field ``index`` of a tuple-valued expression (a Tuple's field directly), typed."""
+    if isinstance(value, Tuple):
+        return value.fields[index]
+    return typed(TupleGetItem(value, index))
+
+
+def at_path(value: Expr, path: Path) -> Expr:
+    for i in path:
+        value = get_item(value, i)
+    return value
+
+
+def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
+    """The expression of type ``ty`` whose tensor leaves are ``leaf(path, type)`` (nested Tuples)."""
+    out: dict = {}
+    stack = [((), ty, False)]
+    while stack:
+        path, t, done = stack.pop()
+        if not isinstance(t, TupleType):
+            out[path] = leaf(path, t)
+        elif done:
+            out[path] = typed(Tuple([out.pop(path + (i,)) for i in range(len(t.fields))]))
+        else:
+            stack.append((path, t, True))
+            for i in range(len(t.fields) - 1, -1, -1):
+                stack.append((path + (i,), t.fields[i], False))
+    return out[()]
+
+
+def fill_like(value: float, ty: TensorType, like: Expr) -> Expr:
+    """zeros/ones of tensor type ``ty``: explicit ``zeros(shape, dtype)`` when static, ``zeros_like(like)`` otherwise."""
+    if ty.is_static:
+        return typed((_zeros if value == 0 else _ones)(ty.shape, ty.dtype))
+    return typed((_zeros_like if value == 0 else _ones_like)(like))
+
+
+def sum_terms(terms: list) -> Expr:
+    """One sum of every contribution (a left fold of ``add``), typed."""
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = add_typed(acc, t)
+    return acc
+
+
+def add_typed(a: Expr, b: Expr) -> Expr:
+    node = Call(_add, (a, b))
+    node._checked_type = _INFER.infer_node(node, None)
+    return node
+
+
+def closure_like(node: Expr) -> bool:
+    """A Function value in a body, or a call of a non-primitive Function: a closure."""
+    if isinstance(node, Function):
+        return True
+    return isinstance(node, Call) and isinstance(node.op, Function) and not node.op.is_primitive
+
+
+def binding(fn_name: str, fn: Optional[Function], node: Expr) -> str:
+    """``in @main: %7 = nn.foo(%5, %6)`` (printer text when available)."""
+    text = None
+    if fn is not None:
+        try:
+            from ...ir.printer import binding_text
+
+            text = binding_text(fn, node)
+        except (ImportError, PullbackError):
+            text = None
+    if text is None:
+        text = _short(node)
+    span = f" (at {node.span})" if getattr(node, "span", None) else ""
+    return f"in @{fn_name}: {text}{span}"
+
+
+def _short(node: Expr) -> str:
+    if isinstance(node, Call):
+        return f"{node.op_name}(...)"
+    if isinstance(node, Var):
+        return f"%{node.name_hint}"
+    if isinstance(node, Function):
+        return f"fn ({', '.join('%' + p.name_hint for p in node.params)}) {{ ... }}"
+    if isinstance(node, If):
+        return "if (...) { ... } else { ... }"
+    return type(node).__name__
+
+
+def rule_type_error(op_name: str, index: int, want: Type, got: Type, where: str) -> TypeInferenceError:
+    return TypeInferenceError(
+        f"the gradient rule of {op_name} returned a value of type {got!r} for argument {index} of type {want!r} {where}"
+    )
