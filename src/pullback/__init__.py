@@ -4,6 +4,8 @@ from . import ops  # noqa: F401  (registers operators)
 from . import op
 from . import analysis
 from . import transform
+from .ir.parser import parse, parse_expr
+from .ir.printer import astext, binding_text
 from .ir.structural import assert_structural_equal, structural_equal, structural_hash
 from .ir import (
     Any,

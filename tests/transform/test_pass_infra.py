@@ -12,6 +12,7 @@ import pullback as pb
 from pullback import op, transform
 from pullback.ir.errors import PassError
 from pullback.transform import pass_infra
+from pullback.transform.infer_type import ensure_typed
 from pullback.transform.instruments import PassInstrument, _astext
 
 
@@ -388,12 +389,16 @@ def test_pass_timing_survives_a_failing_pass():
 
 
 def test_print_ir():
+    # the printer shows types where they are known: type both modules so the text is fixed
+    rebuild = rename_main_pass()
+    typed_rebuild = transform.module_pass(lambda m, ctx: ensure_typed(rebuild.transform_module(m, ctx)), name="Rebuild")
     buf = io.StringIO()
-    mod = make_mod()
+    mod = transform.InferType()(make_mod())
     with transform.PassContext(instruments=[transform.PrintIR(before=True, after=True, stream=buf, passes=["Rebuild"])]):
-        out = transform.Sequential([noop_pass("Quiet"), rename_main_pass("Rebuild")])(mod)
+        out = transform.Sequential([noop_pass("Quiet"), typed_rebuild])(mod)
     assert out is not mod
     assert buf.getvalue() == f"# IR before Rebuild\n{_astext(mod)}\n# IR after Rebuild\n{_astext(out)}\n"
+    assert "-> Tensor[(2, 3), float32]" in _astext(out)
 
 
 def test_print_ir_defaults_to_current_stdout(capsys):
@@ -454,3 +459,27 @@ def test_infer_type_on_a_deep_chain():
         body = op.negative(body)
     mod = pb.IRModule.from_expr(pb.Function([x], body))
     assert transform.InferType()(mod) is mod and body.checked_type == pb.TensorType((2,), "float32")
+
+
+def test_infer_type_skips_modules_that_are_already_typed(monkeypatch):
+    from pullback.transform import infer_type
+
+    mod = transform.InferType()(make_mod())
+
+    def fail(mod):
+        raise AssertionError("infer_module should not run again")
+
+    monkeypatch.setattr(infer_type, "infer_module", fail)
+    assert transform.InferType()(mod) is mod
+    fresh = make_mod()
+    with pytest.raises(AssertionError, match="should not run"):
+        transform.InferType()(fresh)
+
+
+def test_unexpected_errors_name_the_pass():
+    def crash(mod, ctx):
+        raise ZeroDivisionError("oops")
+
+    with pytest.raises(ZeroDivisionError) as info:
+        transform.Sequential([transform.module_pass(crash, name="Crash")], name="pipe")(make_mod())
+    assert info.value.__notes__ == ["(while running pass Crash)", "(while running pass pipe)"]

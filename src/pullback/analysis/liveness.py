@@ -51,7 +51,8 @@ def type_bytes(ty: Type) -> int:
     return total  # function types (closures, globals) own no tensor memory
 
 
-def _function_of(target: Union[IRModule, Function], func: str) -> tuple[Function, Optional[IRModule]]:
+def resolve_function(target: Union[IRModule, Function], func: str) -> tuple[Function, Optional[IRModule]]:
+    """``(function, module or None)`` for ``target[func]`` or a bare Function, with types inferred."""
     if isinstance(target, IRModule):
         fn = target[func]
         if any(f._checked_type is None for _, f in target.items()):
@@ -103,10 +104,6 @@ def liveness(func: Function, order: Optional[list] = None) -> list[Live]:
     return [Live(n, i, last[i] if last[i] >= 0 else end) for i, n in enumerate(order)]
 
 
-def _allocates(n: Expr) -> bool:
-    return isinstance(n, Call)
-
-
 def peak_memory(target: Union[IRModule, Function], func: str = "main", reuse: bool = True) -> int:
     """Peak bytes of live values while running ``func`` once, statically.
 
@@ -117,28 +114,32 @@ def peak_memory(target: Union[IRModule, Function], func: str = "main", reuse: bo
     are live together. Views count as allocations; ``Any`` dims count 0 bytes;
     both If branches are counted; primitive functions are single allocations.
     """
-    fn, _ = _function_of(target, func)
+    fn, _ = resolve_function(target, func)
+    with_reuse, without_reuse = peak_memories(fn)
+    return with_reuse if reuse else without_reuse
+
+
+def peak_memories(fn: Function) -> tuple[int, int]:
+    """``(peak bytes with reuse, peak bytes without)`` of a typed Function (see ``peak_memory``)."""
     order = post_order(fn.body)
-    resident = sum(type_bytes(p.checked_type) for p in fn.params)
     params = {id(p) for p in fn.params}
+    resident = sum(type_bytes(p.checked_type) for p in fn.params)
     resident += sum(type_bytes(n.checked_type) for n in order
                     if isinstance(n, Constant) or isinstance(n, Var) and id(n) not in params)
-    lives = liveness(fn, order)
     steps = len(order)
-    if not reuse:
-        return resident + sum(type_bytes(n.checked_type) for n in order if _allocates(n))
-    # difference array: +bytes at first_def, -bytes after last_use
-    delta = [0] * (steps + 2)
-    for node, first, last in lives:
-        if _allocates(node):
+    delta = [0] * (steps + 2)  # +bytes at first_def, -bytes after last_use
+    allocated = 0
+    for node, first, last in liveness(fn, order):
+        if isinstance(node, Call):
             b = type_bytes(node.checked_type)
+            allocated += b
             delta[first] += b
             delta[min(last, steps) + 1] -= b
     peak = live = 0
     for i in range(steps + 1):
         live += delta[i]
         peak = max(peak, live)
-    return resident + peak
+    return resident + peak, resident + allocated
 
 
-__all__ = ["Live", "liveness", "peak_memory", "type_bytes"]
+__all__ = ["Live", "liveness", "peak_memory", "peak_memories", "resolve_function", "type_bytes"]

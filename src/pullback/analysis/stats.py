@@ -17,53 +17,56 @@ import numpy as np
 from ..ir.errors import PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar
 from ..ir.module import IRModule
-from ..ir.traversal import global_calls, post_order
+from ..ir.traversal import post_order
 from ..ops.registry import OpDef, is_op
-from .liveness import _function_of, peak_memory
+from .liveness import peak_memories, resolve_function
 
 Target = Union[IRModule, Function, Expr]
 
 LIKE_OPS = ("zeros_like", "ones_like", "full_like", "reshape_like", "collapse_sum_like", "broadcast_to_like", "cast_like")
 
 
-def _roots(target: Target, func: Optional[str] = None) -> list[Expr]:
-    """The functions to look at: all of a module, or ``func`` and its callees."""
+def _calls(target: Target, func: Optional[str] = None) -> list[Call]:
+    """Operator calls of ``target``: all of a module, or ``func`` and the functions it calls
+    (each function walked once, into primitive functions)."""
     if isinstance(target, Expr):
-        return [target]
-    if not isinstance(target, IRModule):
+        roots, mod = [target], None
+    elif isinstance(target, IRModule):
+        mod = target
+        roots = [mod[func]] if func is not None else [f for _, f in mod.items()]
+    else:
         raise PullbackError(f"expected an IRModule, Function or Expr, got {type(target).__name__}")
-    if func is None:
-        return [f for _, f in target.items()]
-    names, stack = [], [func]
-    while stack:
-        name = stack.pop()
-        if name in names:
-            continue
-        target[name]  # raises a clear error for an unknown name
-        names.append(name)
-        stack.extend(g.name_hint for g in global_calls(target[name]) if g.name_hint in target)
-    return [target[n] for n in names]
-
-
-def _calls(target: Target, func: Optional[str]) -> list[Call]:
+    walked = {func} if func is not None else set(mod or ())
     seen: set[int] = set()
-    out = []
-    for root in _roots(target, func):
-        for n in post_order(root, into_functions=True):
-            if isinstance(n, Call) and isinstance(n.op, OpDef) and id(n) not in seen:
+    out: list[Call] = []
+    while roots:
+        for n in post_order(roots.pop(), into_functions=True):
+            if isinstance(n, Call) and id(n) not in seen:
                 seen.add(id(n))
-                out.append(n)
+                if isinstance(n.op, OpDef):
+                    out.append(n)
+                elif isinstance(n.op, GlobalVar) and mod is not None and n.op.name_hint not in walked and n.op.name_hint in mod:
+                    walked.add(n.op.name_hint)
+                    roots.append(mod[n.op.name_hint])
     return out
+
+
+def _histogram(calls: list[Call]) -> dict[str, int]:
+    return dict(sorted(Counter(c.op.name for c in calls).items()))
+
+
+def _count_like(calls: list[Call]) -> int:
+    return sum(1 for c in calls if c.op.name in LIKE_OPS)
 
 
 def op_histogram(target: Target, func: Optional[str] = None) -> dict[str, int]:
     """``{op name: number of Call nodes}``, sorted by name (primitive functions included)."""
-    return dict(sorted(Counter(c.op.name for c in _calls(target, func)).items()))
+    return _histogram(_calls(target, func))
 
 
 def count_like_ops(target: Target, func: Optional[str] = None) -> int:
     """Number of calls to the ``*_like`` operators (``LIKE_OPS``) left in the program."""
-    return sum(1 for c in _calls(target, func) if c.op.name in LIKE_OPS)
+    return _count_like(_calls(target, func))
 
 
 _FILL_ARG = {"full": 0, "full_like": 1}
@@ -89,8 +92,12 @@ _IDENTITY = {"add": ((0, 1), 0), "subtract": ((1,), 0), "multiply": ((0, 1), 1),
 def count_identity_arith(target: Target, func: Optional[str] = None) -> int:
     """Calls ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` (zeros/ones/full and
     their ``*_like``, all-zero / all-one constants); counted, never rewritten."""
+    return _count_identity(_calls(target, func))
+
+
+def _count_identity(calls: list[Call]) -> int:
     n = 0
-    for c in _calls(target, func):
+    for c in calls:
         rule = _IDENTITY.get(c.op.name)
         if rule is not None and any(_is_fill(c.args[i], rule[1]) for i in rule[0]):
             n += 1
@@ -106,7 +113,7 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
     """FLOPs of one run of ``func``: the sum of ``op.flops(arg_types, out_type, attrs)`` over its
     calls, into primitive functions, with each call of a global function adding that
     function's FLOPs (a recursive call adds 0). Types are inferred if missing."""
-    fn, mod = _function_of(target, func)
+    fn, mod = resolve_function(target, func)
     # own cost of every Function (inner primitive ones first: post order) + global callees
     own: dict[int, tuple[int, Counter]] = {}
 
@@ -126,6 +133,8 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
         return total, callees
 
     def own_cost(root: Function) -> tuple[int, Counter]:
+        if id(root) in own:
+            return own[id(root)]
         for n in post_order(root, into_functions=True):
             if isinstance(n, Function) and id(n) not in own:
                 own[id(n)] = cost_of(n)
@@ -154,17 +163,18 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
 def program_stats(target: Union[IRModule, Function], func: str = "main") -> dict:
     """``ops`` (histogram), ``like_ops``, ``identity_arith``, ``flops``, ``peak_bytes`` and
     ``peak_bytes_no_reuse`` of ``func`` and the functions it calls."""
-    fn, mod = _function_of(target, func)
-    scope: Target = mod if mod is not None else fn
-    name = func if mod is not None else None
+    fn, mod = resolve_function(target, func)
+    calls = _calls(mod, func) if mod is not None else _calls(fn)
+    hist = _histogram(calls)
+    peak, peak_no_reuse = peak_memories(fn)
     return {
-        "ops": op_histogram(scope, name),
-        "calls": sum(op_histogram(scope, name).values()),
-        "like_ops": count_like_ops(scope, name),
-        "identity_arith": count_identity_arith(scope, name),
+        "ops": hist,
+        "calls": len(calls),
+        "like_ops": _count_like(calls),
+        "identity_arith": _count_identity(calls),
         "flops": flops(target, func),
-        "peak_bytes": peak_memory(target, func),
-        "peak_bytes_no_reuse": peak_memory(target, func, reuse=False),
+        "peak_bytes": peak,
+        "peak_bytes_no_reuse": peak_no_reuse,
     }
 
 

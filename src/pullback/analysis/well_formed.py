@@ -39,6 +39,10 @@ def _where(fn_name: Optional[str], node: Expr) -> str:
     return (f"in @{fn_name}" if fn_name else "in the expression") + loc
 
 
+def _args(n: int) -> str:
+    return f"{n} argument{'s' if n != 1 else ''}"
+
+
 class _Checker:
     def __init__(self, mod: Optional[IRModule]):
         self.mod = mod
@@ -48,15 +52,19 @@ class _Checker:
         self.problems.append(f"{_where(fn_name, node)}: {message} [{describe_node(node)}]")
 
     # -- binding
-    def check_binding(self, root: Expr, fn_name: Optional[str]) -> None:
-        nodes = post_order(root, into_functions=True)
+    def check_binding(self, root: Expr, nodes: list, fn_name: Optional[str]) -> None:
         binder: dict[int, Function] = {}
-        for n in nodes:
-            if isinstance(n, Function):
-                for p in n.params:
-                    if id(p) in binder and binder[id(p)] is not n:
-                        self.report(fn_name, p, f"variable %{p.name_hint} is bound by two functions")
-                    binder[id(p)] = n
+        functions = [n for n in nodes if isinstance(n, Function)]
+        for f in functions:
+            for p in f.params:
+                if id(p) in binder and binder[id(p)] is not f:
+                    self.report(fn_name, p, f"variable %{p.name_hint} is bound by two functions")
+                binder[id(p)] = f
+        if functions == [root]:  # fast path: one scope
+            for n in nodes:
+                if isinstance(n, Var) and id(n) not in binder:
+                    self.report(fn_name, n, f"free variable %{n.name_hint} (not a parameter of any enclosing function)")
+            return
         # walk each function body in its own scope, with the params of enclosing functions in view
         # a bare expression may use free variables; a function may not
         outer_bound = frozenset() if isinstance(root, Function) else frozenset(
@@ -86,8 +94,8 @@ class _Checker:
                     stack.append((n.op, bound))
 
     # -- globals, arity and cached types
-    def check_nodes(self, root: Expr, fn_name: Optional[str]) -> None:
-        for n in post_order(root, into_functions=True):
+    def check_nodes(self, nodes: list, fn_name: Optional[str]) -> None:
+        for n in nodes:
             if isinstance(n, GlobalVar):
                 self.check_global(n, fn_name)
             elif isinstance(n, Call):
@@ -107,7 +115,7 @@ class _Checker:
         op = call.op
         if isinstance(op, OpDef):
             if op.num_inputs >= 0 and len(call.args) != op.num_inputs:
-                self.report(fn_name, call, f"{op.name} takes {op.num_inputs} arguments, got {len(call.args)}")
+                self.report(fn_name, call, f"{op.name} takes {_args(op.num_inputs)}, got {len(call.args)}")
             return
         if isinstance(op, GlobalVar):
             callee = self.check_global(op, fn_name)
@@ -115,7 +123,7 @@ class _Checker:
         else:
             callee, label = op, "the primitive function"
         if callee is not None and len(callee.params) != len(call.args):
-            self.report(fn_name, call, f"{label} takes {len(callee.params)} arguments, got {len(call.args)}")
+            self.report(fn_name, call, f"{label} takes {_args(len(callee.params))}, got {len(call.args)}")
 
     def expected_type(self, n: Expr):
         """The type ``n`` should have given its operands' cached types (None: cannot tell)."""
@@ -167,7 +175,8 @@ class _Checker:
             self.report(fn_name, n, f"cached type {n._checked_type!r} is inconsistent: {e}")
             return
         if want is not None and want != n._checked_type:
-            self.report(fn_name, n, f"cached type {n._checked_type!r} but its operands give {want!r}")
+            source = "its annotation is" if isinstance(n, Var) else "its operands give"
+            self.report(fn_name, n, f"cached type {n._checked_type!r} but {source} {want!r}")
 
 
 def check_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> None:
@@ -182,8 +191,9 @@ def check_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> None
         raise WellFormedError(f"check_well_formed expects an IRModule, Function or Expr, got {type(target).__name__}")
     checker = _Checker(mod)
     for name, fn in roots:
-        checker.check_binding(fn, name)
-        checker.check_nodes(fn, name)
+        nodes = post_order(fn, into_functions=True)
+        checker.check_binding(fn, nodes, name)
+        checker.check_nodes(nodes, name)
     if checker.problems:
         n = len(checker.problems)
         err = WellFormedError(f"ill-formed IR ({n} problem{'s' if n != 1 else ''}):\n" + "\n".join(f"  - {p}" for p in checker.problems))

@@ -12,6 +12,8 @@ from .errors import (
 )
 from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, const, var
 from .module import IRModule
+from .parser import parse, parse_expr
+from .printer import astext, binding_text
 from .structural import assert_structural_equal, structural_equal, structural_hash
 from .traversal import free_vars, post_order, transform
 from .types import Any, FuncType, TensorType, TupleType, Type

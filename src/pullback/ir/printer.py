@@ -310,7 +310,9 @@ class _Printer:
             name = self.var_name(p)
             params.append(name if p.type_annotation is None else f"{name}: {type_text(p.type_annotation)}")
         attrs = _attrs_text(f.attrs)
-        head = prefix + (f" [{', '.join(attrs)}] " if attrs else "") + f"({', '.join(params)})"
+        if attrs:
+            prefix = f"{prefix.rstrip()} [{', '.join(attrs)}] "
+        head = f"{prefix}({', '.join(params)})"
         ret = f.ret_type
         if ret is None and f._checked_type is not None and isinstance(f._checked_type, FuncType):
             ret = f._checked_type.ret_type
@@ -459,7 +461,6 @@ class Namer:
     """The numbering ``astext(fn)`` uses, computed once: ``namer.line(node)``."""
 
     def __init__(self, fn: Expr):
-        self._fn = fn
         self._lines = _print_unit(fn, [], {}, "fn ", record=True).record
 
     def line(self, node: Expr) -> str:

@@ -143,7 +143,9 @@ def _render_path(where, prefix: str) -> str:
     if prefix and steps and isinstance(steps[0][0], Function) and steps[0][1] >= 0:
         steps = steps[1:]  # "in @main" already says we are in the function's body
     labels = [_slot_label(parent, slot) for parent, slot in steps]
-    return ", ".join([prefix] + labels) if prefix else ", ".join(labels) or "at the root"
+    if prefix:
+        return ", ".join([prefix] + labels)
+    return "in " + ", ".join(labels) if labels else "at the root"
 
 
 class Mismatch(NamedTuple):

@@ -2,6 +2,8 @@
 
 from ..ir.expr import install_arith
 from . import elemwise, nn, reduce, transform  # noqa: F401  (registration)
+from . import indexing, shape  # noqa: F401  (registration)
+from . import activation, conv, linalg, loss, norm, pool  # noqa: F401  (nn.* registration)
 from .registry import OpDef, OpPattern, defop, get_op, has_op, is_op, list_ops, register
 
 for _name in ("add", "subtract", "multiply", "divide", "negative"):

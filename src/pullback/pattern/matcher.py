@@ -134,15 +134,16 @@ def match_pattern(pattern: DFPattern, expr: Expr) -> Optional[dict]:
         ok = True
         while todo:
             p, e = todo.pop()
-            if isinstance(p, AltPattern):
-                choices.append((todo + [(p.right, e)], dict(bound)))
-                todo.append((p.left, e))
-                continue
             prev = bound.get(p)
             if prev is not None:
                 if prev is not e:
                     ok = False
                     break
+                continue
+            if isinstance(p, AltPattern):
+                bound[p] = e
+                choices.append((todo + [(p.right, e)], dict(bound)))
+                todo.append((p.left, e))
                 continue
             if not _expand(p, e, todo):
                 ok = False

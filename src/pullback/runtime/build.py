@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Union
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Function
 from ..ir.module import IRModule
 
-
-def _numpy(mod: IRModule, **options):
-    from .numpy_executor import Executable
-
-    return Executable(mod, **options)
-
-
-# target name -> factory(mod, **options); other executors add a row (e.g. "jax")
-TARGETS: dict[str, Callable] = {"numpy": _numpy}
+# target name -> factory(mod, **options) returning an executable, or "module:attr"
+# naming one (imported on first use, so optional dependencies stay optional).
+TARGETS: dict[str, Union[str, Callable]] = {
+    "numpy": "pullback.runtime.numpy_executor:Executable",
+}
 
 
-def register_target(name: str, factory: Callable) -> None:
-    """Add an executor: ``factory(mod, **options)`` returns an executable."""
+def register_target(name: str, factory: Union[str, Callable]) -> None:
+    """Add an executor: ``factory(mod, check_outputs=..., **options)`` returns an executable."""
     if name in TARGETS:
         raise PullbackError(f"target {name!r} is already registered")
     TARGETS[name] = factory
 
 
-def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_outputs: bool = False):
+def _factory(target: str) -> Callable:
+    factory = TARGETS.get(target) if isinstance(target, str) else None
+    if factory is None:
+        raise PullbackError(f"unknown target {target!r}; available targets: {', '.join(sorted(TARGETS))}")
+    if isinstance(factory, str):
+        module, attr = factory.split(":")
+        factory = getattr(importlib.import_module(module), attr)
+    return factory
+
+
+def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_outputs: bool = False, **options):
     """Compile ``mod`` (or a single Function, as ``main``) for ``target``.
 
     The result runs a function with ``exe["main"](*arrays)``. ``check_outputs``
@@ -37,7 +44,4 @@ def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_output
         mod = IRModule.from_expr(mod)
     if not isinstance(mod, IRModule):
         raise PullbackError(f"build expects an IRModule or a Function, got {type(mod).__name__}")
-    factory = TARGETS.get(target)
-    if factory is None:
-        raise PullbackError(f"unknown target {target!r}; available targets: {', '.join(sorted(TARGETS))}")
-    return factory(mod, check_outputs=check_outputs)
+    return _factory(target)(mod, check_outputs=check_outputs, **options)

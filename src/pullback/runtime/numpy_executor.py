@@ -13,7 +13,7 @@ from time import perf_counter
 from typing import Optional
 
 from ..analysis import infer_module
-from ..ir.errors import ExecutionError, PullbackError
+from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Expr, Function, GlobalVar
 from ..ir.module import IRModule
 from .plan import CALL1, CALL2, CALLN, FN, GET, IF, JUMP, KERNEL_OPS, MOVE, RET, TUPLE, FunctionPlan
@@ -134,7 +134,7 @@ def run(plan: FunctionPlan, args: list, check: bool = False, prof: Optional[Prof
                     return value
                 code, pc, slots, out, plan = pop()
                 slots[out] = value
-    except PullbackError:
+    except ExecutionError:
         raise
     except Exception as e:  # noqa: BLE001 - a kernel failed: say which op, where, on what
         if ins is None or ins[0] not in KERNEL_OPS + (GET, TUPLE):

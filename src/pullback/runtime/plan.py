@@ -23,6 +23,7 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
 
 from __future__ import annotations
 
+import gc
 from typing import Callable, Optional
 
 from ..ir.errors import ExecutionError
@@ -176,11 +177,21 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     free_after: dict[int, dict[int, list]] = {}
     branch_start: dict[tuple, list] = {}
     branch_end: dict[tuple, list] = {}
+    dies: dict[int, set] = {}  # slots whose lifetime ends in a scope (parents come first in all_scopes)
     for s in all_scopes:
         nodes = s.nodes
         end = len(nodes)
         fa = free_after[id(s)] = {}
-        for k, q in last[id(s)].items():
+        here = last[id(s)]
+        if s is root:
+            dies[id(s)] = set(here)
+        else:  # defined here, or dying in the parent at this If
+            up, up_dies, at = last[id(s.parent)], dies[id(s.parent)], pos[id(s.if_node)]
+            dies[id(s)] = {k for k in here if k not in up or (k in up_dies and up[k] == at)}
+        ending = dies[id(s)]
+        for k, q in here.items():
+            if k not in ending:
+                continue
             if q == end:
                 if s is not root:  # the root's end is the returned value
                     branch_end.setdefault((id(s.if_node), s.branch), []).append(k)
@@ -199,6 +210,16 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
 
 def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -> tuple[list, list]:
     """Flat code and slot template for ``fn`` (see the module docstring)."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of small tuples, no cycles: the cyclic GC would only rescan them
+    try:
+        return _compile(fn, name, resolve)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -> tuple[list, list]:
     where = f"@{name}"
     body = fn.body
     order = post_order(body)
@@ -228,17 +249,18 @@ def compile_function(fn: Function, name: str, resolve: Callable[[Expr], Function
                     continue
                 out = slot[id(n)]
                 if t is Call or isinstance(n, Call):
-                    args = tuple(slot[id(a)] for a in n.args)
                     op = n.op
+                    nargs = n.args
                     if isinstance(op, OpDef):
-                        if len(args) == 1:
-                            emit((CALL1, op.compute, n.attrs, args[0], out, frees, n))
-                        elif len(args) == 2:
-                            emit((CALL2, op.compute, n.attrs, args[0], args[1], out, frees, n))
+                        if len(nargs) == 1:
+                            emit((CALL1, op.compute, n.attrs, slot[id(nargs[0])], out, frees, n))
+                        elif len(nargs) == 2:
+                            emit((CALL2, op.compute, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
                         else:
+                            args = tuple([slot[id(a)] for a in nargs])
                             emit((CALLN, op.compute, n.attrs, args, out, frees, n))
                     elif isinstance(op, (GlobalVar, Function)):
-                        emit((FN, resolve(op), args, out, frees, n))
+                        emit((FN, resolve(op), tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     else:
                         raise ExecutionError(f"{where}: cannot run a call to {op!r} (not an OpDef, GlobalVar or Function)")
                 elif isinstance(n, Tuple):

@@ -93,7 +93,7 @@ class Profiler:
             self.live_bytes += b.nbytes
             if self.live_bytes > self.peak:
                 self.peak = self.live_bytes
-            weakref.finalize(b, self._release, key)
+            weakref.finalize(b, self._release, key).atexit = False
 
     def _release(self, key: int) -> None:
         self.live_bytes -= self.live.pop(key, 0)

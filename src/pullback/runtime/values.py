@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..ir.errors import ExecutionError
-from ..ir.types import Any, TensorType, TupleType, Type
+from ..ir.types import DTYPES, Any, TensorType, TupleType, Type
 
 # Python data takes the parameter's dtype when its kind matches (like JAX's weak types).
 _KIND_OK = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
@@ -20,13 +20,12 @@ _KIND_OK = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
 def describe(value) -> str:
     """A short type-like description of a run-time value."""
     if isinstance(value, (np.ndarray, np.generic)):
-        return repr(TensorType(value.shape, value.dtype.name)) if value.dtype.name in _DTYPE_NAMES else f"array{value.shape} of {value.dtype}"
+        if value.dtype.name in DTYPES:
+            return repr(TensorType(value.shape, value.dtype.name))
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a {type(value).__name__}"
-
-
-_DTYPE_NAMES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
 def tensor_mismatch(value, ty: TensorType) -> bool:

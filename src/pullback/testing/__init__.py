@@ -1,0 +1,1 @@
+from .gradcheck import check_grad, check_second_order, to_float64  # noqa: F401

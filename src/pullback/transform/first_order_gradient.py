@@ -23,8 +23,8 @@ from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import FuncType, TupleType
 from .ad.common import all_float_leaves, build_struct, fill_like, has_float_leaf, typed
-from .ad.inline import has_calls, inline_calls
-from .ad.scan import active_nodes, call_graph, scan_function
+from .ad.inline import inline_calls
+from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
 from .pass_infra import PassContext, module_pass, register_pass
 
@@ -90,30 +90,21 @@ def differentiate(mod: IRModule, func: str = "main", wrt: WrtSpec = None, mode: 
     if not isinstance(mod, IRModule):
         raise PassError(f"FirstOrderGradient expects an IRModule, got {type(mod).__name__}")
     fn = mod[func]  # raises naming the known functions
-    infer_module(mod)
+    if any(f._checked_type is None for _, f in mod.items()):  # a typed Function has a typed body
+        infer_module(mod)
     params, problems = resolve_wrt(fn, wrt, func)
-    order_fns, recursion = call_graph(mod, func)
-    problems += recursion
-    scanned: set[int] = set()
-    todo = [(name, mod[name], params if name == func else [p for p in mod[name].params if has_float_leaf(p.type_annotation)])
-            for name in reversed(order_fns)]
-    while todo:
-        name, f, active_params = todo.pop(0)
-        if id(f) in scanned:
-            continue
-        scanned.add(id(f))
-        found, primitives = scan_function(name, f, active_params)
-        problems += found
-        todo += [(f"{name} (fused function)", pf, [p for p in pf.params if has_float_leaf(p.type_annotation)]) for pf in primitives]
+    scans, callees_first, found = scan_module(mod, func, params)
+    problems += found
     if problems:
         raise DiagnosticError(f"FirstOrderGradient cannot differentiate @{func}", problems)
-
-    order = post_order(fn.body)
-    if has_calls(order):
-        fn = inline_calls(mod, order_fns)[func]
+    entry = scans[func]
+    order, active = entry.order, entry.active
+    if entry.has_calls:
+        fn = inline_calls(mod, callees_first)[func]
         order = post_order(fn.body)
+        active = active_nodes(order, params)
     body = fn.body
-    sweep = ReverseSweep(body, order, active_nodes(order, params), func, fn)
+    sweep = ReverseSweep(body, order, active, func, fn)
     seed, ct = _seed(body, mode)
     sweep.run(seed)
     grads = [sweep.param_adjoint(p) for p in params]

@@ -42,8 +42,3 @@ def inline_calls(mod: IRModule, order: list[str]) -> dict[str, Function]:
             infer_expr(fn)
         done[name] = fn
     return done
-
-
-def has_calls(order_nodes: list) -> bool:
-    """Any call to a global or primitive function among ``order_nodes``."""
-    return any(isinstance(n, Call) and isinstance(n.op, (GlobalVar, Function)) for n in order_nodes)

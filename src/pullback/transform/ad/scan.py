@@ -3,8 +3,7 @@
 ``active_nodes``: nodes with a float leaf that depend on a differentiated
 parameter. A node *needs a gradient* when it is active and feeds, through
 active nodes, the result: ``greater(x, 0)`` feeding ``where`` is boolean, so
-it needs none. ``scan_module`` walks the call graph reachable from the entry
-function once and returns one diagnostic line per problem (operators without
+it needs none. ``scan_module`` scans every function reachable from the entry function once and returns one diagnostic line per problem (operators without
 a gradient rule, closures, recursion).
 """
 
@@ -14,6 +13,7 @@ from typing import Iterable
 
 from ...ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Var
 from ...ir.module import IRModule
+from ...ir.types import FLOAT_DTYPES, TensorType
 from ...ir.traversal import post_order
 from ...ops.registry import OpDef
 from .common import binding, closure_like, has_float_leaf
@@ -22,12 +22,17 @@ from .common import binding, closure_like, has_float_leaf
 def active_nodes(order: list, params: Iterable[Var]) -> set[int]:
     """ids of nodes in ``order`` (operands first) that carry a float value depending on ``params``."""
     active = {id(p) for p in params}
+    skip = (Var, Constant, GlobalVar, Function)
     for n in order:
-        if isinstance(n, (Var, Constant, GlobalVar, Function)) or id(n) in active:
+        if isinstance(n, skip):
             continue
-        kids = (n.true_branch, n.false_branch) if isinstance(n, If) else n.children()
-        if any(id(c) in active for c in kids) and has_float_leaf(n.checked_type):
-            active.add(id(n))
+        kids = (n.true_branch, n.false_branch) if type(n) is If else n.children()
+        for c in kids:
+            if id(c) in active:
+                t = n.checked_type
+                if (t.dtype in FLOAT_DTYPES) if type(t) is TensorType else has_float_leaf(t):
+                    active.add(id(n))
+                break
     return active
 
 
@@ -37,58 +42,90 @@ def _no_grad_reason(op: OpDef) -> str:
     return f"operator {op.name} has no registered gradient"
 
 
-def scan_function(fn_name: str, fn: Function, params: Iterable[Var]) -> tuple[list[str], list[Function]]:
-    """Problems in ``fn`` (one line each) and the primitive functions it calls.
+class FunctionScan:
+    """One function's post order, active nodes, problems, callees and called primitive functions."""
 
-    ``params`` are the parameters treated as differentiated (the ``wrt`` params for
-    the entry function, every float parameter for callees).
-    """
-    order = post_order(fn.body)
-    active = active_nodes(order, params)
-    needed = {id(fn.body)} if id(fn.body) in active else set()
+    def __init__(self, fn_name: str, fn: Function, params: Iterable[Var]):
+        self.fn_name = fn_name
+        self.fn = fn
+        self.order = order = post_order(fn.body)
+        self.active = active = active_nodes(order, params)
+        self.problems: list[str] = []
+        self.callees: list[tuple[str, Call]] = []  # (callee name, first call site)
+        self.primitives: list[Function] = []
+        needed = {id(fn.body)} if id(fn.body) in active else set()
+        seen_callees: set[str] = set()
+        for n in reversed(order):
+            if closure_like(n):
+                what = "a closure (a Function value inside the body)" if isinstance(n, Function) else "a call of a closure"
+                self.problems.append(f"{what}: first-order AD cannot differentiate closures, {binding(fn_name, fn, n)}")
+                continue
+            if type(n) is Call:
+                op = n.op
+                if isinstance(op, GlobalVar):
+                    if op.name_hint not in seen_callees:
+                        seen_callees.add(op.name_hint)
+                        self.callees.append((op.name_hint, n))
+                elif isinstance(op, Function):
+                    self.primitives.append(op)
+            if id(n) not in needed:
+                continue
+            if type(n) is Call and isinstance(n.op, OpDef) and (n.op.grad is None or not n.op.differentiable):
+                self.problems.append(f"{_no_grad_reason(n.op)}, {binding(fn_name, fn, n)}")
+            kids = (n.true_branch, n.false_branch) if type(n) is If else n.children()
+            for c in kids:
+                if id(c) in active:
+                    needed.add(id(c))
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.callees or self.primitives)
+
+
+def float_params(fn: Function) -> list[Var]:
+    return [p for p in fn.params if has_float_leaf(p.type_annotation)]
+
+
+def scan_module(mod: IRModule, entry: str, params: list[Var]) -> tuple[dict[str, FunctionScan], list[str], list[str]]:
+    """Scan every function reachable from ``entry`` (callees: every float parameter counts as
+    differentiated) and primitive function bodies. Returns the scans, the reachable function
+    names callees first, and every problem (one line each, recursion included)."""
+    scans: dict[str, FunctionScan] = {}
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        if name in scans or name not in mod:  # type inference reports unknown functions
+            continue
+        fn = mod[name]
+        scans[name] = sc = FunctionScan(name, fn, params if name == entry else float_params(fn))
+        todo.extend(c for c, _ in sc.callees)
     problems: list[str] = []
-    primitives: list[Function] = []
-    for n in reversed(order):
-        if closure_like(n):
-            what = "a closure (a Function value inside the body)" if isinstance(n, Function) else "a call of a closure"
-            problems.append(f"{what}: first-order AD cannot differentiate closures, {binding(fn_name, fn, n)}")
-            continue
-        if isinstance(n, Call) and isinstance(n.op, Function) and id(n) in needed:
-            primitives.append(n.op)
-        if id(n) not in needed:
-            continue
-        if isinstance(n, Call) and isinstance(n.op, OpDef) and (n.op.grad is None or not n.op.differentiable):
-            problems.append(f"{_no_grad_reason(n.op)}, {binding(fn_name, fn, n)}")
-        kids = (n.true_branch, n.false_branch) if isinstance(n, If) else n.children()
-        for c in kids:
-            if id(c) in active:
-                needed.add(id(c))
-    return problems, primitives
+    done_prims: set[int] = set()
+    for name, sc in scans.items():
+        problems += sc.problems
+        prims = list(sc.primitives)
+        while prims:
+            pf = prims.pop()
+            if id(pf) in done_prims:
+                continue
+            done_prims.add(id(pf))
+            psc = FunctionScan(f"{name} (fused function)", pf, float_params(pf))
+            problems += psc.problems
+            prims += psc.primitives
+    order, cycles = _callees_first(scans, entry)
+    return scans, order, problems + cycles
 
 
-def call_graph(mod: IRModule, entry: str) -> tuple[list[str], list[str]]:
-    """Functions reachable from ``entry``, callees first, and one line per recursive cycle."""
+def _callees_first(scans: dict[str, FunctionScan], entry: str) -> tuple[list[str], list[str]]:
+    """Reachable functions callees first (iterative DFS), and one line per recursive cycle."""
     order: list[str] = []
     problems: list[str] = []
-    state: dict[str, int] = {}  # 1: on the DFS path, 2: done
-    calls_of: dict[str, list[tuple[str, Expr]]] = {}
-
-    def calls(name: str) -> list[tuple[str, Expr]]:
-        if name not in calls_of:
-            seen: dict[str, Expr] = {}
-            for n in post_order(mod[name].body, into_functions=True):
-                if isinstance(n, Call) and isinstance(n.op, GlobalVar) and n.op.name_hint not in seen:
-                    seen[n.op.name_hint] = n
-            calls_of[name] = list(seen.items())
-        return calls_of[name]
-
-    path: list[str] = []
+    state: dict[str, int] = {entry: 1}  # 1: on the DFS path, 2: done
+    path = [entry]
     stack = [(entry, 0)]
-    state[entry] = 1
-    path.append(entry)
     while stack:
         name, k = stack[-1]
-        out = calls(name)
+        out = scans[name].callees
         if k == len(out):
             stack.pop()
             path.pop()
@@ -97,16 +134,15 @@ def call_graph(mod: IRModule, entry: str) -> tuple[list[str], list[str]]:
             continue
         stack[-1] = (name, k + 1)
         callee, site = out[k]
-        if callee not in mod:
-            continue  # type inference reports unknown functions
+        if callee not in scans:
+            continue
         if state.get(callee) == 1:
             cycle = path[path.index(callee):] + [callee]
             problems.append(
                 f"recursion: {' -> '.join('@' + c for c in cycle)} cannot be differentiated by first-order AD, "
-                f"{binding(name, mod[name], site)}"
+                f"{binding(name, scans[name].fn, site)}"
             )
-            continue
-        if state.get(callee) is None:
+        elif state.get(callee) is None:
             state[callee] = 1
             path.append(callee)
             stack.append((callee, 0))

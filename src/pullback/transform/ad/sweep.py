@@ -27,7 +27,7 @@ from ...analysis.type_infer import types_compatible
 from ...ir.errors import PullbackError
 from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem, Var
 from ...ir.scope import Scope, ScopeInfo
-from ...ir.types import TupleType, is_float
+from ...ir.types import TensorType, TupleType, is_float
 from ...ops.registry import OpDef
 from .common import Path, at_path, binding, build_struct, fill_like, get_item, rule_type_error, sum_terms, type_at, typed
 
@@ -64,9 +64,21 @@ class ReverseSweep:
         """Add ``value`` (an expression of the type of ``node`` at ``path``) to the adjoint of ``node``."""
         if value is None or id(node) not in self.active:
             return
-        typed(value)
+        if value._checked_type is None:
+            typed(value)
         local = frame.parent is None or (not isinstance(node, Var) and self.scopes.scope_of[id(node)] is frame.scope)
-        stack = [(path, type_at(node.checked_type, path), value)]
+        t = node.checked_type
+        if not path and type(t) is TensorType:  # the common case: a tensor node
+            if local:
+                entry = frame.adj.get(id(node))
+                if entry is None:
+                    frame.adj[id(node)] = {(): [value]}
+                else:
+                    entry.setdefault((), []).append(value)
+            else:
+                self._outside(frame, node, (), value)
+            return
+        stack = [(path, type_at(t, path), value)]
         while stack:
             p, t, v = stack.pop()
             if isinstance(t, TupleType):
@@ -76,12 +88,16 @@ class ReverseSweep:
                 if local:
                     frame.adj.setdefault(id(node), {}).setdefault(p, []).append(v)
                 else:
-                    key = (id(node), p)
-                    entry = frame.outside.get(key)
-                    if entry is None:
-                        frame.outside[key] = (node, p, [v])
-                    else:
-                        entry[2].append(v)
+                    self._outside(frame, node, p, v)
+
+    @staticmethod
+    def _outside(frame: _Frame, node: Expr, p: Path, v: Expr) -> None:
+        key = (id(node), p)
+        entry = frame.outside.get(key)
+        if entry is None:
+            frame.outside[key] = (node, p, [v])
+        else:
+            entry[2].append(v)
 
     def take(self, frame: _Frame, node: Expr) -> dict[Path, Expr]:
         """The summed adjoint of ``node`` per leaf path (empty: no contribution)."""
@@ -159,8 +175,9 @@ class ReverseSweep:
         for i, (arg, d) in enumerate(zip(call.args, grads)):
             if d is None or id(arg) not in self.active:
                 continue
-            typed(d)
-            if not types_compatible(arg.checked_type, d.checked_type):
+            dt = d._checked_type or typed(d)._checked_type
+            at = arg._checked_type
+            if dt is not at and dt != at and not types_compatible(at, dt):
                 raise rule_type_error(op.name, i, arg.checked_type, d.checked_type, binding(self.fn_name, self.fn, call))
             self.contribute(f, arg, (), d)
 

@@ -1,0 +1,807 @@
+"""The text format, reading side: ``parse(text) -> IRModule``, ``parse_expr(text) -> Expr``.
+
+Reads everything ``ir.printer.astext`` prints (see its docstring for the
+format) plus hand-written text: nested calls ``add(multiply(%x, %y), %z)``,
+nested tuples and parentheses, ``%t.0`` (also on a parenthesised expression),
+``@f(...)``, ``%fnvar(args)``, ``if (c) {...} else {...}``, ``fn (...) {...}``
+values, ``def @name(...) -> T {...}`` (return type optional), ``// comments``,
+``const(...)`` literals and ``meta[i]`` with its ``#[metadata]`` section. In
+``parse_expr`` an undefined ``%x`` is a free variable, annotated at its first
+use (``%x: Tensor[(2, 3), float32]``), and ``@f`` makes a fresh GlobalVar.
+
+Nothing recurses on the nesting depth: expressions are read by a pushdown
+automaton with an explicit stack of frames, types and literals by small
+iterative loops. Any input either parses or raises ``ParseError`` with the
+line and column (1-based) and what was expected.
+
+Layering: ``ir`` imports nothing of pullback above it, so operators are looked
+up through ``importlib.import_module("pullback.ops.registry")`` at parse time
+(a documented exception: the parser needs the registry but not at import).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib
+import json
+import math
+import re
+from typing import Optional
+
+import numpy as np
+
+from .errors import ParseError, PullbackError
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from .types import DTYPES, Any, FuncType, TensorType, TupleType
+
+__all__ = ["parse", "parse_expr"]
+
+MAX_LITERAL_DEPTH = 32  # nesting of attribute / constant literals (NumPy allows 64 dims)
+
+_SKIP = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*")
+_TOKEN = re.compile(
+    r"""(?P<local>%[A-Za-z0-9_]+)
+      |(?P<global>@(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*|"(?:[^"\\\n]|\\.)*"))
+      |(?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)|-(?:inf|nan)\b)
+      |(?P<ident>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
+      |(?P<str>"(?:[^"\\\n]|\\.)*")
+      |(?P<arrow>->)
+      |(?P<punct>[()\[\]{},;=:.?])""",
+    re.X,
+)
+_INDEX = re.compile(r"\d+")
+_META_HEADER = re.compile(r"^#\[metadata\][ \t\r]*$", re.M)
+_META_LINE = re.compile(r"meta\[(\d+)\][ \t]*=[ \t]*([a-z0-9]+)[ \t]*\(([0-9, \t]*)\)[ \t]*([A-Za-z0-9+/=]*)[ \t\r]*\Z")
+_NAME = r"%[A-Za-z0-9_]+"
+_FAST_BIND = re.compile(
+    rf"%([A-Za-z0-9_]+) = ([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\(((?:{_NAME}(?:, {_NAME})*)?)\);"
+)
+_FAST_NEXT = re.compile(r"\n[ \t]*" + _FAST_BIND.pattern)
+_KEYWORDS = frozenset({"def", "fn", "if", "else", "meta", "const"})
+_LITERAL_WORDS = {"True": True, "False": False, "None": None, "nan": math.nan, "inf": math.inf}
+_EOF = "end of input"
+
+
+def _registry():
+    return importlib.import_module("pullback.ops.registry")
+
+
+# ------------------------------------------------------------------ frames of the expression automaton
+
+_NEED = object()  # a frame asks for the next expression
+
+
+class _Frame:
+    postfix = True  # whether ``.N`` / ``(args)`` may follow the frame's value
+
+    def resume(self, p: "_Parser", value):  # -> _NEED | _Frame | Expr (done)
+        raise NotImplementedError
+
+
+class _Block(_Frame):
+    """``%a = e; ...; result`` up to ``}`` (or the end of input for ``parse_expr``)."""
+
+    postfix = False
+    __slots__ = ("close", "names", "pending")
+
+    def __init__(self, close: str):
+        self.close = close
+        self.names: list[str] = []
+        self.pending: Optional[tuple] = None
+
+    def resume(self, p, value):
+        if value is not None:
+            if self.pending is None:  # the result
+                if self.close == "}":
+                    p.expect("}")
+                elif p.kind != "eof":
+                    p.fail(f"expected end of input but found {p.desc()}")
+                env = p.env
+                for name in self.names:
+                    del env[name]
+                return value
+            p.expect(";")
+            name = self.pending[0]
+            p.env[name] = value
+            self.names.append(name)
+            self.pending = None
+        while p.kind == "local":
+            if p.fast_bind(self.names):
+                continue
+            if p.peek_kind() != "=":
+                break
+            name, line, col = p.val[1:], p.line, p.col
+            p.check_new(name, line, col)
+            p.advance()
+            p.advance()
+            self.pending = (name, line, col)
+            return _NEED
+        return _NEED
+
+
+class _Call(_Frame):
+    """Arguments of a call, after ``(``; ``callee`` is an OpDef or an expression."""
+
+    __slots__ = ("callee", "line", "col", "args", "kwargs")
+
+    def __init__(self, callee, line: int, col: int):
+        self.callee = callee
+        self.line, self.col = line, col
+        self.args: list = []
+        self.kwargs: dict = {}
+
+    def resume(self, p, value):
+        if value is None:
+            if p.kind == ")":
+                p.advance()
+                return self.finish(p)
+        else:
+            self.args.append(value)
+            if p.kind == ")":
+                p.advance()
+                return self.finish(p)
+            p.expect(",", "',' or ')'")
+        while p.kind == "ident" and p.peek_kind() == "=":
+            key, line, col = p.val, p.line, p.col
+            if key in self.kwargs:
+                p.fail(f"attribute {key!r} given twice", line, col)
+            p.advance()
+            p.advance()
+            self.kwargs[key] = p.literal()
+            if p.kind == ")":
+                p.advance()
+                return self.finish(p)
+            p.expect(",", "',' or ')'")
+        if self.kwargs:
+            p.fail(f"expected an attribute 'name=value' but found {p.desc()} (arguments go before attributes)")
+        return _NEED
+
+    def finish(self, p) -> Call:
+        callee, args, where = self.callee, self.args, (self.line, self.col)
+        if isinstance(callee, Expr):
+            if self.kwargs:
+                p.fail("only operator calls take attributes", *where)
+            if not isinstance(callee, (GlobalVar, Function)):
+                p.fail(f"cannot call a {type(callee).__name__}: expected an operator, a @global or a fn", *where)
+            call = p.guard(lambda: Call(callee, args), where)
+        else:
+            n = callee.num_inputs
+            if n >= 0 and len(args) != n:
+                p.fail(f"operator {callee.name} expects {n} argument{'s' if n != 1 else ''}, got {len(args)}", *where)
+            attrs = p.guard(lambda: callee.make_attrs(**self.kwargs), where)
+            call = p.guard(lambda: Call(callee, args, attrs), where)
+        call.span = f"{self.line}:{self.col}"
+        return call
+
+
+class _Tuple(_Frame):
+    """After ``(``: ``()``, ``(e)`` (parentheses), ``(e,)``, ``(e1, e2, ...)``."""
+
+    __slots__ = ("fields", "comma")
+
+    def __init__(self):
+        self.fields: list = []
+        self.comma = False
+
+    def resume(self, p, value):
+        if value is None:
+            if p.kind == ")":
+                p.advance()
+                return Tuple(())
+            return _NEED
+        self.fields.append(value)
+        if p.kind == ",":
+            p.advance()
+            self.comma = True
+            if p.kind != ")":
+                return _NEED
+        elif p.kind != ")":
+            p.fail(f"expected ',' or ')' but found {p.desc()}")
+        p.advance()
+        return Tuple(self.fields) if self.comma else value
+
+
+class _If(_Frame):
+    """After ``if (``: condition, ``) {`` block ``} else {`` block ``}``."""
+
+    __slots__ = ("state", "cond", "then")
+
+    def __init__(self):
+        self.state = 0
+        self.cond = self.then = None
+
+    def resume(self, p, value):
+        if value is None:
+            return _NEED
+        if self.state == 0:
+            self.cond = value
+            p.expect(")")
+            p.expect("{")
+        elif self.state == 1:
+            self.then = value
+            p.expect_word("else")
+            p.expect("{")
+        else:
+            return If(self.cond, self.then, value)
+        self.state += 1
+        return _Block("}")
+
+
+class _Fn(_Frame):
+    """A function whose header is read and whose params are bound; reads the body block."""
+
+    __slots__ = ("params", "ret", "attrs", "line", "col")
+
+    def __init__(self, params, ret, attrs, line, col):
+        self.params, self.ret, self.attrs, self.line, self.col = params, ret, attrs, line, col
+
+    def resume(self, p, value):
+        if value is None:
+            return _Block("}")
+        for v in self.params:
+            del p.env[v.name_hint]
+        return p.guard(lambda: Function(self.params, value, self.ret, self.attrs), (self.line, self.col))
+
+
+# ------------------------------------------------------------------ the parser
+
+
+class _Parser:
+    def __init__(self, text: str, source_name: str, expr_mode: bool):
+        if not isinstance(text, str):
+            raise ParseError(f"expected program text (str), got {type(text).__name__}", 1, 1, source_name)
+        self.source = source_name
+        self.expr_mode = expr_mode
+        self.meta: dict[int, Constant] = {}
+        m = _META_HEADER.search(text)
+        if m is not None:
+            self.read_meta(text, m)
+            text = text[: m.start()]
+        self.text, self.n = text, len(text)
+        self.pos = 0
+        self.cur_line, self.line_start = 1, 0
+        self.env: dict[str, Expr] = {}
+        self.free: dict[str, Var] = {}
+        self.globals: dict[str, GlobalVar] = {}
+        self.global_refs: dict[str, tuple] = {}
+        self.ops: dict[str, object] = {}
+        self.kind = self.val = ""
+        self.line = self.col = 1
+        self.advance()
+
+    # -- errors
+    def fail(self, message: str, line: Optional[int] = None, col: Optional[int] = None):
+        raise ParseError(message, self.line if line is None else line, self.col if col is None else col, self.source)
+
+    def guard(self, make, where: tuple):
+        """``make()``, turning a PullbackError (bad attrs, bad node) into a ParseError at ``where``."""
+        try:
+            return make()
+        except ParseError:
+            raise
+        except PullbackError as e:
+            self.fail(str(e), *where)
+
+    def desc(self) -> str:
+        return _EOF if self.kind == "eof" else repr(self.val)
+
+    # -- lexer
+    def advance(self, index: bool = False) -> None:
+        text, pos = self.text, self.pos
+        end = _SKIP.match(text, pos).end()
+        if end != pos:
+            nl = text.count("\n", pos, end)
+            if nl:
+                self.cur_line += nl
+                self.line_start = text.rfind("\n", pos, end) + 1
+            pos = end
+        self.line, self.col = self.cur_line, pos - self.line_start + 1
+        if pos >= self.n:
+            self.kind, self.val, self.pos = "eof", "", pos
+            return
+        m = (_INDEX if index else _TOKEN).match(text, pos)
+        if m is None:
+            self.pos = pos
+            if index:
+                self.fail(f"expected a tuple index after '.' but found {text[pos]!r}")
+            self.fail(f"unexpected character {text[pos]!r}")
+        kind = "num" if index else m.lastgroup
+        val = m.group()
+        if kind == "punct" or kind == "arrow":
+            kind = val
+        self.kind, self.val, self.pos = kind, val, m.end()
+
+    def peek_kind(self) -> str:
+        state = (self.pos, self.cur_line, self.line_start, self.kind, self.val, self.line, self.col)
+        self.advance()
+        kind = self.kind
+        self.pos, self.cur_line, self.line_start, self.kind, self.val, self.line, self.col = state
+        return kind
+
+    def expect(self, kind: str, what: Optional[str] = None) -> None:
+        if self.kind != kind:
+            self.fail(f"expected {what or repr(kind)} but found {self.desc()}")
+        self.advance()
+
+    def expect_word(self, word: str) -> None:
+        if self.kind != "ident" or self.val != word:
+            self.fail(f"expected '{word}' but found {self.desc()}")
+        self.advance()
+
+    def expect_int(self, what: str) -> int:
+        if self.kind != "num" or not self.val.isdigit():
+            self.fail(f"expected {what} but found {self.desc()}")
+        v = int(self.val)
+        self.advance()
+        return v
+
+    # -- names
+    def lookup(self, name: str) -> Optional[Expr]:
+        v = self.env.get(name)
+        return self.free.get(name) if v is None else v
+
+    def check_new(self, name: str, line: int, col: int) -> None:
+        if name in self.env or name in self.free:
+            self.fail(f"%{name} is already defined", line, col)
+
+    def global_var(self, name: str, line: int, col: int) -> GlobalVar:
+        gv = self.globals.get(name)
+        if gv is None:
+            gv = self.globals[name] = GlobalVar(name)
+            self.global_refs[name] = (line, col)
+        return gv
+
+    def get_op(self, name: str, line: int, col: int):
+        op = self.ops.get(name)
+        if op is None:
+            reg = _registry()
+            if name in _KEYWORDS or not reg.has_op(name):
+                self.fail(f"unknown operator {name!r}", line, col)
+            op = self.ops[name] = reg.get_op(name)
+        return op
+
+    def fast_bind(self, names: list) -> bool:
+        """Lines ``%N = op(%a, %b);`` of attr-less operators, read with one regex each (the bulk of
+        printed programs); stops at the first line that needs the general parser."""
+        text, env, ops = self.text, self.env, self.ops
+        pos = self.pos - len(self.val)
+        line, line_start = self.line, self.pos - len(self.val) - self.col + 1
+        m = _FAST_BIND.match(text, pos)
+        found = False
+        while m is not None:
+            name, opname, argtext = m.group(1, 2, 3)
+            op = ops.get(opname)
+            if op is None:
+                reg = _registry()
+                if opname in _KEYWORDS or not reg.has_op(opname):
+                    break
+                op = ops[opname] = reg.get_op(opname)
+            if op.attrs_type is not None or name in env or name in self.free:
+                break
+            args = [env.get(a[1:]) for a in argtext.split(", ")] if argtext else []
+            if None in args or (op.num_inputs >= 0 and len(args) != op.num_inputs):
+                break
+            call = Call(op, args)
+            call.span = f"{line}:{m.start(2) - line_start + 1}"
+            env[name] = call
+            names.append(name)
+            found = True
+            pos = m.end()
+            m = _FAST_NEXT.match(text, pos)
+            if m is not None:
+                line += 1
+                line_start = pos + 1
+        if found:
+            self.cur_line, self.line_start, self.pos = line, line_start, pos
+            self.advance()
+        return found
+
+    # -- expressions
+    def run(self, root: _Frame) -> Expr:
+        """The pushdown automaton: returns the value of ``root``."""
+        stack = [root]
+        r = root.resume(self, None)
+        while True:
+            if r is _NEED:
+                r = self.primary()
+                if isinstance(r, _Frame):
+                    stack.append(r)
+                    r = r.resume(self, None)
+                    continue
+                value = self.postfix(r)
+            elif isinstance(r, _Frame):
+                stack.append(r)
+                r = r.resume(self, None)
+                continue
+            else:
+                done = stack.pop()
+                if not stack:
+                    return r
+                value = self.postfix(r) if done.postfix else r
+            if isinstance(value, _Frame):
+                stack.append(value)
+                r = value.resume(self, None)
+                continue
+            r = stack[-1].resume(self, value)
+
+    def postfix(self, value: Expr):
+        while True:
+            if self.kind == ".":
+                where = (self.line, self.col)
+                self.advance(index=True)
+                index = int(self.val)
+                self.advance()
+                value = self.guard(lambda: TupleGetItem(value, index), where)
+            elif self.kind == "(":
+                line, col = self.line, self.col
+                self.advance()
+                return _Call(value, line, col)
+            else:
+                return value
+
+    def primary(self):
+        kind, val, line, col = self.kind, self.val, self.line, self.col
+        if kind == "local":
+            name = val[1:]
+            self.advance()
+            v = self.lookup(name)
+            if self.kind == ":":
+                if v is not None:
+                    self.fail(f"%{name} is already defined; only the first use of a free variable takes a type", line, col)
+                if not self.expr_mode:
+                    self.fail(f"undefined variable %{name}", line, col)
+                self.advance()
+                v = self.free[name] = Var(name, self.type())
+            elif v is None:
+                if not self.expr_mode:
+                    self.fail(f"undefined variable %{name}", line, col)
+                v = self.free[name] = Var(name)
+            return v
+        if kind == "global":
+            self.advance()
+            return self.global_var(self.global_name(val, line, col), line, col)
+        if kind == "(":
+            self.advance()
+            return _Tuple()
+        if kind != "ident":
+            self.fail(f"expected an expression but found {self.desc()}")
+        if val == "if":
+            self.advance()
+            self.expect("(")
+            return _If()
+        if val == "fn":
+            self.advance()
+            return self.fn_header(line, col)
+        if val == "meta":
+            self.advance()
+            self.expect("[")
+            index = self.expect_int("a metadata index")
+            self.expect("]")
+            if index not in self.meta:
+                self.fail(f"meta[{index}] is not in the #[metadata] section", line, col)
+            return self.meta[index]
+        if val == "const":
+            self.advance()
+            return self.const_literal(line, col)
+        self.advance()
+        if self.kind != "(":
+            if val in _KEYWORDS or val in _LITERAL_WORDS or not _registry().has_op(val):
+                self.fail(f"expected an expression but found {val!r}", line, col)
+            self.fail(f"expected '(' after operator {val!r} but found {self.desc()}")
+        op = self.get_op(val, line, col)
+        self.advance()
+        return _Call(op, line, col)
+
+    def global_name(self, val: str, line: int, col: int) -> str:
+        if val[1] != '"':
+            return val[1:]
+        try:
+            name = json.loads(val[1:])
+        except ValueError:
+            self.fail(f"bad string in global name {val}", line, col)
+        if not name:
+            self.fail("empty global name", line, col)
+        return name
+
+    def fn_header(self, line: int, col: int) -> _Fn:
+        """``[attrs] (params) -> T {``; binds the params and returns the frame reading the body."""
+        attrs = {}
+        if self.kind == "[":
+            self.advance()
+            while self.kind != "]":
+                if self.kind == "str":
+                    key = self.string(self.val)
+                elif self.kind == "ident":
+                    key = self.val
+                else:
+                    self.fail(f"expected an attribute name but found {self.desc()}")
+                if key in attrs:
+                    self.fail(f"attribute {key!r} given twice")
+                self.advance()
+                self.expect("=")
+                value = self.literal()
+                attrs[key] = _hashable(value)
+                if self.kind != "]":
+                    self.expect(",", "',' or ']'")
+            self.advance()
+        self.expect("(")
+        params: list[Var] = []
+        seen: set = set()
+        while self.kind != ")":
+            if self.kind != "local":
+                self.fail(f"expected a parameter '%name' but found {self.desc()}")
+            name, pl, pc = self.val[1:], self.line, self.col
+            if name in seen:
+                self.fail(f"duplicate parameter %{name}", pl, pc)
+            self.check_new(name, pl, pc)
+            seen.add(name)
+            self.advance()
+            ty = None
+            if self.kind == ":":
+                self.advance()
+                ty = self.type()
+            params.append(Var(name, ty))
+            if self.kind != ")":
+                self.expect(",", "',' or ')'")
+        self.advance()
+        ret = None
+        if self.kind == "->":
+            self.advance()
+            ret = self.type()
+        self.expect("{")
+        for v in params:
+            self.env[v.name_hint] = v
+        return _Fn(params, ret, attrs, line, col)
+
+    # -- constants and metadata
+    def const_literal(self, line: int, col: int) -> Constant:
+        self.expect("(")
+        value = self.literal()
+        dtype = None
+        if self.kind == ",":
+            self.advance()
+            if self.kind != "ident" or self.val not in DTYPES:
+                self.fail(f"expected a dtype ({', '.join(DTYPES)}) but found {self.desc()}")
+            dtype = self.val
+            self.advance()
+        self.expect(")")
+        leaves = list(_leaves(value))
+        if not all(isinstance(x, (int, float, bool)) for x in leaves):
+            self.fail("a constant holds numbers, True/False or nested [...] lists of them", line, col)
+        if dtype is None:
+            dtype = "bool" if all(isinstance(x, bool) for x in leaves) else "float32"
+            if dtype == "float32" and all(isinstance(x, int) and not isinstance(x, bool) for x in leaves):
+                dtype = "int32"
+        if dtype != "bool" and any(isinstance(x, bool) for x in leaves):
+            self.fail(f"bad constant: True/False in a {dtype} constant", line, col)
+        if dtype[0] in "iu" and any(isinstance(x, float) for x in leaves):
+            self.fail(f"bad constant: a float value in an {dtype} constant", line, col)
+        try:
+            arr = np.array(value, dtype=dtype)
+        except (ValueError, TypeError, OverflowError) as e:
+            self.fail(f"bad constant: {e}", line, col)
+        return Constant(arr)
+
+    def read_meta(self, text: str, header: re.Match) -> None:
+        first = text.count("\n", 0, header.start()) + 1
+        for i, raw in enumerate(text[header.end() :].split("\n")[1:]):
+            line = raw.strip()
+            if not line or line.startswith("//"):
+                continue
+            lineno = first + 1 + i
+            m = _META_LINE.match(line)
+            if m is None:
+                raise ParseError("expected 'meta[i] = dtype (shape) base64' in the #[metadata] section", lineno, 1, self.source)
+            index, dtype, dims, data = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+            if dtype not in DTYPES:
+                raise ParseError(f"unknown dtype {dtype!r} in meta[{index}]", lineno, 1, self.source)
+            if index in self.meta:
+                raise ParseError(f"meta[{index}] is defined twice", lineno, 1, self.source)
+            shape = tuple(int(d) for d in dims.replace(" ", "").replace("\t", "").split(",") if d)
+            try:
+                raw_bytes = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise ParseError(f"meta[{index}]: bad base64 data", lineno, 1, self.source) from None
+            le = np.dtype(dtype).newbyteorder("<")
+            if len(raw_bytes) != math.prod(shape) * le.itemsize:
+                raise ParseError(f"meta[{index}]: {len(raw_bytes)} bytes do not fit {dtype} {shape}", lineno, 1, self.source)
+            arr = np.frombuffer(raw_bytes, dtype=le).reshape(shape).astype(dtype)
+            self.meta[index] = Constant(arr)
+
+    # -- literals (attribute values, constant values) and types, iteratively
+    def string(self, tok: str) -> str:
+        try:
+            return json.loads(tok)
+        except ValueError:
+            self.fail(f"bad string literal {tok}")
+
+    def literal(self):
+        """A value: number, True/False/None, nan/inf, "string", (tuple), [list]."""
+        stack: list = []  # [closing char, items, saw_comma]
+        while True:
+            kind, val = self.kind, self.val
+            if kind in ("(", "["):
+                if len(stack) >= MAX_LITERAL_DEPTH:
+                    self.fail(f"literal nested deeper than {MAX_LITERAL_DEPTH} levels")
+                self.advance()
+                close = ")" if kind == "(" else "]"
+                if self.kind == close:
+                    self.advance()
+                    value = () if close == ")" else []
+                else:
+                    stack.append([close, [], False])
+                    continue
+            elif kind == "num":
+                value = float(val) if not val.lstrip("-").isdigit() else int(val)
+                self.advance()
+            elif kind == "ident" and val in _LITERAL_WORDS:
+                value = _LITERAL_WORDS[val]
+                self.advance()
+            elif kind == "str":
+                value = self.string(val)
+                self.advance()
+            else:
+                self.fail(f"expected a value but found {self.desc()}")
+            while True:  # deliver ``value`` to the enclosing sequences
+                if not stack:
+                    return value
+                top = stack[-1]
+                top[1].append(value)
+                close = top[0]
+                if self.kind == ",":
+                    self.advance()
+                    top[2] = True
+                    if self.kind != close:
+                        break
+                elif self.kind != close:
+                    self.fail(f"expected ',' or '{close}' but found {self.desc()}")
+                self.advance()
+                stack.pop()
+                items = top[1]
+                value = items if close == "]" else (tuple(items) if top[2] else items[0])
+
+    def type(self):
+        """``Tensor[(d, ...), dtype]``, ``dtype`` (scalar), ``(T, ...)``, ``fn (T, ...) -> T``."""
+        stack: list = []  # [kind, items, saw_comma]; kind: "tuple" | "fnargs" | "fnret"
+        while True:
+            kind, val = self.kind, self.val
+            if kind == "(":
+                self.advance()
+                if self.kind == ")":
+                    self.advance()
+                    value = TupleType(())
+                else:
+                    stack.append(["tuple", [], False])
+                    continue
+            elif kind == "ident" and val == "fn":
+                self.advance()
+                self.expect("(")
+                if self.kind == ")":
+                    self.advance()
+                    self.expect("->")
+                    stack.append(["fnret", [], False])
+                else:
+                    stack.append(["fnargs", [], False])
+                continue
+            elif kind == "ident" and val == "Tensor":
+                value = self.tensor_type()
+            elif kind == "ident" and val in DTYPES:
+                self.advance()
+                value = TensorType((), val)
+            else:
+                self.fail(f"expected a type but found {self.desc()}")
+            while True:
+                if not stack:
+                    return value
+                top = stack[-1]
+                if top[0] == "fnret":
+                    stack.pop()
+                    value = FuncType(tuple(top[1]), value)
+                    continue
+                top[1].append(value)
+                if self.kind == ",":
+                    self.advance()
+                    top[2] = True
+                    if self.kind != ")":
+                        break
+                elif self.kind != ")":
+                    self.fail(f"expected ',' or ')' but found {self.desc()}")
+                self.advance()
+                if top[0] == "fnargs":
+                    self.expect("->")
+                    top[0] = "fnret"
+                    break
+                stack.pop()
+                value = TupleType(tuple(top[1])) if top[2] else top[1][0]
+
+    def tensor_type(self) -> TensorType:
+        self.advance()
+        self.expect("[")
+        self.expect("(")
+        dims: list = []
+        while self.kind != ")":
+            if self.kind == "?":
+                dims.append(Any)
+                self.advance()
+            else:
+                dims.append(self.expect_int("a dimension (an int or '?')"))
+            if self.kind != ")":
+                self.expect(",", "',' or ')'")
+        self.advance()
+        self.expect(",")
+        if self.kind != "ident" or self.val not in DTYPES:
+            self.fail(f"expected a dtype ({', '.join(DTYPES)}) but found {self.desc()}")
+        dtype = self.val
+        self.advance()
+        self.expect("]")
+        return TensorType(tuple(dims), dtype)
+
+    # -- entry points
+    def module(self):
+        from .module import IRModule
+
+        functions: dict[GlobalVar, Function] = {}
+        while self.kind != "eof":
+            self.expect_word("def")
+            if self.kind != "global":
+                self.fail(f"expected a function name '@name' but found {self.desc()}")
+            line, col = self.line, self.col
+            name = self.global_name(self.val, line, col)
+            gv = self.global_var(name, line, col)
+            if gv in functions:
+                self.fail(f"@{name} is defined twice", line, col)
+            self.advance()
+            functions[gv] = self.run(self.fn_header(line, col))
+        for name, gv in self.globals.items():
+            if gv not in functions:
+                self.fail(f"undefined global @{name}", *self.global_refs[name])
+        return IRModule(functions)
+
+
+def _leaves(value):
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        else:
+            yield v
+
+
+def _hashable(value):
+    """Function attrs live in a hashable mapping: lists become tuples (iteratively)."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    done: dict[int, tuple] = {}
+    stack = [(value, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if expanded:
+            done[id(v)] = tuple(done[id(c)] if isinstance(c, (list, tuple)) else c for c in v)
+            continue
+        stack.append((v, True))
+        stack.extend((c, False) for c in v if isinstance(c, (list, tuple)))
+    return done[id(value)]
+
+
+def parse(text: str, source_name: str = "<string>"):
+    """An ``IRModule`` from its text (``def @name(...) {...}`` per function)."""
+    p = _Parser(text, source_name, expr_mode=False)
+    try:
+        return p.module()
+    except ParseError:
+        raise
+    except PullbackError as e:
+        raise ParseError(str(e), p.line, p.col, source_name) from None
+
+
+def parse_expr(text: str, source_name: str = "<string>") -> Expr:
+    """An expression (bindings then a result, or ``fn (...) {...}``); undefined %vars are free."""
+    p = _Parser(text, source_name, expr_mode=True)
+    try:
+        return p.run(_Block("eof"))
+    except ParseError:
+        raise
+    except PullbackError as e:
+        raise ParseError(str(e), p.line, p.col, source_name) from None

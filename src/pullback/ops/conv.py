@@ -1,0 +1,395 @@
+"""2-D convolutions (NCHW data, OIHW / IOHW kernels) and the shared window helpers of pooling.
+
+- ``nn.conv2d(data, weight)``: im2col with ``sliding_window_view`` + one
+  ``tensordot`` (``einsum`` per group when ``groups > 1``, depthwise included).
+- ``nn.conv2d_transpose(data, weight)``: the adjoint of conv2d w.r.t. its data
+  (PyTorch's ``conv_transpose2d``, IOHW weight, ``output_padding < strides``).
+- ``nn.conv2d_backward_weight(grad, data)``: the adjoint w.r.t. the weight (Relay's op).
+
+The three are linear in each argument and each one's gradient is made of the
+three, so derivatives of any order work: conv2d -> (conv2d_transpose,
+conv2d_backward_weight), conv2d_transpose -> (conv2d, conv2d_backward_weight),
+conv2d_backward_weight -> (conv2d, conv2d_transpose).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..ir.errors import AttrError, PullbackError
+from ..ir.expr import Call, Expr
+from ..ir.types import Any, TensorType
+from .common import numel, same_dtype, tensor_arg
+from .nn import check_int
+from .registry import OpPattern, defop, seq_of_int, type_error
+
+# ------------------------------------------------------------------ attribute helpers
+
+
+def pair(obj, name: str, lo: int) -> None:
+    """Normalise an int or 2-sequence attribute to a pair of ints >= lo."""
+    v = seq_of_int(getattr(obj, name), f"attribute {name}")
+    if len(v) == 1:
+        v = v * 2
+    if len(v) != 2:
+        raise AttrError(f"attribute {name} must be an int or a pair, got {getattr(obj, name)!r}")
+    if min(v) < lo:
+        raise AttrError(f"attribute {name} must hold values >= {lo}, got {v}")
+    object.__setattr__(obj, name, v)
+
+
+def padding4(obj, name: str = "padding") -> None:
+    """Relay's padding: int, (pad_h, pad_w) or (top, left, bottom, right); stored as the 4-tuple."""
+    v = seq_of_int(getattr(obj, name), f"attribute {name}")
+    if len(v) == 1:
+        v = v * 4
+    elif len(v) == 2:
+        v = (v[0], v[1], v[0], v[1])
+    if len(v) != 4:
+        raise AttrError(f"attribute {name} must be an int, a pair or (top, left, bottom, right), got {getattr(obj, name)!r}")
+    if min(v) < 0:
+        raise AttrError(f"attribute {name} must not be negative, got {v}")
+    object.__setattr__(obj, name, v)
+
+
+def layout(obj, name: str, want: str) -> None:
+    if getattr(obj, name) != want:
+        raise AttrError(f"attribute {name}={getattr(obj, name)!r} is not supported (only {want!r})")
+
+
+def optional_pair(obj, name: str) -> None:
+    if getattr(obj, name) is not None:
+        pair(obj, name, 1)
+
+
+def eff(k: int, d: int) -> int:
+    """Extent of a dilated kernel."""
+    return d * (k - 1) + 1
+
+
+def conv_out(n, k: int, s: int, d: int, pad_before: int, pad_after: int):
+    """Output size of a convolution along one dim (Any stays Any)."""
+    return Any if n is Any else (n + pad_before + pad_after - eff(k, d)) // s + 1
+
+
+def convT_out(n, k: int, s: int, d: int, pad_before: int, pad_after: int, out_pad: int):
+    return Any if n is Any else (n - 1) * s - pad_before - pad_after + eff(k, d) + out_pad
+
+
+def windows(xp: np.ndarray, k: tuple, s: tuple, d: tuple, out: tuple) -> np.ndarray:
+    """View ``(N, C, OH, OW, KH, KW)`` of the windows of a padded NCHW array (no copy)."""
+    v = sliding_window_view(xp, (eff(k[0], d[0]), eff(k[1], d[1])), axis=(2, 3))
+    return v[:, :, : (out[0] - 1) * s[0] + 1 : s[0], : (out[1] - 1) * s[1] + 1 : s[1], :: d[0], :: d[1]]
+
+
+def pad_hw(x: np.ndarray, pad: tuple, extra: tuple = (0, 0), value=0) -> np.ndarray:
+    """Pad the two spatial dims of NCHW ``x`` by (top, left, bottom+extra_h, right+extra_w)."""
+    t, l, b, r = pad
+    if not (t or l or b or r or extra[0] or extra[1]):
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (t, b + extra[0]), (l, r + extra[1])), constant_values=value)
+
+
+def scatter_windows(parts, shape: tuple, k: tuple, s: tuple, d: tuple, pad: tuple, out: tuple, dtype) -> np.ndarray:
+    """Adjoint of ``windows``: add ``parts(i, j)`` (N, C, OH, OW) into a padded buffer, then crop the padding.
+
+    ``shape`` is the unpadded (N, C, H, W); the buffer also covers windows that run past the padding.
+    """
+    n, c, h, w = shape
+    hp = max(h + pad[0] + pad[2], (out[0] - 1) * s[0] + eff(k[0], d[0]))
+    wp = max(w + pad[1] + pad[3], (out[1] - 1) * s[1] + eff(k[1], d[1]))
+    full = np.zeros((n, c, hp, wp), dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            part = parts(i, j)
+            if part is not None:
+                full[:, :, i * d[0] : i * d[0] + (out[0] - 1) * s[0] + 1 : s[0], j * d[1] : j * d[1] + (out[1] - 1) * s[1] + 1 : s[1]] += part
+    return full[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w]
+
+
+# ------------------------------------------------------------------ attrs
+
+
+@dataclass(frozen=True)
+class Conv2DAttrs:
+    strides: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    channels: Optional[int] = None
+    kernel_size: Optional[tuple] = None
+    data_layout: str = "NCHW"
+    kernel_layout: str = "OIHW"
+
+    def __post_init__(self):
+        _common(self, "OIHW")
+
+
+@dataclass(frozen=True)
+class Conv2DTransposeAttrs:
+    strides: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    output_padding: tuple = (0, 0)
+    channels: Optional[int] = None
+    kernel_size: Optional[tuple] = None
+    data_layout: str = "NCHW"
+    kernel_layout: str = "IOHW"
+
+    def __post_init__(self):
+        _common(self, "IOHW")
+        pair(self, "output_padding", 0)
+        if any(p >= s for p, s in zip(self.output_padding, self.strides)):
+            raise AttrError(f"attribute output_padding {self.output_padding} must be smaller than strides {self.strides}")
+
+
+@dataclass(frozen=True)
+class Conv2DBackwardWeightAttrs:
+    kernel_size: tuple = None
+    strides: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    channels: Optional[int] = None
+    grad_layout: str = "NCHW"
+    data_layout: str = "NCHW"
+    kernel_layout: str = "OIHW"
+
+    def __post_init__(self):
+        if self.kernel_size is None:
+            raise AttrError("attribute kernel_size is required")
+        _common(self, "OIHW")
+        layout(self, "grad_layout", "NCHW")
+
+
+def _common(a, kernel_layout: str) -> None:
+    pair(a, "strides", 1)
+    padding4(a)
+    pair(a, "dilation", 1)
+    check_int(a, "groups", 1)
+    check_int(a, "channels", 1, allow_none=True)
+    optional_pair(a, "kernel_size")
+    layout(a, "data_layout", "NCHW")
+    layout(a, "kernel_layout", kernel_layout)
+
+
+def _static(op: str, arg_types, what: str, dims) -> None:
+    if any(d is Any for d in dims):
+        raise type_error(op, arg_types, f"{what} must be static, got {tuple(dims)}")
+
+
+def _check_kernel(op: str, arg_types, attrs, kshape: tuple) -> None:
+    if attrs.kernel_size is not None and tuple(kshape) != attrs.kernel_size:
+        raise type_error(op, arg_types, f"kernel_size {attrs.kernel_size} does not match the weight's spatial shape {kshape}")
+
+
+def _mismatch(a, b) -> bool:
+    return a is not Any and b is not Any and a != b
+
+
+# ------------------------------------------------------------------ conv2d
+
+
+def _conv_out_hw(attrs, hw, k):
+    p = attrs.padding
+    return (conv_out(hw[0], k[0], attrs.strides[0], attrs.dilation[0], p[0], p[2]),
+            conv_out(hw[1], k[1], attrs.strides[1], attrs.dilation[1], p[1], p[3]))
+
+
+def _check_out_hw(op, arg_types, out_hw, hw, k):
+    if any(o is not Any and o < 1 for o in out_hw):
+        raise type_error(op, arg_types, f"the (dilated) kernel {k} does not fit the padded input {hw}")
+
+
+def _conv2d_infer(arg_types, attrs):
+    op = "nn.conv2d"
+    x, w = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
+    same_dtype(op, arg_types)
+    if x.ndim != 4 or w.ndim != 4:
+        raise type_error(op, arg_types, "expects NCHW data and an OIHW weight (rank 4)")
+    _static(op, arg_types, "the weight shape", w.shape)
+    o, cg, kh, kw = w.shape
+    g = attrs.groups
+    if o % g:
+        raise type_error(op, arg_types, f"output channels {o} are not divisible by groups={g}")
+    if _mismatch(x.shape[1], cg * g):
+        raise type_error(op, arg_types, f"data has {x.shape[1]} channels but the weight expects {cg} x groups={g} = {cg * g}")
+    if attrs.channels is not None and attrs.channels != o:
+        raise type_error(op, arg_types, f"channels={attrs.channels} but the weight has {o} output channels")
+    _check_kernel(op, arg_types, attrs, (kh, kw))
+    out_hw = _conv_out_hw(attrs, x.shape[2:], (kh, kw))
+    _check_out_hw(op, arg_types, out_hw, x.shape[2:], (kh, kw))
+    return TensorType((x.shape[0], o) + out_hw, x.dtype)
+
+
+def _conv2d_compute(x, w, attrs):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    g = attrs.groups
+    out_hw = _conv_out_hw(attrs, (h, wd), (kh, kw))
+    win = windows(pad_hw(x, attrs.padding), (kh, kw), attrs.strides, attrs.dilation, out_hw)
+    if g == 1:
+        out = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    else:
+        wg = win.reshape((n, g, cg) + win.shape[2:])
+        out = np.einsum("ngchwij,gocij->ngohw", wg, w.reshape(g, o // g, cg, kh, kw), optimize=True)
+        out = out.reshape((n, o) + out_hw)
+    return np.ascontiguousarray(out, dtype=x.dtype)
+
+
+def _spatial_grad_pad(call: Call, x_type: TensorType, kshape: tuple) -> tuple:
+    """output_padding for the conv2d_transpose that maps the conv output back onto ``x_type``'s H, W."""
+    a = call.attrs
+    out = []
+    for i in range(2):
+        n = x_type.shape[2 + i]
+        s, d = a.strides[i], a.dilation[i]
+        if n is Any:
+            if s == 1:
+                out.append(0)
+                continue
+            raise PullbackError(f"{call.op.name}: the gradient of a strided convolution needs static spatial dims, got {x_type.shape}")
+        out.append((n + a.padding[i] + a.padding[i + 2] - eff(kshape[i], d)) % s)
+    return tuple(out)
+
+
+def _conv_kw(a) -> dict:
+    return dict(strides=a.strides, padding=a.padding, dilation=a.dilation, groups=a.groups)
+
+
+def _conv2d_grad(call: Call, g: Expr):
+    x, w = call.args
+    kshape = w.checked_type.shape[2:]
+    kw = _conv_kw(call.attrs)
+    gx = conv2d_transpose(g, w, output_padding=_spatial_grad_pad(call, x.checked_type, kshape), **kw)
+    gw = conv2d_backward_weight(g, x, kernel_size=kshape, **kw)
+    return [gx, gw]
+
+
+def _conv2d_flops(arg_types, out_type, attrs):
+    o, cg, kh, kw = arg_types[1].shape
+    return 2 * numel(out_type.shape) * cg * kh * kw
+
+
+conv2d = defop("nn.conv2d", 2, _conv2d_infer, _conv2d_compute, attrs_type=Conv2DAttrs, grad=_conv2d_grad,
+               pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_conv2d_flops, torch_name="conv2d")
+
+# ------------------------------------------------------------------ conv2d_transpose
+
+
+def _convT_out_hw(attrs, hw, k):
+    p, op = attrs.padding, attrs.output_padding
+    return (convT_out(hw[0], k[0], attrs.strides[0], attrs.dilation[0], p[0], p[2], op[0]),
+            convT_out(hw[1], k[1], attrs.strides[1], attrs.dilation[1], p[1], p[3], op[1]))
+
+
+def _conv2d_transpose_infer(arg_types, attrs):
+    op = "nn.conv2d_transpose"
+    x, w = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
+    same_dtype(op, arg_types)
+    if x.ndim != 4 or w.ndim != 4:
+        raise type_error(op, arg_types, "expects NCHW data and an IOHW weight (rank 4)")
+    _static(op, arg_types, "the weight shape", w.shape)
+    ci, og, kh, kw = w.shape
+    g = attrs.groups
+    if ci % g:
+        raise type_error(op, arg_types, f"input channels {ci} are not divisible by groups={g}")
+    if _mismatch(x.shape[1], ci):
+        raise type_error(op, arg_types, f"data has {x.shape[1]} channels but the weight expects {ci}")
+    if attrs.channels is not None and attrs.channels != og * g:
+        raise type_error(op, arg_types, f"channels={attrs.channels} but the weight gives {og * g} output channels")
+    _check_kernel(op, arg_types, attrs, (kh, kw))
+    out_hw = _convT_out_hw(attrs, x.shape[2:], (kh, kw))
+    if any(o is not Any and o < 1 for o in out_hw):
+        raise type_error(op, arg_types, f"padding {attrs.padding} leaves an empty output {out_hw}")
+    return TensorType((x.shape[0], og * g) + out_hw, x.dtype)
+
+
+def _conv2d_transpose_compute(x, w, attrs):
+    n, ci, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    g = attrs.groups
+    if g == 1:
+        cols = np.tensordot(x, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)  # (N, O, KH, KW, H, W)
+    else:
+        cols = np.einsum("ngchw,gcoij->ngoijhw", x.reshape(n, g, ci // g, h, wd), w.reshape(g, ci // g, og, kh, kw), optimize=True)
+        cols = cols.reshape((n, g * og, kh, kw, h, wd))
+    out_hw = _convT_out_hw(attrs, (h, wd), (kh, kw))
+    out = scatter_windows(lambda i, j: cols[:, :, i, j], (n, g * og) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
+                          attrs.padding, (h, wd), x.dtype)
+    return np.ascontiguousarray(out)
+
+
+def _conv2d_transpose_grad(call: Call, g: Expr):
+    x, w = call.args
+    kw = _conv_kw(call.attrs)
+    return [conv2d(g, w, **kw), conv2d_backward_weight(x, g, kernel_size=w.checked_type.shape[2:], **kw)]
+
+
+def _conv2d_transpose_flops(arg_types, out_type, attrs):
+    ci, og, kh, kw = arg_types[1].shape
+    return 2 * numel(arg_types[0].shape) * og * kh * kw
+
+
+conv2d_transpose = defop("nn.conv2d_transpose", 2, _conv2d_transpose_infer, _conv2d_transpose_compute,
+                         attrs_type=Conv2DTransposeAttrs, grad=_conv2d_transpose_grad,
+                         pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_conv2d_transpose_flops,
+                         torch_name="conv_transpose2d")
+
+# ------------------------------------------------------------------ conv2d_backward_weight
+
+
+def _backward_weight_infer(arg_types, attrs):
+    op = "nn.conv2d_backward_weight"
+    gy, x = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
+    same_dtype(op, arg_types)
+    if gy.ndim != 4 or x.ndim != 4:
+        raise type_error(op, arg_types, "expects an NCHW output gradient and NCHW data (rank 4)")
+    _static(op, arg_types, "the channel dims", (gy.shape[1], x.shape[1]))
+    o, c, g = gy.shape[1], x.shape[1], attrs.groups
+    if o % g or c % g:
+        raise type_error(op, arg_types, f"channels ({o} out, {c} in) are not divisible by groups={g}")
+    if _mismatch(gy.shape[0], x.shape[0]):
+        raise type_error(op, arg_types, f"batch sizes differ: {gy.shape[0]} vs {x.shape[0]}")
+    out_hw = _conv_out_hw(attrs, x.shape[2:], attrs.kernel_size)
+    _check_out_hw(op, arg_types, out_hw, x.shape[2:], attrs.kernel_size)
+    if any(_mismatch(a, b) for a, b in zip(out_hw, gy.shape[2:])):
+        raise type_error(op, arg_types, f"the gradient's spatial shape {gy.shape[2:]} is not the conv2d output {out_hw}")
+    return TensorType((o, c // g) + attrs.kernel_size, x.dtype)
+
+
+def _backward_weight_compute(gy, x, attrs):
+    n, o, oh, ow = gy.shape
+    c, g = x.shape[1], attrs.groups
+    kh, kw = attrs.kernel_size
+    win = windows(pad_hw(x, attrs.padding), (kh, kw), attrs.strides, attrs.dilation, (oh, ow))
+    if g == 1:
+        dw = np.tensordot(gy, win, axes=([0, 2, 3], [0, 2, 3]))
+    else:
+        dw = np.einsum("ngohw,ngchwij->gocij", gy.reshape(n, g, o // g, oh, ow), win.reshape((n, g, c // g) + win.shape[2:]), optimize=True)
+        dw = dw.reshape(o, c // g, kh, kw)
+    return np.ascontiguousarray(dw, dtype=x.dtype)
+
+
+def _backward_weight_grad(call: Call, gw: Expr):
+    gy, x = call.args
+    kw = _conv_kw(call.attrs)
+    op = _spatial_grad_pad(call, x.checked_type, call.attrs.kernel_size)
+    return [conv2d(x, gw, **kw), conv2d_transpose(gy, gw, output_padding=op, **kw)]
+
+
+def _backward_weight_flops(arg_types, out_type, attrs):
+    o, cg, kh, kw = out_type.shape
+    return 2 * numel(arg_types[0].shape) * cg * kh * kw
+
+
+conv2d_backward_weight = defop(
+    "nn.conv2d_backward_weight", 2, _backward_weight_infer, _backward_weight_compute,
+    attrs_type=Conv2DBackwardWeightAttrs, grad=_backward_weight_grad, pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    flops=_backward_weight_flops, torch_name="convolution_backward",
+    doc="The gradient of ``nn.conv2d`` w.r.t. its weight: ``(grad (N,O,OH,OW), data (N,C,H,W)) -> (O, C/groups, KH, KW)``.")

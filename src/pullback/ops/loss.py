@@ -1,0 +1,144 @@
+"""Losses: ``nn.cross_entropy``, ``nn.cross_entropy_with_logits`` (Relay semantics) and ``nn.nll_loss`` (PyTorch's).
+
+- ``cross_entropy(p, t) = -sum(log(p) * t) / p.shape[0]`` (p are probabilities);
+- ``cross_entropy_with_logits(lp, t) = -sum(lp * t) / lp.shape[0]`` (lp are log-probabilities);
+- ``nll_loss(lp, targets, weights, reduction="mean", ignore_index=-100)``: lp is
+  ``(N, C, d...)``, targets integer ``(N, d...)``; ``mean`` divides by the sum of
+  the picked weights. Its gradient is ``nn.nll_loss_grad``, whose gradient is
+  ``nn.nll_loss`` again. ``weights`` are constants (no gradient, as in PyTorch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.errors import ExecutionError
+from ..ir.expr import Call, Expr
+from ..ir.types import Any, TensorType, is_float
+from . import elemwise as E
+from .common import float_arg, numel, same_dtype, tensor_arg
+from .nn import check_choice, check_int, count, numel_flops
+from .registry import OpPattern, defop, type_error
+
+# ------------------------------------------------------------------ cross entropy
+
+
+def _ce_infer(op):
+    def infer(arg_types, attrs):
+        p = float_arg(op, arg_types, 0)
+        t = tensor_arg(op, arg_types, 1)
+        same_dtype(op, arg_types)
+        if p.ndim < 1 or p.ndim != t.ndim or any(a is not Any and b is not Any and a != b for a, b in zip(p.shape, t.shape)):
+            raise type_error(op, arg_types, "predictions and targets must have the same shape (rank >= 1)")
+        return TensorType((), p.dtype)
+
+    return infer
+
+
+def _ce_grad(logits: bool):
+    def grad(call: Call, g: Expr):
+        p, t = call.args
+        s = -g / count(p, (0,))
+        return [s * t if logits else s * t / p, s * (p if logits else E.log(p))]
+
+    return grad
+
+
+def _ce_compute(x, y, attrs=None):
+    return np.asarray(-np.sum(np.log(x) * y) / x.shape[0], dtype=x.dtype)
+
+
+def _ce_logits_compute(x, y, attrs=None):
+    return np.asarray(-np.sum(x * y) / x.shape[0], dtype=x.dtype)
+
+
+cross_entropy = defop("nn.cross_entropy", 2, _ce_infer("nn.cross_entropy"), _ce_compute, grad=_ce_grad(False),
+                      pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: 3 * numel(ts[0].shape))
+cross_entropy_with_logits = defop("nn.cross_entropy_with_logits", 2, _ce_infer("nn.cross_entropy_with_logits"),
+                                  _ce_logits_compute, grad=_ce_grad(True), pattern=OpPattern.OPAQUE,
+                                  flops=lambda ts, out, a: 2 * numel(ts[0].shape))
+
+# ------------------------------------------------------------------ nll_loss
+
+
+@dataclass(frozen=True)
+class NLLLossAttrs:
+    reduction: str = "mean"
+    ignore_index: int = -100
+
+    def __post_init__(self):
+        check_choice(self, "reduction", ("mean", "sum", "none"))
+        check_int(self, "ignore_index")
+
+
+def _nll_check(op, arg_types, attrs, pred_i: int):
+    p = float_arg(op, arg_types, pred_i)
+    t = tensor_arg(op, arg_types, pred_i + 1)
+    w = tensor_arg(op, arg_types, pred_i + 2)
+    same_dtype(op, [p, w])
+    if is_float(t.dtype) or t.dtype == "bool":
+        raise type_error(op, arg_types, f"targets must be an integer tensor, got {t.dtype}")
+    if p.ndim < 2:
+        raise type_error(op, arg_types, f"predictions must be (N, C, d...), got rank {p.ndim}")
+    want = (p.shape[0],) + p.shape[2:]
+    if t.ndim != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(t.shape, want)):
+        raise type_error(op, arg_types, f"targets must have shape {want}, got {t.shape}")
+    if w.ndim != 1 or (w.shape[0] is not Any and p.shape[1] is not Any and w.shape[0] != p.shape[1]):
+        raise type_error(op, arg_types, f"weights must have shape ({p.shape[1]},), got {w.shape}")
+    return p, t
+
+
+def _nll_infer(arg_types, attrs):
+    p, t = _nll_check("nn.nll_loss", arg_types, attrs, 0)
+    return TensorType(t.shape if attrs.reduction == "none" else (), p.dtype)
+
+
+def _nll_pick(p, t, w, a):
+    """(valid targets clamped to 0, picked weights (0 where ignored), divisor of the reduction)."""
+    valid = t != a.ignore_index
+    tc = np.where(valid, t, 0)
+    c = p.shape[1]
+    if np.any((tc < 0) | (tc >= c)):
+        bad = t[valid & ((t < 0) | (t >= c))]
+        raise ExecutionError(f"nn.nll_loss: target {int(bad.flat[0])} is out of range [0, {c}) (ignore_index={a.ignore_index})")
+    wt = np.where(valid, w[tc], np.zeros((), w.dtype))
+    div = np.sum(wt) if a.reduction == "mean" else np.ones((), w.dtype)
+    return tc, wt, div
+
+
+def _nll_compute(p, t, w, a):
+    tc, wt, div = _nll_pick(p, t, w, a)
+    loss = -wt * np.take_along_axis(p, tc[:, None], axis=1)[:, 0]
+    out = loss if a.reduction == "none" else np.sum(loss) / div
+    return np.asarray(out, dtype=p.dtype)
+
+
+def _nll_grad_infer(arg_types, attrs):
+    op = "nn.nll_loss_grad"
+    p, t = _nll_check(op, arg_types, attrs, 1)
+    g = float_arg(op, arg_types, 0)
+    want = t.shape if attrs.reduction == "none" else ()
+    if g.ndim != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(g.shape, want)):
+        raise type_error(op, arg_types, f"the output gradient must have shape {want}, got {g.shape}")
+    return p
+
+
+def _nll_grad_compute(g, p, t, w, a):
+    tc, wt, div = _nll_pick(p, t, w, a)
+    coef = -wt * (g if a.reduction == "none" else g / div)
+    out = np.zeros_like(p)
+    np.put_along_axis(out, tc[:, None], coef[:, None].astype(p.dtype), axis=1)
+    return out
+
+
+nll_loss = defop("nn.nll_loss", 3, _nll_infer, _nll_compute, attrs_type=NLLLossAttrs,
+                 grad=lambda c, g: [nll_loss_grad(g, *c.args, c.attrs.reduction, c.attrs.ignore_index), None, None],
+                 pattern=OpPattern.OPAQUE, flops=numel_flops(2), torch_name="nll_loss")
+nll_loss_grad = defop(
+    "nn.nll_loss_grad", 4, _nll_grad_infer, _nll_grad_compute, attrs_type=NLLLossAttrs,
+    grad=lambda c, gg: [nll_loss(gg, c.args[2], c.args[3], c.attrs.reduction, c.attrs.ignore_index), None, None, None],
+    pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(out.shape), torch_name="nll_loss_backward",
+    doc="Gradient of ``nn.nll_loss``: ``(out_grad, predictions, targets, weights) -> predictions-shaped``.")
+

@@ -1,0 +1,215 @@
+"""Normalisation: ``nn.layer_norm`` and ``nn.batch_norm``.
+
+``nn.batch_norm`` returns Relay's tuple ``(out, new_moving_mean, new_moving_var)``.
+Attribute ``training`` (default False, Relay's inference semantics):
+
+- ``training=False``: normalise with ``moving_mean``/``moving_var``; the moving
+  statistics are returned unchanged.
+- ``training=True`` (PyTorch's ``F.batch_norm(training=True)``): normalise with
+  the batch statistics (biased variance over every axis but ``axis``) and return
+  ``(1 - momentum) * moving + momentum * batch`` (unbiased variance for the
+  moving variance).
+
+Gradients are written with differentiable ops (``sqrt`` from the elementwise
+module), so second derivatives work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.expr import Call, Expr
+from ..ir.types import Any, TensorType, TupleType
+from . import reduce as R
+from . import transform as T
+from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
+from .nn import check_bool, check_float, check_int, count, field, lazy, scalar
+from .registry import OpPattern, defop, type_error
+
+_sqrt = lazy("sqrt")
+
+
+def _vec_arg(op, arg_types, i, x, axis):
+    v = tensor_arg(op, arg_types, i)
+    c = x.shape[axis]
+    if v.ndim != 1 or (v.shape[0] is not Any and c is not Any and v.shape[0] != c):
+        raise type_error(op, arg_types, f"argument {i} must have shape ({c},) (data axis {axis}), got {v.shape}")
+
+
+def _as_axis_vec(v: Expr, ndim: int, axis: int) -> Expr:
+    """A 1-D per-channel vector shaped to broadcast along ``axis`` of a rank-``ndim`` tensor."""
+    trailing = ndim - axis - 1
+    return T.expand_dims(v, 1, trailing) if trailing else v
+
+
+def _np_vec(v, ndim, axis):
+    return v.reshape((-1,) + (1,) * (ndim - axis - 1))
+
+
+def _other_axes(ndim: int, axis: int) -> tuple:
+    return tuple(i for i in range(ndim) if i != axis)
+
+
+def _normalize_grad(x: Expr, xhat: Expr, rstd: Expr, gx: Expr, axes: tuple) -> Expr:
+    """d/dx of xhat = (x - mean) * rstd over ``axes`` applied to cotangent ``gx``."""
+    n = count(x, axes)
+    mean_g = R.sum(gx, axes, True) / n
+    mean_gx = R.sum(gx * xhat, axes, True) / n
+    return rstd * (gx - mean_g - xhat * mean_gx)
+
+
+def _stats(x: Expr, axes: tuple, eps: float):
+    """(centred x, rstd) with the biased variance over ``axes`` (keepdims)."""
+    n = count(x, axes)
+    xc = x - R.sum(x, axes, True) / n
+    var = R.sum(xc * xc, axes, True) / n
+    return xc, scalar(1.0, x) / _sqrt(var + scalar(eps, x))
+
+
+# ------------------------------------------------------------------ layer_norm
+
+
+@dataclass(frozen=True)
+class LayerNormAttrs:
+    axis: int = -1
+    epsilon: float = 1e-5
+    center: bool = True
+    scale: bool = True
+
+    def __post_init__(self):
+        check_int(self, "axis")
+        check_float(self, "epsilon", nonneg=True)
+        check_bool(self, "center", "scale")
+
+
+def _layer_norm_infer(arg_types, attrs):
+    op = "nn.layer_norm"
+    x = float_arg(op, arg_types, 0)
+    same_dtype(op, arg_types)
+    axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
+    for i in (1, 2):
+        _vec_arg(op, arg_types, i, x, axis)
+    return x
+
+
+def _layer_norm_compute(x, gamma, beta, a):
+    xf = x.astype(np.float32) if x.dtype == np.float16 else x
+    axis = a.axis % x.ndim
+    mu = xf.mean(axis=axis, keepdims=True)
+    var = ((xf - mu) ** 2).mean(axis=axis, keepdims=True)
+    out = (xf - mu) / np.sqrt(var + a.epsilon)
+    if a.scale:
+        out = out * _np_vec(gamma, x.ndim, axis)
+    if a.center:
+        out = out + _np_vec(beta, x.ndim, axis)
+    return np.asarray(out, dtype=x.dtype)
+
+
+def _layer_norm_grad(call: Call, g: Expr):
+    x, gamma, beta = call.args
+    a = call.attrs
+    ndim = x.checked_type.ndim
+    axis = a.axis % ndim
+    xc, rstd = _stats(x, (axis,), a.epsilon)
+    xhat = xc * rstd
+    gam = _as_axis_vec(gamma, ndim, axis)
+    gx = g * gam if a.scale else g
+    others = _other_axes(ndim, axis)
+    dgamma = R.sum(g * xhat, others) if a.scale else None
+    dbeta = R.sum(g, others) if a.center else None
+    return [_normalize_grad(x, xhat, rstd, gx, (axis,)), dgamma, dbeta]
+
+
+layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, _layer_norm_compute, attrs_type=LayerNormAttrs,
+                   grad=_layer_norm_grad, pattern=OpPattern.OPAQUE,
+                   flops=lambda ts, out, a: 8 * numel(out.shape), torch_name="layer_norm")
+
+# ------------------------------------------------------------------ batch_norm
+
+
+@dataclass(frozen=True)
+class BatchNormAttrs:
+    axis: int = 1
+    epsilon: float = 1e-5
+    center: bool = True
+    scale: bool = True
+    training: bool = False
+    momentum: float = 0.1
+
+    def __post_init__(self):
+        check_int(self, "axis")
+        check_float(self, "epsilon", nonneg=True)
+        check_float(self, "momentum", nonneg=True)
+        check_bool(self, "center", "scale", "training")
+
+
+def _batch_norm_infer(arg_types, attrs):
+    op = "nn.batch_norm"
+    x = float_arg(op, arg_types, 0)
+    same_dtype(op, arg_types)
+    axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
+    for i in range(1, 5):
+        _vec_arg(op, arg_types, i, x, axis)
+    v = TensorType((x.shape[axis],), x.dtype)
+    return TupleType((x, v, v))
+
+
+def _batch_norm_compute(x, gamma, beta, mm, mv, a):
+    xf = x.astype(np.float32) if x.dtype == np.float16 else x
+    axis = a.axis % x.ndim
+    others = _other_axes(x.ndim, axis)
+    if a.training:
+        mean = xf.mean(axis=others)
+        var = xf.var(axis=others)
+        n = xf.size // max(xf.shape[axis], 1)
+        new_mm = (1 - a.momentum) * mm + a.momentum * mean
+        new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
+    else:
+        mean, var, new_mm, new_mv = mm, mv, mm, mv
+    out = (xf - _np_vec(mean, x.ndim, axis)) / np.sqrt(_np_vec(var, x.ndim, axis) + a.epsilon)
+    if a.scale:
+        out = out * _np_vec(gamma, x.ndim, axis)
+    if a.center:
+        out = out + _np_vec(beta, x.ndim, axis)
+    return tuple(np.asarray(v, dtype=x.dtype) for v in (out, new_mm, new_mv))
+
+
+def _batch_norm_grad(call: Call, g: Expr):
+    x, gamma, beta, mm, mv = call.args
+    a = call.attrs
+    ndim = x.checked_type.ndim
+    axis = a.axis % ndim
+    others = _other_axes(ndim, axis)
+    gy, gmm, gmv = field(g, 0), field(g, 1), field(g, 2)
+    gam = _as_axis_vec(gamma, ndim, axis)
+    gxhat = gy * gam if a.scale else gy
+    keep = scalar(1.0 - a.momentum, x) if a.training else None
+    if a.training:
+        xc, rstd = _stats(x, others, a.epsilon)
+        xhat = xc * rstd
+        n = count(x, others)
+        m = scalar(a.momentum, x)
+        # new_mm = (1-m) mm + m mean(x); new_mv = (1-m) mv + m sum(xc^2)/(n-1)
+        from_stats = (_as_axis_vec(gmm, ndim, axis) * m / n
+                      + xc * _as_axis_vec(gmv, ndim, axis) * (scalar(2.0, x) * m / (n - scalar(1.0, x))))
+        gx = _normalize_grad(x, xhat, rstd, gxhat, others) + T.broadcast_to_like(from_stats, x)
+        gmean, gvar = gmm * keep, gmv * keep
+    else:
+        rstd = scalar(1.0, x) / _sqrt(_as_axis_vec(mv, ndim, axis) + scalar(a.epsilon, x))
+        xhat = (x - _as_axis_vec(mm, ndim, axis)) * rstd
+        gx = gxhat * rstd
+        gvec = R.sum(gxhat * xhat, others)  # d out / d rstd-weighted terms
+        rstd1 = scalar(1.0, x) / _sqrt(mv + scalar(a.epsilon, x))
+        gmean = gmm - R.sum(gxhat, others) * rstd1
+        gvar = gmv - gvec * scalar(0.5, x) * rstd1 * rstd1
+    dgamma = R.sum(gy * xhat, others) if a.scale else None
+    dbeta = R.sum(gy, others) if a.center else None
+    return [gx, dgamma, dbeta, gmean, gvar]
+
+
+batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, _batch_norm_compute, attrs_type=BatchNormAttrs,
+                   grad=_batch_norm_grad, pattern=OpPattern.OPAQUE,
+                   flops=lambda ts, out, a: 8 * numel(ts[0].shape), torch_name="batch_norm")
+

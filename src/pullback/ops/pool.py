@@ -1,0 +1,327 @@
+"""2-D pooling over NCHW data: max, average, global average, adaptive average.
+
+Kernels use ``sliding_window_view`` (see ``conv.windows``). Gradients are
+helper ops that are linear in the incoming gradient, and the gradient of each
+helper is the forward op again (or a gather), so the family is closed:
+
+- ``nn.max_pool2d`` -> ``nn.max_pool2d_grad(g, data)``: routes each window's
+  gradient to its *first* maximum (row-major), like PyTorch;
+  ``nn.max_pool2d_grad`` -> ``nn.max_pool2d_gather(data, gg)`` (``gg`` read at
+  the same positions), whose gradient is ``nn.max_pool2d_grad`` again.
+- ``nn.avg_pool2d`` <-> ``nn.avg_pool2d_grad``; ``nn.adaptive_avg_pool2d`` <->
+  ``nn.adaptive_avg_pool2d_grad`` (the data argument of a ``*_grad`` op only
+  gives the shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..ir.errors import AttrError
+from ..ir.expr import Call, Expr
+from ..ir.types import Any, TensorType
+from . import transform as T
+from .common import float_arg, numel, same_dtype, tensor_arg
+from .conv import eff, layout, pad_hw, padding4, pair, scatter_windows, windows
+from .nn import check_bool, count
+from .registry import OpPattern, defop, type_error
+
+# ------------------------------------------------------------------ attrs and shapes
+
+
+@dataclass(frozen=True)
+class MaxPool2DAttrs:
+    pool_size: tuple = (1, 1)
+    strides: tuple = (1, 1)
+    dilation: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    layout: str = "NCHW"
+    ceil_mode: bool = False
+
+    def __post_init__(self):
+        _pool_common(self)
+
+
+@dataclass(frozen=True)
+class AvgPool2DAttrs:
+    pool_size: tuple = (1, 1)
+    strides: tuple = (1, 1)
+    dilation: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    layout: str = "NCHW"
+    ceil_mode: bool = False
+    count_include_pad: bool = False
+
+    def __post_init__(self):
+        _pool_common(self)
+        check_bool(self, "count_include_pad")
+
+
+def _pool_common(a) -> None:
+    pair(a, "pool_size", 1)
+    pair(a, "strides", 1)
+    pair(a, "dilation", 1)
+    padding4(a)
+    layout(a, "layout", "NCHW")
+    check_bool(a, "ceil_mode")
+
+
+def pool_out(n, k: int, s: int, d: int, pb: int, pa: int, ceil_mode: bool):
+    """Output size along one dim (PyTorch's rule: in ceil mode the last window must start inside input or left padding)."""
+    if n is Any:
+        return Any
+    span = n + pb + pa - eff(k, d)
+    if span < 0:
+        return 0
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= n + pb:
+        out -= 1
+    return out
+
+
+def _out_hw(a, hw):
+    p = a.padding
+    return tuple(pool_out(hw[i], a.pool_size[i], a.strides[i], a.dilation[i], p[i], p[i + 2], a.ceil_mode) for i in range(2))
+
+
+def _pool_infer(op: str):
+    def infer(arg_types, attrs):
+        x = float_arg(op, arg_types, 0)
+        if x.ndim != 4:
+            raise type_error(op, arg_types, f"expects NCHW data (rank 4), got rank {x.ndim}")
+        out = _out_hw(attrs, x.shape[2:])
+        if any(o is not Any and o < 1 for o in out):
+            raise type_error(op, arg_types, f"pool_size {attrs.pool_size} (dilation {attrs.dilation}) does not fit the padded input {x.shape[2:]}")
+        return TensorType(x.shape[:2] + out, x.dtype)
+
+    return infer
+
+
+def _grad_infer(op: str, fwd_infer):
+    """Type of a ``*_grad(out_grad, data)`` op: data's type; out_grad must have the pooled shape."""
+
+    def infer(arg_types, attrs):
+        same_dtype(op, arg_types)
+        y, x = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
+        want = fwd_infer([x], attrs)
+        if y.ndim != 4 or any(a is not Any and b is not Any and a != b for a, b in zip(y.shape, want.shape)):
+            raise type_error(op, arg_types, f"the output gradient must have the pooled shape {want.shape}, got {y.shape}")
+        return x
+
+    return infer
+
+
+def _padded_windows(x, a, value=0):
+    """Windows (N, C, OH, OW, KH, KW) of x padded with ``value`` (and extra bottom/right room for ceil mode)."""
+    h, w = x.shape[2:]
+    out = _out_hw(a, (h, w))
+    extra = tuple(max(0, (out[i] - 1) * a.strides[i] + eff(a.pool_size[i], a.dilation[i]) - (x.shape[2 + i] + a.padding[i] + a.padding[i + 2]))
+                  for i in range(2))
+    return windows(pad_hw(x, a.padding, extra, value), a.pool_size, a.strides, a.dilation, out), out
+
+
+def _scatter(parts, x_shape, a, out, dtype):
+    return scatter_windows(parts, x_shape, a.pool_size, a.strides, a.dilation, a.padding, out, dtype)
+
+
+def _pool_flops(arg_types, out_type, attrs):
+    return numel(out_type.shape) * attrs.pool_size[0] * attrs.pool_size[1]
+
+
+def _grad_flops(arg_types, out_type, attrs):
+    return numel(arg_types[0].shape) * attrs.pool_size[0] * attrs.pool_size[1]
+
+
+# ------------------------------------------------------------------ max pooling
+
+
+def _argmax(x, a):
+    """Flat index (row-major in the window) of each window's first maximum, and the output size."""
+    win, out = _padded_windows(x, a, -np.inf)
+    return np.argmax(win.reshape(win.shape[:4] + (-1,)), axis=-1), out
+
+
+def _max_pool_compute(x, a):
+    win, _ = _padded_windows(x, a, -np.inf)
+    return np.ascontiguousarray(win.max(axis=(4, 5)), dtype=x.dtype)
+
+
+def _max_pool_grad_compute(g, x, a):
+    idx, out = _argmax(x, a)
+    kw = a.pool_size[1]
+    zero = np.zeros((), g.dtype)
+    return _scatter(lambda i, j: np.where(idx == i * kw + j, g, zero), x.shape, a, out, g.dtype)
+
+
+def _max_pool_gather_compute(x, src, a):
+    idx, _ = _argmax(x, a)
+    win, _ = _padded_windows(src, a, 0)
+    picked = np.take_along_axis(win.reshape(win.shape[:4] + (-1,)), idx[..., None], axis=-1)[..., 0]
+    return np.ascontiguousarray(picked, dtype=src.dtype)
+
+
+_max_infer = _pool_infer("nn.max_pool2d")
+max_pool2d = defop("nn.max_pool2d", 1, _max_infer, _max_pool_compute, attrs_type=MaxPool2DAttrs,
+                   grad=lambda c, g: [max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
+                   pattern=OpPattern.OPAQUE, flops=_pool_flops, torch_name="max_pool2d")
+max_pool2d_grad = defop(
+    "nn.max_pool2d_grad", 2, _grad_infer("nn.max_pool2d_grad", _max_infer), _max_pool_grad_compute,
+    attrs_type=MaxPool2DAttrs,
+    grad=lambda c, gg: [max_pool2d_gather(c.args[1], gg, **_attrs_kw(c)), T.zeros_like(c.args[1])],
+    pattern=OpPattern.OPAQUE, flops=_grad_flops, torch_name="max_pool2d_with_indices_backward",
+    doc="Gradient of ``nn.max_pool2d``: ``(out_grad, data) -> data-shaped``; each window's gradient goes to its first maximum.")
+
+
+def _gather_infer(arg_types, attrs):
+    x, src = tensor_arg("nn.max_pool2d_gather", arg_types, 0), tensor_arg("nn.max_pool2d_gather", arg_types, 1)
+    same_dtype("nn.max_pool2d_gather", arg_types)
+    if src.ndim != x.ndim or any(a is not Any and b is not Any and a != b for a, b in zip(x.shape, src.shape)):
+        raise type_error("nn.max_pool2d_gather", arg_types, f"src must have the data shape {x.shape}, got {src.shape}")
+    return _max_infer([x], attrs)
+
+
+max_pool2d_gather = defop(
+    "nn.max_pool2d_gather", 2, _gather_infer, _max_pool_gather_compute,
+    attrs_type=MaxPool2DAttrs,
+    grad=lambda c, g: [T.zeros_like(c.args[0]), max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
+    pattern=OpPattern.OPAQUE, flops=_pool_flops,
+    doc="``(data, src) -> pooled``: ``src`` read at the position of each window's first maximum of ``data``.")
+
+
+def _attrs_kw(call: Call) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(call.attrs, f.name) for f in dataclasses.fields(call.attrs)}
+
+
+# ------------------------------------------------------------------ average pooling
+
+
+def _divisor(a, hw, out):
+    """Per-output element count of each window (separable: rows x cols)."""
+    counts = []
+    for i in range(2):
+        k, s, d, pb, pa = a.pool_size[i], a.strides[i], a.dilation[i], a.padding[i], a.padding[i + 2]
+        pos = (np.arange(out[i]) * s - pb)[:, None] + np.arange(k) * d
+        inside = (pos < hw[i] + pa) if a.count_include_pad else (pos >= 0) & (pos < hw[i])
+        counts.append(np.maximum(inside.sum(axis=1), 1))
+    return np.outer(counts[0], counts[1])
+
+
+def _avg_pool_compute(x, a):
+    win, out = _padded_windows(x, a, 0)
+    return np.ascontiguousarray(win.sum(axis=(4, 5)) / _divisor(a, x.shape[2:], out), dtype=x.dtype)
+
+
+def _avg_pool_grad_compute(g, x, a):
+    out = g.shape[2:]
+    q = (g / _divisor(a, x.shape[2:], out)).astype(g.dtype, copy=False)
+    return _scatter(lambda i, j: q, x.shape, a, out, g.dtype)
+
+
+_avg_infer = _pool_infer("nn.avg_pool2d")
+avg_pool2d = defop("nn.avg_pool2d", 1, _avg_infer, _avg_pool_compute, attrs_type=AvgPool2DAttrs,
+                   grad=lambda c, g: [avg_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
+                   pattern=OpPattern.OPAQUE, flops=_pool_flops, torch_name="avg_pool2d")
+avg_pool2d_grad = defop(
+    "nn.avg_pool2d_grad", 2, _grad_infer("nn.avg_pool2d_grad", _avg_infer), _avg_pool_grad_compute,
+    attrs_type=AvgPool2DAttrs, grad=lambda c, gg: [avg_pool2d(gg, **_attrs_kw(c)), None],
+    pattern=OpPattern.OPAQUE, flops=_grad_flops, torch_name="avg_pool2d_backward",
+    doc="Gradient of ``nn.avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
+
+# ------------------------------------------------------------------ global average pooling
+
+
+@dataclass(frozen=True)
+class GlobalPool2DAttrs:
+    layout: str = "NCHW"
+
+    def __post_init__(self):
+        layout(self, "layout", "NCHW")
+
+
+def _global_infer(arg_types, attrs):
+    x = float_arg("nn.global_avg_pool2d", arg_types, 0)
+    if x.ndim != 4:
+        raise type_error("nn.global_avg_pool2d", arg_types, f"expects NCHW data (rank 4), got rank {x.ndim}")
+    return TensorType(x.shape[:2] + (1, 1), x.dtype)
+
+
+def _global_grad(call: Call, g: Expr):
+    x = call.args[0]
+    return [T.broadcast_to_like(g / count(x, (2, 3)), x)]
+
+
+global_avg_pool2d = defop("nn.global_avg_pool2d", 1, _global_infer,
+                          lambda x, a: np.mean(x, axis=(2, 3), keepdims=True, dtype=x.dtype),
+                          attrs_type=GlobalPool2DAttrs, grad=_global_grad, pattern=OpPattern.OPAQUE,
+                          flops=lambda ts, out, a: numel(ts[0].shape), torch_name="adaptive_avg_pool2d")
+
+# ------------------------------------------------------------------ adaptive average pooling
+
+
+@dataclass(frozen=True)
+class AdaptivePool2DAttrs:
+    """``output_size``: int or pair; a ``None`` entry keeps the input size (Relay)."""
+
+    output_size: Optional[tuple] = None
+    layout: str = "NCHW"
+
+    def __post_init__(self):
+        v = self.output_size
+        v = (v, v) if v is None or isinstance(v, int) else tuple(v)
+        if len(v) == 1:
+            v = v * 2
+        if len(v) != 2 or any(not (e is None or (isinstance(e, int) and not isinstance(e, bool) and e >= 1)) for e in v):
+            raise AttrError(f"attribute output_size must be positive ints or None (keep the input size), got {self.output_size!r}")
+        object.__setattr__(self, "output_size", v)
+        layout(self, "layout", "NCHW")
+
+
+def _adaptive_hw(a, hw):
+    return tuple(hw[i] if a.output_size[i] is None else a.output_size[i] for i in range(2))
+
+
+def _adaptive_infer(arg_types, attrs):
+    x = float_arg("nn.adaptive_avg_pool2d", arg_types, 0)
+    if x.ndim != 4:
+        raise type_error("nn.adaptive_avg_pool2d", arg_types, f"expects NCHW data (rank 4), got rank {x.ndim}")
+    return TensorType(x.shape[:2] + _adaptive_hw(attrs, x.shape[2:]), x.dtype)
+
+
+def _adaptive_matrix(n: int, out: int, dtype) -> np.ndarray:
+    """(out, n) averaging matrix: row i averages [floor(i n / out), ceil((i+1) n / out))."""
+    m = np.zeros((out, n), dtype)
+    for i in range(out):
+        lo, hi = (i * n) // out, -(-((i + 1) * n) // out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def _adaptive_compute(x, a):
+    oh, ow = _adaptive_hw(a, x.shape[2:])
+    mh, mw = _adaptive_matrix(x.shape[2], oh, x.dtype), _adaptive_matrix(x.shape[3], ow, x.dtype)
+    return np.ascontiguousarray(np.einsum("ih,nchw,jw->ncij", mh, x, mw, optimize=True), dtype=x.dtype)
+
+
+def _adaptive_grad_compute(g, x, a):
+    mh, mw = _adaptive_matrix(x.shape[2], g.shape[2], g.dtype), _adaptive_matrix(x.shape[3], g.shape[3], g.dtype)
+    return np.ascontiguousarray(np.einsum("ih,ncij,jw->nchw", mh, g, mw, optimize=True), dtype=g.dtype)
+
+
+adaptive_avg_pool2d = defop("nn.adaptive_avg_pool2d", 1, _adaptive_infer, _adaptive_compute, attrs_type=AdaptivePool2DAttrs,
+                            grad=lambda c, g: [adaptive_avg_pool2d_grad(g, c.args[0], c.attrs.output_size)],
+                            pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape),
+                            torch_name="adaptive_avg_pool2d")
+adaptive_avg_pool2d_grad = defop(
+    "nn.adaptive_avg_pool2d_grad", 2, _grad_infer("nn.adaptive_avg_pool2d_grad", _adaptive_infer),
+    _adaptive_grad_compute, attrs_type=AdaptivePool2DAttrs,
+    grad=lambda c, gg: [adaptive_avg_pool2d(gg, c.attrs.output_size), None],
+    pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
+    doc="Gradient of ``nn.adaptive_avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
+

@@ -1,0 +1,196 @@
+"""Elementwise operators: forward vs NumPy/PyTorch, kernel dtypes, gradient rules vs finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback
+from pullback import op
+from pullback.ir.errors import AttrError, TypeInferenceError
+from pullback.ops import get_op
+
+from opgrad import case, check_ad, check_rule, check_second, dtype_check, forward, rule_vjp, torch_check
+
+RNG = np.random.default_rng(1234)
+
+
+def normal(shape):
+    return RNG.standard_normal(shape)
+
+
+def positive(shape):
+    return RNG.uniform(0.5, 2.0, shape)
+
+
+def unit(shape):  # inside (-1, 1), away from tan's poles
+    return RNG.uniform(-0.9, 0.9, shape)
+
+
+def off_grid(shape):  # away from integers and .5, where floor/ceil/round jump
+    return np.floor(RNG.uniform(-3, 3, shape)) + RNG.uniform(0.1, 0.4, shape)
+
+
+def nonzero(shape):
+    return RNG.uniform(0.5, 2.0, shape) * RNG.choice([-1.0, 1.0], shape)
+
+
+def T(name, *a, **k):  # torch function by name, resolved lazily
+    def f(*xs):
+        import torch
+
+        return getattr(torch, name)(*xs, *a, **k)
+
+    return f
+
+
+UNARY = [
+    ("negative", normal, T("neg")), ("abs", nonzero, T("abs")), ("sign", nonzero, T("sign")),
+    ("exp", normal, T("exp")), ("log", positive, T("log")), ("log2", positive, T("log2")),
+    ("log1p", positive, T("log1p")), ("sqrt", positive, T("sqrt")), ("rsqrt", positive, T("rsqrt")),
+    ("square", normal, T("square")), ("reciprocal", nonzero, T("reciprocal")), ("sin", normal, T("sin")),
+    ("cos", normal, T("cos")), ("tan", unit, T("tan")), ("tanh", normal, T("tanh")), ("sigmoid", normal, T("sigmoid")),
+    ("erf", normal, T("erf")), ("floor", off_grid, T("floor")), ("ceil", off_grid, T("ceil")),
+    ("round", off_grid, T("round")), ("copy", normal, T("clone")),
+]
+SHAPES = [(), (1,), (3,), (2, 1, 3)]
+BINARY = [
+    ("add", normal, normal, T("add")), ("subtract", normal, normal, T("sub")), ("multiply", normal, normal, T("mul")),
+    ("divide", normal, nonzero, T("div")), ("power", positive, normal, T("pow")),
+    ("maximum", normal, normal, T("maximum")), ("minimum", normal, normal, T("minimum")),
+]
+PAIRS = [((2, 3), (2, 3)), ((2, 3), (3,)), ((1, 3), (2, 1)), ((), (2, 3)), ((2, 1, 3), ())]
+
+CASES = (
+    [case(name, gen(s), torch=tf) for name, gen, tf in UNARY for s in SHAPES]
+    + [case(name, ga(sa), gb(sb), torch=tf) for name, ga, gb, tf in BINARY for sa, sb in PAIRS]
+    + [case("clip", normal((2, 3)) * 2, attrs=dict(a_min=-1.0, a_max=0.5), torch=T("clamp", -1.0, 0.5)),
+       case("clip", np.array(3.0), args=(-1, 1), torch=T("clamp", -1, 1))]
+    + [case("where", normal(sc) > 0, normal(sx), normal(sy), torch=T("where"))
+       for sc, sx, sy in [((2, 3), (2, 3), (2, 3)), ((3,), (2, 1), ()), ((), (2, 2), (1, 2))]]
+    # exact ties: the gradient is split evenly, as in PyTorch
+    + [case("maximum", np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 3.0]), torch=T("maximum"), id="maximum-ties"),
+       case("minimum", np.array([[1.0, 2.0]]), np.array([1.0]), torch=T("minimum"), id="minimum-ties")]
+)
+
+_ints = np.array([[-7, -2, 0], [3, 5, 9]])
+_divisors = np.array([2, -3, 4])
+_bools = (np.array([True, False, True]), np.array([[True], [False]]))
+NONDIFF_CASES = (
+    [case(n, normal((2, 3)), normal((3,)), torch=T(t))
+     for n, t in [("equal", "eq"), ("not_equal", "ne"), ("less", "lt"), ("less_equal", "le"), ("greater", "gt"),
+                  ("greater_equal", "ge")]]
+    + [case("equal", _ints, np.array([3, 0, 0]), torch=T("eq"), id="equal-int")]
+    + [case(n, *_bools, torch=T(n)) for n in ("logical_and", "logical_or")]
+    + [case("logical_not", _bools[0], torch=T("logical_not")),
+       case("isnan", np.array([0.0, np.nan, np.inf]), torch=T("isnan")),
+       case("isfinite", np.array([0.0, np.nan, -np.inf]), torch=T("isfinite"))]
+    + [case("floor_divide", _ints, _divisors, torch=T("floor_divide"), id="floor_divide-int"),
+       case("floor_divide", normal((2, 3)) * 5, nonzero((3,)), torch=T("floor_divide")),
+       case("mod", _ints, _divisors, torch=T("fmod"), id="mod-int"),
+       case("mod", normal((2, 3)) * 5, nonzero((3,)), torch=T("fmod"))]
+    + [case(n, _ints, torch=T(t), id=f"{n}-int") for n, t in [("abs", "abs"), ("negative", "neg"), ("sign", "sign"),
+                                                              ("square", "square")]]
+    + [case(n, _ints, _divisors, torch=T(t), id=f"{n}-int") for n, t in [("add", "add"), ("multiply", "mul"),
+                                                                         ("maximum", "maximum")]]
+)
+ALL = CASES + NONDIFF_CASES
+
+
+@pytest.mark.parametrize("c", ALL, ids=repr)
+def test_forward_and_vjp_match_torch(c):
+    pytest.importorskip("torch")
+    torch_check(c)
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_gradient_rule_matches_finite_differences(c):
+    check_rule(c)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("c", ALL, ids=repr)
+def test_kernel_returns_inferred_dtype(c, dtype):
+    dtype_check(c, dtype)
+
+
+def test_integer_and_bool_arguments_get_no_gradient():
+    c = case("where", np.array([True, False]), np.array([1, 2]), np.array([3, 4]))
+    assert rule_vjp(c, np.ones(2, "int64")) == [None, None, None]
+    c = case("multiply", np.array([1, 2]), np.array([3, 4]))
+    assert rule_vjp(c, np.ones(2, "int64")) == [None, None]
+
+
+def test_nondifferentiable_ops_say_why():
+    for name in ("equal", "logical_not", "isnan", "mod", "floor_divide"):
+        o = get_op(name)
+        assert not o.differentiable and o.nondiff_reason
+
+
+def test_max_tie_gradient_is_split_in_half():
+    c = case("maximum", np.array([2.0, 1.0]), np.array([2.0, 3.0]))
+    ga, gb = rule_vjp(c, np.array([1.0, 1.0]))
+    np.testing.assert_array_equal(ga, [0.5, 0.0])
+    np.testing.assert_array_equal(gb, [0.5, 1.0])
+
+
+def test_power_exponent_gradient_is_zero_at_nonpositive_base():
+    c = case("power", np.array([0.0, -2.0, 2.0]), np.array([2.0, 2.0, 2.0]))
+    ga, gb = rule_vjp(c, np.ones(3))
+    np.testing.assert_allclose(ga, [0.0, -4.0, 4.0])
+    np.testing.assert_allclose(gb, [0.0, 0.0, 4.0 * np.log(2.0)])
+
+
+def test_erf_is_accurate():
+    x = np.linspace(-6, 6, 1001)
+    y, _ = forward(case("erf", x))
+    import math
+
+    np.testing.assert_allclose(y, [math.erf(v) for v in x], rtol=1e-15, atol=0)
+
+
+def test_errors_name_the_op():
+    x = pullback.var("x", shape=(2, 3))
+    i = pullback.var("i", shape=(2, 3), dtype="int32")
+    b = pullback.var("b", shape=(2, 3), dtype="bool")
+    with pytest.raises(AttrError, match="clip.*a_min"):
+        op.clip(x, 2.0, 1.0)
+    with pytest.raises(AttrError, match="clip.*a_max"):
+        op.clip(x, 0.0, "big")
+    bad = [op.exp(i), op.add(x, i), op.add(x, pullback.var("y", shape=(4,))), op.logical_and(x, x),
+           op.logical_not(x), op.where(x, x, x), op.where(b, x, i)]
+    names = ["exp", "add", "add", "logical_and", "logical_not", "where", "where"]
+    for e, name in zip(bad, names):
+        with pytest.raises(TypeInferenceError, match=name):
+            pullback.analysis.infer_expr(e)
+
+
+def test_any_dims_broadcast():
+    x = pullback.var("x", shape=(pullback.Any, 3))
+    y = pullback.var("y", shape=(2, 1, 1))
+    t = pullback.analysis.infer_expr(op.add(x, y))
+    assert t.shape == (2, pullback.Any, 3)
+    assert pullback.analysis.infer_expr(op.greater(x, y)).dtype == "bool"
+
+
+def test_flops_count_elements():
+    x = pullback.var("x", shape=(4, 5))
+    e = op.tanh(x)
+    pullback.analysis.infer_expr(e)
+    assert e.op.flops([x.checked_type], e.checked_type, None) == 4 * 20
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_ad_pass_gradient(c):
+    check_ad(c)
+
+
+SECOND_ORDER = [case(n, g((2, 3))) for n, g in [("tanh", normal), ("sigmoid", normal), ("exp", normal), ("log", positive),
+                                                 ("erf", normal), ("sqrt", positive), ("sin", normal)]] + [
+    case(n, normal((2, 3)), gb((3,))) for n, gb in [("multiply", normal), ("divide", nonzero)]] + [
+    case("power", positive((2, 3)), normal((3,)))]
+
+
+@pytest.mark.parametrize("c", SECOND_ORDER, ids=repr)
+def test_second_order(c):
+    check_second(c)

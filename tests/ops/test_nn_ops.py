@@ -1,0 +1,244 @@
+"""nn.* operators: forward and vjp against PyTorch, gradient rules against finite differences, kernel dtypes.
+
+One table of cases (``CASES``) drives every check; conv and pool cases cover
+strides, padding (symmetric and (top, left, bottom, right)), dilation, groups,
+depthwise, non-square kernels and sizes the stride does not divide.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opgrad import case, check_rule, dtype_check, torch_check
+
+RNG = np.random.default_rng(7)
+
+
+def normal(*shape):
+    return RNG.standard_normal(shape)
+
+
+def positive(*shape):
+    return RNG.uniform(0.2, 1.0, shape)
+
+
+def F(name, *a, **k):  # torch.nn.functional by name, resolved lazily
+    def f(*xs):
+        import torch.nn.functional as tF
+
+        return getattr(tF, name)(*xs, *a, **k)
+
+    return f
+
+
+def torch_pad(x, p):  # (top, left, bottom, right) as torch wants it
+    import torch.nn.functional as tF
+
+    return tF.pad(x, (p[1], p[3], p[0], p[2]))
+
+
+def conv_case(n, c, h, w, o, k, s=(1, 1), p=(0, 0, 0, 0), d=(1, 1), g=1):
+    kw = dict(strides=s, padding=p, dilation=d, groups=g)
+    return case("nn.conv2d", normal(n, c, h, w), normal(o, c // g, *k), attrs=kw,
+                torch=lambda x, wt: F("conv2d", stride=s, dilation=d, groups=g)(torch_pad(x, p), wt),
+                id=f"conv2d-{n}x{c}x{h}x{w}-o{o}-k{k}-s{s}-p{p}-d{d}-g{g}")
+
+
+def convT_case(n, c, h, w, o, k, s=(1, 1), p=(0, 0), d=(1, 1), g=1, op=(0, 0)):
+    kw = dict(strides=s, padding=p, dilation=d, groups=g, output_padding=op)
+    return case("nn.conv2d_transpose", normal(n, c, h, w), normal(c, o // g, *k), attrs=kw,
+                torch=F("conv_transpose2d", stride=s, padding=p, dilation=d, groups=g, output_padding=op),
+                id=f"conv2d_transpose-{n}x{c}x{h}x{w}-o{o}-k{k}-s{s}-p{p}-d{d}-g{g}-op{op}")
+
+
+def pool_case(kind, shape, k, s, p=(0, 0), d=(1, 1), ceil=False, cip=None):
+    attrs = dict(pool_size=k, strides=s, padding=p, ceil_mode=ceil)
+    if kind == "max":
+        attrs["dilation"] = d
+        tf = F("max_pool2d", k, s, p, dilation=d, ceil_mode=ceil)
+    else:
+        attrs["count_include_pad"] = cip
+        tf = F("avg_pool2d", k, s, p, ceil_mode=ceil, count_include_pad=cip)
+    return case(f"nn.{kind}_pool2d", normal(*shape), attrs=attrs, torch=tf,
+                id=f"{kind}_pool2d-{shape}-k{k}-s{s}-p{p}-d{d}-ceil{ceil}-cip{cip}")
+
+
+def matmul_torch(ta, tb):
+    return lambda a, b: (a.transpose(-1, -2) if ta else a) @ (b.transpose(-1, -2) if tb else b)
+
+
+def layer_norm_torch(axis, eps=1e-5):
+    def f(x, gamma, beta):
+        import torch.nn.functional as tF
+
+        xm = x.movedim(axis, -1)
+        return tF.layer_norm(xm, (xm.shape[-1],), gamma, beta, eps).movedim(-1, axis)
+
+    return f
+
+
+def batch_norm_torch(training, momentum=0.1, eps=1e-5):
+    def f(x, gamma, beta, mm, mv):
+        import torch
+        import torch.nn.functional as tF
+
+        rm, rv = mm.detach().clone(), mv.detach().clone()
+        out = tF.batch_norm(x, rm, rv, gamma, beta, training=training, momentum=momentum, eps=eps)
+        if not training:  # stats pass through; tie them to the graph (zero gradient w.r.t. x)
+            return out, mm + 0 * x.sum(), mv + 0 * x.sum()
+        dims = [0] + list(range(2, x.ndim))  # the same update, written differentiably
+        new_mm = (1 - momentum) * mm + momentum * x.mean(dims)
+        new_mv = (1 - momentum) * mv + momentum * x.var(dims, unbiased=True)
+        assert torch.allclose(new_mm, rm) and torch.allclose(new_mv, rv), "running-stat formula differs from PyTorch's"
+        return out, new_mm, new_mv
+
+    return f
+
+
+def cross_entropy_torch(x, t):
+    return -(x.log() * t).sum() / x.shape[0]
+
+
+def targets(shape, c, ignore=None):
+    t = RNG.integers(0, c, shape)
+    if ignore is not None:
+        t.flat[0] = ignore
+    return t
+
+
+ACTIVATIONS = [
+    case("nn.relu", normal(2, 3), torch=F("relu")),
+    case("nn.leaky_relu", normal(2, 5), attrs=dict(alpha=0.2), torch=F("leaky_relu", 0.2)),
+    case("nn.gelu", normal(3, 4), torch=F("gelu")),
+    case("nn.gelu", normal(3, 4), attrs=dict(approximate="tanh"), torch=F("gelu", approximate="tanh"), id="gelu-tanh"),
+    case("nn.silu", normal(2, 3, 2), torch=F("silu")),
+    case("nn.softplus", normal(3, 4) * 3, torch=F("softplus")),
+    case("nn.softplus", normal(3, 4) * 3, attrs=dict(beta=2.0, threshold=3.0), torch=F("softplus", 2.0, 3.0), id="softplus-b2-t3"),
+    case("nn.softmax", normal(3, 5), torch=F("softmax", dim=-1)),
+    case("nn.softmax", normal(2, 3, 4), attrs=dict(axis=1), torch=F("softmax", dim=1), id="softmax-axis1"),
+    case("nn.log_softmax", normal(3, 5), torch=F("log_softmax", dim=-1)),
+    case("nn.log_softmax", normal(2, 3, 4), attrs=dict(axis=0), torch=F("log_softmax", dim=0), id="log_softmax-axis0"),
+]
+
+LINEAR = (
+    [case("nn.dense", normal(*xs), normal(4, xs[-1]), torch=F("linear")) for xs in [(3, 5), (2, 3, 5), (5,)]]
+    + [case("nn.matmul", normal(*((4, 3) if ta else (3, 4))), normal(*((5, 4) if tb else (4, 5))),
+            attrs=dict(transpose_a=ta, transpose_b=tb), torch=matmul_torch(ta, tb), id=f"matmul-ta{ta}-tb{tb}")
+       for ta in (False, True) for tb in (False, True)]
+    + [case("nn.batch_matmul", normal(ba, *((4, 3) if ta else (3, 4))), normal(bb, *((5, 4) if tb else (4, 5))),
+            attrs=dict(transpose_a=ta, transpose_b=tb), torch=matmul_torch(ta, tb),
+            id=f"batch_matmul-{ba}x{bb}-ta{ta}-tb{tb}")
+       for ta, tb, ba, bb in [(False, True, 2, 2), (False, False, 2, 2), (True, True, 2, 2), (True, False, 1, 3), (False, True, 3, 1)]]
+    + [case("nn.bias_add", normal(2, 3, 2, 2), normal(3), torch=lambda x, b: x + b[:, None, None]),
+       case("nn.bias_add", normal(2, 4), normal(4), attrs=dict(axis=-1), torch=lambda x, b: x + b, id="bias_add-axis-1")]
+)
+
+CONV = [
+    conv_case(2, 3, 5, 5, 4, (3, 3)),
+    conv_case(2, 3, 7, 8, 4, (3, 2), s=(2, 1), p=(1, 0, 2, 1), d=(1, 2)),  # non-square, asymmetric pad
+    conv_case(1, 2, 8, 7, 3, (2, 3), s=(3, 2), p=(1, 1, 1, 1)),  # stride does not divide
+    conv_case(2, 4, 6, 6, 6, (3, 3), s=(2, 2), p=(1, 1, 1, 1), g=2),  # groups
+    conv_case(1, 4, 6, 5, 4, (3, 3), s=(1, 2), p=(1, 1, 1, 1), d=(2, 1), g=4),  # depthwise
+    conv_case(1, 3, 5, 5, 6, (3, 1), s=(2, 2), g=3),  # depthwise with multiplier 2
+    convT_case(2, 3, 4, 4, 2, (3, 3)),
+    convT_case(1, 4, 3, 4, 6, (3, 2), s=(2, 3), p=(1, 0), d=(1, 2), g=2, op=(1, 2)),
+    convT_case(1, 2, 3, 3, 2, (2, 2), s=(2, 2), p=(1, 1), g=2, op=(1, 0)),
+]
+
+POOL = [
+    pool_case("max", (2, 3, 6, 6), (2, 2), (2, 2)),
+    pool_case("max", (1, 2, 7, 6), (3, 2), (2, 1), p=(1, 1), ceil=True),
+    pool_case("max", (1, 2, 7, 8), (2, 3), (2, 3), p=(1, 1), d=(2, 1)),
+    pool_case("max", (1, 1, 5, 5), (2, 2), (2, 2), ceil=True),
+    pool_case("avg", (2, 3, 6, 6), (2, 2), (2, 2), cip=False),
+    pool_case("avg", (1, 2, 7, 6), (3, 2), (2, 1), p=(1, 1), ceil=True, cip=True),
+    pool_case("avg", (1, 2, 7, 6), (3, 3), (2, 2), p=(1, 1), ceil=True, cip=False),
+    pool_case("avg", (1, 2, 5, 7), (2, 3), (3, 2), p=(1, 1), cip=True),
+    case("nn.global_avg_pool2d", normal(2, 3, 4, 5), torch=F("adaptive_avg_pool2d", 1)),
+    case("nn.adaptive_avg_pool2d", normal(2, 3, 7, 5), attrs=dict(output_size=(3, 2)), torch=F("adaptive_avg_pool2d", (3, 2))),
+    case("nn.adaptive_avg_pool2d", normal(1, 2, 4, 6), attrs=dict(output_size=(None, 4)), torch=F("adaptive_avg_pool2d", (4, 4)),
+         id="adaptive_avg_pool2d-none"),
+]
+
+NORM = [
+    case("nn.layer_norm", normal(3, 5), normal(5), normal(5), torch=layer_norm_torch(-1)),
+    case("nn.layer_norm", normal(2, 4, 3), normal(4), normal(4), attrs=dict(axis=1, epsilon=1e-3),
+         torch=layer_norm_torch(1, 1e-3), id="layer_norm-axis1"),
+    case("nn.layer_norm", normal(2, 4), normal(4), normal(4), attrs=dict(center=False, scale=False),
+         torch=lambda x, g, b: layer_norm_torch(-1)(x, None, None), wrt=[0], id="layer_norm-plain"),
+    case("nn.batch_norm", normal(4, 3, 2, 2), normal(3), normal(3), normal(3), positive(3), wrt=[0, 1, 2],
+         torch=batch_norm_torch(False), id="batch_norm-inference"),
+    case("nn.batch_norm", normal(4, 3, 2, 2), normal(3), normal(3), normal(3), positive(3), attrs=dict(training=True, momentum=0.3),
+         torch=batch_norm_torch(True, 0.3), wrt=[0, 1, 2], id="batch_norm-training"),
+]
+# every input, including the moving statistics (PyTorch does not differentiate those)
+NORM_FD = [
+    case("nn.batch_norm", normal(4, 3, 2), normal(3), normal(3), normal(3), positive(3), id="batch_norm-inference-all"),
+    case("nn.batch_norm", normal(4, 3, 2), normal(3), normal(3), normal(3), positive(3), attrs=dict(training=True),
+         id="batch_norm-training-all"),
+    case("nn.batch_norm", normal(5, 3), normal(3), normal(3), normal(3), positive(3), attrs=dict(axis=-1, training=True, scale=False),
+         wrt=[0, 2, 3, 4], id="batch_norm-training-axis-1-noscale"),
+]
+
+MISC = [
+    case("nn.dropout", normal(3, 4), (RNG.uniform(size=(3, 4)) > 0.3).astype("float64"), attrs=dict(rate=0.3),
+         torch=lambda x, m: x * m / 0.7),
+    case("nn.dropout", normal(3, 4), (RNG.uniform(size=(4,)) > 0.5).astype("float64"), attrs=dict(rate=0.5),
+         torch=lambda x, m: x * m / 0.5, id="dropout-broadcast-mask"),
+    case("nn.batch_flatten", normal(2, 3, 2), torch=lambda x: x.flatten(1)),
+    case("nn.pad", normal(2, 3), attrs=dict(pad_width=((1, 0), (2, 1)), pad_value=0.5),
+         torch=F("pad", (2, 1, 1, 0), value=0.5)),
+    case("nn.pad", normal(3, 5), attrs=dict(pad_width=((-1, 1), (2, -2))), torch=F("pad", (2, -2, -1, 1)), id="pad-crop"),
+    case("nn.pad", normal(1, 2, 4, 5), attrs=dict(pad_width=((0, 0), (0, 0), (2, 1), (3, 1)), pad_mode="reflect"),
+         torch=F("pad", (3, 1, 2, 1), mode="reflect"), id="pad-reflect"),
+    case("nn.pad", normal(1, 2, 3, 2), attrs=dict(pad_width=((0, 0), (0, 0), (2, 1), (3, 4)), pad_mode="edge"),
+         torch=F("pad", (3, 4, 2, 1), mode="replicate"), id="pad-edge"),
+    case("nn.cross_entropy", positive(3, 4), positive(3, 4), torch=cross_entropy_torch),
+    case("nn.cross_entropy_with_logits", normal(3, 4), positive(3, 4), torch=lambda x, t: -(x * t).sum() / x.shape[0]),
+    case("nn.nll_loss", normal(4, 5), targets((4,), 5), positive(5), torch=lambda x, t, w: F("nll_loss", weight=w)(x, t)),
+    case("nn.nll_loss", normal(3, 4, 2), targets((3, 2), 4, ignore=1), positive(4), attrs=dict(reduction="sum", ignore_index=1),
+         torch=lambda x, t, w: F("nll_loss", weight=w, reduction="sum", ignore_index=1)(x, t), wrt=[0], id="nll_loss-sum-ignore"),
+    case("nn.nll_loss", normal(4, 3), targets((4,), 3, ignore=-100), positive(3), attrs=dict(reduction="none"),
+         torch=lambda x, t, w: F("nll_loss", weight=w, reduction="none")(x, t), wrt=[0], id="nll_loss-none-ignore"),
+]
+for _c in MISC:
+    if _c.op == "nn.nll_loss":
+        _c.wrt = [0]  # weights are constants, as in PyTorch
+
+HELPERS = [  # gradient ops: their own rules are checked too
+    case("nn.conv2d_backward_weight", normal(1, 4, 4, 2), normal(1, 2, 7, 6),
+         attrs=dict(kernel_size=(3, 2), strides=(2, 3), padding=(1, 1), dilation=(1, 2), groups=2)),
+    case("nn.max_pool2d_grad", normal(1, 2, 4, 3), normal(1, 2, 7, 6), attrs=dict(pool_size=(3, 2), strides=(2, 2), padding=(1, 0)),
+         wrt=[0]),
+    case("nn.max_pool2d_gather", normal(1, 2, 7, 6), normal(1, 2, 7, 6), attrs=dict(pool_size=(3, 2), strides=(2, 2), padding=(1, 0)),
+         wrt=[1]),
+    case("nn.avg_pool2d_grad", normal(1, 2, 4, 4), normal(1, 2, 7, 6),
+         attrs=dict(pool_size=(3, 3), strides=(2, 2), padding=(1, 1), ceil_mode=True), wrt=[0]),
+    case("nn.adaptive_avg_pool2d_grad", normal(1, 2, 3, 2), normal(1, 2, 7, 5), attrs=dict(output_size=(3, 2)), wrt=[0]),
+    case("nn.pad_backward", normal(1, 2, 7, 9), attrs=dict(pad_width=((0, 0), (0, 0), (2, 1), (3, 1)), pad_mode="reflect")),
+    case("nn.pad_backward", normal(2, 7), attrs=dict(pad_width=((0, 0), (2, 3)), pad_mode="edge"), id="pad_backward-edge"),
+    case("nn.nll_loss_grad", np.array(0.7), normal(4, 5), targets((4,), 5), positive(5), wrt=[0]),
+    case("nn.nll_loss_grad", normal(4), normal(4, 3), targets((4,), 3, ignore=-100), positive(3), attrs=dict(reduction="none"),
+         wrt=[0], id="nll_loss_grad-none"),
+]
+
+TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + MISC
+CASES = TORCH_CASES + NORM_FD + HELPERS
+
+
+@pytest.mark.parametrize("c", TORCH_CASES, ids=repr)
+def test_forward_and_vjp_match_torch(c):
+    pytest.importorskip("torch")
+    torch_check(c)
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_gradient_rule_matches_finite_differences(c):
+    check_rule(c)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_kernel_returns_inferred_dtype(c, dtype):
+    dtype_check(c, dtype)

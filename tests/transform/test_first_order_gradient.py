@@ -1,0 +1,432 @@
+"""FirstOrderGradient: Relay's first-order AD cases and what pullback adds (tuples, If, calls,
+diagnostics, deep graphs, second order)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import op
+from pullback.analysis import check_well_formed, infer_module
+from pullback.ir.expr import Call, Function, If, Tuple, TupleGetItem
+from pullback.ir.traversal import count_calls, post_order
+from pullback.ir.types import Any, TensorType, TupleType
+from pullback.ops.registry import OpDef
+from pullback.testing import check_grad, check_second_order
+from pullback.transform import FirstOrderGradient, InferType, gradient
+
+RNG = np.random.default_rng(0)
+T23 = TensorType((2, 3), "float32")
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape).astype("float32")
+
+
+def run(fn_or_mod, *args, func="main"):
+    mod = fn_or_mod if isinstance(fn_or_mod, pb.IRModule) else pb.IRModule.from_expr(fn_or_mod)
+    return pb.build(mod)[func](*args)
+
+
+def typed_fn(params, body) -> Function:
+    """An expected() Function with its return type set, as FirstOrderGradient sets it."""
+    return Function(params, body, pb.analysis.infer_expr(body))
+
+
+def assert_valid(fn: Function) -> None:
+    mod = InferType()(pb.IRModule.from_expr(fn))
+    check_well_formed(mod)
+    assert isinstance(fn.ret_type, TupleType)
+
+
+# ------------------------------------------------------------------ Relay's cases
+
+
+def test_identity_structure():
+    x = pb.var("x", shape=(2, 3))
+    g = gradient(Function([x], x))
+    xe = pb.var("x", shape=(2, 3))
+    expected = typed_fn([xe], Tuple([xe, Tuple([op.ones((2, 3), "float32")])]))
+    pb.assert_structural_equal(g, expected)
+    assert_valid(g)
+
+
+def test_add_fan_out_structure():
+    x = pb.var("x", shape=(2, 3))
+    g = gradient(Function([x], op.add(x, x)))
+    xe = pb.var("x", shape=(2, 3))
+    seed = op.ones((2, 3), "float32")
+    dx = op.add(op.collapse_sum_like(seed, xe), op.collapse_sum_like(seed, xe))
+    pb.assert_structural_equal(g, typed_fn([xe], Tuple([op.add(xe, xe), Tuple([dx])])))
+    r, (gx,) = run(g, randn(2, 3))
+    np.testing.assert_allclose(gx, np.full((2, 3), 2.0))
+
+
+def test_multiply():
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+    xv, yv = randn(2, 3), randn(2, 3)
+    r, (gx, gy) = run(gradient(Function([x, y], op.multiply(x, y))), xv, yv)
+    np.testing.assert_allclose(r, xv * yv)
+    np.testing.assert_allclose(gx, yv)
+    np.testing.assert_allclose(gy, xv)
+
+
+def test_tuple_result_seeds_every_field_with_ones():
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+    g = gradient(Function([x, y], Tuple([op.add(x, y), op.multiply(x, y)])))
+    xv, yv = randn(2, 3), randn(2, 3)
+    (a, b), (gx, gy) = run(g, xv, yv)
+    np.testing.assert_allclose(gx, 1 + yv, rtol=1e-6)
+    np.testing.assert_allclose(gy, 1 + xv, rtol=1e-6)
+    assert_valid(g)
+
+
+def test_tuple_argument_of_three_gets_tuple_gradient_of_ones():
+    t = pb.Var("t", TupleType((T23, T23, T23)))
+    body = op.add(op.add(TupleGetItem(t, 0), TupleGetItem(t, 1)), TupleGetItem(t, 2))
+    g = gradient(Function([t], body))
+    assert g.ret_type.fields[1] == TupleType((TupleType((T23, T23, T23)),))
+    vals = (randn(2, 3), randn(2, 3), randn(2, 3))
+    _, (dt,) = run(g, vals)
+    assert len(dt) == 3
+    for field in dt:
+        np.testing.assert_array_equal(field, np.ones((2, 3), "float32"))
+
+
+def test_no_duplication_dense():
+    x, w = pb.var("x", shape=(2, 3)), pb.var("w", shape=(4, 3))
+    g = gradient(Function([x, w], op.nn.dense(x, w)))
+    assert count_calls(g, ["nn.dense"]) == 3
+    check_grad(Function([x, w], op.nn.dense(x, w)), [randn(2, 3), randn(4, 3)])
+
+
+def test_no_duplication_with_tuples():
+    x, w = pb.var("x", shape=(2, 3)), pb.var("w", shape=(4, 3))
+    y = op.nn.dense(x, w)
+    t = Tuple([y, y])
+    f = Function([x, w], op.add(TupleGetItem(t, 0), TupleGetItem(t, 1)))
+    g = gradient(f)
+    assert count_calls(g, ["nn.dense"]) == 3
+    check_grad(f, [randn(2, 3), randn(4, 3)])
+
+
+# ------------------------------------------------------------------ fan-out and sharing
+
+
+def test_fan_out_is_one_sum_and_forward_nodes_are_shared():
+    x = pb.var("x", shape=(2, 3))
+    e, th, lg = op.exp(x), op.tanh(x), op.log(x)
+    body = op.add(op.add(e, th), lg)
+    g = gradient(Function([x], body))
+    dx = g.body.fields[1].fields[0]
+    # one sum of the three contributions: add(add(a, b), c)
+    assert isinstance(dx, Call) and dx.op.name == "add"
+    assert isinstance(dx.args[0], Call) and dx.args[0].op.name == "add"
+    assert not (isinstance(dx.args[1], Call) and dx.args[1].op.name == "add")
+    # 2 forward adds + 2 adds summing the fan-out, nothing else
+    assert count_calls(g, ["add"]) == 4
+    # the forward result is the original node: forward work is shared, not copied
+    assert g.body.fields[0] is body
+    assert count_calls(g, ["exp"]) == 1 and count_calls(g, ["tanh"]) == 1
+    check_grad(Function([x], body), [np.abs(randn(2, 3)) + 0.5])
+
+
+def test_tuple_get_item_of_params_and_intermediates():
+    p = pb.Var("p", TupleType((T23, T23)))
+    y = pb.var("y", shape=(2, 3))
+    t = Tuple([op.exp(TupleGetItem(p, 0)), op.tanh(y)])
+    body = op.add(op.multiply(TupleGetItem(t, 0), TupleGetItem(t, 1)), TupleGetItem(p, 1))
+    check_grad(Function([p, y], body), [(randn(2, 3), randn(2, 3)), randn(2, 3)])
+
+
+def test_nested_tuples():
+    inner = TupleType((T23, TensorType((3,), "float32")))
+    p = pb.Var("p", TupleType((inner, T23)))
+    a, b = TupleGetItem(TupleGetItem(p, 0), 0), TupleGetItem(TupleGetItem(p, 0), 1)
+    c = TupleGetItem(p, 1)
+    nested = Tuple([Tuple([op.multiply(a, b), op.tanh(c)]), op.exp(b)])
+    body = Tuple([TupleGetItem(TupleGetItem(nested, 0), 0), op.add(TupleGetItem(TupleGetItem(nested, 0), 1), c), nested])
+    f = Function([p], body)
+    g = gradient(f)
+    assert g.ret_type.fields[1] == TupleType((p.type_annotation,))
+    check_grad(f, [((randn(2, 3), randn(3)), randn(2, 3))])
+    assert_valid(g)
+
+
+def test_tuple_param_field_without_contribution_gets_explicit_zeros():
+    p = pb.Var("p", TupleType((T23, T23)))
+    g = gradient(Function([p], op.exp(TupleGetItem(p, 0))))
+    dp = g.body.fields[1].fields[0]
+    assert isinstance(dp, Tuple)
+    assert isinstance(dp.fields[1], Call) and dp.fields[1].op.name == "zeros"
+    _, (dpv,) = run(g, (randn(2, 3), randn(2, 3)))
+    np.testing.assert_array_equal(dpv[1], np.zeros((2, 3)))
+
+
+# ------------------------------------------------------------------ If
+
+
+def _if_program():
+    c = pb.var("c", shape=(), dtype="bool")
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+    shared = op.tanh(x)  # used by both branches and after the If
+    branch = If(c, op.multiply(op.exp(x), shared), op.add(op.multiply(x, y), shared))
+    return Function([c, x, y], op.multiply(branch, y))
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_both_branches_match_finite_differences(cond):
+    f = _if_program()
+    check_grad(f, [np.array(cond), randn(2, 3), randn(2, 3)], wrt=["x", "y"])
+
+
+def test_if_gradient_uses_an_if_on_the_same_condition():
+    f = _if_program()
+    g = gradient(f)
+    ifs = [n for n in post_order(g.body) if isinstance(n, If)]
+    assert len(ifs) == 2
+    assert all(n.cond is f.params[0] for n in ifs)
+    assert_valid(g)
+
+
+@pytest.mark.parametrize("c1,c2", [(True, True), (True, False), (False, True), (False, False)])
+def test_nested_ifs(c1, c2):
+    a, b = pb.var("a", shape=(), dtype="bool"), pb.var("b", shape=(), dtype="bool")
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    inner = If(b, op.multiply(x, y), op.exp(y))
+    outer = If(a, op.tanh(op.add(inner, x)), op.multiply(inner, inner))
+    f = Function([a, b, x, y], op.add(outer, op.tanh(x)))
+    check_grad(f, [np.array(c1), np.array(c2), randn(3), randn(3)])
+
+
+def test_if_with_tuple_result():
+    c = pb.var("c", shape=(), dtype="bool")
+    x = pb.var("x", shape=(3,))
+    f = Function([c, x], TupleGetItem(If(c, Tuple([op.exp(x), x]), Tuple([x, op.tanh(x)])), 1))
+    for cond in (True, False):
+        check_grad(f, [np.array(cond), randn(3)])
+
+
+# ------------------------------------------------------------------ calls and recursion
+
+
+def _layer_module():
+    x, w = pb.var("x", shape=(2, 3)), pb.var("w", shape=(3, 3))
+    layer = Function([x, w], op.tanh(op.nn.dense(x, w)))
+    mod = pb.IRModule({"layer": layer})
+    gv = mod.get_global_var("layer")
+    x0, w1, w2 = pb.var("x", shape=(2, 3)), pb.var("w1", shape=(3, 3)), pb.var("w2", shape=(3, 3))
+    main = Function([x0, w1, w2], op.sum(Call(gv, [Call(gv, [x0, w1]), w2])))
+    return mod.with_function("main", main)
+
+
+def test_calls_to_global_functions_are_differentiated_through():
+    mod = _layer_module()
+    out = FirstOrderGradient()(mod)
+    assert set(out) == {"layer", "main", "main_grad"}
+    assert out["main"] is mod["main"]
+    g = out["main_grad"]
+    assert not any(isinstance(n, Call) and isinstance(n.op, pb.GlobalVar) for n in post_order(g.body))
+    check_grad(mod, [randn(2, 3), randn(3, 3), randn(3, 3)])
+
+
+def test_recursion_is_a_diagnostic():
+    x = pb.var("x", shape=(3,))
+    f_gv = pb.GlobalVar("f")
+    y = pb.var("y", shape=(3,))
+    f = Function([y], op.tanh(Call(f_gv, [y])), ret_type=TensorType((3,), "float32"))
+    mod = pb.IRModule({f_gv: f})
+    mod = mod.with_function("main", Function([x], Call(f_gv, [x])))
+    with pytest.raises(pb.DiagnosticError) as err:
+        FirstOrderGradient()(mod)
+    assert len(err.value.diagnostics) == 1
+    assert "recursion" in err.value.diagnostics[0] and "@f -> @f" in err.value.diagnostics[0]
+
+
+# ------------------------------------------------------------------ parameters and wrt
+
+
+def test_unused_param_gets_zeros():
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(4,))
+    g = gradient(Function([x, y], op.exp(x)))
+    dy = g.body.fields[1].fields[1]
+    pb.assert_structural_equal(dy, op.zeros((4,), "float32"))
+    _, (gx, gy) = run(g, randn(2, 3), randn(4))
+    np.testing.assert_array_equal(gy, np.zeros(4))
+
+
+def test_unused_dynamic_param_gets_zeros_like():
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(Any, 3))
+    g = gradient(Function([x, y], op.exp(x)))
+    dy = g.body.fields[1].fields[1]
+    assert isinstance(dy, Call) and dy.op.name == "zeros_like" and dy.args[0] is y
+    _, (gx, gy) = run(g, randn(2, 3), randn(5, 3))
+    np.testing.assert_array_equal(gy, np.zeros((5, 3)))
+
+
+def test_int_params_are_excluded_and_an_error_in_wrt():
+    x, n = pb.var("x", shape=(3,)), pb.var("n", shape=(3,), dtype="int32")
+    f = Function([x, n], op.multiply(x, op.cast(n, "float32")))
+    g = gradient(f)
+    assert len(g.ret_type.fields[1].fields) == 1
+    _, (gx,) = run(g, randn(3), np.array([1, 2, 3], "int32"))
+    np.testing.assert_allclose(gx, [1, 2, 3])
+    with pytest.raises(pb.DiagnosticError) as err:
+        gradient(f, wrt=["x", "n"])
+    assert "%n" in str(err.value) and "integer" in str(err.value)
+
+
+def test_wrt_subset_and_order():
+    x, w = pb.var("x", shape=(2, 3)), pb.var("w", shape=(4, 3))
+    f = Function([x, w], op.nn.dense(x, w))
+    g = gradient(f, wrt=["w", "x"])
+    assert g.ret_type.fields[1] == TupleType((TensorType((4, 3), "float32"), T23))
+    g_w = gradient(f, wrt=[w])
+    assert g_w.ret_type.fields[1] == TupleType((TensorType((4, 3), "float32"),))
+    assert count_calls(g_w, ["nn.dense"]) == 2  # dx is not built for an input not differentiated
+    check_grad(f, [randn(2, 3), randn(4, 3)], wrt=["w"])
+    with pytest.raises(pb.DiagnosticError, match="'z' is not a parameter"):
+        gradient(f, wrt=["z"])
+
+
+# ------------------------------------------------------------------ modes
+
+
+def _mlp():
+    x = pb.var("x", shape=(4, 5))
+    w1, b1, w2 = pb.var("w1", shape=(8, 5)), pb.var("b1", shape=(8,)), pb.var("w2", shape=(3, 8))
+    h = op.nn.relu(op.add(op.nn.dense(x, w1), b1))
+    return Function([x, w1, b1, w2], op.tanh(op.nn.dense(h, w2)))
+
+
+def test_vjp_mode_equals_torch():
+    torch = pytest.importorskip("torch")
+    f = _mlp()
+    args = [randn(4, 5), randn(8, 5), randn(8), randn(3, 8)]
+    ct = randn(4, 3)
+    g = gradient(f, mode="vjp")
+    assert [p.name_hint for p in g.params] == ["x", "w1", "b1", "w2", "ct"]
+    r, grads = run(g, *args, ct)
+    ts = [torch.tensor(a, requires_grad=True) for a in args]
+    out = torch.tanh(torch.relu(ts[0] @ ts[1].T + ts[2]) @ ts[3].T)
+    expected = torch.autograd.grad(out, ts, torch.tensor(ct))
+    np.testing.assert_allclose(r, out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_vjp_mode_with_tuple_result_has_one_tuple_cotangent():
+    x = pb.var("x", shape=(3,))
+    f = Function([x], Tuple([op.exp(x), op.tanh(x)]))
+    g = gradient(f, mode="vjp")
+    t3 = TensorType((3,), "float32")
+    assert len(g.params) == 2 and g.params[1].type_annotation == TupleType((t3, t3))
+    xv, c0, c1 = randn(3), randn(3), randn(3)
+    _, (gx,) = run(g, xv, (c0, c1))
+    np.testing.assert_allclose(gx, c0 * np.exp(xv) + c1 * (1 - np.tanh(xv) ** 2), rtol=1e-5)
+
+
+def test_grad_mode_equals_finite_differences_of_sum_of_outputs():
+    f = _mlp()
+    args = [randn(4, 5).astype("float64") for _ in range(1)] + [randn(8, 5), randn(8), randn(3, 8)]
+    from pullback.testing import to_float64
+
+    f64 = to_float64(f)
+    args = [np.asarray(a, "float64") for a in args]
+    exe = pb.build(FirstOrderGradient()(pb.IRModule.from_expr(f64)))
+    _, grads = exe["main_grad"](*args)
+    eps = 1e-6
+    for k in range(4):
+        for idx in [(0,) * args[k].ndim, tuple(d - 1 for d in args[k].shape)]:
+            plus = [a.copy() for a in args]
+            minus = [a.copy() for a in args]
+            plus[k][idx] += eps
+            minus[k][idx] -= eps
+            numeric = (exe["main"](*plus).sum() - exe["main"](*minus).sum()) / (2 * eps)
+            np.testing.assert_allclose(grads[k][idx], numeric, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ second order
+
+
+def test_second_order_from_main_grad():
+    x = pb.var("x", shape=(3,))
+    mod = FirstOrderGradient()(pb.IRModule.from_expr(Function([x], op.sum(op.multiply(op.multiply(x, x), x)))))
+    # d/dx sum(3 x^2) = 6 x
+    x2 = pb.var("x", shape=(3,))
+    dx = TupleGetItem(TupleGetItem(Call(mod.get_global_var("main_grad"), [x2]), 1), 0)
+    mod = mod.with_function("g", Function([x2], op.sum(dx)))
+    mod = FirstOrderGradient("g")(mod)
+    xv = np.array([1.0, -2.0, 0.5], "float32")
+    _, (ddx,) = pb.build(mod)["g_grad"](xv)
+    np.testing.assert_allclose(ddx, 6 * xv, rtol=1e-6)
+
+
+def test_second_order_hessian_vector_products():
+    f = _mlp()
+    args = [randn(4, 5), randn(8, 5), randn(8), randn(3, 8)]
+    args[0] += 0.05  # keep relu inputs away from 0
+    check_second_order(f, args)
+
+
+# ------------------------------------------------------------------ diagnostics
+
+
+def _id_infer(arg_types, attrs):
+    return arg_types[0]
+
+
+NOGRAD_A = OpDef("test.nograd_a", 1, _id_infer, lambda x, attrs=None: x)
+NOGRAD_B = OpDef("test.nograd_b", 1, _id_infer, lambda x, attrs=None: x)
+
+
+def test_every_problem_is_reported_at_once():
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    z = pb.var("z", shape=(3,))
+    closure = Function([z], op.exp(z))
+    a = Call(NOGRAD_A, [op.exp(x)])
+    b = Call(NOGRAD_B, [op.tanh(a)])
+    body = Tuple([op.add(b, y), closure])
+    with pytest.raises(pb.DiagnosticError) as err:
+        gradient(Function([x, y], body))
+    diags = err.value.diagnostics
+    assert len(diags) == 3
+    text = str(err.value)
+    assert "test.nograd_a" in text and "test.nograd_b" in text and "closure" in text
+    assert all("in @main:" in d for d in diags)
+    assert any("= test.nograd_b(" in d for d in diags)  # the printed binding
+
+
+def test_no_gradient_needed_is_not_a_problem():
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    # greater is boolean: feeding where's condition needs no gradient
+    f = Function([x, y], op.where(op.greater(x, y), x, op.multiply(y, y)))
+    check_grad(f, [randn(3), randn(3) + 3.0])
+    # an op without gradient on a parameter outside wrt needs none either
+    g = gradient(Function([x, y], op.multiply(x, Call(NOGRAD_A, [y]))), wrt=["x"])
+    assert len(g.ret_type.fields[1].fields) == 1
+
+
+# ------------------------------------------------------------------ scale
+
+
+def test_million_node_chain():
+    x = pb.var("x", shape=(2,))
+    h = x
+    for i in range(1_000_000):
+        h = op.negative(h) if i % 2 else op.exp(h) if i % 100000 == 0 else op.negative(h)
+    f = Function([x], h)
+    mod = FirstOrderGradient()(pb.IRModule.from_expr(f))
+    g = mod["main_grad"]
+    assert count_calls(g, ["negative"]) == 2 * count_calls(f, ["negative"])
+    assert g.body.fields[0] is h
+
+
+def test_output_passes_infer_type_and_well_formed():
+    f = _mlp()
+    mod = FirstOrderGradient(mode="vjp")(pb.IRModule.from_expr(f))
+    mod = InferType()(mod)
+    check_well_formed(mod)
+    g = mod["main_grad"]
+    assert g.checked_type.ret_type == g.ret_type
