@@ -227,44 +227,39 @@ class _Partitioner:
                 stack.extend(ci for ci, _ in self.outputs[i])
         return out
 
-    def _check_path(self, path: list[int], sink: int, fcond) -> bool:
-        gpat = self.gpattern
-        return all(fcond(gpat[self._find(i)], i == sink) for i in path)
-
-    def _args_of(self, roots: set) -> int:
-        """Number of distinct inputs of the union of the groups ``roots``."""
-        members = set()
+    def _union_args(self, roots: set) -> set:
+        """External inputs (node ids) of the union of the groups ``roots``."""
+        out: set = set()
         for r in roots:
-            members.update(self.members[r])
-        args = set()
-        for r in roots:
-            args.update(self.args[r])
-        return len(args - members)
+            out |= self.args[r]
+        index, find = self.index, self._find
+        return {a for a in out if (j := index.get(a)) is None or find(j) not in roots}
 
     def _try_fuse(self, src: int, sink: int, fcond) -> Optional[str]:
         """Merge the groups on every path from ``src`` into ``sink``'s group; a reason when refused."""
         path = self._path(src, sink)
-        if not self._check_path(path, sink, fcond):
-            bad = next(i for i in path if not fcond(self.gpattern[self._find(i)], i == sink))
-            return f"the path to its post-dominator passes a {self.gpattern[self._find(bad)].name} group ({_label(self.nodes[bad])})"
-        roots = {self._find(src)} | {self._find(i) for i in path}
+        gpat, find = self.gpattern, self._find
+        for i in path:
+            if not fcond(gpat[find(i)], i == sink):
+                return (f"the path to its post-dominator passes a {gpat[find(i)].name} group "
+                        f"({_label(self.nodes[i])})")
+        roots = {find(src)} | {find(i) for i in path}
         size = sum(self.size[r] for r in roots)
         if size > self.max_depth:
             return f"the group would hold {size} nodes (max_depth={self.max_depth})"
-        if self.max_args and self._args_of(roots) > self.max_args:
-            return f"the group would take more than max_args={self.max_args} inputs"
-        target = self._find(sink)
+        args = self._union_args(roots)
+        if self.max_args and len(args) > self.max_args:
+            return f"the group would take {len(args)} inputs (max_args={self.max_args})"
+        target = find(sink)
         for r in roots:
             if r != target:
                 self._merge(r, target)
+        self.args[target] = args
         return None
 
     def _merge(self, child: int, parent: int) -> None:
         self.up[child] = parent
         self.size[parent] += self.size[child]
-        self.members[parent].extend(self.members[child])
-        self.args[parent] |= self.args[child]
-        self.members[child] = []
         self.args[child] = set()
         if self.anchor[child]:
             self.anchor[parent] = True
@@ -276,23 +271,19 @@ class _Partitioner:
         self.size = [1] * n
         self.gpattern = list(self.pattern)
         self.anchor = [p == OUT_EWISE for p in self.pattern]
-        self.members = [[i] for i in range(n)]
         self.args = [{id(a) for a in _operands(x) if not is_inline_constant(a)} for x in self.nodes]
-        self.members_ids = None
-        reasons: list = [None] * n
         self._post_dominators()
         if self.fuse_opt_level > 0:
-            # group members are node indices; args are node ids: translate members for _args_of
-            self.members = [[id(self.nodes[i])] for i in range(n)]
+            reasons: list = [None] * n
             for phase in range(3):
                 for i in range(n):
                     r = self._step(i, phase)
-                    if phase == 0 or r is not None or reasons[i] is None:
-                        reasons[i] = r if r is not None else reasons[i]
+                    if r is not None:
+                        reasons[i] = r
         else:
             reasons = ["fuse_opt_level=0"] * n
         group_of = [self._find(i) for i in range(n)]
-        for i in range(n):  # nodes that did fuse carry no reason
+        for i in range(n):  # nodes that fused carry no reason
             if group_of[i] != i or (self.ipdom[i] != -1 and group_of[self.ipdom[i]] == group_of[i]):
                 reasons[i] = None
         return Partition(self.body, self.nodes, self.index, group_of, reasons, self.ipdom,
@@ -319,7 +310,7 @@ class _Partitioner:
             if phase != 0:
                 return None
             if dpat != ELEMWISE:
-                return f"an out-elementwise-fusable op only takes elementwise consumers (path is {dpat.name})"
+                return f"its group (an out-elementwise-fusable op) takes only elementwise consumers, the path is {dpat.name}"
             return self._try_fuse(i, dom, lambda k, sink: k <= BROADCAST)
         if pat <= BROADCAST:
             if phase == 2:

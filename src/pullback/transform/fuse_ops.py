@@ -1,0 +1,133 @@
+"""FuseOps: group operators by Relay's fusion rules into primitive functions.
+
+The grouping is ``analysis.fusion.partition`` (see there for the rules). Each
+group of more than one operator becomes ``fn [Primitive=1] (params) { ops }``
+called in place from the function; a group holding a single operator stays a
+plain call (there is nothing to fuse, and later passes see the op itself).
+Group inputs become parameters in first-use order; constants of at most 16
+elements are copied into the group instead. Groups never cross an If branch
+boundary. ``fuse_opt_level=0`` leaves the module unchanged (every op is its
+own group). Functions that are primitive already are left alone, and calls to
+them are opaque, so running FuseOps twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+from ..analysis.fusion import DEFAULT_MAX_ARGS, DEFAULT_MAX_DEPTH, is_inline_constant, num_ops, partition
+from ..ir.errors import PassError
+from ..ir.expr import Call, Constant, Expr, Function, Var
+from ..ir.module import IRModule
+from ..ir.traversal import rebuild
+from .infer_type import ensure_typed
+from .pass_infra import Pass, PassContext, PassInfo, register_pass
+
+
+def _param_name(node: Expr, k: int) -> str:
+    return node.name_hint if isinstance(node, Var) else f"p{k}"
+
+
+def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAULT_MAX_DEPTH,
+                  max_args: int = DEFAULT_MAX_ARGS) -> Function:
+    """``fn`` (typed) with every group of more than one op made a primitive function; ``fn`` if none."""
+    part = partition(fn.body, fuse_opt_level, max_depth, max_args)
+    nodes, group_of = part.nodes, part.group_of
+    groups = {r: m for r, m in part.groups().items() if num_ops(nodes[i] for i in m) > 1}
+    if not groups:
+        return fn
+    fused_root: dict[int, int] = {}  # id(member) -> group root index, for members of fused groups
+    for r, members in groups.items():
+        for i in members:
+            fused_root[id(nodes[i])] = r
+    _check_single_output(nodes, fused_root, fn.body)
+    memo: dict[int, Expr] = {}  # id(old node in fn) -> node in the new body
+    get = memo.get
+    for i, node in enumerate(nodes):
+        r = fused_root.get(id(node))
+        if r is None:
+            memo[id(node)] = rebuild(node, lambda c: get(id(c), c))
+        elif r == i:
+            prim, inputs = _make_group(nodes, groups[r], fn, fused_root, r)
+            call = Call(prim, [get(id(a), a) for a in inputs])
+            call.span = node.span
+            memo[id(node)] = call
+    body = memo.get(id(fn.body), fn.body)
+    return fn.replace(body=body)
+
+
+def _check_single_output(nodes: list, fused_root: dict, body: Expr) -> None:
+    """Only a group's root may be used outside the group (else the partition is wrong)."""
+    index = {id(n): i for i, n in enumerate(nodes)}
+    for n in nodes:
+        for c in n.children():
+            r = fused_root.get(id(c))
+            if r is not None and nodes[r] is not c and fused_root.get(id(n)) != r:
+                raise PassError(f"FuseOps: internal error: {c.op_name if isinstance(c, Call) else type(c).__name__} "
+                                f"#{index[id(c)]} is used outside its group")
+    r = fused_root.get(id(body))
+    if r is not None and nodes[r] is not body:
+        raise PassError("FuseOps: internal error: the function result is inside a group")
+
+
+def _make_group(nodes: list, members: list, fn: Function, fused_root: dict, r: int) -> tuple[Function, list]:
+    """The primitive Function of one group and the outer expressions it takes as arguments."""
+    member_ids = {id(nodes[i]) for i in members}
+    inputs: list[Expr] = []
+    local: dict[int, Expr] = {}
+    params: list[Var] = []
+    for i in members:
+        node = nodes[i]
+        for a in node.children():
+            key = id(a)
+            if key in member_ids or key in local:
+                continue
+            if is_inline_constant(a):
+                local[key] = Constant(a.data)
+                continue
+            p = Var(_param_name(a, len(params)), a.checked_type)
+            params.append(p)
+            inputs.append(a)
+            local[key] = p
+    for i in members:
+        node = nodes[i]
+        if isinstance(node, Call) and isinstance(node.op, Function):
+            raise PassError(f"FuseOps: a call to a function cannot be part of a group (in group of {nodes[r]!r})")
+        local[id(node)] = rebuild(node, lambda c: local[id(c)])
+    root = nodes[r]
+    if members[-1] != r:
+        raise PassError("FuseOps: internal error: a group's root is not its last node")
+    prim = Function(params, local[id(root)], ret_type=root.checked_type, attrs={"Primitive": 1})
+    return prim, inputs
+
+
+class _FuseOps(Pass):
+    def __init__(self, fuse_opt_level: int, max_depth: int, max_args: int):
+        super().__init__(PassInfo("FuseOps", 0, ("InferType",)))
+        partition(Constant(0.0), fuse_opt_level, max_depth, max_args)  # validates the settings early
+        self.fuse_opt_level = fuse_opt_level
+        self.max_depth = max_depth
+        self.max_args = max_args
+
+    def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        ensure_typed(mod)
+        updates = {}
+        for name, fn in mod.items():
+            if fn.is_primitive:
+                continue
+            new = fuse_function(fn, self.fuse_opt_level, self.max_depth, self.max_args)
+            if new is not fn:
+                updates[name] = new
+        return mod.with_functions(updates) if updates else mod
+
+
+def FuseOps(fuse_opt_level: int = 2, max_depth: int = DEFAULT_MAX_DEPTH, max_args: int = DEFAULT_MAX_ARGS) -> Pass:
+    """Fuse operators into primitive functions by Relay's rules on op patterns.
+
+    ``max_depth``: most nodes per group; ``max_args``: most inputs per group (0: no
+    limit); ``fuse_opt_level=0``: no fusion. Single-op groups stay plain calls.
+    """
+    return _FuseOps(fuse_opt_level, max_depth, max_args)
+
+
+register_pass("FuseOps", FuseOps)
+
+__all__ = ["FuseOps", "fuse_function"]
