@@ -117,9 +117,9 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
     # own cost of every Function (inner primitive ones first: post order) + global callees
     own: dict[int, tuple[int, Counter]] = {}
 
-    def cost_of(f: Function) -> tuple[int, Counter]:
+    def cost_of(f: Function, nodes: Optional[list] = None) -> tuple[int, Counter]:
         total, callees = 0, Counter()
-        for n in post_order(f.body):
+        for n in post_order(f.body) if nodes is None else nodes:
             if not isinstance(n, Call):
                 continue
             if isinstance(n.op, OpDef):
@@ -135,9 +135,13 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
     def own_cost(root: Function) -> tuple[int, Counter]:
         if id(root) in own:
             return own[id(root)]
-        for n in post_order(root, into_functions=True):
-            if isinstance(n, Function) and id(n) not in own:
+        nodes = post_order(root, into_functions=True)
+        inner = [n for n in nodes if isinstance(n, Function) and n is not root]
+        for n in inner:
+            if id(n) not in own:
                 own[id(n)] = cost_of(n)
+        # with no inner functions, the walk already is the body's evaluation order
+        own[id(root)] = cost_of(root, None if inner else nodes)
         return own[id(root)]
 
     if mod is None:

@@ -73,9 +73,10 @@ def cnn(batch: int = 4, image: int = 16, channels=(3, 8, 16), classes: int = 10,
 
 
 def transformer_layer(batch: int = 2, seq: int = 8, d_model: int = 16, heads: int = 2, d_ff: int = 32,
-                      dtype: str = "float32") -> tuple[IRModule, Callable]:
+                      dtype: str = "float32", loss: str = "sum") -> tuple[IRModule, Callable]:
     """A post-norm transformer encoder layer (like ``torch.nn.TransformerEncoderLayer``
-    with ``batch_first=True``, GELU, no dropout), loss ``sum(out)``.
+    with ``batch_first=True``, GELU, no dropout). ``loss="sum"``: ``sum(out)``;
+    ``loss="mse"``: ``mean((out - y) ** 2)`` with a target parameter ``y`` of shape (batch*seq, d_model).
 
     The benchmark size (issue 6) is ``transformer_layer(8, 128, 256, 4, 1024)``.
     """
@@ -104,7 +105,15 @@ def transformer_layer(batch: int = 2, seq: int = 8, d_model: int = 16, heads: in
     h1 = op.nn.layer_norm(x2 + linear(attn, "wo", "bo"), p["ln1_g"], p["ln1_b"], axis=-1)
     ff = linear(op.nn.gelu(linear(h1, "w1", "b1")), "w2", "b2")
     out = op.nn.layer_norm(h1 + ff, p["ln2_g"], p["ln2_b"], axis=-1)
-    fn = Function([x] + [p[n] for n, _ in names], op.sum(out))
+    params = [x] + [p[n] for n, _ in names]
+    if loss == "sum":
+        fn = Function(params, op.sum(out))
+    elif loss == "mse":
+        y = var("y", shape=(B * S, D), dtype=dtype)
+        diff = out - y
+        fn = Function(params + [y], op.mean(diff * diff))
+    else:
+        raise ValueError(f"loss must be 'sum' or 'mse', got {loss!r}")
 
     def make_inputs(seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -116,6 +125,8 @@ def transformer_layer(batch: int = 2, seq: int = 8, d_model: int = 16, heads: in
                 arrays.append(_normal(rng, s, 0.1, dtype))
             else:
                 arrays.append(_normal(rng, s, 1.0 / np.sqrt(s[1]), dtype))
+        if loss == "mse":
+            arrays.append(_normal(rng, (B * S, D), 1.0, dtype))
         return arrays
 
     return IRModule.from_expr(fn), make_inputs
