@@ -87,7 +87,7 @@ class _Block(_Frame):
 
     def __init__(self, close: str):
         self.close = close
-        self.names: list[str] = []
+        self.names: dict[str, Optional[Expr]] = {}  # defined here -> the binding it shadows
         self.pending: Optional[tuple] = None
 
     def resume(self, p, value):
@@ -97,14 +97,12 @@ class _Block(_Frame):
                     p.expect("}")
                 elif p.kind != "eof":
                     p.fail(f"expected end of input but found {p.desc()}")
-                env = p.env
-                for name in self.names:
-                    del env[name]
+                p.unbind(self.names)
                 return value
             p.expect(";")
             name = self.pending[0]
+            self.names[name] = p.env.get(name)
             p.env[name] = value
-            self.names.append(name)
             self.pending = None
         while p.kind == "local":
             if p.fast_bind(self.names):
@@ -112,7 +110,8 @@ class _Block(_Frame):
             if p.peek_kind() != "=":
                 break
             name, line, col = p.val[1:], p.line, p.col
-            p.check_new(name, line, col)
+            if name in self.names or name in p.free:
+                p.fail(f"%{name} is already defined", line, col)
             p.advance()
             p.advance()
             self.pending = (name, line, col)
@@ -231,16 +230,16 @@ class _If(_Frame):
 class _Fn(_Frame):
     """A function whose header is read and whose params are bound; reads the body block."""
 
-    __slots__ = ("params", "ret", "attrs", "line", "col")
+    __slots__ = ("params", "ret", "attrs", "line", "col", "shadowed")
 
-    def __init__(self, params, ret, attrs, line, col):
+    def __init__(self, params, ret, attrs, line, col, shadowed):
         self.params, self.ret, self.attrs, self.line, self.col = params, ret, attrs, line, col
+        self.shadowed = shadowed
 
     def resume(self, p, value):
         if value is None:
             return _Block("}")
-        for v in self.params:
-            del p.env[v.name_hint]
+        p.unbind(self.shadowed)
         return p.guard(lambda: Function(self.params, value, self.ret, self.attrs), (self.line, self.col))
 
 
@@ -341,9 +340,14 @@ class _Parser:
         v = self.env.get(name)
         return self.free.get(name) if v is None else v
 
-    def check_new(self, name: str, line: int, col: int) -> None:
-        if name in self.env or name in self.free:
-            self.fail(f"%{name} is already defined", line, col)
+    def unbind(self, shadowed: dict) -> None:
+        """Leave a scope: restore the bindings its names shadowed."""
+        env = self.env
+        for name, prev in shadowed.items():
+            if prev is None:
+                del env[name]
+            else:
+                env[name] = prev
 
     def global_var(self, name: str, line: int, col: int) -> GlobalVar:
         gv = self.globals.get(name)
@@ -361,7 +365,7 @@ class _Parser:
             op = self.ops[name] = reg.get_op(name)
         return op
 
-    def fast_bind(self, names: list) -> bool:
+    def fast_bind(self, names: dict) -> bool:
         """Lines ``%N = op(%a, %b);`` of attr-less operators, read with one regex each (the bulk of
         printed programs); stops at the first line that needs the general parser."""
         text, env, ops = self.text, self.env, self.ops
@@ -369,6 +373,7 @@ class _Parser:
         line, line_start = self.line, self.pos - len(self.val) - self.col + 1
         m = _FAST_BIND.match(text, pos)
         found = False
+        set_attr = object.__setattr__  # spans are not structural: skip Expr.__setattr__
         while m is not None:
             name, opname, argtext = m.group(1, 2, 3)
             op = ops.get(opname)
@@ -383,9 +388,9 @@ class _Parser:
             if None in args or (op.num_inputs >= 0 and len(args) != op.num_inputs):
                 break
             call = Call(op, args)
-            call.span = f"{line}:{m.start(2) - line_start + 1}"
+            set_attr(call, "span", f"{line}:{m.start(2) - line_start + 1}")
             env[name] = call
-            names.append(name)
+            names[name] = None
             found = True
             pos = m.end()
             m = _FAST_NEXT.match(text, pos)
@@ -534,7 +539,6 @@ class _Parser:
             name, pl, pc = self.val[1:], self.line, self.col
             if name in seen:
                 self.fail(f"duplicate parameter %{name}", pl, pc)
-            self.check_new(name, pl, pc)
             seen.add(name)
             self.advance()
             ty = None
@@ -550,9 +554,11 @@ class _Parser:
             self.advance()
             ret = self.type()
         self.expect("{")
+        shadowed = {}
         for v in params:
+            shadowed[v.name_hint] = self.env.get(v.name_hint)
             self.env[v.name_hint] = v
-        return _Fn(params, ret, attrs, line, col)
+        return _Fn(params, ret, attrs, line, col, shadowed)
 
     # -- constants and metadata
     def const_literal(self, line: int, col: int) -> Constant:

@@ -332,16 +332,26 @@ class _Printer:
     def block(self, body: Expr, indent: str, nodes=None, info=None) -> Iterator:
         if nodes is None:
             order = post_order(body)
-            info = ScopeInfo(body, order) if any(isinstance(n, If) for n in order) else None
+            kinds = {type(n) for n in order}
+            info = ScopeInfo(body, order) if If in kinds else None
             nodes = info.root.nodes if info is not None else order
-            if any(isinstance(n, Constant) for n in order):
+            if Constant in kinds:
                 self.shared_consts(order)
         mark = len(self.log)
-        lines = self.lines
-        names = self.names
-        shared = self.shared
+        lines, names, log, shared, atom = self.lines, self.names, self.log, self.shared, self.atom
+        record = self.record
         for n in nodes:
             if n is body or id(n) in names:
+                continue
+            if type(n) is Call and n.attrs is None and isinstance(n.op, Op):  # the common line, inlined
+                args = ", ".join([names.get(id(a)) or atom(a) for a in n.args])
+                name = f"%{self.counter}"
+                self.counter += 1
+                names[id(n)] = name
+                log.append(id(n))
+                if record is not None:
+                    record[id(n)] = f"{name} = {n.op.name}({args})"
+                lines.append(f"{indent}{name} = {n.op.name}({args});")
                 continue
             if not isinstance(n, _BOUND):
                 if isinstance(n, Constant) and id(n) in shared:

@@ -140,15 +140,26 @@ def _grad_flops(arg_types, out_type, attrs):
 # ------------------------------------------------------------------ max pooling
 
 
+def _max_scan(x, a):
+    """(max, flat index of the first max in row-major window order) per window: one pass per kernel offset."""
+    win, _ = _padded_windows(x, a, -np.inf)
+    best = np.array(win[..., 0, 0], copy=True)
+    idx = np.zeros(best.shape, np.int64)
+    kh, kw = a.pool_size
+    for k in range(1, kh * kw):
+        v = win[..., k // kw, k % kw]
+        better = v > best  # strict: ties keep the earlier position
+        np.copyto(best, v, where=better)
+        idx[better] = k
+    return best, idx
+
+
 def _argmax(x, a):
-    """Flat index (row-major in the window) of each window's first maximum, and the output size."""
-    win, out = _padded_windows(x, a, -np.inf)
-    return np.argmax(win.reshape(win.shape[:4] + (-1,)), axis=-1), out
+    return _max_scan(x, a)[1], _out_hw(a, x.shape[2:])
 
 
 def _max_pool_compute(x, a):
-    win, _ = _padded_windows(x, a, -np.inf)
-    return np.ascontiguousarray(win.max(axis=(4, 5)), dtype=x.dtype)
+    return np.ascontiguousarray(_max_scan(x, a)[0], dtype=x.dtype)
 
 
 def _max_pool_grad_compute(g, x, a):
@@ -215,7 +226,11 @@ def _divisor(a, hw, out):
 
 def _avg_pool_compute(x, a):
     win, out = _padded_windows(x, a, 0)
-    return np.ascontiguousarray(win.sum(axis=(4, 5)) / _divisor(a, x.shape[2:], out), dtype=x.dtype)
+    total = np.zeros(win.shape[:4], x.dtype)
+    for i in range(a.pool_size[0]):
+        for j in range(a.pool_size[1]):
+            total += win[..., i, j]
+    return np.ascontiguousarray(total / _divisor(a, x.shape[2:], out), dtype=x.dtype)
 
 
 def _avg_pool_grad_compute(g, x, a):

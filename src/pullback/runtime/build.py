@@ -13,6 +13,7 @@ from ..ir.module import IRModule
 # naming one (imported on first use, so optional dependencies stay optional).
 TARGETS: dict[str, Union[str, Callable]] = {
     "numpy": "pullback.runtime.numpy_executor:Executable",
+    "jax": "pullback.runtime.jax_target:JaxExecutable",
 }
 
 

@@ -12,3 +12,4 @@ from .dead_code import DeadCodeElimination  # noqa: F401
 from .cse import EliminateCommonSubexpr  # noqa: F401
 from .fold_constant import FoldConstant  # noqa: F401
 from .pipelines import FixedPoint, standard_cleanup  # noqa: F401
+from .fuse_ops import FuseOps  # noqa: F401

@@ -14,6 +14,7 @@ For ``@main(x0..xn) -> r`` it adds ``@main_grad(x0..xn) -> (r, (dx0..dxn))``
 
 from __future__ import annotations
 
+import gc
 from typing import Optional, Sequence, Union
 
 from ..analysis.type_infer import infer_module
@@ -85,6 +86,16 @@ def _at(e: Expr, path) -> Expr:
 
 def differentiate(mod: IRModule, func: str = "main", wrt: WrtSpec = None, mode: str = "grad") -> Function:
     """The gradient function of ``mod[func]`` (see ``FirstOrderGradient``)."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of new acyclic nodes: the cyclic GC would only rescan them
+    try:
+        return _differentiate(mod, func, wrt, mode)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Function:
     if mode not in MODES:
         raise PassError(f"FirstOrderGradient: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if not isinstance(mod, IRModule):

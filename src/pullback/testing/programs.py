@@ -1,0 +1,908 @@
+"""Random well-typed programs over the registered operators (Csmith-style), for property tests.
+
+- ``random_program(seed, ...)``: a plain seeded generator returning an ``IRModule``.
+- ``programs(...)``: the same generator as a hypothesis strategy (shrinks well).
+- ``random_inputs(mod, seed)``: arrays for ``@main``'s parameters.
+
+Programs have broadcasting shapes, size-1 and rank-0 tensors, shared
+subexpressions, tuples and ``TupleGetItem``, ``If``, calls between global
+functions, float32/float64 (and int32/bool for a few operators) and, when
+``allow_any``, parameters with ``Any`` dims.
+
+Domain safety by construction: every value carries an interval bounding its
+entries (inputs are drawn in [-2, 2] for floats, [-3, 3] for ints); an operator
+whose domain the operand's interval does not fit gets a domain-fixing operand
+(``exp(tanh(x))`` for ``log``/``sqrt``, ``tanh(x)`` for ``exp``...). With
+``smooth=True`` (gradient checks) operators are kept away from their kinks and
+discontinuities, and ``If`` conditions never depend on float values.
+
+Operators come from one table (``UNARY``, ``BINARY``, ``REDUCE``, ``ACTIONS``);
+an entry whose operator is not registered is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import weakref
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..analysis.type_infer import infer_expr, infer_module
+from ..ir.errors import PullbackError, TypeInferenceError
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.module import IRModule
+from ..ir.traversal import transform
+from ..ir.types import Any, TensorType, TupleType, Type
+from ..ops.registry import get_op, has_op
+
+INF = math.inf
+LIMIT = 60.0  # |entries| of every value stay below this
+FLOAT_RANGE = (-2.0, 2.0)
+INT_RANGE = (-3, 3)
+MARGIN = 0.05  # distance kept from kinks in smooth mode
+
+# concrete sizes of Any dims of generated parameters (Var -> concrete shape)
+_CONCRETE: "weakref.WeakKeyDictionary[Var, tuple]" = weakref.WeakKeyDictionary()
+
+
+# ------------------------------------------------------------------ choice sources
+
+
+class _RandomSource:
+    """Decisions from ``random.Random``."""
+
+    def __init__(self, seed: int):
+        self.r = random.Random(seed)
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.r.randint(lo, hi)
+
+    def choice(self, seq: Sequence):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def coin(self, p: float) -> bool:
+        return self.int(0, 99) < int(p * 100)
+
+
+class _DrawSource(_RandomSource):
+    """Decisions drawn from a hypothesis ``draw`` (so failing programs shrink)."""
+
+    def __init__(self, draw):
+        from hypothesis import strategies as st
+
+        self.draw = draw
+        self.st = st
+
+    def int(self, lo: int, hi: int) -> int:
+        return lo if lo >= hi else self.draw(self.st.integers(lo, hi))
+
+
+# ------------------------------------------------------------------ values and intervals
+
+
+@dataclasses.dataclass
+class Val:
+    """A generated tensor value: expression, static shape, dtype and entry bounds."""
+
+    expr: Expr
+    shape: tuple
+    dtype: str
+    lo: float
+    hi: float
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith("float")
+
+
+@dataclasses.dataclass
+class TupleVal:
+    expr: Expr
+    fields: list  # of Val | TupleVal
+
+
+def _mono(f: Callable) -> Callable:
+    return lambda lo, hi: (f(lo), f(hi))
+
+
+def _anti(f: Callable) -> Callable:
+    return lambda lo, hi: (f(hi), f(lo))
+
+
+def _sq(lo, hi):
+    m = max(lo * lo, hi * hi)
+    return (0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi), m)
+
+
+def _abs(lo, hi):
+    return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _softplus(x):
+    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unary:
+    """A float elementwise operator: domain, bounds of the result, kinks, smoothness."""
+
+    bounds: Callable
+    domain: tuple = (-INF, INF)
+    kinks: tuple = ()
+    smooth: bool = True  # False: piecewise constant / discontinuous (never in smooth mode)
+    attrs: dict = dataclasses.field(default_factory=dict)
+
+
+UNARY: dict[str, Unary] = {
+    "negative": Unary(_anti(lambda x: -x)),
+    "tanh": Unary(_mono(math.tanh)),
+    "sigmoid": Unary(_mono(_sigmoid)),
+    "sin": Unary(lambda lo, hi: (-1.0, 1.0)),
+    "cos": Unary(lambda lo, hi: (-1.0, 1.0)),
+    "exp": Unary(_mono(math.exp), domain=(-INF, 3.0)),
+    "log": Unary(_mono(math.log), domain=(0.2, INF)),
+    "log2": Unary(_mono(math.log2), domain=(0.2, INF)),
+    "log1p": Unary(_mono(math.log1p), domain=(-0.5, INF)),
+    "sqrt": Unary(_mono(math.sqrt), domain=(0.2, INF)),
+    "rsqrt": Unary(_anti(lambda x: 1 / math.sqrt(x)), domain=(0.2, INF)),
+    "reciprocal": Unary(_anti(lambda x: 1 / x), domain=(0.2, INF)),
+    "square": Unary(_sq),
+    "abs": Unary(_abs, kinks=(0.0,)),
+    "tan": Unary(_mono(math.tan), domain=(-1.1, 1.1)),
+    "erf": Unary(_mono(math.erf)),
+    "copy": Unary(_mono(lambda x: x)),
+    "nn.relu": Unary(_mono(lambda x: max(x, 0.0)), kinks=(0.0,)),
+    "nn.leaky_relu": Unary(_mono(lambda x: x if x > 0 else 0.1 * x), kinks=(0.0,), attrs={"alpha": 0.1}),
+    "nn.silu": Unary(lambda lo, hi: (min(lo, -0.3), max(hi, 0.0))),
+    "nn.gelu": Unary(lambda lo, hi: (min(lo, -0.2), max(hi, 0.0))),
+    "nn.softplus": Unary(_mono(_softplus)),
+    "clip": Unary(lambda lo, hi: (max(min(lo, 1.0), -1.0), min(max(hi, -1.0), 1.0)), kinks=(-1.0, 1.0), attrs={"a_min": -1.0, "a_max": 1.0}),
+    "floor": Unary(lambda lo, hi: (math.floor(lo), math.floor(hi)), smooth=False),
+    "ceil": Unary(lambda lo, hi: (math.ceil(lo), math.ceil(hi)), smooth=False),
+    "round": Unary(lambda lo, hi: (math.floor(lo), math.ceil(hi)), smooth=False),
+    "sign": Unary(lambda lo, hi: (-1.0, 1.0), smooth=False),
+}
+
+
+def _mul(a, b):
+    ps = [a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]]
+    return min(ps), max(ps)
+
+
+# binary broadcasting operators: name -> (bounds, rhs domain, smooth_needs_disjoint, int_ok)
+BINARY: dict[str, tuple] = {
+    "add": (lambda a, b: (a[0] + b[0], a[1] + b[1]), None, False, True),
+    "subtract": (lambda a, b: (a[0] - b[1], a[1] - b[0]), None, False, True),
+    "multiply": (_mul, None, False, True),
+    "divide": (lambda a, b: _mul(a, (1 / b[1], 1 / b[0])), (0.3, INF), False, False),
+    "power": (lambda a, b: (0.0, max(a[1], 1.0) ** 2 + 1.0), (-1.0, 1.0), False, False),
+    "maximum": (lambda a, b: (max(a[0], b[0]), max(a[1], b[1])), None, True, True),
+    "minimum": (lambda a, b: (min(a[0], b[0]), min(a[1], b[1])), None, True, True),
+}
+POWER_BASE = (0.3, 3.0)
+
+# reductions: name -> (bounds(lo, hi, n), smooth)
+REDUCE: dict[str, tuple] = {
+    "sum": (lambda lo, hi, n: (lo * n, hi * n), True),
+    "mean": (lambda lo, hi, n: (lo, hi), True),
+    "max": (lambda lo, hi, n: (lo, hi), False),
+    "min": (lambda lo, hi, n: (lo, hi), False),
+    "prod": (lambda lo, hi, n: (-max(abs(lo), abs(hi), 1.0) ** n, max(abs(lo), abs(hi), 1.0) ** n), True),
+    "logsumexp": (lambda lo, hi, n: (lo, hi + math.log(max(n, 1))), True),
+    "variance": (lambda lo, hi, n: (0.0, (hi - lo) ** 2), True),
+}
+
+COMPARE = ("greater", "less", "greater_equal", "less_equal", "equal", "not_equal")
+
+
+# ------------------------------------------------------------------ the function builder
+
+
+class _Builder:
+    """Builds one function: a pool of values, new parameters on demand."""
+
+    def __init__(self, src: _RandomSource, cfg: "Config", helpers: list, name: str):
+        self.src = src
+        self.cfg = cfg
+        self.helpers = helpers  # [(GlobalVar, Function, result Val/TupleVal)]
+        self.name = name
+        self.params: list[Var] = []
+        self.pool: list[Val] = []
+        self.tuples: list[TupleVal] = []
+        self.used: set[int] = set()
+        self.record = True
+        self.mod = IRModule({gv: fn for gv, fn, _ in helpers}) if helpers else None
+
+    # -- basics
+    def typed(self, e: Expr) -> Expr:
+        infer_expr(e, self.mod)
+        return e
+
+    def add(self, v):
+        if self.record:
+            (self.tuples if isinstance(v, TupleVal) else self.pool).append(v)
+        return v
+
+    def make(self, e: Expr, lo: float, hi: float) -> Val:
+        t = self.typed(e).checked_type
+        return Val(e, t.shape, t.dtype, float(lo), float(hi))
+
+    def call(self, name: str, args: list, lo: float, hi: float, **attrs) -> Val:
+        for a in args:
+            self.used.add(id(a.expr))
+        op = get_op(name)
+        return self.make(Call(op, [a.expr for a in args], op.make_attrs(**attrs)), lo, hi)
+
+    def random_shape(self, max_rank: int = 3) -> tuple:
+        rank = self.src.choice((0, 1, 1, 2, 2, 2, 3, 3)[: 2 + 2 * max_rank])
+        return tuple(self.src.choice((1, 2, 3, 3, 4)) for _ in range(rank))
+
+    def new_param(self, shape: tuple, dtype: str) -> Val:
+        p = Var(f"p{len(self.params)}", TensorType(shape, dtype))
+        self.params.append(p)
+        lo, hi = (0.0, 1.0) if dtype == "bool" else INT_RANGE if dtype.startswith("int") else FLOAT_RANGE
+        return self.add(self.make(p, lo, hi))
+
+    def new_const(self, shape: tuple, dtype: str) -> Val:
+        rng = np.random.default_rng(self.src.int(0, 2**16))
+        if dtype.startswith("int"):
+            data = rng.integers(-2, 3, size=shape).astype(dtype)
+        else:
+            data = np.round(rng.uniform(-1.0, 1.0, size=shape), 2).astype(dtype)
+        lo, hi = (float(data.min()), float(data.max())) if data.size else (0.0, 0.0)
+        return self.make(Constant(data), lo, hi)
+
+    def pick(self, pred: Callable[[Val], bool]) -> Optional[Val]:
+        """A pool value satisfying ``pred``: unused and recent ones are preferred."""
+        cands = [v for v in self.pool if pred(v)]
+        if not cands:
+            return None
+        unused = [v for v in cands if id(v.expr) not in self.used]
+        if unused and self.src.coin(0.6):
+            cands = unused
+        return cands[max(0, len(cands) - 1 - self.src.int(0, 3))] if self.src.coin(0.6) else self.src.choice(cands)
+
+    def operand(self, dtype: str, shape: Optional[tuple] = None) -> Val:
+        """A value of ``dtype`` (and ``shape``): from the pool, or a new parameter or constant."""
+        v = self.pick(lambda v: v.dtype == dtype and (shape is None or v.shape == shape))
+        if v is not None and self.src.coin(0.85):
+            return v
+        shape = self.random_shape() if shape is None else shape
+        if self.src.coin(0.2) and len(shape) <= 1:
+            return self.new_const(shape, dtype)
+        return self.new_param(shape, dtype)
+
+    def float_dtype(self) -> str:
+        return self.src.choice(self.cfg.float_dtypes)
+
+    # -- domain fixing
+    def squash(self, v: Val) -> Val:
+        """``tanh(v)``: entries in [-1, 1]."""
+        return self.call("tanh", [v], math.tanh(v.lo), math.tanh(v.hi))
+
+    def positive(self, v: Val) -> Val:
+        """Entries in [0.37, 2.72] (``exp(tanh(v))``) or [0.5, 1.5] (``sigmoid(v) + 0.5``)."""
+        if self.src.coin(0.5) or not has_op("sigmoid"):
+            s = self.squash(v)
+            return self.call("exp", [s], math.exp(s.lo), math.exp(s.hi))
+        s = self.call("sigmoid", [v], _sigmoid(v.lo), _sigmoid(v.hi))
+        half = self.make(Constant(np.array(0.5, s.dtype)), 0.5, 0.5)
+        return self.call("add", [s, half], s.lo + 0.5, s.hi + 0.5)
+
+    def into(self, v: Val, lo: float, hi: float) -> Val:
+        """``v`` made to fit [lo, hi] (a domain-fixing operand if needed)."""
+        if lo <= v.lo and v.hi <= hi:
+            return v
+        if lo <= -1.0 and hi >= 1.0:
+            return self.squash(v)
+        if lo <= 0.37 and hi >= 2.72 or lo <= 0.5 and hi >= 1.5:
+            return self.positive(v)
+        raise PullbackError(f"generator: no domain fixer for [{lo}, {hi}]")
+
+    def away_from(self, v: Val, kinks: tuple) -> Val:
+        """In smooth mode: ``v`` whose interval keeps ``MARGIN`` from every kink."""
+        if not self.cfg.smooth or all(k < v.lo - MARGIN or k > v.hi + MARGIN for k in kinks):
+            return v
+        for w in (self.squash(v), None):
+            if w is None:
+                w = self.positive(v)
+            if all(k < w.lo - MARGIN or k > w.hi + MARGIN for k in kinks):
+                return w
+        s = self.squash(v)  # [-1, 1] -> [1.5, 2.5]: clear of kinks in [-1, 1]
+        two = self.make(Constant(np.array(2.0, s.dtype)), 2.0, 2.0)
+        s = self.call("multiply", [s, self.make(Constant(np.array(0.5, s.dtype)), 0.5, 0.5)], s.lo * 0.5, s.hi * 0.5)
+        return self.call("add", [s, two], s.lo + 2.0, s.hi + 2.0)
+
+    def bounded(self, v: Val) -> Val:
+        return v if -LIMIT < v.lo and v.hi < LIMIT else self.squash(v)
+
+    # -- broadcasting partners
+    def partner_shape(self, shape: tuple) -> tuple:
+        """A shape that broadcasts with ``shape``."""
+        k = self.src.int(0, 5)
+        if k <= 1:
+            return shape
+        if k == 2:
+            return ()
+        if k == 3:
+            return shape[self.src.int(0, len(shape)):]
+        if k == 4:
+            return tuple(1 if self.src.coin(0.5) else d for d in shape)
+        return (self.src.choice((1, 2)),) + tuple(d if d != 1 else self.src.choice((1, 3)) for d in shape)
+
+    def partner(self, v: Val) -> Val:
+        shape = self.partner_shape(v.shape)
+        w = self.pick(lambda w: w.dtype == v.dtype and w is not v and _broadcastable(w.shape, v.shape))
+        if w is not None and self.src.coin(0.5):
+            return w
+        if not shape or self.src.coin(0.3):
+            return self.new_const(shape, v.dtype)
+        return self.operand(v.dtype, shape)
+
+
+def _broadcastable(a: tuple, b: tuple) -> bool:
+    try:
+        np.broadcast_shapes(a, b)
+        return True
+    except ValueError:
+        return False
+
+
+def _numel(shape: tuple) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+# ------------------------------------------------------------------ actions
+
+
+def act_unary(b: _Builder) -> Optional[Val]:
+    names = [n for n, u in UNARY.items() if has_op(n) and (u.smooth or not b.cfg.smooth)]
+    name = b.src.choice(names)
+    u = UNARY[name]
+    v = b.operand(b.float_dtype()) if b.src.coin(0.2) else b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    v = b.away_from(b.into(v, *u.domain), u.kinks)
+    lo, hi = u.bounds(v.lo, v.hi)
+    if not (-LIMIT < lo and hi < LIMIT):
+        v = b.squash(v)
+        lo, hi = u.bounds(v.lo, v.hi)
+    return b.call(name, [v], min(lo, hi), max(lo, hi), **u.attrs)
+
+
+def act_binary(b: _Builder) -> Optional[Val]:
+    ints = b.cfg.allow_int and b.src.coin(0.15)
+    names = [n for n, e in BINARY.items() if has_op(n) and (e[3] or not ints)]
+    name = b.src.choice(names)
+    bounds, rhs_domain, kinky, _ = BINARY[name]
+    dtype = "int32" if ints else b.float_dtype()
+    a = b.pick(lambda v: v.dtype == dtype) or b.operand(dtype)
+    c = b.partner(a)
+    if b.src.coin(0.5):
+        a, c = c, a
+    if name == "power":
+        a = b.into(a, *POWER_BASE)
+    if rhs_domain is not None:
+        c = b.into(c, *rhs_domain)
+    if kinky and b.cfg.smooth and not (a.hi + MARGIN < c.lo or c.hi + MARGIN < a.lo):
+        c = b.call("add", [b.squash(c), b.make(Constant(np.array(3.0, c.dtype)), 3.0, 3.0)], 2.0, 4.0)
+        a = b.squash(a)
+    lo, hi = bounds((a.lo, a.hi), (c.lo, c.hi))
+    if not (-LIMIT < lo and hi < LIMIT):
+        if ints:
+            return None
+        a, c = b.squash(a), (c if rhs_domain is not None else b.squash(c))
+        lo, hi = bounds((a.lo, a.hi), (c.lo, c.hi))
+    return b.call(name, [a, c], lo, hi)
+
+
+def _axes(b: _Builder, ndim: int):
+    """None, an int or a tuple of distinct axes (possibly negative)."""
+    if ndim == 0 or b.src.coin(0.25):
+        return None
+    if b.src.coin(0.5):
+        return b.src.int(-ndim, ndim - 1)
+    return tuple(sorted({b.src.int(0, ndim - 1) for _ in range(b.src.int(1, ndim))}))
+
+
+def act_reduce(b: _Builder) -> Optional[Val]:
+    names = [n for n, (_, s) in REDUCE.items() if has_op(n) and (s or not b.cfg.smooth)]
+    name = b.src.choice(names)
+    v = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    axis = _axes(b, len(v.shape))
+    keep = b.src.coin(0.4)
+    axes = range(len(v.shape)) if axis is None else [axis] if isinstance(axis, int) else axis
+    n = _numel(tuple(v.shape[a] for a in axes))
+    if name == "prod":
+        v = b.squash(v) if n > 2 else v
+    lo, hi = REDUCE[name][0](v.lo, v.hi, n)
+    if not (-LIMIT < lo and hi < LIMIT):
+        v = b.squash(v)
+        lo, hi = REDUCE[name][0](v.lo, v.hi, n)
+        if not (-LIMIT < lo and hi < LIMIT):
+            return None
+    return b.call(name, [v], lo, hi, axis=axis, keepdims=keep)
+
+
+def _factor(b: _Builder, n: int) -> tuple:
+    dims = []
+    while n > 1 and len(dims) < 3:
+        divs = [d for d in range(2, n + 1) if n % d == 0]
+        d = b.src.choice(divs)
+        dims.append(d)
+        n //= d
+    if n > 1:
+        dims[-1] *= n
+    if b.src.coin(0.3):
+        dims.insert(b.src.int(0, len(dims)), 1)
+    return tuple(dims)
+
+
+def act_shape(b: _Builder) -> Optional[Val]:
+    """reshape / transpose / expand_dims / squeeze / flip / broadcast_to / tile / repeat / strided_slice."""
+    v = b.pick(lambda v: v.dtype != "bool") or b.operand(b.float_dtype())
+    nd = len(v.shape)
+    kind = b.src.choice(("reshape", "transpose", "expand_dims", "squeeze", "flip", "broadcast_to", "tile",
+                         "repeat", "strided_slice"))
+    if not has_op(kind):
+        return None
+    if kind == "reshape":
+        shape = list(_factor(b, _numel(v.shape)))
+        if shape and b.src.coin(0.3):
+            shape[b.src.int(0, len(shape) - 1)] = -1
+        return b.call(kind, [v], v.lo, v.hi, newshape=tuple(shape))
+    if kind == "transpose":
+        axes = None if b.src.coin(0.3) else _perm(b, nd)
+        return b.call(kind, [v], v.lo, v.hi, axes=axes)
+    if kind == "expand_dims":
+        return b.call(kind, [v], v.lo, v.hi, axis=b.src.int(-nd - 1, nd), num_newaxis=b.src.int(0, 2))
+    if kind == "squeeze":
+        ones = [i for i, d in enumerate(v.shape) if d == 1]
+        axis = None if not ones or b.src.coin(0.4) else tuple(sorted({b.src.choice(ones) for _ in ones}))
+        return b.call(kind, [v], v.lo, v.hi, axis=axis)
+    if kind == "flip":
+        return b.call(kind, [v], v.lo, v.hi, axis=b.src.int(0, nd - 1)) if nd else None
+    if kind == "broadcast_to":
+        shape = tuple(d if d != 1 else b.src.choice((1, 2, 3)) for d in v.shape)
+        return b.call(kind, [v], v.lo, v.hi, shape=(2,) * b.src.int(0, 1) + shape)
+    if kind == "tile":
+        return b.call(kind, [v], v.lo, v.hi, reps=tuple(b.src.int(1, 2) for _ in range(b.src.int(1, max(nd, 1)))))
+    if kind == "repeat":
+        return b.call(kind, [v], v.lo, v.hi, repeats=b.src.int(1, 3), axis=b.src.int(-nd, nd - 1)) if nd else None
+    if nd == 0:
+        return None
+    ax = b.src.int(0, nd - 1)
+    begin = b.src.int(0, v.shape[ax] - 1) if v.shape[ax] else 0
+    return b.call(kind, [v], v.lo, v.hi, begin=(begin,), end=(v.shape[ax],), axes=(ax,))
+
+
+def _perm(b: _Builder, nd: int) -> tuple:
+    rest = list(range(nd))
+    out = []
+    while rest:
+        out.append(rest.pop(b.src.int(0, len(rest) - 1)))
+    return tuple(out)
+
+
+def act_join(b: _Builder) -> Optional[Val]:
+    """concatenate / stack of two values; split into a tuple."""
+    kind = b.src.choice(("concatenate", "stack", "split"))
+    if not has_op(kind):
+        return None
+    v = b.pick(lambda v: v.is_float and len(v.shape) >= 1) or b.operand(b.float_dtype(), (2, 3))
+    nd = len(v.shape)
+    ax = b.src.int(0, nd - 1)
+    if kind == "split":
+        d = v.shape[ax]
+        secs = [s for s in (2, 3) if d % s == 0 and d >= s]
+        if not secs:
+            return None
+        s = b.src.choice(secs)
+        sp = Call(get_op("split"), [v.expr], get_op("split").make_attrs(s, ax))
+        b.used.add(id(v.expr))
+        t = b.typed(sp).checked_type
+        fields = [Val(TupleGetItem(sp, i), f.shape, f.dtype, v.lo, v.hi) for i, f in enumerate(t.fields)]
+        b.add(TupleVal(sp, fields))
+        i = b.src.int(0, s - 1)
+        return b.make(fields[i].expr, v.lo, v.hi)
+    if kind == "stack":
+        w = b.operand(v.dtype, v.shape)
+        return b.call(kind, [v, w], min(v.lo, w.lo), max(v.hi, w.hi), axis=b.src.int(0, nd))
+    shape = v.shape[:ax] + (b.src.int(1, 3),) + v.shape[ax + 1:]
+    w = b.operand(v.dtype, shape)
+    lst = [v, w] if b.src.coin(0.5) else [w, v, w]
+    for a in lst:
+        b.used.add(id(a.expr))
+    op = get_op("concatenate")
+    e = Call(op, [a.expr for a in lst], op.make_attrs(axis=ax - nd if b.src.coin(0.3) else ax))
+    return b.make(e, min(v.lo, w.lo), max(v.hi, w.hi))
+
+
+def act_linalg(b: _Builder) -> Optional[Val]:
+    """nn.dense / nn.matmul / nn.batch_matmul / softmax / log_softmax."""
+    kind = b.src.choice(("nn.dense", "nn.matmul", "nn.batch_matmul", "nn.softmax", "nn.log_softmax"))
+    if not has_op(kind):
+        return None
+    dt = b.float_dtype()
+    if kind in ("nn.softmax", "nn.log_softmax"):
+        v = b.pick(lambda v: v.dtype == dt and len(v.shape) >= 1) or b.operand(dt, (2, 3))
+        v = b.bounded(v)
+        lo = 0.0 if kind == "nn.softmax" else -(v.hi - v.lo) - math.log(max(v.shape[-1], 1)) - 1
+        return b.call(kind, [v], lo, 1.0 if kind == "nn.softmax" else 0.0, axis=b.src.int(-len(v.shape), len(v.shape) - 1))
+    want = 3 if kind == "nn.batch_matmul" else 2
+    v = b.pick(lambda v: v.dtype == dt and (len(v.shape) == want or kind == "nn.dense" and len(v.shape) >= 1))
+    if v is None:
+        v = b.operand(dt, (2,) * (want - 2) + (b.src.int(1, 3), b.src.int(1, 4)))
+    v = b.squash(v) if max(abs(v.lo), abs(v.hi)) > 2 else v
+    k = v.shape[-1]
+    n = b.src.int(1, 3)
+    if kind == "nn.dense":
+        w = b.squash(b.operand(dt, (n, k)))
+        return b.call(kind, [v, w], -k * 2.0, k * 2.0)
+    if kind == "nn.matmul":
+        w = b.squash(b.operand(dt, (k, n)))
+        return b.call(kind, [v, w], -k * 2.0, k * 2.0)
+    w = b.squash(b.operand(dt, (v.shape[0], n, k)))
+    return b.call(kind, [v, w], -k * 2.0, k * 2.0)
+
+
+def act_like(b: _Builder) -> Optional[Val]:
+    """The operators AD leaves behind, and identities ``x + 0`` / ``x * 1`` for the clean-up passes."""
+    v = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    kind = b.src.choice(("zeros_like", "ones_like", "broadcast_to_like", "collapse_sum_like", "reshape_like",
+                         "cast_like", "x+0", "x*1", "x*1.0"))
+    if kind in ("zeros_like", "ones_like") and has_op(kind):
+        c = 0.0 if kind == "zeros_like" else 1.0
+        return b.call(kind, [v], c, c)
+    if kind == "broadcast_to_like" and has_op(kind):
+        big = b.pick(lambda w: w.dtype == v.dtype and w is not v and np.broadcast_shapes(v.shape, w.shape) == w.shape if _broadcastable(v.shape, w.shape) else False)
+        return b.call(kind, [v, big], v.lo, v.hi) if big is not None else None
+    if kind == "collapse_sum_like" and has_op(kind):
+        small = b.pick(lambda w: w.dtype == v.dtype and w is not v and _broadcastable(w.shape, v.shape) and np.broadcast_shapes(v.shape, w.shape) == v.shape)
+        if small is None:
+            return None
+        n = _numel(v.shape) // max(_numel(small.shape), 1)
+        v = b.bounded(v)
+        return b.call(kind, [v, small], v.lo * n, v.hi * n)
+    if kind == "reshape_like" and has_op(kind):
+        other = b.pick(lambda w: w is not v and _numel(w.shape) == _numel(v.shape))
+        return b.call(kind, [v, other], v.lo, v.hi) if other is not None else None
+    if kind == "cast_like" and has_op(kind) and len(b.cfg.float_dtypes) > 1:
+        other = b.pick(lambda w: w.is_float and w.dtype != v.dtype)
+        return b.call(kind, [v, other], v.lo, v.hi) if other is not None else None
+    if kind == "x+0" and has_op("zeros_like"):
+        return b.call("add", [v, b.call("zeros_like", [v], 0.0, 0.0)], v.lo, v.hi)
+    if kind == "x*1" and has_op("ones"):
+        one = b.make(Call(get_op("ones"), [], get_op("ones").make_attrs(shape=v.shape, dtype=v.dtype)), 1.0, 1.0)
+        return b.call("multiply", [one, v] if b.src.coin(0.5) else [v, one], v.lo, v.hi)
+    if kind == "x*1.0":
+        return b.call("multiply", [v, b.make(Constant(np.array(1.0, v.dtype)), 1.0, 1.0)], v.lo, v.hi)
+    return None
+
+
+def act_cast(b: _Builder) -> Optional[Val]:
+    """float32 <-> float64, int32 -> float."""
+    if not has_op("cast"):
+        return None
+    if b.cfg.allow_int and b.src.coin(0.4):
+        v = b.pick(lambda v: v.dtype == "int32") or b.new_param(b.random_shape(), "int32")
+        return b.call("cast", [v], v.lo, v.hi, dtype=b.float_dtype())
+    if len(b.cfg.float_dtypes) < 2:
+        return None
+    v = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    other = [d for d in b.cfg.float_dtypes if d != v.dtype]
+    return b.call("cast", [v], v.lo, v.hi, dtype=b.src.choice(other))
+
+
+def condition(b: _Builder) -> Val:
+    """A bool scalar: a bool parameter, or a comparison of two reduced scalars
+    (int values in smooth mode, so gradients never cross a branch switch)."""
+    if b.src.coin(0.4) or not has_op("greater"):
+        v = b.pick(lambda v: v.dtype == "bool" and v.shape == ())
+        return v if v is not None else b.new_param((), "bool")
+    dtype = "int32" if b.cfg.smooth or not b.cfg.float_dtypes else b.src.choice(("int32",) + b.cfg.float_dtypes)
+    sides = []
+    for _ in range(2):
+        v = b.pick(lambda v: v.dtype == dtype) or b.operand(dtype)
+        sides.append(b.call("sum", [v], -INF, INF) if v.shape else v)
+    return b.call(b.src.choice([c for c in COMPARE if has_op(c)]), sides, 0.0, 1.0)
+
+
+def act_where(b: _Builder) -> Optional[Val]:
+    if not has_op("where"):
+        return None
+    cond = condition(b)
+    if b.src.coin(0.5) and has_op("greater") and (not b.cfg.smooth or b.cfg.allow_int):
+        dt = "int32" if b.cfg.smooth else b.float_dtype()
+        x = b.pick(lambda v: v.dtype == dt and len(v.shape) >= 1) or b.operand(dt, (2, 3))
+        cond = b.call("greater", [x, b.make(Constant(np.array(0, dt)), 0, 0)], 0, 1)
+    a = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    c = b.partner(a)
+    return b.call("where", [cond, a, c], min(a.lo, c.lo), max(a.hi, c.hi))
+
+
+def act_tuple(b: _Builder) -> Optional[Val]:
+    """A tuple of values (sometimes nested), then one field of some tuple."""
+    if b.tuples and b.src.coin(0.5):
+        t = b.src.choice(b.tuples)
+    else:
+        fields = [b.pick(lambda v: True) or b.operand(b.float_dtype()) for _ in range(b.src.int(1, 3))]
+        if b.tuples and b.src.coin(0.3):
+            fields.append(b.src.choice(b.tuples))
+        for f in fields:
+            b.used.add(id(f.expr))
+        t = b.add(TupleVal(b.typed(Tuple([f.expr for f in fields])), fields))
+    b.used.add(id(t.expr))
+    while True:
+        i = b.src.int(0, len(t.fields) - 1)
+        f = t.fields[i]
+        e = b.typed(TupleGetItem(t.expr, i))
+        if isinstance(f, TupleVal):
+            t = TupleVal(e, f.fields)
+            continue
+        return Val(e, f.shape, f.dtype, f.lo, f.hi)
+
+
+def _branch(b: _Builder, v: Val) -> Val:
+    """A shape-preserving chain of 0..2 unary operators on ``v``, built outside the pool."""
+    record, b.record = b.record, b.src.coin(0.15)
+    try:
+        for _ in range(b.src.int(0, 2)):
+            names = [n for n, u in UNARY.items() if has_op(n) and (u.smooth or not b.cfg.smooth)]
+            u = UNARY[name := b.src.choice(names)]
+            v = b.away_from(b.into(v, *u.domain), u.kinks)
+            if not v.is_float:
+                break
+            lo, hi = u.bounds(v.lo, v.hi)
+            if not (-LIMIT < lo and hi < LIMIT):
+                v = b.squash(v)
+                lo, hi = u.bounds(v.lo, v.hi)
+            v = b.call(name, [v], min(lo, hi), max(lo, hi), **u.attrs)
+    finally:
+        b.record = record
+    return v
+
+
+def act_if(b: _Builder) -> Optional[Val]:
+    if not b.cfg.allow_if:
+        return None
+    cond = condition(b)
+    v = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    w = b.pick(lambda w: w.dtype == v.dtype and w.shape == v.shape) or v
+    t, f = _branch(b, v), _branch(b, w)
+    if b.src.coin(0.25):  # tuple-valued If
+        t2, f2 = _branch(b, w), _branch(b, v)
+        e = If(cond.expr, Tuple([t.expr, t2.expr]), Tuple([f.expr, f2.expr]))
+        b.used.update({id(cond.expr), id(v.expr), id(w.expr)})
+        b.typed(e)
+        fields = [Val(TupleGetItem(e, 0), t.shape, t.dtype, min(t.lo, f.lo), max(t.hi, f.hi)),
+                  Val(TupleGetItem(e, 1), t2.shape, t2.dtype, min(t2.lo, f2.lo), max(t2.hi, f2.hi))]
+        tv = b.add(TupleVal(e, fields))
+        i = b.src.int(0, 1)
+        return b.make(TupleGetItem(tv.expr, i), fields[i].lo, fields[i].hi)
+    b.used.update({id(cond.expr), id(v.expr), id(w.expr)})
+    return b.make(If(cond.expr, t.expr, f.expr), min(t.lo, f.lo), max(t.hi, f.hi))
+
+
+def act_call(b: _Builder) -> Optional[Val]:
+    """A call to an earlier global function; float arguments squashed into its input range."""
+    if not b.helpers:
+        return None
+    gv, fn, res = b.src.choice(b.helpers)
+    args = []
+    for p in fn.params:
+        t = p.type_annotation
+        v = b.pick(lambda v: v.dtype == t.dtype and v.shape == t.shape)
+        if v is None or v.dtype.startswith("int") and not (INT_RANGE[0] <= v.lo and v.hi <= INT_RANGE[1]):
+            v = b.operand(t.dtype, t.shape) if t.dtype == "bool" else b.new_param(t.shape, t.dtype)
+        elif v.is_float and not (FLOAT_RANGE[0] <= v.lo and v.hi <= FLOAT_RANGE[1]):
+            v = b.squash(v)
+        args.append(v)
+        b.used.add(id(v.expr))
+    e = b.typed(Call(gv, [a.expr for a in args]))
+    if isinstance(res, TupleVal):
+        tv = b.add(TupleVal(e, [dataclasses.replace(f, expr=TupleGetItem(e, i)) for i, f in enumerate(res.fields)]))
+        i = b.src.int(0, len(tv.fields) - 1)
+        f = tv.fields[i]
+        if isinstance(f, TupleVal):
+            return None
+        return b.make(f.expr, f.lo, f.hi)
+    return b.make(e, res.lo, res.hi)
+
+
+# action table: (name, weight, builder)
+ACTIONS: list[tuple[str, int, Callable]] = [
+    ("unary", 6, act_unary),
+    ("binary", 7, act_binary),
+    ("reduce", 2, act_reduce),
+    ("shape", 3, act_shape),
+    ("join", 1, act_join),
+    ("linalg", 1, act_linalg),
+    ("like", 2, act_like),
+    ("cast", 1, act_cast),
+    ("where", 1, act_where),
+    ("tuple", 1, act_tuple),
+    ("if", 1, act_if),
+    ("call", 2, act_call),
+]
+
+
+# ------------------------------------------------------------------ programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    max_nodes: int = 12
+    float_dtypes: tuple = ("float32",)
+    allow_int: bool = True
+    allow_if: bool = True
+    allow_calls: bool = True
+    allow_any: bool = True
+    smooth: bool = False
+
+
+def _config(max_nodes, dtypes, allow_if, allow_calls, allow_any, smooth) -> Config:
+    dtypes = tuple(dtypes)
+    floats = tuple(d for d in dtypes if d in ("float32", "float64"))
+    if not floats:
+        raise PullbackError(f"programs: dtypes must include float32 or float64, got {dtypes}")
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+        raise PullbackError(f"programs: max_nodes must be a positive int, got {max_nodes!r}")
+    return Config(max_nodes, floats, "int32" in dtypes, allow_if, allow_calls, allow_any, smooth)
+
+
+def _function(src: _RandomSource, cfg: Config, helpers: list, name: str, budget: int) -> tuple[Function, object]:
+    b = _Builder(src, cfg, helpers, name)
+    b.new_param(b.random_shape(), b.float_dtype())
+    actions = [(n, w, f) for n, w, f in ACTIONS if n != "call" or cfg.allow_calls]
+    weights = [w for _, w, _ in actions]
+    total = sum(weights)
+    steps = 0
+    for _ in range(budget * 3):
+        if steps >= budget:
+            break
+        k = src.int(0, total - 1)
+        for (_, w, f) in actions:
+            if k < w:
+                break
+            k -= w
+        v = f(b)
+        if v is not None:
+            b.add(v)
+            steps += 1
+    floats = [v for v in b.pool if v.is_float and not isinstance(v.expr, (Var, Constant))] or [v for v in b.pool if v.is_float]
+    last = floats[-1]
+    unused = [v for v in floats if id(v.expr) not in b.used and v is not last]
+    if src.coin(0.35) and (unused or len(floats) > 1):
+        extra = (unused or floats)[-src.int(1, min(2, len(unused or floats))):]
+        fields = [last] + [v for v in extra if v is not last]
+        res: object = TupleVal(Tuple([f.expr for f in fields]), fields)
+        if src.coin(0.2):
+            res = TupleVal(Tuple([res.expr, last.expr]), [res, last])
+        body = res.expr
+    else:
+        res, body = last, last.expr
+    fn = Function(b.params, body)
+    return fn, res
+
+
+def _generate(src: _RandomSource, cfg: Config) -> IRModule:
+    helpers: list = []
+    if cfg.allow_calls:
+        for k in range(src.int(0, 2)):
+            fn, res = _function(src, dataclasses.replace(cfg, allow_calls=k > 0), helpers, f"f{k}", max(2, cfg.max_nodes // 3))
+            helpers.append((GlobalVar(f"f{k}"), fn, res))
+    main, _ = _function(src, cfg, helpers, "main", cfg.max_nodes)
+    funcs = {gv: fn for gv, fn, _ in helpers}
+    funcs[GlobalVar("main")] = main
+    mod = IRModule(funcs)
+    if cfg.allow_any:
+        mod = _erase_dims(src, mod)
+    infer_module(mod)
+    return mod
+
+
+def _erase_dims(src: _RandomSource, mod: IRModule) -> IRModule:
+    """Replace some static dims of ``@main``'s tensor parameters by ``Any`` (kept only where
+    type inference still succeeds); the concrete sizes are remembered for ``random_inputs``."""
+    main = mod["main"]
+    erased = {}
+    for p in main.params:
+        t = p.type_annotation
+        picks = [i for i in range(len(t.shape)) if src.coin(0.3)]
+        if picks:
+            erased[p] = picks
+    if not erased:
+        return mod
+
+    def attempt(choice: dict) -> Optional[IRModule]:
+        new_vars = {}
+        for p, dims in choice.items():
+            t = p.type_annotation
+            v = Var(p.name_hint, TensorType(tuple(Any if i in dims else d for i, d in enumerate(t.shape)), t.dtype))
+            _CONCRETE[v] = t.shape
+            new_vars[id(p)] = v
+        fn = transform(main, lambda old, new: new_vars.get(id(old)), into_functions=True)
+        cand = mod.with_function("main", fn)
+        try:
+            infer_module(cand)
+        except TypeInferenceError:
+            return None
+        return cand
+
+    out = attempt(erased)
+    if out is not None:
+        return out
+    kept: dict = {}
+    for p, dims in erased.items():
+        for d in dims:
+            trial = dict(kept)
+            trial[p] = kept.get(p, []) + [d]
+            if attempt(trial) is not None:
+                kept = trial
+    return attempt(kept) if kept else mod
+
+
+def random_program(
+    seed: int,
+    max_nodes: int = 12,
+    dtypes: Sequence[str] = ("float32", "int32"),
+    allow_if: bool = True,
+    allow_calls: bool = True,
+    allow_any: bool = True,
+    smooth: bool = False,
+) -> IRModule:
+    """A random well-typed ``IRModule`` (``@main`` and maybe helpers), determined by ``seed``.
+
+    ``max_nodes`` bounds the number of generated operations per function; ``dtypes``
+    lists the float dtypes to use (``"int32"`` enables integer/bool values);
+    ``smooth=True`` keeps every operator away from kinks (for finite differences).
+    """
+    return _generate(_RandomSource(seed), _config(max_nodes, dtypes, allow_if, allow_calls, allow_any, smooth))
+
+
+def programs(
+    max_nodes: int = 12,
+    dtypes: Sequence[str] = ("float32", "int32"),
+    allow_if: bool = True,
+    allow_calls: bool = True,
+    allow_any: bool = True,
+    smooth: bool = False,
+):
+    """A hypothesis strategy of random well-typed ``IRModule``s (see ``random_program``)."""
+    from hypothesis import strategies as st
+
+    cfg = _config(max_nodes, dtypes, allow_if, allow_calls, allow_any, smooth)
+
+    @st.composite
+    def strategy(draw):
+        return _generate(_DrawSource(draw), cfg)
+
+    return strategy()
+
+
+def _input(t: Type, rng: np.random.Generator, concrete: Optional[tuple]):
+    if isinstance(t, TupleType):
+        return tuple(_input(f, rng, None) for f in t.fields)
+    shape = concrete or tuple(1 if d is Any else d for d in t.shape)
+    if t.dtype == "bool":
+        return rng.random(shape) < 0.5
+    if t.dtype.startswith("int") or t.dtype == "uint8":
+        return rng.integers(INT_RANGE[0], INT_RANGE[1] + 1, size=shape).astype(t.dtype)
+    return rng.uniform(*FLOAT_RANGE, size=shape).astype(t.dtype)
+
+
+def random_inputs(mod: IRModule, seed: int = 0, func: str = "main") -> list:
+    """Arrays for ``mod[func]``'s parameters, in the ranges generated programs are safe on
+    (floats in [-2, 2], ints in [-3, 3]); ``Any`` dims of generated parameters get their
+    original sizes (other ``Any`` dims get 1)."""
+    rng = np.random.default_rng(seed)
+    return [_input(p.type_annotation, rng, _CONCRETE.get(p)) for p in mod[func].params]
+
+
+__all__ = ["programs", "random_program", "random_inputs", "Config", "UNARY", "BINARY", "REDUCE", "ACTIONS"]
