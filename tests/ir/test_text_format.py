@@ -71,6 +71,16 @@ def test_ret_type_printed_when_known():
     roundtrip_module(pb.IRModule.from_expr(f))
 
 
+def test_inferred_module_round_trips():
+    from pullback.analysis import infer_module
+
+    x, c = f32("x", 3), pb.var("c", shape=(), dtype="bool")
+    f = pb.Function([c, x], pb.If(c, op.add(op.exp(op.tanh(x)), x), op.negative(x)))
+    m = infer_module(pb.IRModule.from_expr(f))
+    m2 = roundtrip_module(m)
+    assert m2["main"].ret_type is None
+
+
 def test_repr_uses_text():
     x = f32("x", 3)
     assert repr(op.tanh(x)) == "tanh(%x: Tensor[(3,), float32])"
@@ -321,6 +331,8 @@ def test_spans_on_calls():
     e = pb.parse_expr("%0 = tanh(%x);\n  %1 = add(%0,\n %x);\n  sum(%1, axis=0)")
     assert e.span == "4:3"
     assert e.args[0].span == "2:8" and e.args[0].args[0].span == "1:6"
+    e = pb.parse_expr("%0 = fn (%a) { %a };\n (%0)(%x)")
+    assert e.span == "2:2"
 
 
 def test_comments_and_hand_written_nesting():

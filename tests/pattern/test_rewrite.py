@@ -47,7 +47,6 @@ def test_replacements_are_rewritten_again_with_types():
     x = pb.var("x", shape=(2, 3))
     e = op.exp(x)
     rules = [
-        (is_op("exp")(wildcard().named("x")), lambda n, c: op.add(op.log(op.zeros_like(c["x"])), c["x"]) if False else None),
         (is_op("exp")(wildcard().named("x")), lambda n, c: op.reshape(op.reshape(c["x"], (6,)), (2, 3))),
         (is_op("reshape")(wildcard().named("y").has_shape((2, 3))).has_shape((2, 3)), lambda n, c: c["y"]),
         (is_op("reshape")(is_op("reshape")(wildcard().named("z"))), lambda n, c: op.reshape(c["z"], n.checked_type.shape)),
@@ -55,7 +54,7 @@ def test_replacements_are_rewritten_again_with_types():
     out = rewrite(rules, e)
     assert out is x
     # new nodes got their types
-    y = rewrite(rules[1:2], op.exp(x))
+    y = rewrite(rules[:1], op.exp(x))
     assert all(n.has_type for n in post_order(y))
 
 

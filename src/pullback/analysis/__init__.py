@@ -5,3 +5,4 @@ from .well_formed import check_well_formed, is_well_formed
 from .liveness import Live, liveness, peak_memory, type_bytes
 from .stats import LIKE_OPS, count_identity_arith, count_like_ops, flops, op_histogram, program_stats
 from .fusion import FusionReport, fusion_report  # noqa: F401
+from .saved import saved_bytes  # noqa: F401

@@ -8,6 +8,9 @@ values, ``def @name(...) -> T {...}`` (return type optional), ``// comments``,
 ``const(...)`` literals and ``meta[i]`` with its ``#[metadata]`` section. In
 ``parse_expr`` an undefined ``%x`` is a free variable, annotated at its first
 use (``%x: Tensor[(2, 3), float32]``), and ``@f`` makes a fresh GlobalVar.
+Names are lexically scoped: a branch, a ``fn`` body or its parameters may
+shadow an outer name; defining a name twice in one block is an error. Parsed
+Calls get ``span = "line:column"`` (the position of the callee).
 
 Nothing recurses on the nesting depth: expressions are read by a pushdown
 automaton with an explicit stack of frames, types and literals by small
@@ -74,6 +77,7 @@ _NEED = object()  # a frame asks for the next expression
 
 class _Frame:
     postfix = True  # whether ``.N`` / ``(args)`` may follow the frame's value
+    start = (0, 0)  # line, column where the frame's expression starts
 
     def resume(self, p: "_Parser", value):  # -> _NEED | _Frame | Expr (done)
         raise NotImplementedError
@@ -409,12 +413,14 @@ class _Parser:
         r = root.resume(self, None)
         while True:
             if r is _NEED:
+                start = (self.line, self.col)
                 r = self.primary()
                 if isinstance(r, _Frame):
+                    r.start = start
                     stack.append(r)
                     r = r.resume(self, None)
                     continue
-                value = self.postfix(r)
+                value = self.postfix(r, start)
             elif isinstance(r, _Frame):
                 stack.append(r)
                 r = r.resume(self, None)
@@ -423,14 +429,15 @@ class _Parser:
                 done = stack.pop()
                 if not stack:
                     return r
-                value = self.postfix(r) if done.postfix else r
+                value = self.postfix(r, done.start) if done.postfix else r
             if isinstance(value, _Frame):
                 stack.append(value)
                 r = value.resume(self, None)
                 continue
             r = stack[-1].resume(self, value)
 
-    def postfix(self, value: Expr):
+    def postfix(self, value: Expr, start: tuple):
+        """``.N`` and ``(args)`` after a value starting at ``start`` (line, column)."""
         while True:
             if self.kind == ".":
                 where = (self.line, self.col)
@@ -439,9 +446,10 @@ class _Parser:
                 self.advance()
                 value = self.guard(lambda: TupleGetItem(value, index), where)
             elif self.kind == "(":
-                line, col = self.line, self.col
                 self.advance()
-                return _Call(value, line, col)
+                call = _Call(value, *start)
+                call.start = start
+                return call
             else:
                 return value
 

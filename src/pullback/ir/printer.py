@@ -21,15 +21,16 @@ Format (reads like Relay; ``ir.parser`` reads it back)::
 - Attributes: ``op(args, key=value, ...)`` for every field of the attrs
   dataclass; values are ints, floats (``repr``; ``nan``/``inf``/``-inf``),
   ``True``/``False``/``None``, JSON-quoted strings, tuples ``(1, 2)`` / ``(1,)``.
-- Functions: ``fn [Primitive=1] (%p0: T) -> T { ... }``; a Call of a Function
+- Functions: ``fn [Primitive=1] (%p0: T) -> T { ... }`` (``-> T`` when ``ret_type``
+  is set; an inferred-only return type is not printed, so the round trip is exact); a Call of a Function
   binds the function first (``%3 = fn ...;`` then ``%4 = %3(%a)``). Module
   functions: ``def @name(params) -> T { ... }``, calls ``@f(%0, %1)``; a name
   that is not an identifier is quoted (``@"my-fn"``).
 - Types: ``Tensor[(2, ?), float32]`` (``?`` is ``Any``), ``Tensor[(), float32]``,
   ``Tensor[(3,), float32]``, tuples ``(T1, T2)`` / ``(T,)``, ``fn (T1) -> T2``.
-- Constants with at most 16 elements print inline as ``const(1.5f, dtype)``-free
-  literals ``const(1.5, float32)`` / ``const([[1, 2], [3, 4]], int32)`` whose
-  values parse back bit-exactly (float32 values use the shortest exact digits).
+- Constants with at most 16 elements print inline as ``const(1.5, float32)`` /
+  ``const([[1, 2], [3, 4]], int32)`` / ``const(nan, float32)``, with values that
+  parse back bit-exactly (float16/32 use the shortest digits that round-trip).
   Larger or empty constants, and any whose inline form would not round-trip
   bit-exactly (e.g. a NaN payload), print as ``meta[i]`` and go to a trailing
   section::
@@ -313,11 +314,9 @@ class _Printer:
         if attrs:
             prefix = f"{prefix.rstrip()} [{', '.join(attrs)}] "
         head = f"{prefix}({', '.join(params)})"
+        # only an explicit ret_type: printing an inferred one would make the parsed
+        # function differ (ret_type set vs None) from the printed one
         ret = f.ret_type
-        if ret is None and f._checked_type is not None and isinstance(f._checked_type, FuncType):
-            ret = f._checked_type.ret_type
-        if ret is None and f.body._checked_type is not None:
-            ret = f.body._checked_type
         return head if ret is None else f"{head} -> {type_text(ret)}"
 
     # -- blocks (generators yield nested generators; the driver keeps the stack)
@@ -447,8 +446,8 @@ def _meta_section(meta: list) -> list[str]:
     return ["#[metadata]"] + [meta_line(i, c.data) for i, c in enumerate(meta)]
 
 
-def astext(obj: Union["IRModule", Expr]) -> str:  # noqa: F821
-    """The text of a module, a function or an expression (see the module docstring)."""
+def astext(obj: Union["IRModule", Expr, Type]) -> str:  # noqa: F821
+    """The text of a module, a function, an expression or a type (see the module docstring)."""
     from .module import IRModule
 
     meta: list = []
@@ -461,8 +460,10 @@ def astext(obj: Union["IRModule", Expr]) -> str:  # noqa: F821
         lines = ["\n\n".join(chunks)] if chunks else []
     elif isinstance(obj, Expr):
         lines = _print_unit(obj, meta, meta_index).lines
+    elif isinstance(obj, Type):
+        return type_text(obj)
     else:
-        raise PullbackError(f"astext expects an IRModule or an expression, got {type(obj).__name__}")
+        raise PullbackError(f"astext expects an IRModule, an expression or a type, got {type(obj).__name__}")
     lines += _meta_section(meta)
     return "\n".join(lines) + ("\n" if isinstance(obj, IRModule) and lines else "")
 

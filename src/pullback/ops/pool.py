@@ -150,7 +150,7 @@ def _max_scan(x, a):
         v = win[..., k // kw, k % kw]
         better = v > best  # strict: ties keep the earlier position
         np.copyto(best, v, where=better)
-        idx[better] = k
+        np.copyto(idx, k, where=better)
     return best, idx
 
 
@@ -162,9 +162,20 @@ def _max_pool_compute(x, a):
     return np.ascontiguousarray(_max_scan(x, a)[0], dtype=x.dtype)
 
 
+def _tiles(a, hw, out) -> bool:
+    """True when the windows tile the input exactly (no padding, stride = pool size, no dilation)."""
+    return (a.strides == a.pool_size and a.dilation == (1, 1) and not any(a.padding)
+            and all(out[i] * a.pool_size[i] == hw[i] for i in range(2)))
+
+
 def _max_pool_grad_compute(g, x, a):
     idx, out = _argmax(x, a)
-    kw = a.pool_size[1]
+    kh, kw = a.pool_size
+    if _tiles(a, x.shape[2:], out):  # disjoint windows: write each offset's share in place, no scatter-add
+        res = np.zeros(x.shape[:2] + (out[0], kh, out[1], kw), g.dtype)
+        for k in range(kh * kw):
+            np.copyto(res[:, :, :, k // kw, :, k % kw], g, where=idx == k)
+        return res.reshape(x.shape)
     zero = np.zeros((), g.dtype)
     return _scatter(lambda i, j: np.where(idx == i * kw + j, g, zero), x.shape, a, out, g.dtype)
 

@@ -84,6 +84,46 @@ def _normalize_rules(rules) -> list[_Rule]:
     return out
 
 
+def _root_ops(pattern: DFPattern) -> Optional[frozenset]:
+    """The operators a match's root must call, or None when the pattern may match any node."""
+    from .patterns import AltPattern, CallPattern, OpPattern, _Constrained
+
+    ops: set = set()
+    stack = [pattern]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, _Constrained):
+            stack.append(p.pattern)
+        elif isinstance(p, AltPattern):
+            stack.extend((p.left, p.right))
+        elif isinstance(p, CallPattern) and isinstance(p.op, OpPattern):
+            ops.update(p.op.ops)
+        elif isinstance(p, OpPattern):
+            ops.update(p.ops)
+        else:
+            return None
+    return frozenset(ops)
+
+
+class _RuleIndex:
+    """Rules to try on a node, in table order, skipping those whose root operator cannot match."""
+
+    def __init__(self, table: list):
+        self.table = table
+        self.filters = [_root_ops(r.pattern) for r in table]
+        self.generic = [r for r, f in zip(table, self.filters) if f is None]
+        self.cache: dict[int, list] = {}
+
+    def rules_for(self, node: Expr) -> list:
+        op = node.op if isinstance(node, Call) else None
+        if op is None:
+            return self.generic
+        got = self.cache.get(id(op))
+        if got is None:
+            got = self.cache[id(op)] = [r for r, f in zip(self.table, self.filters) if f is None or op in f]
+        return got
+
+
 class _Typer:
     """Types one node at a time whose operands are typed (no walk over the whole graph)."""
 
@@ -115,6 +155,7 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
     Raises PassError when the rules keep rewriting (more than ``max_rewrites``).
     """
     table = _normalize_rules(rules)
+    index = _RuleIndex(table)
     typer = _Typer(mod)
     done: set[int] = set()  # ids of settled nodes (fixed points)
     fwd: dict[int, Expr] = {}  # id(node) -> what replaces it (may itself be forwarded)
@@ -148,7 +189,7 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
         cur = rebuild(node, resolve)
         typer(cur)
         replacement = None
-        for rule in table:
+        for rule in index.rules_for(cur):
             bound = match_pattern(rule.pattern, cur)
             if bound is None:
                 continue

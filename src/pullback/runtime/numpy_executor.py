@@ -16,7 +16,7 @@ from ..analysis import infer_module
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Expr, Function, GlobalVar
 from ..ir.module import IRModule
-from .plan import CALL1, CALL2, CALLN, FN, GET, IF, JUMP, KERNEL_OPS, MOVE, RET, TUPLE, FunctionPlan
+from .plan import CALL1, CALL2, CALLN, FN, GET, IF, JUMP, KERNEL_OPS, MOVE, RET, TUPLE, FunctionPlan, kernel_label
 from .profile import Profile, Profiler
 from .values import convert_input, describe, find_mismatch, leaves, to_output
 
@@ -34,7 +34,7 @@ def _kernel_error(ins: tuple, slots: list, plan: FunctionPlan, exc: BaseExceptio
         return ExecutionError(f"@{plan.name}: {type(node).__name__} failed: {type(exc).__name__}: {exc}")
     shapes = ", ".join(describe(slots[a]) for a in arg_slots)
     span = f" at {node.span}" if getattr(node, "span", None) else ""
-    return ExecutionError(f"@{plan.name}: kernel of {node.op.name}{span} failed on inputs ({shapes}): {type(exc).__name__}: {exc}")
+    return ExecutionError(f"@{plan.name}: kernel of {kernel_label(node)}{span} failed on inputs ({shapes}): {type(exc).__name__}: {exc}")
 
 
 def _check_output(value, node: Call, plan: FunctionPlan) -> None:
@@ -43,7 +43,7 @@ def _check_output(value, node: Call, plan: FunctionPlan) -> None:
         path, want, got = bad
         span = f" at {node.span}" if getattr(node, "span", None) else ""
         where = f" (field {path[1:]})" if path else ""
-        raise ExecutionError(f"@{plan.name}: kernel of {node.op.name}{span} returned {describe(got)}{where}, "
+        raise ExecutionError(f"@{plan.name}: kernel of {kernel_label(node)}{span} returned {describe(got)}{where}, "
                              f"but its type is {want!r}")
 
 
@@ -144,7 +144,7 @@ def run(plan: FunctionPlan, args: list, check: bool = False, prof: Optional[Prof
 
 def _slow(fn, vals, attrs, node: Call, plan: FunctionPlan, check: bool, prof: Optional[Profiler]):
     """A kernel call with profiling and/or output checking."""
-    value = fn(*vals, attrs) if prof is None else prof.kernel(fn, vals, attrs, node.op.name)
+    value = fn(*vals, attrs) if prof is None else prof.kernel(fn, vals, attrs, kernel_label(node, fn))
     if check:
         _check_output(value, node, plan)
     return value
@@ -177,16 +177,20 @@ class CompiledFunction:
 class Executable:
     """A module compiled for the NumPy executor; ``exe["main"](*arrays)`` runs a function.
 
-    Each function is compiled once, on first use, to a flat plan.
+    Each function is compiled once, on first use, to a flat plan. ``fuse=True``
+    runs each fused group (a call of a ``Primitive=1`` Function) as one kernel that
+    reuses its own buffers (``runtime.fused``); ``fuse=False`` steps through it op by op.
     """
 
     target = "numpy"
 
-    def __init__(self, mod: IRModule, check_outputs: bool = False):
+    def __init__(self, mod: IRModule, check_outputs: bool = False, fuse: bool = True):
         if not all(f._checked_type is not None for _, f in mod.items()):
             infer_module(mod)
         self.mod = mod
         self.check_outputs = check_outputs
+        self.fuse = fuse
+        self._groups: dict = {}
         self._plans: dict[str, FunctionPlan] = {}
         self._fn_plans: dict[int, FunctionPlan] = {}
         self._entries: dict[str, CompiledFunction] = {}
@@ -201,7 +205,7 @@ class Executable:
         if p is None:
             if name not in self.mod:
                 raise ExecutionError(f"the module has no function @{name} (functions: {', '.join('@' + k for k in self.mod)})")
-            p = self._plans[name] = FunctionPlan(name, self.mod[name], self._resolve)
+            p = self._plans[name] = FunctionPlan(name, self.mod[name], self._resolve, self.fuse, self._groups)
         return p
 
     def _resolve(self, callee: Expr) -> FunctionPlan:
@@ -211,7 +215,7 @@ class Executable:
             raise ExecutionError(f"cannot call {callee!r}")
         p = self._fn_plans.get(id(callee))
         if p is None:
-            p = self._fn_plans[id(callee)] = FunctionPlan(f"fn#{callee._uid}", callee, self._resolve)
+            p = self._fn_plans[id(callee)] = FunctionPlan(f"fn#{callee._uid}", callee, self._resolve, self.fuse, self._groups)
         return p
 
     def __getitem__(self, name: str) -> CompiledFunction:

@@ -12,7 +12,8 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
     (CALL1, compute, attrs, a0, out, frees, node)
     (CALL2, compute, attrs, a0, a1, out, frees, node)
     (CALLN, compute, attrs, (a...), out, frees, node)
-    (FN, FunctionPlan, (a...), out, frees, node)      call a module/primitive function
+    (FN, FunctionPlan, (a...), out, frees, node)      call a module function
+    (CALLN, group_kernel, None, (a...), out, frees, node)   a fused group (primitive Function) as one kernel
     (TUPLE, (a...), out, frees, node)
     (GET, src, index, out, frees, node)
     (IF, cond, else_pc, then_frees, else_frees, node)
@@ -31,6 +32,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.scope import Scope, ScopeInfo
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
+from .fused import compile_group, fast_kernel, group_label
 
 CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, JUMP, MOVE, RET = range(10)
 OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "JUMP", "MOVE", "RET")
@@ -44,9 +46,12 @@ class FunctionPlan:
     callees are compiled only when first entered, so recursion is fine.
     """
 
-    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve")
+    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "fuse", "groups")
 
-    def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"]):
+    def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"], fuse: bool = True,
+                 groups: Optional[dict] = None):
+        self.fuse = fuse
+        self.groups = {} if groups is None else groups  # id(primitive Function) -> (kernel, label), shared
         self.name = name
         self.func = func
         self.code: Optional[list] = None
@@ -56,7 +61,7 @@ class FunctionPlan:
 
     def ensure(self) -> "FunctionPlan":
         if self.code is None:
-            self.code, self.template = compile_function(self.func, self.name, self._resolve)
+            self.code, self.template = compile_function(self.func, self.name, self._resolve, self.fuse, self.groups)
         return self
 
     def dump(self) -> str:
@@ -208,18 +213,37 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     return free_after, branch_start, branch_end
 
 
-def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -> tuple[list, list]:
-    """Flat code and slot template for ``fn`` (see the module docstring)."""
+def _group_kernel(fn: Function, groups: dict) -> Callable:
+    entry = groups.get(id(fn))
+    if entry is None:
+        entry = groups[id(fn)] = (compile_group(fn), group_label(fn), fn)  # fn kept: ids stay valid
+    return entry[0]
+
+
+def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
+    """Profile/error name of a kernel call: the op name, or ``fused(op+op+...)`` for a group."""
+    op = node.op
+    if isinstance(op, OpDef):
+        return op.name
+    return kernel.__name__ if kernel is not None else group_label(op) if isinstance(op, Function) else repr(op)
+
+
+def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], fuse: bool = True,
+                     groups: Optional[dict] = None) -> tuple[list, list]:
+    """Flat code and slot template for ``fn`` (see the module docstring).
+
+    ``fuse``: calls to primitive Functions become one kernel each (``fused.compile_group``),
+    compiled once per Function and cached in ``groups``; else they run as called functions."""
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small tuples, no cycles: the cyclic GC would only rescan them
     try:
-        return _compile(fn, name, resolve)
+        return _compile(fn, name, resolve, fuse, {} if groups is None else groups)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -> tuple[list, list]:
+def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], fuse: bool, groups: dict) -> tuple[list, list]:
     where = f"@{name}"
     body = fn.body
     order = post_order(body)
@@ -251,14 +275,17 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan]) -
                 if t is Call or isinstance(n, Call):
                     op = n.op
                     nargs = n.args
-                    if isinstance(op, OpDef):
+                    if isinstance(op, Function) and op.is_primitive and fuse:
+                        emit((CALLN, _group_kernel(op, groups), None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
+                    elif isinstance(op, OpDef):
+                        compute = fast_kernel(op)
                         if len(nargs) == 1:
-                            emit((CALL1, op.compute, n.attrs, slot[id(nargs[0])], out, frees, n))
+                            emit((CALL1, compute, n.attrs, slot[id(nargs[0])], out, frees, n))
                         elif len(nargs) == 2:
-                            emit((CALL2, op.compute, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
+                            emit((CALL2, compute, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
                         else:
                             args = tuple([slot[id(a)] for a in nargs])
-                            emit((CALLN, op.compute, n.attrs, args, out, frees, n))
+                            emit((CALLN, compute, n.attrs, args, out, frees, n))
                     elif isinstance(op, (GlobalVar, Function)):
                         emit((FN, resolve(op), tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     else:

@@ -9,8 +9,8 @@
 
 Typical use in an operator test::
 
-    x = relay_like_var("x", (3, 4))
-    check_grad(Function([x], op.tanh(x)), [np.random.randn(3, 4)])
+    x = pb.var("x", shape=(3, 4))
+    check_grad(pb.Function([x], op.tanh(x)), [np.random.randn(3, 4)])
 """
 
 from __future__ import annotations

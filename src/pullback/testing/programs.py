@@ -216,7 +216,7 @@ class _Builder:
         self.params: list[Var] = []
         self.pool: list[Val] = []
         self.tuples: list[TupleVal] = []
-        self.used: set[int] = set()
+        self.used: set[Expr] = set()
         self.record = True
         self.mod = IRModule({gv: fn for gv, fn, _ in helpers}) if helpers else None
 
@@ -236,7 +236,7 @@ class _Builder:
 
     def call(self, name: str, args: list, lo: float, hi: float, **attrs) -> Val:
         for a in args:
-            self.used.add(id(a.expr))
+            self.used.add(a.expr)
         op = get_op(name)
         return self.make(Call(op, [a.expr for a in args], op.make_attrs(**attrs)), lo, hi)
 
@@ -264,7 +264,7 @@ class _Builder:
         cands = [v for v in self.pool if pred(v)]
         if not cands:
             return None
-        unused = [v for v in cands if id(v.expr) not in self.used]
+        unused = [v for v in cands if v.expr not in self.used]
         if unused and self.src.coin(0.6):
             cands = unused
         return cands[max(0, len(cands) - 1 - self.src.int(0, 3))] if self.src.coin(0.6) else self.src.choice(cands)
@@ -389,7 +389,7 @@ def act_binary(b: _Builder) -> Optional[Val]:
         a = b.into(a, *POWER_BASE)
     if rhs_domain is not None:
         c = b.into(c, *rhs_domain)
-    if kinky and b.cfg.smooth and not (a.hi + MARGIN < c.lo or c.hi + MARGIN < a.lo):
+    if kinky and not ints and b.cfg.smooth and not (a.hi + MARGIN < c.lo or c.hi + MARGIN < a.lo):
         c = b.call("add", [b.squash(c), b.make(Constant(np.array(3.0, c.dtype)), 3.0, 3.0)], 2.0, 4.0)
         a = b.squash(a)
     lo, hi = bounds((a.lo, a.hi), (c.lo, c.hi))
@@ -504,7 +504,7 @@ def act_join(b: _Builder) -> Optional[Val]:
             return None
         s = b.src.choice(secs)
         sp = Call(get_op("split"), [v.expr], get_op("split").make_attrs(s, ax))
-        b.used.add(id(v.expr))
+        b.used.add(v.expr)
         t = b.typed(sp).checked_type
         fields = [Val(TupleGetItem(sp, i), f.shape, f.dtype, v.lo, v.hi) for i, f in enumerate(t.fields)]
         b.add(TupleVal(sp, fields))
@@ -517,7 +517,7 @@ def act_join(b: _Builder) -> Optional[Val]:
     w = b.operand(v.dtype, shape)
     lst = [v, w] if b.src.coin(0.5) else [w, v, w]
     for a in lst:
-        b.used.add(id(a.expr))
+        b.used.add(a.expr)
     op = get_op("concatenate")
     e = Call(op, [a.expr for a in lst], op.make_attrs(axis=ax - nd if b.src.coin(0.3) else ax))
     return b.make(e, min(v.lo, w.lo), max(v.hi, w.hi))
@@ -616,13 +616,14 @@ def condition(b: _Builder) -> Val:
 def act_where(b: _Builder) -> Optional[Val]:
     if not has_op("where"):
         return None
+    a = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
+    c = b.partner(a)
     cond = condition(b)
     if b.src.coin(0.5) and has_op("greater") and (not b.cfg.smooth or b.cfg.allow_int):
         dt = "int32" if b.cfg.smooth else b.float_dtype()
-        x = b.pick(lambda v: v.dtype == dt and len(v.shape) >= 1) or b.operand(dt, (2, 3))
+        shape = b.partner_shape(np.broadcast_shapes(a.shape, c.shape))
+        x = b.pick(lambda v: v.dtype == dt and v.shape == shape) or b.operand(dt, shape)
         cond = b.call("greater", [x, b.make(Constant(np.array(0, dt)), 0, 0)], 0, 1)
-    a = b.pick(lambda v: v.is_float) or b.operand(b.float_dtype())
-    c = b.partner(a)
     return b.call("where", [cond, a, c], min(a.lo, c.lo), max(a.hi, c.hi))
 
 
@@ -635,9 +636,9 @@ def act_tuple(b: _Builder) -> Optional[Val]:
         if b.tuples and b.src.coin(0.3):
             fields.append(b.src.choice(b.tuples))
         for f in fields:
-            b.used.add(id(f.expr))
+            b.used.add(f.expr)
         t = b.add(TupleVal(b.typed(Tuple([f.expr for f in fields])), fields))
-    b.used.add(id(t.expr))
+    b.used.add(t.expr)
     while True:
         i = b.src.int(0, len(t.fields) - 1)
         f = t.fields[i]
@@ -678,14 +679,14 @@ def act_if(b: _Builder) -> Optional[Val]:
     if b.src.coin(0.25):  # tuple-valued If
         t2, f2 = _branch(b, w), _branch(b, v)
         e = If(cond.expr, Tuple([t.expr, t2.expr]), Tuple([f.expr, f2.expr]))
-        b.used.update({id(cond.expr), id(v.expr), id(w.expr)})
+        b.used.update({cond.expr, v.expr, w.expr})
         b.typed(e)
         fields = [Val(TupleGetItem(e, 0), t.shape, t.dtype, min(t.lo, f.lo), max(t.hi, f.hi)),
                   Val(TupleGetItem(e, 1), t2.shape, t2.dtype, min(t2.lo, f2.lo), max(t2.hi, f2.hi))]
         tv = b.add(TupleVal(e, fields))
         i = b.src.int(0, 1)
         return b.make(TupleGetItem(tv.expr, i), fields[i].lo, fields[i].hi)
-    b.used.update({id(cond.expr), id(v.expr), id(w.expr)})
+    b.used.update({cond.expr, v.expr, w.expr})
     return b.make(If(cond.expr, t.expr, f.expr), min(t.lo, f.lo), max(t.hi, f.hi))
 
 
@@ -703,7 +704,7 @@ def act_call(b: _Builder) -> Optional[Val]:
         elif v.is_float and not (FLOAT_RANGE[0] <= v.lo and v.hi <= FLOAT_RANGE[1]):
             v = b.squash(v)
         args.append(v)
-        b.used.add(id(v.expr))
+        b.used.add(v.expr)
     e = b.typed(Call(gv, [a.expr for a in args]))
     if isinstance(res, TupleVal):
         tv = b.add(TupleVal(e, [dataclasses.replace(f, expr=TupleGetItem(e, i)) for i, f in enumerate(res.fields)]))
@@ -777,7 +778,7 @@ def _function(src: _RandomSource, cfg: Config, helpers: list, name: str, budget:
             steps += 1
     floats = [v for v in b.pool if v.is_float and not isinstance(v.expr, (Var, Constant))] or [v for v in b.pool if v.is_float]
     last = floats[-1]
-    unused = [v for v in floats if id(v.expr) not in b.used and v is not last]
+    unused = [v for v in floats if v.expr not in b.used and v is not last]
     if src.coin(0.35) and (unused or len(floats) > 1):
         extra = (unused or floats)[-src.int(1, min(2, len(unused or floats))):]
         fields = [last] + [v for v in extra if v is not last]
@@ -905,4 +906,29 @@ def random_inputs(mod: IRModule, seed: int = 0, func: str = "main") -> list:
     return [_input(p.type_annotation, rng, _CONCRETE.get(p)) for p in mod[func].params]
 
 
-__all__ = ["programs", "random_program", "random_inputs", "Config", "UNARY", "BINARY", "REDUCE", "ACTIONS"]
+def _leaves(value, path: str = "") -> list:
+    out, stack = [], [(path, value)]
+    while stack:
+        p, v = stack.pop()
+        if isinstance(v, (tuple, list)):
+            stack.extend((f"{p}.{i}", f) for i, f in reversed(list(enumerate(v))))
+        else:
+            out.append((p, np.asarray(v)))
+    return out
+
+
+def assert_outputs_close(got, want, what: str = "outputs", rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Same tuple structure, shapes and dtypes; floats within ``rtol``/``atol``, others equal."""
+    a, b = _leaves(got), _leaves(want)
+    if [p for p, _ in a] != [p for p, _ in b]:
+        raise AssertionError(f"{what}: tuple structure differs: {[p for p, _ in a]} vs {[p for p, _ in b]}")
+    for (p, x), (_, y) in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            raise AssertionError(f"{what}{p}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}")
+        if x.dtype.kind == "f":
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"{what}{p}")
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=f"{what}{p}")
+
+
+__all__ = ["programs", "random_program", "random_inputs", "assert_outputs_close", "Config", "UNARY", "BINARY", "REDUCE", "ACTIONS"]

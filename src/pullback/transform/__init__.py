@@ -13,3 +13,4 @@ from .cse import EliminateCommonSubexpr  # noqa: F401
 from .fold_constant import FoldConstant  # noqa: F401
 from .pipelines import FixedPoint, standard_cleanup  # noqa: F401
 from .fuse_ops import FuseOps  # noqa: F401
+from .partition import PartitionForwardBackward  # noqa: F401

@@ -161,8 +161,11 @@ register_pass("FirstOrderGradient", FirstOrderGradient)
 
 def gradient(fn_or_mod: Union[Function, IRModule], wrt: WrtSpec = None, mode: str = "grad", func: str = "main") -> Function:
     """The gradient Function of a Function (or of ``mod[func]``): ``fn(x..) -> (r, (dx..))``."""
-    mod = fn_or_mod if isinstance(fn_or_mod, IRModule) else IRModule.from_expr(fn_or_mod)
-    if not isinstance(mod, IRModule):
+    if isinstance(fn_or_mod, IRModule):
+        mod = fn_or_mod
+    elif isinstance(fn_or_mod, Function):
+        mod = IRModule.from_expr(fn_or_mod)
+    else:
         raise PassError(f"gradient expects a Function or an IRModule, got {type(fn_or_mod).__name__}")
     name = f"{func}_grad"
     return FirstOrderGradient(func, wrt, mode, name)(mod)[name]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ...ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Var
+from ...ir.expr import Call, Constant, Function, GlobalVar, If, Var
 from ...ir.module import IRModule
 from ...ir.types import FLOAT_DTYPES, TensorType
 from ...ir.traversal import post_order

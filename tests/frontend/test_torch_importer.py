@@ -1,0 +1,224 @@
+"""from_torch: import + forward equality and gradient equality against PyTorch for every covered model."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import pullback  # noqa: E402
+from pullback import transform  # noqa: E402
+from pullback.frontend import UnsupportedOperatorError, from_torch, import_torch, main_inputs  # noqa: E402
+
+
+class FunctionalMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(8, 5) * 0.3), nn.Parameter(torch.randn(8) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(3, 8) * 0.3)
+
+    def forward(self, x):
+        h = F.gelu(F.linear(x, self.w1, self.b1))
+        h = F.dropout(torch.tanh(h) + F.relu(h), 0.2, self.training)
+        return F.linear(h, self.w2).sigmoid()
+
+
+class EmbeddingLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 11)
+
+    def forward(self, idx, target):
+        return F.cross_entropy(self.out(self.emb(idx)).reshape(-1, 11), target.reshape(-1))
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 8), nn.GELU(approximate="tanh"), nn.Tanh(),
+                         nn.Dropout(0.25), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3)), (torch.randn(4, 5),)
+
+
+def _cnn():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 4, 3, padding=1, groups=2), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 2)), (torch.randn(2, 3, 12, 12),)
+
+
+def _tel(norm_first):
+    return (nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True, norm_first=norm_first,
+                                       activation="gelu" if norm_first else "relu"), (torch.randn(2, 5, 8),))
+
+
+def _emb():
+    return EmbeddingLoss(), (torch.randint(0, 11, (3, 4)), torch.randint(0, 11, (3, 4)))
+
+
+MODELS = {
+    "mlp": _mlp,
+    "functional_mlp": lambda: (FunctionalMLP(), (torch.randn(4, 5),)),
+    "cnn": _cnn,
+    "transformer_post_norm": lambda: _tel(False),
+    "transformer_pre_norm": lambda: _tel(True),
+    "embedding_cross_entropy": _emb,
+}
+
+
+def make(name, dtype=torch.float32):
+    torch.manual_seed(0)
+    model, args = MODELS[name]()
+    model = model.to(dtype)
+    args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
+    return model, args
+
+
+def run_main(prog, args, masks=()):
+    return pullback.build(prog.mod)["main"](*main_inputs(prog, args, list(masks)))
+
+
+def first(out, prog):
+    return out if prog.single_output else out[0]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_eval_matches_torch(name):
+    model, args = make(name)
+    model.eval()
+    prog = import_torch(model, args)
+    assert not prog.masks  # dropout vanishes in eval mode
+    ref = model(*args).detach().numpy()
+    np.testing.assert_allclose(first(run_main(prog, args), prog), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "functional_mlp", "transformer_post_norm", "transformer_pre_norm"])
+def test_train_mode_dropout_masks_are_parameters(name):
+    """Masks filled with keep = 1 - rate make training-mode dropout the identity: the eval output."""
+    model, args = make(name)
+    model.train()
+    prog = import_torch(model, args)
+    assert prog.masks and [m.name for m in prog.masks] == [f"dropout_mask_{i}" for i in range(len(prog.masks))]
+    assert [p.name_hint for p in prog.main.params[-len(prog.masks):]] == [m.name for m in prog.masks]
+    masks = [np.full(m.shape, 1.0 - m.rate, m.dtype) for m in prog.masks]
+    ref = model.eval()(*args).detach().numpy()
+    np.testing.assert_allclose(first(run_main(prog, args, masks), prog), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_matches_torch_exactly_with_the_same_masks():
+    model, args = make("mlp")
+    model.train()
+    prog = import_torch(model, args)
+    torch.manual_seed(7)
+    ref = model(*args).detach().numpy()
+    torch.manual_seed(7)  # PyTorch's CPU dropout draws empty_like(x).bernoulli_(1 - p)
+    masks = [torch.empty(m.shape).bernoulli_(1 - m.rate).numpy() for m in prog.masks]
+    np.testing.assert_allclose(run_main(prog, args, masks), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_batch_norm_training_returns_running_stats():
+    model, args = make("cnn")
+    model.train()
+    prog = import_torch(model, args)
+    assert prog.mutations == [("buffer", "1.running_mean"), ("buffer", "1.running_var"), ("buffer", "1.num_batches_tracked")]
+    ref_model = copy.deepcopy(model)
+    ref = ref_model(*args).detach().numpy()
+    out = run_main(prog, args)
+    np.testing.assert_allclose(out[0], ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[1], ref_model[1].running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[2], ref_model[1].running_var.numpy(), rtol=1e-5, atol=1e-6)
+    assert out[3] == 1 and out[3].dtype == np.int64
+
+
+def test_names_follow_state_dict_and_constants():
+    model, args = make("cnn")
+    model.eval()
+    mod, params = from_torch(model, args)
+    prog = import_torch(model, args)
+    assert list(params) == ["v0_weight", "v0_bias", "v1_weight", "v1_bias", "v4_weight", "v4_bias", "v8_weight", "v8_bias",
+                            "v1_running_mean", "v1_running_var", "v1_num_batches_tracked"]
+    assert prog.state_names["v1_running_mean"] == "1.running_mean"
+    assert [p.name_hint for p in mod["main"].params] == ["input"] + list(params)
+    np.testing.assert_array_equal(params["v0_weight"], model[0].weight.detach().numpy())
+    cmod, cparams = from_torch(model, args, params_as="constants")
+    assert cparams == {} and len(cmod["main"].params) == 1
+    out = pullback.build(cmod)["main"](args[0].numpy())
+    np.testing.assert_allclose(out, model(*args).detach().numpy(), rtol=1e-5, atol=1e-5)
+    text = pullback.astext(mod)
+    assert pullback.structural_equal(pullback.parse(text), mod)
+
+
+def test_bad_params_as():
+    model, args = make("mlp")
+    with pytest.raises(pullback.PullbackError, match="params_as"):
+        from_torch(model, args, params_as="weights")
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        a = torch.cumsum(x, 0)
+        b = torch.sort(x, dim=1).values
+        return a + b
+
+
+def test_unsupported_ops_listed_once_with_source_lines():
+    with pytest.raises(UnsupportedOperatorError) as info:
+        from_torch(Unsupported(), (torch.randn(3, 4),))
+    err = info.value
+    assert isinstance(err, pullback.PullbackError)
+    assert len(err.diagnostics) == 2
+    assert "aten.cumsum" in err.diagnostics[0] and "aten.sort" in err.diagnostics[1]
+    assert all("test_torch_importer.py:" in d for d in err.diagnostics)
+    assert "torch.cumsum(x, 0)" in err.diagnostics[0]
+
+
+def _grads_torch(model, args, ct, wrt_inputs):
+    inputs = [a.clone().requires_grad_(True) if i in wrt_inputs else a for i, a in enumerate(args)]
+    out = model(*inputs)
+    (out * torch.as_tensor(ct)).sum().backward()
+    return ([inputs[i].grad.numpy() for i in wrt_inputs] + [p.grad.numpy() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.float64, 1e-9)])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradients_match_torch_autograd(name, dtype, tol):
+    model, args = make(name, dtype)
+    model.train(name == "cnn")  # batch norm in training mode; dropout models in eval (same masks: see below)
+    prog = import_torch(model, args)
+    wrt_inputs = [i for i, a in enumerate(args) if a.is_floating_point()]
+    wrt = [prog.inputs[i] for i in wrt_inputs] + prog.trainable
+    mod = transform.FirstOrderGradient(mode="vjp", wrt=wrt)(prog.mod)
+    out = run_main(prog, args)
+    o = first(out, prog)
+    rng = np.random.default_rng(1)
+    ct0 = rng.standard_normal(np.shape(o)).astype(o.dtype)
+    ct = ct0 if prog.single_output else (ct0,) + tuple(np.zeros_like(v) for v in out[1:])
+    _, grads = pullback.build(mod)["main_grad"](*main_inputs(prog, args), ct)
+    ref = _grads_torch(model, args, ct0, wrt_inputs)
+    assert len(grads) == len(ref)
+    for g, r in zip(grads, ref):
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
+
+
+def test_gradients_with_dropout_masks_match_torch():
+    model, args = make("mlp", torch.float64)
+    model.train()
+    prog = import_torch(model, args)
+    torch.manual_seed(3)
+    masks = [torch.empty(m.shape, dtype=torch.float64).bernoulli_(1 - m.rate).numpy() for m in prog.masks]
+    mod = transform.FirstOrderGradient(mode="vjp", wrt=[prog.inputs[0]] + prog.trainable)(prog.mod)
+    ct = np.random.default_rng(0).standard_normal((4, 3))
+    _, grads = pullback.build(mod)["main_grad"](*main_inputs(prog, args, masks), ct)
+    torch.manual_seed(3)
+    ref = _grads_torch(model, args, ct, [0])
+    for g, r in zip(grads, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-9, atol=1e-9)
+
+
+def test_import_pullback_does_not_import_torch():
+    code = "import sys, pullback, pullback.frontend, pullback.integrations.torch; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,150 @@
+"""Training PyTorch models through pullback: compile(), the torch.compile backend, the examples."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from pullback import runtime  # noqa: E402
+from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name,kw", [("train_mlp", dict(batch=8, width=16)), ("train_cnn", dict(batch=4, size=8))])
+def test_examples_match_eager_pytorch(name, kw):
+    result = load_example(name).main(steps=10, verbose=False, **kw)  # asserts 1e-4 inside
+    assert len(result["pullback"]) == 10
+    np.testing.assert_allclose(result["pullback"], result["eager"], rtol=1e-4)
+    assert result["max_weight_diff"] <= 1e-4
+
+
+def test_compiled_module_shares_parameters_and_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    x = torch.randn(3, 4, requires_grad=True)
+    cm = pb_compile(model, (x,))
+    assert list(cm.parameters()) == list(model.parameters())
+    out = cm(x)
+    out.square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    model(x).square().sum().backward()
+    for a, b in zip(got, [p.grad for p in model.parameters()] + [x.grad]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_layer_trains_with_adam(norm_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first)
+    ref = copy.deepcopy(layer)
+    x = torch.randn(2, 5, 8)
+    cm = pb_compile(layer, (x,), policy="min_cut")
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (ref, cm)]
+    for _ in range(3):
+        losses = []
+        for m, opt in zip((ref, cm), opts):
+            loss = m(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for a, b in zip(ref.parameters(), layer.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_embedding_cross_entropy_trains():
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(10, 6), nn.Linear(6, 10)
+
+        def forward(self, idx, tgt):
+            return F.cross_entropy(self.out(torch.relu(self.emb(idx))).reshape(-1, 10), tgt.reshape(-1))
+
+    torch.manual_seed(0)
+    model = LM()
+    ref = copy.deepcopy(model)
+    idx, tgt = torch.randint(0, 10, (3, 4)), torch.randint(0, 10, (3, 4))
+    cm = pb_compile(model, (idx, tgt))
+    for m in (ref, cm):
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for _ in range(3):
+            loss = m(idx, tgt)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_eval_mode_recompiles_without_dropout():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    cm = pb_compile(model, (x,))
+    cm.eval()
+    torch.testing.assert_close(cm(x), model(x))
+    assert len(cm._programs) == 2
+
+
+def test_jax_target():
+    if "jax" not in runtime.TARGETS:
+        pytest.skip("the jax target is not registered in this build")
+    pytest.importorskip("jax")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    x = torch.randn(3, 4)
+    cm = pb_compile(model, (x,), target="jax")
+    cm(x).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for a, b in zip(got, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_dynamo_backend_trains_like_eager():
+    import torch._dynamo
+
+    from pullback.integrations.dynamo_backend import pullback_backend
+
+    if "pullback" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(name="pullback")(pullback_backend)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
+    ref = copy.deepcopy(model)
+    cm = torch.compile(model, backend="pullback", dynamic=False)
+    x, y = torch.randn(4, 2, 4, 4), torch.tensor([0, 1, 1, 0])
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
+    for _ in range(3):
+        losses = []
+        for m, opt in zip((ref, cm), opts):
+            loss = F.cross_entropy(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for a, b in zip(ref.state_dict().values(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
