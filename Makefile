@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # PyTorch: this machine kind has a CPU build of 2.13.0 on disk; elsewhere any torch>=2.1 works.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test clean
+.PHONY: demo test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,10 @@ demo: $(VENV)/.core-installed
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest tests
 
+docs: $(VENV)/.core-installed
+	$(BIN)/python -m pip install -q mkdocs
+	$(BIN)/python scripts/gen_op_table.py --check
+	$(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache build site src/*.egg-info

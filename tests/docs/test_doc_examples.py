@@ -62,3 +62,18 @@ def test_operator_table_lists_every_op():
     text = (ROOT / "docs" / "operators.md").read_text()
     for op in list_ops():
         assert f"| `{op.name}` |" in text
+
+
+def test_every_page_in_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for p in sorted((ROOT / "docs").rglob("*.md")):
+        rel = p.relative_to(ROOT / "docs").as_posix()
+        assert f": {rel}" in nav, f"{rel} is not in the mkdocs.yml nav"
+
+
+def test_mkdocs_build_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
+                        "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "site" / "passes" / "fuse_ops" / "index.html").exists()

@@ -330,7 +330,7 @@ def _map_args(a, env):
                 stack.append((v, out, k))
         elif isinstance(src, (list, tuple)):
             out = list(src)
-            dst[i] = out if isinstance(src, list) else out  # tuples become lists (converters accept both)
+            dst[i] = out  # tuples become lists (converters accept both)
             for j, v in enumerate(src):
                 stack.append((v, out, j))
         else:
