@@ -16,6 +16,7 @@ from . import elemwise as E
 from . import reduce as R
 from .common import float_arg, normalize_axis
 from .nn import check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer
+from . import special
 from .registry import OpPattern, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
@@ -23,12 +24,6 @@ _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
 
 def _np_sigmoid(x):
     return np.exp(-np.logaddexp(np.zeros((), x.dtype), -x))
-
-
-def _np_erf(x):
-    from math import erf
-
-    return np.vectorize(erf, otypes=[np.float64])(x)
 
 
 def activation(name: str, attrs_type, compute, grad, per_elem: int, torch_name: str):
@@ -73,14 +68,17 @@ class GeluAttrs:
 
 
 def _gelu_compute(x, attrs):
-    x64 = x.astype(np.float64)
+    """In the input's precision (float16 in float32), like PyTorch's CPU kernel."""
+    w = x.astype(np.float32) if x.dtype == np.float16 else x
+    c = w.dtype.type
     if attrs.approximate == "tanh":
-        return 0.5 * x64 * (1.0 + np.tanh(_K_TANH * (x64 + _C_TANH * x64**3)))
-    try:
-        from scipy.special import erf  # type: ignore
-    except ImportError:  # pragma: no cover
-        erf = _np_erf
-    return 0.5 * x64 * (1.0 + erf(x64 / math.sqrt(2.0)))
+        inner = np.tanh(c(_K_TANH) * (w + c(_C_TANH) * w * w * w))
+    else:
+        inner = special.erf(w * c(1.0 / math.sqrt(2.0)))
+    inner += c(1.0)
+    inner *= w
+    inner *= c(0.5)
+    return inner
 
 
 def _gelu_grad(call: Call, g: Expr):

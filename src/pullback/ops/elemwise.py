@@ -19,6 +19,7 @@ from ..ir.expr import Call, Expr, as_expr
 from ..ir.types import TensorType, is_float
 from . import transform as T
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
+from . import special
 from .registry import OpPattern, defop, type_error
 
 # ------------------------------------------------------------------ helpers
@@ -86,12 +87,7 @@ def _zero_grad(c: Call, g: Expr):
     return [T.zeros_like(g)]
 
 
-_erf_scalar = np.frompyfunc(math.erf, 1, 1)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """Exact (libm) erf, elementwise."""
-    return _erf_scalar(x.astype("float64"))
+_erf = special.erf
 
 
 _NO_GRAD_BOOL = "the result is boolean: it carries no gradient"

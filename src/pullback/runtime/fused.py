@@ -1,4 +1,4 @@
-"""Fused groups as single kernels, and fast float32 kernels for slow reference ops.
+"""Fused groups as single kernels.
 
 ``compile_group(fn)`` turns a primitive Function (``Primitive=1``, made by
 FuseOps) into one closure ``kernel(*args, attrs)``. Its body is a flat list of
@@ -9,11 +9,6 @@ result's static shape and dtype; otherwise NumPy allocates a new buffer, which
 the group then owns. Parameters, constants and results of other kernels that
 may alias them are never written. Steps that are not elementwise call the op's
 kernel. A chain ``tanh -> multiply -> subtract`` therefore runs in one buffer.
-
-``fast_kernel(op)`` is the kernel the executor runs for ``op``: the reference
-``op.compute``, except for the ops in ``FAST`` (erf, gelu) whose reference
-kernels compute in float64 through Python scalars; their float32 versions are
-vectorised (Abramowitz-Stegun 7.1.26, absolute error < 1.5e-7).
 """
 
 from __future__ import annotations
@@ -27,67 +22,6 @@ from ..ir.expr import Call, Constant, Function, Tuple, TupleGetItem, Var
 from ..ir.traversal import post_order
 from ..ir.types import Any, TensorType
 from ..ops.registry import OpDef
-
-# ------------------------------------------------------------------ fast float32 kernels
-
-_P, _A = 0.3275911, (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-_FAST_DTYPES = (np.dtype("float32"),)  # float16 would lose digits to cancellation: reference kernel
-
-
-def erf32(x: np.ndarray) -> np.ndarray:
-    """erf of float32 ``x`` in float32, vectorised; absolute error < 1.5e-7 + rounding."""
-    dt = x.dtype
-    ax = np.abs(x)
-    t = ax * dt.type(_P)
-    t += dt.type(1.0)
-    np.reciprocal(t, out=t)
-    poly = t * dt.type(_A[4])
-    for a in _A[3::-1]:
-        poly += dt.type(a)
-        poly *= t
-    np.square(ax, out=ax)
-    np.negative(ax, out=ax)
-    np.exp(ax, out=ax)
-    poly *= ax
-    np.subtract(dt.type(1.0), poly, out=poly)
-    return np.copysign(poly, x, out=poly)
-
-
-def _erf_fast(x, attrs=None):
-    return erf32(x)
-
-
-def _gelu_fast(x, attrs):
-    if attrs.approximate == "tanh":
-        return None
-    out = erf32(x * x.dtype.type(1.0 / math.sqrt(2.0)))
-    out += x.dtype.type(1.0)
-    out *= x
-    out *= x.dtype.type(0.5)
-    return out
-
-
-# op name -> kernel for float32/16 data (returns None to defer to the reference kernel)
-FAST: dict[str, Callable] = {"erf": _erf_fast, "nn.gelu": _gelu_fast}
-
-
-def fast_kernel(op: OpDef) -> Callable:
-    """The kernel to run for ``op``: its ``compute``, or a vectorised float32 version from ``FAST``."""
-    fast = FAST.get(op.name)
-    if fast is None:
-        return op.compute
-    ref = op.compute
-
-    def kernel(x, attrs=None):
-        if getattr(x, "dtype", None) in _FAST_DTYPES:
-            out = fast(x, attrs)
-            if out is not None:
-                return out
-        return ref(x, attrs)
-
-    kernel.__name__ = f"fast_{op.name}"
-    return kernel
-
 
 # ------------------------------------------------------------------ fused groups
 
@@ -152,7 +86,7 @@ def compile_group(fn: Function) -> Callable:
                           and k != result and k not in escaped and tuple(a.checked_type.shape) == tuple(ty.shape))
             steps.append((UFUNC_STEP, uf, args, out, cands))
         else:
-            steps.append((KERNEL_STEP, (fast_kernel(n.op), n.attrs), args, out, ()))
+            steps.append((KERNEL_STEP, (n.op.compute, n.attrs), args, out, ()))
     frees: list = [[] for _ in steps]
     for k, i in last.items():
         if k >= len(fn.params) and template[k] is None and k != result:
@@ -197,4 +131,4 @@ def compile_group(fn: Function) -> Callable:
     return kernel
 
 
-__all__ = ["compile_group", "fast_kernel", "group_label", "erf32", "FAST", "UFUNCS"]
+__all__ = ["compile_group", "group_label", "UFUNCS"]

@@ -32,7 +32,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.scope import Scope, ScopeInfo
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
-from .fused import compile_group, fast_kernel, group_label
+from .fused import compile_group, group_label
 
 CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, JUMP, MOVE, RET = range(10)
 OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "JUMP", "MOVE", "RET")
@@ -278,7 +278,7 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], f
                     if isinstance(op, Function) and op.is_primitive and fuse:
                         emit((CALLN, _group_kernel(op, groups), None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     elif isinstance(op, OpDef):
-                        compute = fast_kernel(op)
+                        compute = op.compute
                         if len(nargs) == 1:
                             emit((CALL1, compute, n.attrs, slot[id(nargs[0])], out, frees, n))
                         elif len(nargs) == 2:
