@@ -1,0 +1,170 @@
+"""EliminateIdentity and SimplifyExpr: before()/expected() pairs plus executor checks."""
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import op
+from pullback.ir.types import Any
+from pullback.transform import EliminateIdentity, SimplifyExpr
+
+from cleanup_util import assert_same_results, assert_valid, chain, mod_of
+
+
+def _check(p, before, expected, run=True):
+    after = p(before)
+    pb.assert_structural_equal(after, expected)
+    assert_valid(after)
+    assert p(after) is after
+    if run:
+        assert_same_results(before, after)
+    return after
+
+
+ZERO_ONE = {
+    "zeros": lambda like, v: (op.zeros if v == 0 else op.ones)((2, 3), "float32"),
+    "like": lambda like, v: (op.zeros_like if v == 0 else op.ones_like)(like),
+    "full": lambda like, v: op.full(pb.const(float(v)), (2, 3), "float32"),
+    "full_like": lambda like, v: op.full_like(like, pb.const(float(v))),
+    "scalar": lambda like, v: pb.const(float(v)),
+    "array": lambda like, v: pb.const(np.full((3,), v, "float32")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ZERO_ONE))
+@pytest.mark.parametrize("form", ["x+0", "0+x", "x-0", "x*1", "1*x", "x/1"])
+def test_identity_arith_removed(kind, form):
+    def build(simplified):
+        x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+        h = op.exp(x)
+        if simplified:
+            return mod_of([x, y], op.tanh(h))
+        k = ZERO_ONE[kind](y, 0 if "0" in form else 1)
+        a, b = (h, k) if form.startswith("x") else (k, h)
+        name = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}[form[1]]
+        return mod_of([x, y], op.tanh(getattr(op, name)(a, b)))
+
+    _check(EliminateIdentity(), build(False), build(True))
+
+
+def test_not_removed_when_broadcast_changes_shape_or_value():
+    x = pb.var("x", shape=(3,))
+    y = pb.var("y", shape=(2, 3))
+    bodies = [
+        op.add(x, op.zeros_like(y)),  # result (2, 3) != x's (3,)
+        op.subtract(op.zeros((3,), "float32"), x),  # 0 - x is not x
+        op.multiply(x, pb.const(2.0)),
+        op.divide(pb.const(1.0), x),
+        op.add(x, op.full(pb.const(0.5), (3,), "float32")),
+        op.add(x, pb.const(np.array([0.0, 1.0, 0.0], "float32"))),
+    ]
+    for body in bodies:
+        before = mod_of([x, y], body)
+        assert EliminateIdentity()(before) is before
+
+
+def test_dynamic_dims_are_respected():
+    x = pb.var("x", shape=(Any, 3))
+    y = pb.var("y", shape=(Any, 3))
+    risky = mod_of([x, y], op.add(x, op.zeros_like(y)))  # y may have more rows than x
+    assert EliminateIdentity()(risky) is risky
+    safe_x = pb.var("x", shape=(Any, 3))
+    safe = mod_of([safe_x], op.add(safe_x, op.zeros_like(safe_x)))
+    assert EliminateIdentity()(safe)["main"].body is safe["main"].params[0]
+    row_x = pb.var("x", shape=(Any, 3))
+    row = mod_of([row_x], op.multiply(row_x, op.ones((1, 3), "float32")))
+    assert EliminateIdentity()(row)["main"].body is row["main"].params[0]
+
+
+def test_identity_needs_same_dtype():
+    x = pb.var("x", shape=(3,), dtype="int32")
+    before = mod_of([x], op.multiply(x, op.ones((3,), "int32")))
+    assert EliminateIdentity()(before)["main"].body is before["main"].params[0]
+    # full with a fill that casts to 1 in int32
+    x2 = pb.var("x", shape=(3,), dtype="int32")
+    b2 = mod_of([x2], op.multiply(x2, op.full(pb.const(1.0), (3,), "int32")))
+    assert EliminateIdentity()(b2)["main"].body is b2["main"].params[0]
+
+
+def test_shape_ops_to_same_type():
+    def before():
+        x, like = pb.var("x", shape=(2, 3)), pb.var("like", shape=(2, 3))
+        h = op.reshape(x, (2, 3))
+        h = op.broadcast_to(h, (2, 3))
+        h = op.collapse_sum_to(h, (2, 3))
+        h = op.cast(h, "float32")
+        h = op.collapse_sum_like(h, like)
+        h = op.broadcast_to_like(h, like)
+        h = op.reshape_like(h, like)
+        h = op.cast_like(h, like)
+        h = op.transpose(h, (0, 1))
+        return mod_of([x, like], op.exp(h))
+
+    def expected():
+        x, like = pb.var("x", shape=(2, 3)), pb.var("like", shape=(2, 3))
+        return mod_of([x, like], op.exp(x))
+
+    _check(SimplifyExpr(), before(), expected())
+
+
+def test_like_of_self_with_any_dims():
+    x = pb.var("x", shape=(Any, 3))
+    before = mod_of([x], op.exp(op.collapse_sum_like(x, x)))
+    after = SimplifyExpr()(before)
+    assert after["main"].body.args[0] is after["main"].params[0]
+
+
+def test_reshape_of_reshape():
+    def before():
+        x = pb.var("x", shape=(2, 3, 4))
+        return mod_of([x], op.reshape(op.reshape(op.reshape(x, (6, 4)), (24,)), (4, 6)))
+
+    def expected():
+        x = pb.var("x", shape=(2, 3, 4))
+        return mod_of([x], op.reshape(x, (4, 6)))
+
+    _check(SimplifyExpr(), before(), expected())
+
+
+def test_transpose_of_transpose():
+    def before(perm2):
+        x = pb.var("x", shape=(2, 3, 4))
+        return mod_of([x], op.exp(op.transpose(op.transpose(x, (1, 2, 0)), perm2)))
+
+    def cancel():
+        x = pb.var("x", shape=(2, 3, 4))
+        return mod_of([x], op.exp(x))
+
+    def merged():
+        x = pb.var("x", shape=(2, 3, 4))
+        return mod_of([x], op.exp(op.transpose(x, (2, 1, 0))))
+
+    _check(SimplifyExpr(), before((2, 0, 1)), cancel())
+    _check(SimplifyExpr(), before((1, 0, 2)), merged())  # x[(1,2,0)[(1,0,2)]] = perm (2,1,0)
+
+
+def test_fixed_point_across_rule_families():
+    # concretizing exposes an identity, which exposes a reshape of reshape
+    def before():
+        x, like = pb.var("x", shape=(6,)), pb.var("like", shape=(2, 3))
+        h = op.reshape_like(op.reshape(x, (3, 2)), like)
+        return mod_of([x, like], op.exp(op.add(op.reshape(h, (6,)), op.zeros_like(x))))
+
+    def expected():
+        x, like = pb.var("x", shape=(6,)), pb.var("like", shape=(2, 3))
+        return mod_of([x, like], op.exp(x))
+
+    _check(SimplifyExpr(), before(), expected())
+
+
+def test_x_times_zeros_is_kept():
+    x = pb.var("x", shape=(3,))
+    before = mod_of([x], op.multiply(x, op.zeros((3,), "float32")))
+    assert SimplifyExpr()(before) is before
+
+
+def test_million_node_chain():
+    x = pb.var("x", shape=(2,))
+    body = chain(x, 1_000_000, lambda e: op.add(e, op.zeros((2,), "float32")))
+    after = SimplifyExpr()(mod_of([x], op.exp(body)))
+    assert after["main"].body.args[0] is after["main"].params[0]
