@@ -4,5 +4,28 @@ from .type_infer import infer_expr, infer_function, infer_module, join_types, ty
 from .well_formed import check_well_formed, is_well_formed
 from .liveness import Live, liveness, peak_memory, type_bytes
 from .stats import LIKE_OPS, count_identity_arith, count_like_ops, flops, op_histogram, program_stats
-from .fusion import FusionReport, fusion_report  # noqa: F401
-from .saved import saved_bytes  # noqa: F401
+from .fusion import FusionReport, fusion_report
+from .saved import saved_bytes
+
+__all__ = [
+    "infer_expr",
+    "infer_function",
+    "infer_module",
+    "join_types",
+    "types_compatible",
+    "check_well_formed",
+    "is_well_formed",
+    "Live",
+    "liveness",
+    "peak_memory",
+    "type_bytes",
+    "LIKE_OPS",
+    "count_identity_arith",
+    "count_like_ops",
+    "flops",
+    "op_histogram",
+    "program_stats",
+    "FusionReport",
+    "fusion_report",
+    "saved_bytes",
+]

@@ -438,7 +438,7 @@ def fusion_report(mod: Union[IRModule, Function], func: str = "main", fuse_opt_l
         infer_module(mod)
     part = partition(fn.body, fuse_opt_level, max_depth, max_args)
     rep = FusionReport(func)
-    for root, members in part.groups().items():
+    for members in part.groups().values():
         nodes = [part.nodes[i] for i in members]
         k = num_ops(nodes)
         for n in nodes:

@@ -17,7 +17,7 @@ train/eval mode or input shape (kept in a cache).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 

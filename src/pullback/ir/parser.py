@@ -444,7 +444,7 @@ class _Parser:
                 self.advance(index=True)
                 index = int(self.val)
                 self.advance()
-                value = self.guard(lambda: TupleGetItem(value, index), where)
+                value = self.guard(lambda v=value, i=index: TupleGetItem(v, i), where)
             elif self.kind == "(":
                 self.advance()
                 call = _Call(value, *start)

@@ -458,8 +458,8 @@ def _batch_norm(x, gamma, beta, mm, mv, a):
 
 
 def _conv(x, w, a):
-    t, l, b, r = a.padding
-    return lax.conv_general_dilated(x, w, window_strides=a.strides, padding=[(t, b), (l, r)],
+    top, left, bottom, right = a.padding
+    return lax.conv_general_dilated(x, w, window_strides=a.strides, padding=[(top, bottom), (left, right)],
                                     rhs_dilation=a.dilation, dimension_numbers=("NCHW", "OIHW", "NCHW"),
                                     feature_group_count=a.groups)
 

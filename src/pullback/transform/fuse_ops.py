@@ -30,7 +30,7 @@ def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAUL
                   max_args: int = DEFAULT_MAX_ARGS) -> Function:
     """``fn`` (typed) with every group of more than one op made a primitive function; ``fn`` if none."""
     part = partition(fn.body, fuse_opt_level, max_depth, max_args)
-    nodes, group_of = part.nodes, part.group_of
+    nodes = part.nodes
     groups = {r: m for r, m in part.groups().items() if num_ops(nodes[i] for i in m) > 1}
     if not groups:
         return fn

@@ -1,0 +1,172 @@
+"""The error catalogue: every bad input gets a pullback error that says what and where.
+
+Each row: a thunk doing something wrong, the exception class expected, and words
+the message must contain. Then: nothing the user passed in is modified (arrays
+given to executables; modules given to passes keep their structural hash and
+node identities).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import op
+from pullback import transform as T
+from pullback.ir.traversal import post_order
+from pullback.testing.programs import random_inputs, random_program
+
+X = pb.var("x", shape=(2, 3))
+F32 = np.ones((2, 3), "float32")
+
+
+def _mod(body, *params):
+    return pb.IRModule.from_expr(pb.Function(list(params) or [X], body))
+
+
+def _infer(body, *params):
+    return lambda: T.InferType()(_mod(body, *params))
+
+
+def _run(*args):
+    return lambda: pb.build(_mod(op.tanh(X)))["main"](*args)
+
+
+def _grad(body, *params):
+    return lambda: T.FirstOrderGradient()(_mod(body, *params))
+
+
+def _closure_call():
+    y = pb.var("y", shape=(2, 3))
+    inner = pb.Function([y], op.multiply(y, X))
+    return pb.IRModule.from_expr(pb.Function([X], pb.Call(inner, [X])))
+
+
+B = pb.var("b", shape=(4,))
+PARSE_HEAD = "def @main(%x: Tensor[(2, 3), float32]) {\n"
+
+# (id, thunk, exception class, words the message must contain)
+CATALOGUE = [
+    # type errors
+    ("broadcast", _infer(op.add(X, B), X, B), pb.TypeInferenceError, ["add", "broadcast", "(2, 3)", "(4,)"]),
+    ("dense-shapes", _infer(op.nn.dense(X, B), X, B), pb.TypeInferenceError, ["nn.dense", "rank"]),
+    ("reshape-size", _infer(op.reshape(X, (4, 2))), pb.TypeInferenceError, ["reshape", "(2, 3)", "(4, 2)"]),
+    ("axis-range", _infer(op.sum(X, axis=5)), pb.TypeInferenceError, ["sum", "axis 5"]),
+    ("if-cond", _infer(pb.If(X, X, X)), pb.TypeInferenceError, ["If", "bool"]),
+    ("tuple-index", _infer(pb.TupleGetItem(pb.Tuple([X]), 3)), pb.TypeInferenceError, ["index 3", "out of range"]),
+    # attrs, one row per attrs-bearing family
+    ("attr-reshape", lambda: op.reshape(X, (-1, -1)), pb.AttrError, ["reshape", "newshape", "-1"]),
+    ("attr-reduce", lambda: op.sum(X, axis="a"), pb.AttrError, ["sum", "axis"]),
+    ("attr-reduce-name", lambda: op.mean(X, axes=1), pb.AttrError, ["mean", "axes", "axis"]),
+    ("attr-transpose", lambda: op.transpose(X, axes=(0.5,)), pb.AttrError, ["transpose", "axes"]),
+    ("attr-zeros-dtype", lambda: op.zeros((2,), "floaty"), pb.AttrError, ["zeros", "dtype", "floaty"]),
+    ("attr-full-dtype", lambda: op.full(pb.const(1.0), (2,), "complex64"), pb.AttrError, ["full", "dtype", "complex64"]),
+    ("attr-cast-dtype", lambda: op.cast(X, "str"), pb.AttrError, ["cast", "dtype"]),
+    ("attr-conv-layout", lambda: op.nn.conv2d(X, X, data_layout="XYZW"), pb.AttrError, ["nn.conv2d", "data_layout", "XYZW"]),
+    ("attr-conv-strides", lambda: op.nn.conv2d(X, X, strides=(0, 1)), pb.AttrError, ["nn.conv2d", "strides"]),
+    ("attr-max-pool", lambda: op.nn.max_pool2d(X, pool_size=(0, 2)), pb.AttrError, ["nn.max_pool2d", "pool_size"]),
+    ("attr-avg-pool", lambda: op.nn.avg_pool2d(X, pool_size=(-1, 2)), pb.AttrError, ["nn.avg_pool2d", "pool_size"]),
+    ("attr-split", lambda: op.split(X, 0), pb.AttrError, ["split", "sections"]),
+    ("attr-expand-dims", lambda: op.expand_dims(X, 0, -1), pb.AttrError, ["expand_dims", "num_newaxis"]),
+    ("attr-softmax", lambda: op.nn.softmax(X, axis=1.5), pb.AttrError, ["nn.softmax", "axis"]),
+    ("attr-dropout", lambda: op.nn.dropout(X, X, rate=1.5), pb.AttrError, ["nn.dropout", "rate"]),
+    ("attr-strided-slice", lambda: op.strided_slice(X, begin=(0,), end=(1, 2)), pb.AttrError, ["strided_slice", "end", "begin"]),
+    ("attr-tile", lambda: op.tile(X, reps=(-1,)), pb.AttrError, ["tile", "reps"]),
+    ("attr-clip", lambda: op.clip(X, 2.0, 1.0), pb.AttrError, ["clip", "a_min", "a_max"]),
+    ("attr-norm", lambda: op.nn.layer_norm(X, X, X, epsilon=-1.0), pb.AttrError, ["nn.layer_norm", "epsilon"]),
+    ("attr-pad", lambda: op.nn.pad(X, pad_width=((1,),)), pb.AttrError, ["nn.pad", "pad_width"]),
+    ("attr-leaky-relu", lambda: op.nn.leaky_relu(X, alpha="a"), pb.AttrError, ["nn.leaky_relu", "alpha"]),
+    # arity
+    ("arity-builder", lambda: op.add(X), pb.PullbackError, ["add", "expects 2", "got 1"]),
+    ("arity-infer", _infer(pb.Call(op.add, [X])), pb.TypeInferenceError, ["add", "expects 2", "got 1"]),
+    ("arity-text", lambda: pb.parse(PARSE_HEAD + "  add(%x)\n}"), pb.PullbackError, ["add", "2"]),
+    # text
+    ("unknown-op-text", lambda: pb.parse(PARSE_HEAD + "  frobnicate(%x)\n}"), pb.ParseError, ["frobnicate", ":2:"]),
+    ("malformed-text", lambda: pb.parse(PARSE_HEAD + "  %0 = tanh(%x;\n  %0\n}"), pb.ParseError, [":2:"]),
+    ("unbound-var-text", lambda: pb.parse(PARSE_HEAD + "  tanh(%y)\n}"), pb.ParseError, ["%y", ":2:"]),
+    # AD
+    ("missing-gradient", _grad(op.add(op.cast(op.argmax(X, axis=1), "float32"), op.sum(X, axis=1))),
+     pb.DiagnosticError, ["argmax"]),
+    ("closure-to-ad", lambda: T.FirstOrderGradient()(_closure_call()), pb.DiagnosticError, ["closure"]),
+    ("ad-unknown-function", lambda: T.FirstOrderGradient("nope")(_mod(op.tanh(X))), pb.PullbackError, ["@nope"]),
+    # executables
+    ("exe-count", _run(), pb.ExecutionError, ["@main", "1", "0"]),
+    ("exe-count-more", _run(F32, F32), pb.ExecutionError, ["@main", "1", "2"]),
+    ("exe-shape", _run(np.ones((3, 2), "float32")), pb.ExecutionError, ["%x", "(2, 3)", "(3, 2)"]),
+    ("exe-dtype", _run(np.ones((2, 3), "int32")), pb.ExecutionError, ["%x", "float32", "int32"]),
+]
+
+
+def _torch_rows():
+    try:
+        from pullback.frontend import from_torch  # noqa: F401
+    except ImportError:
+        return []
+    return [pytest.param(_torch_unsupported, pb.PullbackError, ["unsupported"], id="torch-unsupported-op")]
+
+
+def _torch_unsupported():
+    import torch
+    from pullback.frontend import from_torch
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x).real
+
+    return from_torch(M(), (torch.ones(4),))
+
+
+@pytest.mark.parametrize("thunk,exc,words", [pytest.param(t, e, w, id=i) for i, t, e, w in CATALOGUE] + _torch_rows())
+def test_error_catalogue(thunk, exc, words):
+    with pytest.raises(exc) as info:
+        thunk()
+    msg = str(info.value)
+    missing = [w for w in words if w not in msg]
+    assert not missing, f"message lacks {missing}: {msg}"
+    assert isinstance(info.value, pb.PullbackError)
+
+
+def test_parse_error_carries_line_and_column():
+    with pytest.raises(pb.ParseError) as info:
+        pb.parse(PARSE_HEAD + "  %0 = tanh(%x;\n  %0\n}")
+    assert info.value.line == 2 and info.value.column > 1
+
+
+# ------------------------------------------------------------------ inputs are never modified
+
+
+def test_executable_does_not_modify_its_inputs():
+    for seed in range(10):
+        mod = random_program(seed, max_nodes=10)
+        inputs = random_inputs(mod, seed)
+        copies = [np.array(a, copy=True) for a in inputs]
+        pb.build(mod)["main"](*inputs)
+        for a, c in zip(inputs, copies):
+            np.testing.assert_array_equal(a, c)
+
+
+PASS_NAMES = ["InferType", "FirstOrderGradient", "ConcretizeLike", "EliminateIdentity", "SimplifyExpr",
+              "DeadCodeElimination", "EliminateCommonSubexpr", "FoldConstant", "RemoveUnusedParameters",
+              "standard_cleanup", "FuseOps"]
+
+
+def _snapshot(mod):
+    return [(name, fn, [id(n) for n in post_order(fn, into_functions=True)]) for name, fn in mod.items()]
+
+
+@pytest.mark.parametrize("name", [n for n in PASS_NAMES if hasattr(T, n)])
+def test_passes_do_not_modify_their_input(name):
+    for seed in range(8):
+        mod = random_program(seed, max_nodes=10, allow_if=False, allow_any=False)
+        if name != "FirstOrderGradient":
+            mod = T.FirstOrderGradient()(mod)
+        before_hash, before_text, snap = pb.structural_hash(mod), pb.astext(mod), _snapshot(mod)
+        getattr(T, name)()(mod)
+        assert pb.structural_hash(mod) == before_hash
+        assert pb.astext(mod) == before_text
+        assert _snapshot(mod) == snap
+
+
+def test_at_least_one_pass_checked():
+    assert any(hasattr(T, n) for n in PASS_NAMES)
