@@ -41,20 +41,28 @@ def test_pass_table_is_not_empty():
     assert hasattr(T, "FirstOrderGradient")
 
 
-def _gradient_module(mod):
-    """``mod`` with ``@main_grad``, or None where AD rejects the program with a PullbackError
-    naming a documented limitation (a dynamic-shape gradient rule)."""
+# Open bugs (each has a strict-xfail reproducer in test_regressions.py; drop the entry when fixed):
+# - DeadCodeElimination crashes on an If whose condition is not a Constant
+#   (test_dead_code_elimination_with_a_variable_if_condition): no If in programs for these passes;
+# - the nn.dense gradient rule fails for a weight with an Any dim (test_dense_gradient_with_dynamic_units).
+NO_IF_UNTIL_FIXED = {"DeadCodeElimination", "standard_cleanup"}
+OPEN_AD_BUGS = ("attribute newshape must contain ints",)
+
+
+def gradient_module(mod):
+    """``mod`` with ``@main_grad``, or None where AD rejects the program for a documented
+    limitation (gradient rules needing static sizes) or an open bug listed above."""
     try:
         return T.FirstOrderGradient()(mod)
     except pb.PullbackError as e:
-        if "needs static" in str(e):
+        if "needs static" in str(e) or any(b in str(e) for b in OPEN_AD_BUGS):
             return None
         raise
 
 
 def check_pass_preserves(name: str, mod, seed: int) -> None:
     inputs = random_inputs(mod, seed)
-    gmod = _gradient_module(mod)
+    gmod = gradient_module(mod)
     for m, fn in ((mod, "main"), (gmod, "main_grad")):
         if m is None:
             continue
@@ -69,6 +77,7 @@ def check_pass_preserves(name: str, mod, seed: int) -> None:
 
 @pytest.mark.parametrize("name", sorted(PASSES))
 @SETTINGS
-@given(mod=programs(max_nodes=10, dtypes=("float32", "float64", "int32")), seed=st.integers(0, 2**16))
-def test_pass_preserves_results(name, mod, seed):
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_pass_preserves_results(name, data, seed):
+    mod = data.draw(programs(max_nodes=10, dtypes=("float32", "float64", "int32"), allow_if=name not in NO_IF_UNTIL_FIXED))
     check_pass_preserves(name, mod, seed)

@@ -246,12 +246,14 @@ def _conv2d_infer(arg_types, attrs):
     return TensorType((x.shape[0], o) + out_hw, x.dtype)
 
 
-def _conv2d_compute(x, w, attrs):
+def conv2d_nchw(x, w, strides: tuple, padding: tuple, dilation: tuple, groups: int) -> np.ndarray:
+    """NCHW x OIHW convolution; padding is (top, left, bottom, right); returns a new C-contiguous array."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    g = attrs.groups
-    out_hw = _conv_out_hw(attrs, (h, wd), (kh, kw))
-    win = windows(pad_hw(x, attrs.padding), (kh, kw), attrs.strides, attrs.dilation, out_hw)
+    g = groups
+    out_hw = (conv_out(h, kh, strides[0], dilation[0], padding[0], padding[2]),
+              conv_out(wd, kw, strides[1], dilation[1], padding[1], padding[3]))
+    win = windows(pad_hw(x, padding), (kh, kw), strides, dilation, out_hw)
     if g == 1:  # im2col: one (C*KH*KW, N*OH*OW) copy, one BLAS matmul
         out = (w.reshape(o, -1) @ im2col_t(win)).reshape(o, n, *out_hw).transpose(1, 0, 2, 3)
     else:
@@ -259,6 +261,10 @@ def _conv2d_compute(x, w, attrs):
         out = np.einsum("ngchwij,gocij->ngohw", wg, w.reshape(g, o // g, cg, kh, kw), optimize=True)
         out = out.reshape((n, o) + out_hw)
     return np.ascontiguousarray(out, dtype=x.dtype)
+
+
+def _conv2d_compute(x, w, attrs):
+    return conv2d_nchw(x, w, attrs.strides, attrs.padding, attrs.dilation, attrs.groups)
 
 
 def _spatial_grad_pad(call: Call, x_type: TensorType, kshape: tuple) -> tuple:
@@ -330,18 +336,41 @@ def _conv2d_transpose_infer(arg_types, attrs):
 
 
 def _conv2d_transpose_compute(x, w, attrs):
+    """One matmul per output tap, scattered into place (``scatter_windows``); with stride 1 and fewer input
+    than output channels, a conv2d of the padded input with the flipped kernel (less data to copy)."""
     n, ci, h, wd = x.shape
     _, og, kh, kw = w.shape
     g = attrs.groups
-    if g == 1:
-        cols = np.tensordot(x, w, axes=([1], [0])).transpose(0, 3, 4, 5, 1, 2)  # (N, O, KH, KW, H, W)
-    else:
-        cols = np.einsum("ngchw,gcoij->ngoijhw", x.reshape(n, g, ci // g, h, wd), w.reshape(g, ci // g, og, kh, kw), optimize=True)
-        cols = cols.reshape((n, g * og, kh, kw, h, wd))
+    if attrs.strides == (1, 1) and (g > 1 or ci < og):
+        return _conv2d_transpose_as_conv(x, w, attrs)
     out_hw = _convT_out_hw(attrs, (h, wd), (kh, kw))
+    if g == 1:  # (O*KH*KW, Ci) @ (Ci, N*H*W): channel-major taps, each a contiguous (O, N, H, W) block
+        cols = (w.reshape(ci, -1).T @ x.transpose(1, 0, 2, 3).reshape(ci, -1)).reshape(og, kh, kw, n, h, wd)
+        out = scatter_windows(lambda i, j: cols[:, i, j], (og, n) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
+                              attrs.padding, (h, wd), x.dtype)
+        return np.ascontiguousarray(out.transpose(1, 0, 2, 3))
+    cols = np.einsum("ngchw,gcoij->ngoijhw", x.reshape(n, g, ci // g, h, wd), w.reshape(g, ci // g, og, kh, kw), optimize=True)
+    cols = cols.reshape((n, g * og, kh, kw, h, wd))
     out = scatter_windows(lambda i, j: cols[:, :, i, j], (n, g * og) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
                           attrs.padding, (h, wd), x.dtype)
     return np.ascontiguousarray(out)
+
+
+def _conv2d_transpose_as_conv(x, w, attrs):
+    """Stride 1: a conv2d of x padded by (dilated kernel extent - 1 - padding) with the flipped, IO-swapped kernel.
+
+    A negative pad (padding wider than the kernel) crops x instead; the im2col path of conv2d does the work."""
+    ci, og, kh, kw = w.shape
+    g = attrs.groups
+    p, d = attrs.padding, attrs.dilation
+    ext = (eff(kh, d[0]) - 1, eff(kw, d[1]) - 1)
+    pads = (ext[0] - p[0], ext[1] - p[1], ext[0] - p[2] + attrs.output_padding[0], ext[1] - p[3] + attrs.output_padding[1])
+    if min(pads) < 0:
+        h, wd = x.shape[2:]
+        x = x[:, :, max(-pads[0], 0): h - max(-pads[2], 0), max(-pads[1], 0): wd - max(-pads[3], 0)]
+        pads = tuple(max(v, 0) for v in pads)
+    wf = w.reshape(g, ci // g, og, kh, kw).transpose(0, 2, 1, 3, 4).reshape(g * og, ci // g, kh, kw)[:, :, ::-1, ::-1]
+    return conv2d_nchw(x, wf, (1, 1), pads, d, g)
 
 
 def _conv2d_transpose_grad(call: Call, g: Expr):

@@ -285,11 +285,53 @@ def _where_grad(call: Call, g: Expr):
     return [None, unbroadcast(where(c, g, zero), x), unbroadcast(where(c, zero, g), y)]
 
 
+_UINT_OF = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bits_zero(a) -> bool:
+    """True when every element of float array ``a`` is +0.0 (bit pattern 0; the first element is checked first)."""
+    bits = a.view(_UINT_OF[a.dtype.itemsize])
+    return bits.size > 0 and not bits.flat[0] and not bits.any()
+
+
+def select_or_zero(cond: np.ndarray, value: np.ndarray, out=None) -> np.ndarray:
+    """``np.where(cond, value, +0.0)`` for a float ``value`` as a bitwise AND (same bits, NaN/inf included).
+
+    ``cond`` (bool) and ``value`` must broadcast to ``out``'s shape when ``out`` is given, else to ``cond``'s."""
+    ut = _UINT_OF[value.dtype.itemsize]
+    mask = cond.astype(ut)
+    np.negative(mask, out=mask)  # all ones where cond
+    if out is None:
+        return np.bitwise_and(value.view(ut), mask, out=mask).view(value.dtype)
+    np.bitwise_and(value.view(ut), mask, out=out.view(ut))
+    return out
+
+
+def _where_compute(c, x, y, attrs=None):
+    """``np.where``; where one branch is +0.0 everywhere (a relu/clip/where gradient), a bitwise AND with the
+    condition as a mask: the same bits as ``np.where`` (NaN and inf included), an order of magnitude faster."""
+    if (type(x) is np.ndarray and type(y) is np.ndarray and type(c) is np.ndarray and x.dtype == y.dtype
+            and x.dtype.kind == "f" and x.dtype.itemsize in _UINT_OF and c.dtype == np.bool_):
+        keep, zero_on_false = (x, True) if _bits_zero(y) else (y, False) if _bits_zero(x) else (None, None)
+        shape = np.broadcast_shapes(c.shape, x.shape, y.shape)
+        if keep is not None and np.broadcast_shapes(c.shape, keep.shape) == shape:
+            ut = _UINT_OF[x.dtype.itemsize]
+            mask = c.astype(ut)  # 1 / 0
+            if zero_on_false:
+                np.negative(mask, out=mask)  # all ones where c
+            else:
+                np.subtract(mask, ut(1), out=mask)  # all ones where not c
+            if mask.shape == shape:
+                return np.bitwise_and(keep.view(ut), mask, out=mask).view(x.dtype)
+            return np.bitwise_and(keep.view(ut), mask).view(x.dtype)
+    return np.asarray(np.where(c, x, y)).astype(x.dtype, copy=False)
+
+
 where = defop(
     "where",
     3,
     _infer_where,
-    lambda c, x, y, attrs=None: np.asarray(np.where(c, x, y)).astype(x.dtype, copy=False),
+    _where_compute,
     grad=lambda c, g: [r if r is None or is_float_expr(a) else None for r, a in zip(_where_grad(c, g), c.args)],
     pattern=OpPattern.BROADCAST,
     torch_name="where",

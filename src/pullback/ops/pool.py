@@ -25,6 +25,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from . import transform as T
 from .common import float_arg, numel, same_dtype, tensor_arg
+from .elemwise import select_or_zero
 from .conv import eff, layout, pad_hw, padding4, pair, scatter_windows, windows
 from .nn import check_bool, count
 from .registry import OpPattern, defop, type_error
@@ -140,26 +141,63 @@ def _grad_flops(arg_types, out_type, attrs):
 # ------------------------------------------------------------------ max pooling
 
 
-def _max_scan(x, a):
-    """(max, flat index of the first max in row-major window order) per window: one pass per kernel offset."""
-    win, _ = _padded_windows(x, a, -np.inf)
-    best = np.array(win[..., 0, 0], copy=True)
-    idx = np.zeros(best.shape, np.int64)
+def _window_views(x, a) -> tuple[list, tuple]:
+    """One (N, C, OH, OW) view per kernel offset (row-major) of x padded with -inf, and the output size."""
+    win, out = _padded_windows(x, a, -np.inf)
     kh, kw = a.pool_size
-    for k in range(1, kh * kw):
-        v = win[..., k // kw, k % kw]
+    return [win[..., k // kw, k % kw] for k in range(kh * kw)], out
+
+
+def _max_scan(views):
+    """(max, index of the first max in row-major window order) per window, by strict comparison."""
+    best = np.array(views[0], copy=True)
+    idx = np.zeros(best.shape, np.int64)
+    for k in range(1, len(views)):
+        v = views[k]
         better = v > best  # strict: ties keep the earlier position
         np.copyto(best, v, where=better)
         np.copyto(idx, k, where=better)
     return best, idx
 
 
+def _window_max(views):
+    """The max of each window by ``np.maximum``, or None when a window holds NaN (then ``_max_scan`` decides)."""
+    best = np.array(views[0], copy=True) if len(views) == 1 else np.maximum(views[0], views[1])
+    for v in views[2:]:
+        np.maximum(best, v, out=best)
+    return None if np.isnan(best).any() else best
+
+
+def _first_max_hits(views) -> list:
+    """One bool mask per kernel offset: True where that offset holds its window's first maximum."""
+    best = _window_max(views)
+    if best is None:
+        idx = _max_scan(views)[1]
+        return [idx == k for k in range(len(views))]
+    hits, found = [], None
+    for k, v in enumerate(views):
+        hit = np.equal(v, best)
+        if found is None:
+            found = hit.copy() if len(views) > 1 else hit
+        else:
+            np.greater(hit, found, out=hit)  # hit and not found before
+            if k + 1 < len(views):
+                np.logical_or(found, hit, out=found)
+        hits.append(hit)
+    return hits
+
+
 def _argmax(x, a):
-    return _max_scan(x, a)[1], _out_hw(a, x.shape[2:])
+    views, out = _window_views(x, a)
+    return _max_scan(views)[1], out
 
 
 def _max_pool_compute(x, a):
-    return np.ascontiguousarray(_max_scan(x, a)[0], dtype=x.dtype)
+    views, _ = _window_views(x, a)
+    best = _window_max(views)
+    if best is None:
+        best = _max_scan(views)[0]
+    return np.ascontiguousarray(best, dtype=x.dtype)
 
 
 def _tiles(a, hw, out) -> bool:
@@ -169,15 +207,15 @@ def _tiles(a, hw, out) -> bool:
 
 
 def _max_pool_grad_compute(g, x, a):
-    idx, out = _argmax(x, a)
+    views, out = _window_views(x, a)
+    hits = _first_max_hits(views)
     kh, kw = a.pool_size
-    if _tiles(a, x.shape[2:], out):  # disjoint windows: write each offset's share in place, no scatter-add
-        res = np.zeros(x.shape[:2] + (out[0], kh, out[1], kw), g.dtype)
-        for k in range(kh * kw):
-            np.copyto(res[:, :, :, k // kw, :, k % kw], g, where=idx == k)
+    if _tiles(a, x.shape[2:], out):  # disjoint windows covering x: write each offset's share in place
+        res = np.empty(x.shape[:2] + (out[0], kh, out[1], kw), g.dtype)
+        for k, hit in enumerate(hits):
+            select_or_zero(hit, g, out=res[:, :, :, k // kw, :, k % kw])
         return res.reshape(x.shape)
-    zero = np.zeros((), g.dtype)
-    return _scatter(lambda i, j: np.where(idx == i * kw + j, g, zero), x.shape, a, out, g.dtype)
+    return _scatter(lambda i, j: select_or_zero(hits[i * kw + j], g), x.shape, a, out, g.dtype)
 
 
 def _max_pool_gather_compute(x, src, a):

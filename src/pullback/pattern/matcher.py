@@ -113,17 +113,28 @@ def _expand(p: DFPattern, e: Expr, todo: list) -> bool:
             return False
         todo.extend(((p.cond, e.cond), (p.true_branch, e.true_branch), (p.false_branch, e.false_branch)))
         return True
-    if isinstance(p, TypePattern):
-        ok = _type_ok(p, e)
-    elif isinstance(p, AttrPattern):
-        ok = all(_same_attr(_attr_value(e, k), v) for k, v in p.attrs.items())
-    elif isinstance(p, PredicatePattern):
-        ok = bool(p.pred(e))
-    else:
-        return False
-    if ok:
+    if isinstance(p, (TypePattern, AttrPattern, PredicatePattern)):
+        todo.append((_Check(p), e))  # checked once the inner pattern (pushed last, popped first) matched
         todo.append((p.pattern, e))
-    return ok
+        return True
+    return False
+
+
+class _Check:
+    """A queued condition of a constrained pattern."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p):
+        self.p = p
+
+
+def _check(p, e: Expr) -> bool:
+    if isinstance(p, TypePattern):
+        return _type_ok(p, e)
+    if isinstance(p, AttrPattern):
+        return all(_same_attr(_attr_value(e, k), v) for k, v in p.attrs.items())
+    return bool(p.pred(e))
 
 
 def match_pattern(pattern: DFPattern, expr: Expr) -> Optional[dict]:
@@ -134,6 +145,11 @@ def match_pattern(pattern: DFPattern, expr: Expr) -> Optional[dict]:
         ok = True
         while todo:
             p, e = todo.pop()
+            if isinstance(p, _Check):
+                if not _check(p.p, e):
+                    ok = False
+                    break
+                continue
             prev = bound.get(p)
             if prev is not None:
                 if prev is not e:

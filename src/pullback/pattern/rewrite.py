@@ -21,7 +21,7 @@ inferred), so type-constrained patterns work on what earlier rules produced.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Union
 
 from ..analysis.type_infer import _Inferencer, infer_expr
 from ..ir.errors import PassError, PullbackError, TypeInferenceError
@@ -148,11 +148,12 @@ class _Typer:
             pass
 
 
-def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites: Optional[int] = None) -> Expr:
+def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites: int = 10_000) -> Expr:
     """Apply ``rules`` to every node under ``root`` until none fires; returns the new root.
 
     Operates in one scope level (primitive Function bodies are not entered).
-    Raises PassError when the rules keep rewriting (more than ``max_rewrites``).
+    Raises PassError when the rules keep rewriting one position (more than
+    ``max_rewrites`` successive replacements of a node and its replacements).
     """
     table = _normalize_rules(rules)
     index = _RuleIndex(table)
@@ -160,7 +161,7 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
     done: set[int] = set()  # ids of settled nodes (fixed points)
     fwd: dict[int, Expr] = {}  # id(node) -> what replaces it (may itself be forwarded)
     keep: list = []  # keeps every node we keyed by id alive
-    rewrites = expanded_count = 0
+    depth: dict[int, int] = {}  # id(replacement) -> how many rewrites led to it
 
     def resolve(x: Expr) -> Expr:
         y = x
@@ -178,7 +179,6 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
             continue
         if not expanded:
             stack.append((node, True))
-            expanded_count += 1
             kids = node.children()
             for i in range(len(kids) - 1, -1, -1):
                 k = kids[i]
@@ -209,10 +209,10 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
                 keep.append(cur)
                 fwd[nid] = cur
             continue
-        rewrites += 1
-        budget = max_rewrites if max_rewrites is not None else 10_000 + 10 * expanded_count
-        if rewrites > budget:
-            raise PassError(f"rewrite did not reach a fixed point after {budget} rewrites (last pattern: {rule.pattern!r})")
+        d = depth.get(nid, 0) + 1
+        if d > max_rewrites:
+            raise PassError(f"rewrite did not reach a fixed point: {max_rewrites} successive rewrites of one node (last pattern: {rule.pattern!r})")
+        depth[id(replacement)] = d
         keep.append(replacement)
         fwd[nid] = replacement
         if cur is not node:

@@ -6,17 +6,20 @@ element is that value. The rewrite fires only when ``x`` already has the
 result type, and never when broadcasting against the other operand could
 change the shape at run time (an ``Any`` dimension the other operand does not
 hold as 1, unless the other operand is ``zeros_like(x)``-style of ``x`` itself).
+When the identity only broadcasts ``x`` to a static result shape of the same
+dtype (``x(3,) * ones((2, 3))``), it becomes ``broadcast_to(x, (2, 3))``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..ir.expr import Call, Constant, Expr
 from ..ir.types import Any, TensorType
 from ..ops.registry import OpDef
+from ..ops.transform import broadcast_to
 from ..pattern import is_op, rewrite_module, wildcard
 from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
 
@@ -47,7 +50,7 @@ def uniform_value(e: Expr) -> Optional[np.ndarray]:
     return None
 
 
-def _is_value(v) -> callable:
+def _is_value(v) -> Callable[[Expr], bool]:
     def pred(e: Expr) -> bool:
         u = uniform_value(e)
         return u is not None and bool(u == v)
@@ -87,7 +90,13 @@ def _identity_rule(op_name: str, pos: int, value):
     pattern = is_op(op_name)(*((x, k) if pos == 0 else (k, x)))
 
     def callback(node: Expr, c: dict) -> Optional[Expr]:
-        return c["x"] if keeps_type(c["x"], c["k"], node) else None
+        x = c["x"]
+        if keeps_type(x, c["k"], node):
+            return x
+        xt, rt = x._checked_type, node._checked_type
+        if isinstance(xt, TensorType) and isinstance(rt, TensorType) and rt.is_static and xt.dtype == rt.dtype:
+            return broadcast_to(x, rt.shape)  # the identity only broadcasts x: say so
+        return None
 
     return pattern, callback
 
