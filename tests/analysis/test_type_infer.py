@@ -129,7 +129,7 @@ def test_infer_100k_nodes_is_fast_enough():
     """Reported figure (no assert on time): 100,000 nodes through inference."""
     x = pb.var("x", shape=(4,))
     e = x
-    for i in range(50_000):
+    for _ in range(50_000):
         e = op.tanh(e) + x
     t0 = time.perf_counter()
     infer_expr(e)

@@ -68,7 +68,7 @@ def test_simplify_expr_is_idempotent(mod):
 
 
 @SETTINGS
-@given(mod=programs(max_nodes=12, dtypes=("float32", "float64", "int32"), allow_if=False))  # see NO_IF_UNTIL_FIXED
+@given(mod=PROGRAMS)
 def test_standard_cleanup_is_idempotent(mod):
     _idempotent(T.standard_cleanup, mod)
     _idempotent(T.standard_cleanup, _gradient(mod))

@@ -470,3 +470,174 @@ def test_bad_arguments():
         FirstOrderGradient("nope")(pb.IRModule.from_expr(Function([x], x)))
     with pytest.raises(pb.PassError):
         gradient("not a function")
+
+
+# ------------------------------------------------------------------ If: only the taken branch runs
+
+
+def _branch_scope_of(fn: Function, name: str) -> list:
+    """The scopes (in the gradient program) of every call to ``name``."""
+    from pullback.ir.scope import ScopeInfo
+
+    info = ScopeInfo(fn.body)
+    return [info.scope_of[id(n)] for n in post_order(fn.body) if isinstance(n, Call) and n.op_name == name]
+
+
+def _cleaned_grad(f: Function) -> Function:
+    mod = pb.transform.standard_cleanup()(FirstOrderGradient()(pb.IRModule.from_expr(f)))
+    g = mod["main_grad"]
+    assert_valid(g)
+    return g
+
+
+def test_if_branch_forward_work_stays_in_its_branch():
+    c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
+    f = Function([c, x], If(c, op.exp(x), op.tanh(x)))
+    g = _cleaned_grad(f)
+    for name, branch in (("exp", 0), ("tanh", 1)):
+        scopes = _branch_scope_of(g, name)
+        assert len(scopes) == 1
+        assert scopes[0].if_node is not None and scopes[0].branch == branch
+    for cond in (True, False):
+        check_grad(f, [np.array(cond), randn(3)])
+
+
+def test_residuals_other_than_the_result_are_returned_by_the_forward_if():
+    c, x, y = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+    e, s = op.exp(x), op.sin(y)
+    f = Function([c, x, y], op.sum(If(c, op.multiply(e, s), op.multiply(op.tanh(x), y))))
+    g = gradient(f)
+    for name in ("exp", "sin", "tanh"):
+        assert all(s.if_node is not None for s in _branch_scope_of(g, name)), name
+    head = g.body.fields[0].args[0]  # sum(F.0): the forward If, widened to (result, residuals...)
+    assert isinstance(head, TupleGetItem) and head.index == 0 and isinstance(head.tuple_value, If)
+    assert len(head.tuple_value.checked_type.fields) > 1
+    assert_valid(g)
+    for cond in (True, False):
+        check_grad(f, [np.array(cond), randn(2, 3), randn(2, 3)])
+
+
+def test_guarded_log_is_not_evaluated_on_the_other_side():
+    x = pb.var("x", shape=(3,))
+    cond = op.greater(op.min(x), pb.const(0.0))
+    f = Function([x], op.sum(If(cond, op.multiply(op.log(x), x), op.negative(x))))
+    g = _cleaned_grad(f)
+    assert all(s.if_node is not None for s in _branch_scope_of(g, "log"))
+    exe = pb.build(pb.IRModule.from_expr(g))
+    neg = -np.abs(randn(3)) - 0.5
+    with np.errstate(invalid="raise", divide="raise"):  # log of a negative would raise
+        r, (gx,) = exe["main"](neg)
+    np.testing.assert_allclose(gx, -np.ones(3))
+    pos = np.abs(randn(3)) + 0.5
+    check_grad(f, [pos])
+    check_grad(f, [neg])
+
+
+_COUNT = {"n": 0}
+
+
+def _counting_exp(x, attrs=None):
+    _COUNT["n"] += 1
+    return np.exp(x)
+
+
+COUNTING_EXP = OpDef("test.counting_exp", 1, _id_infer, _counting_exp,
+                     grad=lambda call, g: [op.multiply(g, call)])  # not registered
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_untaken_branch_runs_nothing_in_the_gradient_program(nested):
+    c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
+    taken = Call(COUNTING_EXP, [x])
+    if nested:
+        d = pb.var("d", shape=(), dtype="bool")
+        then = If(d, op.tanh(taken), op.multiply(taken, x))
+        f = Function([c, d, x], op.sum(If(c, then, op.negative(x))))
+    else:
+        f = Function([c, x], op.sum(If(c, op.tanh(taken), op.negative(x))))
+    g = gradient(f)
+    assert_valid(g)
+    exe = pb.build(pb.IRModule.from_expr(g))
+    flags = [np.array(False)] * (2 if nested else 1)
+    _COUNT["n"] = 0
+    exe["main"](*flags, randn(3))
+    assert _COUNT["n"] == 0
+    xv = randn(3)
+    flags = [np.array(True)] * (2 if nested else 1)
+    r, grads = exe["main"](*flags, xv)
+    assert _COUNT["n"] == 1  # forward value computed once and reused by the backward
+    ex = np.exp(xv)
+    want = (1 - np.tanh(ex) ** 2) * ex
+    np.testing.assert_allclose(grads[-1], want, rtol=1e-5)
+
+
+def _nested_residual_program():
+    a, b = pb.var("a", shape=(), dtype="bool"), pb.var("b", shape=(), dtype="bool")
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    inner = If(b, op.multiply(op.exp(x), y), op.tanh(op.multiply(x, y)))
+    outer = If(a, op.multiply(op.tanh(op.add(inner, x)), inner), op.sigmoid(op.multiply(y, y)))
+    return Function([a, b, x, y], op.sum(op.multiply(outer, op.tanh(x))))
+
+
+@pytest.mark.parametrize("c1,c2", [(True, True), (True, False), (False, True), (False, False)])
+def test_nested_ifs_with_residuals(c1, c2):
+    f = _nested_residual_program()
+    check_grad(f, [np.array(c1), np.array(c2), randn(3), randn(3)])
+
+
+def test_nested_if_forward_work_stays_nested():
+    f = _nested_residual_program()
+    for g in (gradient(f), _cleaned_grad(f)):
+        exps = _branch_scope_of(g, "exp")
+        assert len(exps) == 1 and exps[0].depth == 2  # then of inner, inside then of outer
+        sig = _branch_scope_of(g, "sigmoid")
+        assert len(sig) == 1 and sig[0].if_node is not None and sig[0].branch == 1
+        assert_valid(g)
+
+
+@pytest.mark.parametrize("c1,c2", [(True, True), (False, True), (True, False)])
+def test_nested_ifs_second_order(c1, c2):
+    f = _nested_residual_program()
+    check_second_order(f, [np.array(c1), np.array(c2), randn(3), randn(3)], wrt=["x", "y"])
+
+
+def test_if_with_tuple_result_and_residuals():
+    c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
+    e = op.exp(x)
+    t = If(c, Tuple([op.multiply(e, e), op.tanh(e)]), Tuple([op.negative(x), op.sigmoid(x)]))
+    f = Function([c, x], op.add(op.sum(TupleGetItem(t, 0)), op.sum(op.multiply(TupleGetItem(t, 1), x))))
+    g = gradient(f)
+    assert all(s.if_node is not None for s in _branch_scope_of(g, "exp"))
+    assert_valid(g)
+    for cond in (True, False):
+        check_grad(f, [np.array(cond), randn(3)])
+        check_second_order(f, [np.array(cond), randn(3)], wrt=["x"])
+
+
+@pytest.mark.parametrize("c1,c2", [(True, True), (True, False), (False, True), (False, False)])
+def test_if_results_feeding_later_computation_with_shared_values(c1, c2):
+    a, b = pb.var("a", shape=(), dtype="bool"), pb.var("b", shape=(), dtype="bool")
+    x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
+    shared = op.tanh(x)  # used in both Ifs and after them
+    r1 = If(a, op.multiply(op.exp(y), shared), op.sigmoid(op.add(x, y)))
+    r2 = If(b, op.multiply(shared, shared), op.exp(op.multiply(r1, y)))
+    f = Function([a, b, x, y], op.sum(op.multiply(op.multiply(r1, r2), shared)))
+    g = gradient(f)
+    assert all(s.if_node is not None for s in _branch_scope_of(g, "sigmoid"))
+    assert_valid(g)
+    check_grad(f, [np.array(c1), np.array(c2), randn(2, 3), randn(2, 3)])
+
+
+def test_dynamic_shape_residual_stays_shared_and_correct():
+    c = pb.var("c", shape=(), dtype="bool")
+    x = pb.Var("x", TensorType((Any, 3), "float32"))
+    f = Function([c, x], op.sum(If(c, op.exp(op.tanh(x)), op.negative(x))))
+    g = gradient(f)
+    assert_valid(g)
+    exe = pb.build(pb.IRModule.from_expr(g))
+    xv = randn(4, 3)
+    for cond in (True, False):
+        _, (gx,) = exe["main"](np.array(cond), xv)
+        th = np.tanh(xv)
+        want = np.exp(th) * (1 - th ** 2) if cond else -np.ones_like(xv)
+        np.testing.assert_allclose(gx, want, rtol=1e-5)

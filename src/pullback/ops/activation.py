@@ -14,9 +14,9 @@ import numpy as np
 from ..ir.expr import Call, Expr
 from . import elemwise as E
 from . import reduce as R
+from . import special
 from .common import float_arg, normalize_axis
 from .nn import check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer
-from . import special
 from .registry import OpPattern, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")

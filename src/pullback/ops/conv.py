@@ -107,10 +107,10 @@ def im2col_t(win: np.ndarray) -> np.ndarray:
 
 def pad_hw(x: np.ndarray, pad: tuple, extra: tuple = (0, 0), value=0) -> np.ndarray:
     """Pad the two spatial dims of NCHW ``x`` by (top, left, bottom+extra_h, right+extra_w)."""
-    t, l, b, r = pad
-    if not (t or l or b or r or extra[0] or extra[1]):
+    top, left, bottom, right = pad
+    if not (top or left or bottom or right or extra[0] or extra[1]):
         return x
-    return np.pad(x, ((0, 0), (0, 0), (t, b + extra[0]), (l, r + extra[1])), constant_values=value)
+    return np.pad(x, ((0, 0), (0, 0), (top, bottom + extra[0]), (left, right + extra[1])), constant_values=value)
 
 
 def scatter_windows(parts, shape: tuple, k: tuple, s: tuple, d: tuple, pad: tuple, out: tuple, dtype) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Special functions shared by operator kernels (erf for ``erf`` and ``nn.gelu``).
 
-SciPy's vectorised ``erf`` is used when SciPy is installed (extra ``pullback[fast]``);
-otherwise libm's ``math.erf`` element by element (exact, slower). Results keep
-the input's floating dtype.
+float32/float16: a vectorised rational approximation (a few ulp). float64: SciPy's
+``erf`` when SciPy is installed (extra ``pullback[fast]``), otherwise libm's
+``math.erf`` element by element (exact, slower). Results keep the input's dtype.
 """
 
 from __future__ import annotations
@@ -24,11 +24,40 @@ def _scipy_erf():
     return erf
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """Elementwise erf of a float array, in its dtype (float16 computed in float32)."""
-    x = np.asarray(x)
+def erf64(x: np.ndarray) -> np.ndarray:
+    """Exact elementwise erf, computed in float64 and returned in x's dtype."""
     fast = _scipy_erf()
     if fast is not None:
-        work = x.astype(np.float32) if x.dtype == np.float16 else x
-        return np.asarray(fast(work), dtype=x.dtype)
+        return np.asarray(fast(x.astype(np.float64, copy=False)), dtype=x.dtype)
     return np.asarray(_erf_scalar(x.astype(np.float64)), dtype=x.dtype)
+
+
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (+-1 beyond, in float32): Eigen's/XLA's float32 rational
+# approximation, max relative error 4.5e-7 (a few ulp); 10x faster than SciPy's double-precision loop.
+_ERF_P = tuple(np.float32(v) for v in (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                                        -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                                        -1.60960333262415e-02))
+_ERF_Q = tuple(np.float32(v) for v in (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                                        -7.37332916720468e-03, -1.42647390514189e-02))
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Elementwise erf in x's dtype: float32/float16 by the rational approximation above,
+    float64 exactly (SciPy when installed, else libm element by element)."""
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float16):
+        return erf64(x)
+    x32 = np.clip(x, np.float32(-4.0), np.float32(4.0), dtype=np.float32)
+    x2 = np.multiply(x32, x32)
+    p = np.full_like(x2, _ERF_P[0])
+    for c in _ERF_P[1:]:
+        p *= x2
+        p += c
+    p *= x32
+    q = np.full_like(x2, _ERF_Q[0])
+    for c in _ERF_Q[1:]:
+        q *= x2
+        q += c
+    p /= q
+    return p.astype(x.dtype, copy=False)
+

@@ -13,7 +13,6 @@ kernel. A chain ``tanh -> multiply -> subtract`` therefore runs in one buffer.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np

@@ -9,8 +9,6 @@ result may be a (read-only) view of an input, e.g. for ``reshape``.
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from time import perf_counter
 from typing import Optional
 
@@ -20,77 +18,8 @@ from ..ir.expr import Call, Expr, Function, GlobalVar
 from ..ir.module import IRModule
 from .plan import CALL1, CALL2, CALLN, FN, GET, IF, JUMP, KERNEL_OPS, MOVE, RET, TUPLE, FunctionPlan, kernel_label
 from .profile import Profile, Profiler
+from .tuning import BlasThreads, keep_freed_memory
 from .values import convert_input, describe, find_mismatch, leaves, to_output
-
-
-# glibc's malloc hands blocks above a (dynamic) threshold back to the OS when they are freed, so each
-# training step page-faults its large intermediates afresh (measured: 3,000 faults and 4-6 ms of system
-# time per step of the benchmark CNN, a third of the step). The executor asks glibc, once per process, to
-# serve blocks below 64 MiB from the heap and to keep up to 512 MiB of freed heap for reuse.
-MALLOC_MMAP_THRESHOLD = 64 << 20
-MALLOC_TRIM_THRESHOLD = 512 << 20
-_malloc_tuned = False
-
-
-def keep_freed_memory() -> bool:
-    """Tune glibc malloc for repeated steps (see above); True when applied (Linux with glibc, once)."""
-    global _malloc_tuned
-    if _malloc_tuned or not sys.platform.startswith("linux"):
-        return _malloc_tuned
-    _malloc_tuned = True
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (e.g. musl): leave the allocator alone
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
-
-
-class _Blas:
-    """The thread count of NumPy's OpenBLAS (found among the loaded libraries), set for the span of a call.
-
-    On a shared 2-core machine an idle OpenBLAS worker spins and a busy one may be descheduled, so a
-    step with a 2-thread BLAS measured up to 3x (CNN) and 5x (transformer layer) slower than with one
-    thread, while one thread costs at most ~1.6x on an otherwise idle machine (``blas_threads``)."""
-
-    def __init__(self):
-        self.get = self.set = None
-        try:
-            with open("/proc/self/maps") as f:
-                paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and ".so" in line})
-        except OSError:
-            return
-        for path in paths:
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for suffix in ("64_", "_64", ""):
-                for prefix in ("scipy_openblas", "openblas"):
-                    get, set_ = getattr(lib, f"{prefix}_get_num_threads{suffix}", None), getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                    if get is not None and set_ is not None:
-                        self.get, self.set = get, set_
-                        return
-
-    def swap(self, n: Optional[int]) -> Optional[int]:
-        """Set n threads; returns the previous count (None when nothing changed)."""
-        if n is None or self.set is None:
-            return None
-        old = self.get()
-        if old != n:
-            self.set(n)
-            return old
-        return None
-
-
-_blas: Optional[_Blas] = None
-
-
-def blas() -> _Blas:
-    global _blas
-    if _blas is None:
-        _blas = _Blas()
-    return _blas
 
 
 def _kernel_error(ins: tuple, slots: list, plan: FunctionPlan, exc: BaseException) -> ExecutionError:
@@ -240,12 +169,8 @@ class CompiledFunction:
 
     def __call__(self, *inputs):
         args = self.convert_inputs(inputs)
-        old = blas().swap(self._exe.blas_threads)
-        try:
+        with self._exe.blas_limit():
             return to_output(run(self.plan, args, self._exe.check_outputs))
-        finally:
-            if old is not None:
-                blas().set(old)
 
     def __repr__(self) -> str:
         return f"<CompiledFunction @{self.name}>"
@@ -257,19 +182,18 @@ class Executable:
     Each function is compiled once, on first use, to a flat plan. ``fuse=True``
     runs each fused group (a call of a ``Primitive=1`` Function) as one kernel that
     reuses its own buffers (``runtime.fused``); ``fuse=False`` steps through it op by op.
-    ``tune_malloc=True`` keeps freed memory in the process for the next step (``keep_freed_memory``).
-    ``blas_threads``: OpenBLAS threads during a call (restored after it); None leaves NumPy's setting.
+    Process-wide tuning, off by default (``runtime.tuning``): ``tune_malloc=True`` keeps
+    freed memory in the process for the next step; ``blas_threads=n`` limits BLAS threads
+    during each call (restored after it).
     """
 
     target = "numpy"
 
-    def __init__(self, mod: IRModule, check_outputs: bool = False, fuse: bool = True, tune_malloc: bool = True,
-                 blas_threads: Optional[int] = 1):
+    def __init__(self, mod: IRModule, check_outputs: bool = False, fuse: bool = True, tune_malloc: bool = False,
+                 blas_threads: Optional[int] = None):
         if tune_malloc:
             keep_freed_memory()
-        if blas_threads is not None and (isinstance(blas_threads, bool) or not isinstance(blas_threads, int) or blas_threads < 1):
-            raise ExecutionError(f"blas_threads must be a positive int or None, got {blas_threads!r}")
-        self.blas_threads = blas_threads
+        self.blas_limit = BlasThreads(blas_threads)
         if not all(f._checked_type is not None for _, f in mod.items()):
             infer_module(mod)
         self.mod = mod
@@ -318,13 +242,9 @@ class Executable:
         entry.plan.ensure()
         args = entry.convert_inputs(inputs)
         prof = Profiler(leaves(args) + list(entry.plan.template))
-        old = blas().swap(self.blas_threads)
-        try:
+        with self.blas_limit():
             t0 = perf_counter()
             out = to_output(run(entry.plan, args, self.check_outputs, prof))
-        finally:
-            if old is not None:
-                blas().set(old)
         return prof.result(func, perf_counter() - t0, out)
 
     def __repr__(self) -> str:

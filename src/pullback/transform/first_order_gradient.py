@@ -9,7 +9,9 @@ For ``@main(x0..xn) -> r`` it adds ``@main_grad(x0..xn) -> (r, (dx0..dxn))``
    integer parameters in ``wrt``) into one ``DiagnosticError``;
 2. calls to global and primitive functions are inlined (callees first);
 3. one reverse sweep (``ad.sweep``) over the body in reverse post order,
-   linear in the program size, iterative (no recursion on depth or nesting).
+   linear in the program size, iterative (no recursion on depth or nesting);
+   a forward If whose backward needs branch-local values is widened to return
+   them too (``ad.residuals``), so only the taken branch runs.
 """
 
 from __future__ import annotations
@@ -119,9 +121,9 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
     seed, ct = _seed(body, mode)
     sweep.run(seed)
     grads = [sweep.param_adjoint(p) for p in params]
-    out = typed(Tuple([body, typed(Tuple(grads))]))
+    out = sweep.finish(typed(Tuple([body, typed(Tuple(grads))])))
     new_params = list(fn.params) + ([ct] if ct is not None else [])
-    ret = TupleType((body.checked_type, TupleType(tuple(g.checked_type for g in grads))))
+    ret = TupleType((out.fields[0].checked_type, TupleType(tuple(g.checked_type for g in grads))))
     grad_fn = Function(new_params, out, ret)
     grad_fn._checked_type = FuncType(tuple(p.type_annotation for p in new_params), ret)
     return grad_fn

@@ -13,10 +13,16 @@
   condition, ``If(cond, Tuple(then contributions), Tuple(else contributions))``
   (zeros for a node one branch does not touch), and each outside node receives
   its ``TupleGetItem`` of it. Forward nodes of a branch that the backward branch
-  uses are shared: they are then used by two Ifs, so scope analysis evaluates
-  them in the enclosing scope (unconditionally), which is correct for pure
-  programs. Nested Ifs are handled by an explicit stack of frames, never by
-  Python recursion.
+  uses (residuals, ``ad.residuals``) are not shared with it, which would make
+  scope analysis hoist them out of the branch: the forward If ``r`` is widened
+  to ``F = If(cond, (T, resT.., zeros..), (E, zeros.., resE..))``, the backward
+  branches read ``F.i`` and every use of ``r`` becomes ``F.0``; only the taken
+  branch's forward work runs. A residual that is the branch result is read from
+  ``r`` itself (no widening needed when that is all). Limitation: a residual
+  with a dynamic shape (no ``zeros`` without a value) stays shared, and is then
+  evaluated in the enclosing scope as before. Nested Ifs are handled by an
+  explicit stack of frames, never by Python recursion; an inner widened If is a
+  forward node of the outer branch (and so a residual of the outer If).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ...ir.scope import Scope, ScopeInfo
 from ...ir.types import TensorType, TupleType, is_float
 from ...ops.registry import OpDef
 from .common import Path, at_path, binding, build_struct, fill_like, get_item, rule_type_error, sum_terms, type_at, typed
+from .residuals import find_residuals, fresh_uid, rebind, static_type, substitute
 
 
 class _Frame:
@@ -44,7 +51,7 @@ class _Frame:
         self.adj: dict[int, dict[Path, list]] = {}  # local nodes: id -> leaf path -> contributions
         self.outside: dict[tuple[int, Path], tuple[Expr, Path, list]] = {}  # nodes of enclosing scopes
         self.parent = parent
-        self.pending = None  # (if_node, then_frame, else_frame) while its branches are swept
+        self.pending = None  # (if_node, then_frame, else_frame, start uid) while its branches are swept
 
 
 class ReverseSweep:
@@ -58,6 +65,24 @@ class ReverseSweep:
         has_if = any(isinstance(n, If) for n in order)
         self.scopes = ScopeInfo(body, order) if has_if else None
         self.root = _Frame(self.scopes.root if has_if else None, self.scopes.root.nodes if has_if else order, None)
+        self.widened: dict[int, Expr] = {}  # id(forward If) -> its widened If F (``finish``: uses become F.0)
+        self.wide_scope: dict[int, Scope] = {}  # id(F) -> the scope of the If it replaces
+
+    def read(self, node: Expr) -> Optional[tuple]:
+        """``(key, scope)`` when ``node`` reads a forward value, else None (a node the sweep built).
+
+        A widened If ``F`` is read field by field (key ``(id(F), i)``, so residual tuples
+        stay flat however deep Ifs nest); a widened forward If reads ``F.0``."""
+        s = self.scopes.scope_of.get(id(node))
+        if s is not None:
+            w = self.widened.get(id(node))
+            return ((id(w), 0), s) if w is not None else (id(node), s)
+        if type(node) is TupleGetItem:
+            s = self.wide_scope.get(id(node.tuple_value))
+            if s is not None:
+                return (id(node.tuple_value), node.index), s
+        s = self.wide_scope.get(id(node))
+        return None if s is None else (id(node), s)
 
     # ------------------------------------------------------------ contributions
     def contribute(self, frame: _Frame, node: Expr, path: Path, value: Optional[Expr]) -> None:
@@ -133,12 +158,13 @@ class ReverseSweep:
                 if leaves:
                     then_s, else_s = self.scopes.branch_scopes(node)
                     frames = []
+                    start = fresh_uid()
                     for scope, result in ((then_s, node.true_branch), (else_s, node.false_branch)):
                         bf = _Frame(scope, scope.nodes, f)
                         for p, g in leaves.items():
                             self.contribute(bf, result, p, g)
                         frames.append(bf)
-                    f.pending = (node, frames[0], frames[1])
+                    f.pending = (node, frames[0], frames[1], start)
                     stack.append(frames[1])
                     stack.append(frames[0])
                     continue
@@ -183,7 +209,7 @@ class ReverseSweep:
 
     def finish_if(self, f: _Frame) -> None:
         """Build the gradient If from both branch sweeps and route its fields outward."""
-        node, tf, ef = f.pending
+        node, tf, ef, start = f.pending
         f.pending = None
         f.i -= 1
         keys = list(tf.outside)
@@ -201,10 +227,49 @@ class ReverseSweep:
                 else:
                     fields.append(sum_terms(entry[2]))
             sides.append(typed(Tuple(fields)))
+        sides = self.read_residuals(node, sides, start)
         grad_if = typed(If(node.cond, sides[0], sides[1]))
         for k, key in enumerate(keys):
             target, p, _ = tf.outside.get(key) or ef.outside[key]
             self.contribute(f, target, p, typed(TupleGetItem(grad_if, k)))
+
+    def read_residuals(self, node: If, sides: list, start: int) -> list:
+        """Rewrite the backward branches ``sides`` to read their residuals from the widened If
+        (see the module docstring); registers the widening of ``node``."""
+        results = (node.true_branch, node.false_branch)
+        found = [find_residuals(side, scope, start, self.read) for side, scope in zip(sides, self.scopes.branch_scopes(node))]
+        if not found[0] and not found[1]:
+            return sides
+        result_keys = [self.read(r) for r in results]
+        result_keys = [k[0] if k is not None else None for k in result_keys]
+        passed = [[(key, nodes) for key, nodes in res.items() if key != rk and static_type(nodes[0].checked_type)]
+                  for res, rk in zip(found, result_keys)]
+        wide = node
+        if passed[0] or passed[1]:
+            zeros = [[build_struct(nodes[0].checked_type, lambda p, t: fill_like(0.0, t, None)) for _, nodes in ps]
+                     for ps in passed]
+            wide = typed(If(node.cond, typed(Tuple([results[0], *(ns[0] for _, ns in passed[0]), *zeros[1]])),
+                            typed(Tuple([results[1], *zeros[0], *(ns[0] for _, ns in passed[1])]))))
+            self.widened[id(node)] = wide
+            self.wide_scope[id(wide)] = self.scopes.scope_of[id(node)]
+            head = typed(TupleGetItem(wide, 0))
+        else:
+            head = node
+        offsets = (1, 1 + len(passed[0]))
+        out = []
+        for side, res, rk, offset, ps in zip(sides, found, result_keys, offsets, passed):
+            memo: dict[int, Expr] = {}
+            for k, (_, nodes) in enumerate(ps):
+                field = typed(TupleGetItem(wide, offset + k))
+                memo.update((id(n), field) for n in nodes)
+            memo.update((id(n), head) for n in res.get(rk, ()))
+            out.append(rebind(side, memo, start, self.read) if memo else side)
+        return out
+
+    def finish(self, out: Expr) -> Expr:
+        """``out`` (built from the forward body and the adjoints) with every widened If's
+        forward uses replaced by its field 0."""
+        return substitute(out, self.widened)
 
     def param_adjoint(self, param: Var) -> Expr:
         """The gradient of ``param``: its summed adjoint, zeros where nothing reached it."""

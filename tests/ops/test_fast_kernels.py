@@ -1,0 +1,130 @@
+"""The fast paths of kernels (bitwise where, max-pool masks, conv2d_transpose routes, float32 erf)
+against straightforward NumPy references, including NaN, inf, -0.0 and ties."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pullback.ops import conv as C
+from pullback.ops import pool as P
+from pullback.ops.elemwise import _where_compute, select_or_zero
+from pullback.ops.special import erf
+from pullback.ir.errors import ExecutionError
+from pullback.runtime.numpy_executor import Executable
+from pullback.runtime.tuning import keep_freed_memory
+
+RNG = np.random.default_rng(7)
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _specials(dtype, shape):
+    x = RNG.standard_normal(shape).astype(dtype)
+    x.flat[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shapes", [((4, 5), (4, 5), (4, 5)), ((4, 5), (5,), (4, 5)), ((4, 1), (4, 5), ()),
+                                    ((5,), (4, 5), (4, 5)), ((4, 5), (4, 5), (1,))])
+def test_where_with_a_zero_branch_matches_np_where_bitwise(dtype, shapes):
+    cs, xs, ys = shapes
+    c = RNG.standard_normal(cs) > 0
+    x = _specials(dtype, xs) if len(xs) == 2 else RNG.standard_normal(xs).astype(dtype)
+    for a, b in ((x, np.zeros(ys, dtype)), (np.zeros(ys, dtype), x), (x, np.full(ys, -0.0, dtype))):
+        got, want = _where_compute(c, a, b), np.where(c, a, b)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_select_or_zero_writes_into_a_strided_out():
+    g = _specials(np.float32, (3, 4))
+    hit = RNG.standard_normal((3, 4)) > 0
+    out = np.full((3, 2, 4), 7.0, np.float32)
+    select_or_zero(hit, g, out=out[:, 1])
+    assert np.array_equal(_bits(out[:, 1]), _bits(np.where(hit, g, np.float32(0))))
+    assert np.all(out[:, 0] == 7.0)
+
+
+def _reference_max_pool_grad(g, x, a):
+    views, out = P._window_views(x, a)
+    _, idx = P._max_scan(views)
+    kw = a.pool_size[1]
+    return P._scatter(lambda i, j: np.where(idx == i * kw + j, g, np.zeros((), g.dtype)), x.shape, a, out, g.dtype)
+
+
+@pytest.mark.parametrize("ps,st,pad,dil,ceil", [
+    ((2, 2), (2, 2), (0, 0), (1, 1), False), ((3, 3), (2, 2), (1, 1), (1, 1), True),
+    ((2, 3), (1, 1), (0, 1), (2, 1), False), ((3, 3), (3, 2), (0, 0), (1, 1), True)])
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, ceil, with_nan):
+    a = P.MaxPool2DAttrs(pool_size=ps, strides=st, padding=pad, dilation=dil, ceil_mode=ceil)
+    x = np.maximum(np.round(RNG.standard_normal((2, 3, 8, 8))), 0).astype(np.float32)  # many ties
+    if with_nan:
+        x.flat[RNG.integers(0, x.size, 6)] = np.nan
+    y = P._max_pool_compute(x, a)
+    assert np.array_equal(y, P._max_scan(P._window_views(x, a)[0])[0], equal_nan=True)
+    g = _specials(np.float32, y.shape)
+    for gg in (g, np.broadcast_to(g[:, :, :1, :1], g.shape)):
+        with np.errstate(invalid="ignore"):  # inf + -inf where overlapping windows add up
+            got, want = P._max_pool_grad_compute(gg, x, a), _reference_max_pool_grad(gg, x, a)
+        assert got.shape == x.shape and got.dtype == x.dtype
+        assert np.array_equal(got, want, equal_nan=True)  # -0.0 == 0.0
+
+
+@pytest.mark.parametrize("strides,k,pad,dil,groups,out_pad,ci,og", [
+    c for c in itertools.product([(1, 1), (2, 2), (2, 1)], [(3, 3), (2, 3)], [(0, 0), (1, 1)], [(1, 1), (2, 1)],
+                                 [1, 2], [(0, 0), (1, 0)], [4], [2, 6])
+    if c[5][0] < c[0][0] and c[5][1] < c[0][1]])
+def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_pad, ci, og):
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((2, ci, 5, 6))
+    w = RNG.standard_normal((ci, og, *k))
+    a = C.Conv2DTransposeAttrs(strides=strides, padding=pad, dilation=dil, groups=groups, output_padding=out_pad)
+    got = C._conv2d_transpose_compute(x, w, a)
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), stride=strides, padding=pad,
+                                                dilation=dil, groups=groups, output_padding=out_pad).numpy()
+    assert got.shape == want.shape and got.dtype == x.dtype and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_conv2d_transpose_with_padding_wider_than_the_kernel():
+    torch = pytest.importorskip("torch")
+    x, w = RNG.standard_normal((1, 2, 7, 7)), RNG.standard_normal((2, 3, 3, 3))
+    got = C._conv2d_transpose_compute(x, w, C.Conv2DTransposeAttrs(padding=(3, 3)))  # crops x
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), padding=3).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_erf_float32_is_within_a_few_ulp_and_float64_is_exact():
+    scipy_special = pytest.importorskip("scipy.special")
+    x = np.concatenate([np.linspace(-6, 6, 200_001, dtype=np.float32), np.logspace(-30, 0, 1001).astype(np.float32)])
+    want = scipy_special.erf(x.astype(np.float64))
+    got = erf(x)
+    assert got.dtype == np.float32
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-38)) < 5e-7
+    assert np.array_equal(erf(np.array([np.nan, np.inf, -np.inf], np.float32)), [np.nan, 1, -1], equal_nan=True)
+    assert erf(x.astype(np.float16)).dtype == np.float16
+    x64 = x.astype(np.float64)
+    assert np.array_equal(erf(x64), scipy_special.erf(x64))
+
+
+def test_executor_options():
+    from pullback import op
+    from pullback.ir.expr import Function, var
+    from pullback.ir.module import IRModule
+
+    v = var("x", shape=(2, 2), dtype="float32")
+    mod = IRModule.from_expr(Function([v], op.nn.dense(v, v)))
+    with pytest.raises(ExecutionError, match="blas_threads"):
+        Executable(mod, blas_threads=0)
+    a = np.arange(4, dtype=np.float32).reshape(2, 2)
+    for threads in (1, 2, None):
+        np.testing.assert_allclose(Executable(mod, blas_threads=threads)["main"](a), a @ a.T)
+    np.testing.assert_allclose(Executable(mod, tune_malloc=True)["main"](a), a @ a.T)
+    assert isinstance(keep_freed_memory(), bool)
