@@ -150,7 +150,7 @@ def _na(reason: str) -> str:
     return "n/a (" + reason.splitlines()[0][:60] + ")"
 
 
-def bench(name: str, reps: int, compile_ok: bool) -> dict:
+def bench(name: str, reps: int, compile_ok: bool, threads: int, tune_malloc: bool) -> dict:
     mod, make_inputs = WORKLOADS[name]()
     inputs = make_inputs(0)
     gsl = GRAD_ARGS[name]
@@ -158,7 +158,7 @@ def bench(name: str, reps: int, compile_ok: bool) -> dict:
     t0 = time.perf_counter()
     grad = FuseOps()(standard_cleanup()(FirstOrderGradient()(mod)))
     row["pullback passes s"] = time.perf_counter() - t0
-    exe = pullback.build(grad)
+    exe = pullback.build(grad, blas_threads=threads, tune_malloc=tune_malloc)
     row["pullback numpy"] = median_ms(lambda: exe["main_grad"](*inputs), reps)
     row["flop ratio"] = flops(grad, "main_grad") / flops(mod, "main")
     row["pullback static peak MB"] = peak_memory(grad, "main_grad") / 2**20
@@ -172,7 +172,7 @@ def bench(name: str, reps: int, compile_ok: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     targs = [torch.tensor(a, requires_grad=(i in range(len(inputs))[gsl])) for i, a in enumerate(inputs)]
     loss_fn = torch_loss(name, F, torch)
 
@@ -230,11 +230,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--only", default="mlp,cnn,transformer")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--threads", type=int, default=THREADS, help="BLAS threads for pullback and torch.set_num_threads")
+    ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc as it is (see runtime.tuning)")
     args = ap.parse_args()
-    print(f"threads: torch.set_num_threads({THREADS}) (os.cpu_count()); NumPy/JAX use their defaults; "
-          f"medians of {args.reps} runs, ms")
+    tune = not args.no_tune_malloc
+    print(f"threads: {args.threads} for pullback's BLAS and torch.set_num_threads; JAX uses its default; "
+          f"glibc malloc tuned for the whole process: {tune}; medians of {args.reps} runs, ms")
     times = ["pullback numpy", "pullback jax", "torch eager", "torch.compile", "jax.jit", "tvm relax"]
-    rows = {n: bench(n, args.reps, not args.no_compile) for n in args.only.split(",")}
+    rows = {n: bench(n, args.reps, not args.no_compile, args.threads, tune) for n in args.only.split(",")}
     head = f"{'workload':<12s}" + "".join(f"{c:>16s}" for c in times)
     print(head)
     for n, r in rows.items():
