@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # PyTorch: this machine kind has a CPU build of 2.13.0 on disk; elsewhere any torch>=2.1 works.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test docs clean
+.PHONY: demo test docs fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ demo: $(VENV)/.core-installed
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest tests
+
+# long property runs and the parser fuzzer (CI runs a bounded number of examples in `make test`)
+FUZZ_SECONDS ?= 300
+fuzz: $(VENV)/.test-installed
+	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS)
+	$(BIN)/python -m pytest tests/properties tests/fuzz -q --hypothesis-profile long
 
 docs: $(VENV)/.core-installed
 	$(BIN)/python -m pip install -q mkdocs

@@ -145,15 +145,15 @@ def test_any_dims():
     y = pullback.var("y", shape=(3, 4))
     cases = [(op.strided_slice(x, (1,), (3,), None, (1,)), (A, 2)), (op.strided_slice(x, (0,), (2,)), (A, 4)),
              (op.concatenate([x, y], 0), (A, 4)), (op.concatenate([x, y], 1), (3, 8)), (op.split(x, 2), None),
-             (op.squeeze(pullback.var("z", shape=(1, A))), (A,)), (op.take(y, pullback.var("i", shape=(A,), dtype="int32")), (A,)),
+             (op.squeeze(pullback.var("z", shape=(1, A)), axis=0), (A,)), (op.take(y, pullback.var("i", shape=(A,), dtype="int32")), (A,)),
              (op.tile(x, (2, 1)), (A, 4)), (op.repeat(x, 2, 1), (A, 8)), (op.stack([x, y], 1), (3, 2, 4))]
     for e, want in cases:
         t = infer_expr(e)
         if want is not None:
             assert t.shape == want, (e.op.name, t)
     assert [f.shape for f in infer_expr(op.split(x, (1, 3), 1)).fields] == [(A, 1), (A, 2), (A, 1)]
-    (g,) = op.squeeze(pullback.var("z", shape=(1, A))).op.grad(e := op.squeeze(pullback.var("z", shape=(1, A))),
-                                                              pullback.var("g", shape=(A,)))
+    e = op.squeeze(pullback.var("z", shape=(1, A)), axis=0)
+    (g,) = e.op.grad(e, pullback.var("g", shape=(A,)))
     infer_expr(e)
     assert infer_expr(g).shape == (1, A)
 

@@ -128,17 +128,24 @@ def _dense_infer(arg_types, attrs):
 
 
 def _dense_grad(call: Call, g: Expr):
-    """dx = dense(g, w^T); dw = dense(g2^T, x2^T) with the leading dims of g and x flattened."""
+    """dx = dense(g, w^T); dw = dense(g2^T, x2^T) with the leading dims of g and x flattened
+    (by reshape when the sizes are static, else by moving the last axis first and batch_flatten)."""
     x, w = call.args
     xt = x.checked_type
     gx = dense(g, T.transpose(w, (1, 0)))
-    if xt.ndim == 2:
-        g2, x2 = g, x
+    units, k = w.checked_type.shape[0], xt.shape[-1]
+    if xt.ndim == 1:
+        gt, xt2 = T.reshape(g, (-1, 1)), T.reshape(x, (-1, 1))
+    elif xt.ndim == 2:
+        gt, xt2 = T.transpose(g, (1, 0)), T.transpose(x, (1, 0))
+    elif isinstance(units, int) and isinstance(k, int):
+        gt = T.transpose(T.reshape(g, (-1, units)), (1, 0))
+        xt2 = T.transpose(T.reshape(x, (-1, k)), (1, 0))
     else:
-        g2 = T.reshape(g, (-1, w.checked_type.shape[0]) if xt.ndim > 1 else (1, -1))
-        x2 = T.reshape(x, (-1, xt.shape[-1]) if xt.ndim > 1 else (1, -1))
-    gw = dense(T.transpose(g2, (1, 0)), T.transpose(x2, (1, 0)))
-    return [gx, gw]
+        last_first = (xt.ndim - 1,) + tuple(range(xt.ndim - 1))
+        gt = batch_flatten(T.transpose(g, last_first))
+        xt2 = batch_flatten(T.transpose(x, last_first))
+    return [gx, dense(gt, xt2)]
 
 
 def _dense_flops(arg_types, out_type, attrs):

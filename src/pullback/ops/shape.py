@@ -60,6 +60,9 @@ def _squeeze_axes(arg_types, attrs, shape) -> tuple:
 
 def _squeeze_infer(arg_types, attrs):
     x = tensor_arg("squeeze", arg_types, 0)
+    if attrs.axis is None and any(d is Any for d in x.shape):
+        # whether a ? dim is 1 is only known at run time, so the result's rank would be too
+        raise type_error("squeeze", arg_types, f"axis=None on shape {x.shape} with a ? dimension: give the axes to squeeze")
     axes = _squeeze_axes(arg_types, attrs, x.shape)
     return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
 

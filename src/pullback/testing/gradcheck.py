@@ -128,13 +128,15 @@ def _convert64(value, ty: Type):
     return out
 
 
-def _random_like(ty: Type, rng: np.random.Generator):
-    """A random value of type ``ty``: standard normal float leaves, zero int/bool leaves."""
+def _random_like(ty: Type, rng: np.random.Generator, like=None):
+    """A random value of type ``ty``: standard normal float leaves, zero int/bool leaves.
+
+    Shapes come from ``like`` (a value of type ``ty``, needed when ``ty`` has ``Any`` dims)."""
     value = None
     if isinstance(ty, TupleType):
         value = _zeros_struct(ty)
     for path, t in _leaf_paths(ty):
-        shape = tuple(int(d) for d in t.shape)
+        shape = np.shape(_get(like, path)) if like is not None else tuple(int(d) for d in t.shape)
         leaf = rng.standard_normal(shape) if t.dtype in FLOAT_DTYPES else np.zeros(shape, t.dtype)
         value = _set(value, path, np.asarray(leaf, dtype="float64" if t.dtype in FLOAT_DTYPES else t.dtype))
     return value
@@ -258,7 +260,7 @@ def check_grad(
     exe = build(gmod)
     rng = np.random.default_rng(seed)
     ret_t = fn.checked_type.ret_type
-    ct = _random_like(ret_t, rng)
+    ct = _random_like(ret_t, rng, like=exe[func](*xs))
     _, grads = exe[f"{func}_vjp"](*xs, ct)
 
     def s(args) -> float:
@@ -305,7 +307,7 @@ def check_second_order(
     fn = mod[func]
     rng = np.random.default_rng(seed)
     ret_t = fn.checked_type.ret_type
-    ct = _random_like(ret_t, rng)
+    ct = _random_like(ret_t, rng, like=build(mod)[func](*xs))
     mul, total, add = get_op("multiply"), get_op("sum"), get_op("add")
 
     def dot_const(value: Expr, ty: Type, const) -> Expr:
@@ -329,7 +331,7 @@ def check_second_order(
     mod = mod.with_function("__s", s_fn)
     mod = FirstOrderGradient("__s", wrt=[sp[i] for i in positions], mode="grad", name="__s_grad")(mod)
     grads_t = mod["__s_grad"].ret_type.fields[1]
-    v = _random_like(grads_t, rng)
+    v = _random_like(grads_t, rng, like=tuple(xs[i] for i in positions))
     hp = fresh(fn)
     grads = TupleGetItem(Call(mod.get_global_var("__s_grad"), hp), 1)
     mod = mod.with_function("__hv", Function(hp, dot_const(grads, grads_t, v)))

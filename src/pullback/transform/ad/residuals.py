@@ -1,41 +1,47 @@
 """Residuals of an If: the branch-local forward values its backward branch needs.
 
 The reverse sweep differentiates ``r = If(c, T, E)`` into a gradient If on the
-same condition. Forward nodes of a branch that the backward branch references
-(the *residuals*) are not shared between the two Ifs (scope analysis would then
-hoist them out of the branch and evaluate both branches unconditionally);
-instead the forward If is widened, JAX-style, into
+same condition. Forward nodes of a branch that the backward branch reads (the
+*residuals*) must not be shared between the two Ifs: scope analysis would hoist
+them out of the branch and evaluate both branches unconditionally. Instead the
+forward If is widened, JAX-style, into
 
     F = If(c, (T, resT..., zeros for resE...), (E, zeros for resT..., resE...))
 
-the backward branches read ``F.i``, and every use of ``r`` becomes ``F.0``
-(``substitute``, once, at the end of the sweep). Helpers here are iterative and
-touch only the nodes built by the branch sweep (``Expr._uid`` is a creation
-counter: nodes built since the branch sweep started have a uid >= its start).
+every use of ``r`` becomes ``F.0`` and the backward reads ``F.i``. A residual
+that is the branch result is read from ``r`` itself (no field needed).
+
+Nested Ifs: a residual of an inner If ``r2`` (in a branch of ``r``) is read by
+the backward from the outermost widened If: ``F`` carries ``F2.j`` as one of its
+own fields (tuples stay flat however deep Ifs nest). ``Residuals`` records, per
+If, how each residual is reached from the If's enclosing scope (``expose``); the
+backward reads of residuals under a top-level If are resolved in one final
+rebuild (``finish``) that also replaces the uses of every widened If.
+
+Only residuals whose type is fully static are passed (``zeros(shape)`` fills
+the other side; a ``zeros_like`` of another value could have a different shape
+at run time, which ``lax.cond`` rejects). A residual of dynamic shape stays
+shared, so scope analysis evaluates it (and what it depends on) in the
+enclosing scope, as before.
+
+Everything here is iterative; the walks touch only nodes the branch sweep built
+(``Expr._uid`` is a creation counter: they have a uid >= the sweep's start).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
-from ...ir.expr import Constant, Expr, TupleGetItem, Var
-from ...ir.scope import Scope
+from ...ir.expr import Constant, Expr, If, Tuple, TupleGetItem, Var
+from ...ir.scope import Scope, ScopeInfo
 from ...ir.traversal import rebuild
 from ...ir.types import TensorType, TupleType, Type
-
-ReadFn = Callable[[Expr], Optional[tuple]]  # a forward read: (key of the value, its scope), else None
+from .common import build_struct, fill_like, typed
 
 
 def fresh_uid() -> int:
     """A uid no existing node has: every node built from now on has a uid >= it."""
     return Expr()._uid
-
-
-def within(s: Scope, outer: Scope) -> bool:
-    """``s`` is ``outer`` or nested inside it."""
-    while s.depth > outer.depth:
-        s = s.parent
-    return s is outer
 
 
 def static_type(ty: Type) -> bool:
@@ -50,80 +56,134 @@ def static_type(ty: Type) -> bool:
     return True
 
 
-def find_residuals(root: Expr, branch: Scope, start: int, read: ReadFn) -> dict:
-    """The forward values of ``branch`` (or scopes nested in it) that the backward expression
-    ``root`` reads directly: ``{key: [nodes reading it]}`` in first-seen order. Walks only
-    nodes built since ``start`` (the backward branch); forward reads (``read(n)`` not None)
-    are leaves."""
-    out: dict = {}
+def _child_of(s: Scope, branch: Scope) -> Optional[Scope]:
+    """The scope directly under ``branch`` on the way up from ``s`` (``s`` is deeper); None if
+    ``s`` is not inside ``branch``."""
+    while s.depth > branch.depth + 1:
+        s = s.parent
+    return s if s.depth == branch.depth + 1 and s.parent is branch else None
+
+
+class Residuals:
+    """Widening of the forward Ifs of one body, built while the sweep finishes each If."""
+
+    def __init__(self, scopes: ScopeInfo):
+        self.scopes = scopes
+        self.widened: dict[int, Expr] = {}  # id(forward If r) -> F
+        self.expose: dict[int, dict[int, Expr]] = {}  # id(r) -> id(residual) -> its value in r's enclosing scope
+        self.reads: dict[int, Expr] = {}  # id(residual under a top-level If) -> what the backward reads
+        self.built: set[int] = set()  # ids of the nodes of the widened Ifs (forward nodes, not backward)
+
+    def find(self, root: Expr, branch: Scope, start: int) -> list[Expr]:
+        """Forward nodes of ``branch`` or scopes nested in it that the backward expression
+        ``root`` reads, in first-seen order. Walks only nodes built since ``start``."""
+        scope_of = self.scopes.scope_of
+        out: list[Expr] = []
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            s = scope_of.get(id(n))
+            if s is not None:
+                if (s is branch or _child_of(s, branch) is not None) and not isinstance(n, (Var, Constant)):
+                    out.append(n)
+                continue
+            if n._uid >= start:
+                stack.extend(n.children())
+        return out
+
+    def _value_in(self, v: Expr, branch: Scope) -> Optional[Expr]:
+        """``v``'s value as a node of ``branch`` scope: itself, or a field of an inner widened If."""
+        s = self.scopes.scope_of[id(v)]
+        if s is branch:
+            return v
+        inner = _child_of(s, branch).if_node
+        return self.expose.get(id(inner), {}).get(id(v))
+
+    def widen(self, node: If, sides: list, start: int, top_level: bool) -> None:
+        """Record the residuals of ``node`` read by its backward branches ``sides`` and, when
+        some are not branch results, the widened If (see the module docstring)."""
+        results = (node.true_branch, node.false_branch)
+        expose: dict[int, Expr] = {}
+        fields: list[list[tuple[Expr, Expr]]] = [[], []]  # per side: (residual, value in the branch)
+        for b, (side, branch) in enumerate(zip(sides, self.scopes.branch_scopes(node))):
+            for v in self.find(side, branch, start):
+                if v is results[b]:
+                    expose[id(v)] = node
+                elif static_type(v.checked_type):
+                    value = self._value_in(v, branch)
+                    if value is not None:
+                        fields[b].append((v, value))
+        if fields[0] or fields[1]:
+            before = fresh_uid()
+            values = [list({id(x): x for _, x in fs}.values()) for fs in fields]  # one field per value
+            zeros = [[build_struct(x.checked_type, lambda p, t: fill_like(0.0, t, None)) for x in xs] for xs in values]
+            then = typed(Tuple([results[0], *values[0], *zeros[1]]))
+            other = typed(Tuple([results[1], *zeros[0], *values[1]]))
+            wide = typed(If(node.cond, then, other))
+            self.widened[id(node)] = wide
+            index = {id(x): typed(TupleGetItem(wide, 1 + k)) for k, x in enumerate(values[0] + values[1])}
+            for fs in fields:
+                expose.update((id(v), index[id(x)]) for v, x in fs)
+            self.built.update(id(n) for n in _new_nodes(wide, before))
+            self.built.update(id(e) for e in expose.values() if e is not node)
+        self.expose[id(node)] = expose
+        if top_level:
+            self.reads.update(expose)
+
+    def finish(self, out: Expr) -> Expr:
+        """``out`` rebuilt once: uses of a widened If ``r`` become ``F.0``; backward nodes read
+        residuals through the fields recorded in ``reads``."""
+        if not self.widened and not self.reads:
+            return out
+        widened, reads, built, scope_of = self.widened, self.reads, self.built, self.scopes.scope_of
+
+        def kids(n: Expr) -> tuple:
+            w = widened.get(id(n))
+            if w is not None:
+                return (w,)
+            if id(n) in scope_of or id(n) in built:  # forward
+                return n.children()
+            return tuple(reads.get(id(c), c) for c in n.children())
+
+        memo: dict[int, Expr] = {}
+        visited: set[int] = set()
+        stack: list = [(out, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if not expanded:
+                if id(n) in visited:
+                    continue
+                visited.add(id(n))
+                stack.append((n, True))
+                stack.extend((c, False) for c in kids(n) if id(c) not in visited)
+                continue
+            w = widened.get(id(n))
+            if w is not None:
+                new = TupleGetItem(memo[id(w)], 0)
+            elif id(n) in scope_of or id(n) in built:
+                new = rebuild(n, lambda c: memo[id(c)])
+            else:
+                new = rebuild(n, lambda c: memo[id(reads.get(id(c), c))])
+            if new is not n:
+                new._checked_type = n._checked_type
+            memo[id(n)] = new
+        return memo[id(out)]
+
+
+def _new_nodes(root: Expr, start: int) -> list[Expr]:
+    """Nodes under ``root`` built since ``start``."""
+    out: list[Expr] = []
     seen: set[int] = set()
     stack = [root]
     while stack:
         n = stack.pop()
-        if id(n) in seen:
+        if id(n) in seen or n._uid < start:
             continue
         seen.add(id(n))
-        r = read(n)
-        if r is not None:
-            key, s = r
-            if not isinstance(n, (Var, Constant)) and within(s, branch):
-                out.setdefault(key, []).append(n)
-            continue
-        if n._uid >= start:
-            stack.extend(n.children())
+        out.append(n)
+        stack.extend(n.children())
     return out
-
-
-def rebind(root: Expr, memo: dict[int, Expr], start: int, read: ReadFn) -> Expr:
-    """``root`` with the nodes keyed in ``memo`` replaced, rebuilding only nodes built since
-    ``start`` that are not forward reads (types copied: replacements keep the type)."""
-    order: list[Expr] = []
-    visited: set[int] = set()
-    stack: list = [(root, False)]
-    while stack:
-        n, expanded = stack.pop()
-        if expanded:
-            order.append(n)
-            continue
-        if id(n) in visited or id(n) in memo or n._uid < start or read(n) is not None:
-            continue
-        visited.add(id(n))
-        stack.append((n, True))
-        stack.extend((c, False) for c in n.children())
-    get = memo.get
-    for n in order:
-        new = rebuild(n, lambda c: get(id(c), c))
-        if new is not n:
-            new._checked_type = n._checked_type
-            memo[id(n)] = new
-    return get(id(root), root)
-
-
-def substitute(root: Expr, table: dict[int, Expr]) -> Expr:
-    """``root`` with every If keyed in ``table`` replaced by ``table[id(r)].0`` (its widened
-    If), rebuilt once bottom-up; the widened Ifs are rebuilt too (nested Ifs)."""
-    if not table:
-        return root
-    memo: dict[int, Expr] = {}
-    visited: set[int] = set()
-    stack: list = [(root, False)]
-    while stack:
-        n, expanded = stack.pop()
-        if expanded:
-            wide = table.get(id(n))
-            if wide is not None:
-                new = TupleGetItem(memo[id(wide)], 0)
-            else:
-                new = rebuild(n, lambda c: memo[id(c)])
-            if new is not n:
-                new._checked_type = n._checked_type
-            memo[id(n)] = new
-            continue
-        if id(n) in visited:
-            continue
-        visited.add(id(n))
-        stack.append((n, True))
-        wide = table.get(id(n))
-        kids = (wide,) if wide is not None else n.children()
-        stack.extend((c, False) for c in kids if id(c) not in visited)
-    return memo[id(root)]

@@ -36,7 +36,7 @@ from ...ir.scope import Scope, ScopeInfo
 from ...ir.types import TensorType, TupleType, is_float
 from ...ops.registry import OpDef
 from .common import Path, at_path, binding, build_struct, fill_like, get_item, rule_type_error, sum_terms, type_at, typed
-from .residuals import find_residuals, fresh_uid, rebind, static_type, substitute
+from .residuals import Residuals, fresh_uid
 
 
 class _Frame:
@@ -65,24 +65,7 @@ class ReverseSweep:
         has_if = any(isinstance(n, If) for n in order)
         self.scopes = ScopeInfo(body, order) if has_if else None
         self.root = _Frame(self.scopes.root if has_if else None, self.scopes.root.nodes if has_if else order, None)
-        self.widened: dict[int, Expr] = {}  # id(forward If) -> its widened If F (``finish``: uses become F.0)
-        self.wide_scope: dict[int, Scope] = {}  # id(F) -> the scope of the If it replaces
-
-    def read(self, node: Expr) -> Optional[tuple]:
-        """``(key, scope)`` when ``node`` reads a forward value, else None (a node the sweep built).
-
-        A widened If ``F`` is read field by field (key ``(id(F), i)``, so residual tuples
-        stay flat however deep Ifs nest); a widened forward If reads ``F.0``."""
-        s = self.scopes.scope_of.get(id(node))
-        if s is not None:
-            w = self.widened.get(id(node))
-            return ((id(w), 0), s) if w is not None else (id(node), s)
-        if type(node) is TupleGetItem:
-            s = self.wide_scope.get(id(node.tuple_value))
-            if s is not None:
-                return (id(node.tuple_value), node.index), s
-        s = self.wide_scope.get(id(node))
-        return None if s is None else (id(node), s)
+        self.residuals = Residuals(self.scopes) if has_if else None
 
     # ------------------------------------------------------------ contributions
     def contribute(self, frame: _Frame, node: Expr, path: Path, value: Optional[Expr]) -> None:
@@ -227,49 +210,16 @@ class ReverseSweep:
                 else:
                     fields.append(sum_terms(entry[2]))
             sides.append(typed(Tuple(fields)))
-        sides = self.read_residuals(node, sides, start)
+        self.residuals.widen(node, sides, start, f.parent is None)
         grad_if = typed(If(node.cond, sides[0], sides[1]))
         for k, key in enumerate(keys):
             target, p, _ = tf.outside.get(key) or ef.outside[key]
             self.contribute(f, target, p, typed(TupleGetItem(grad_if, k)))
 
-    def read_residuals(self, node: If, sides: list, start: int) -> list:
-        """Rewrite the backward branches ``sides`` to read their residuals from the widened If
-        (see the module docstring); registers the widening of ``node``."""
-        results = (node.true_branch, node.false_branch)
-        found = [find_residuals(side, scope, start, self.read) for side, scope in zip(sides, self.scopes.branch_scopes(node))]
-        if not found[0] and not found[1]:
-            return sides
-        result_keys = [self.read(r) for r in results]
-        result_keys = [k[0] if k is not None else None for k in result_keys]
-        passed = [[(key, nodes) for key, nodes in res.items() if key != rk and static_type(nodes[0].checked_type)]
-                  for res, rk in zip(found, result_keys)]
-        wide = node
-        if passed[0] or passed[1]:
-            zeros = [[build_struct(nodes[0].checked_type, lambda p, t: fill_like(0.0, t, None)) for _, nodes in ps]
-                     for ps in passed]
-            wide = typed(If(node.cond, typed(Tuple([results[0], *(ns[0] for _, ns in passed[0]), *zeros[1]])),
-                            typed(Tuple([results[1], *zeros[0], *(ns[0] for _, ns in passed[1])]))))
-            self.widened[id(node)] = wide
-            self.wide_scope[id(wide)] = self.scopes.scope_of[id(node)]
-            head = typed(TupleGetItem(wide, 0))
-        else:
-            head = node
-        offsets = (1, 1 + len(passed[0]))
-        out = []
-        for side, res, rk, offset, ps in zip(sides, found, result_keys, offsets, passed):
-            memo: dict[int, Expr] = {}
-            for k, (_, nodes) in enumerate(ps):
-                field = typed(TupleGetItem(wide, offset + k))
-                memo.update((id(n), field) for n in nodes)
-            memo.update((id(n), head) for n in res.get(rk, ()))
-            out.append(rebind(side, memo, start, self.read) if memo else side)
-        return out
-
     def finish(self, out: Expr) -> Expr:
-        """``out`` (built from the forward body and the adjoints) with every widened If's
-        forward uses replaced by its field 0."""
-        return substitute(out, self.widened)
+        """``out`` (built from the forward body and the adjoints) with the forward Ifs widened
+        and the backward reading residuals from them (``ad.residuals``)."""
+        return out if self.residuals is None else self.residuals.finish(out)
 
     def param_adjoint(self, param: Var) -> Expr:
         """The gradient of ``param``: its summed adjoint, zeros where nothing reached it."""
