@@ -42,10 +42,9 @@ def test_pass_table_is_not_empty():
 
 
 # Open bugs (each has a strict-xfail reproducer in test_regressions.py; drop the entry when fixed):
-# - the nn.dense gradient rule fails for a weight with an Any dim (test_dense_gradient_with_dynamic_units);
 # - AD caches a static type on the adjoint of an If joining static and Any dims
 #   (test_gradient_of_if_joining_static_and_dynamic_dims).
-OPEN_AD_BUGS = ("attribute newshape must contain ints", "but its operands give")
+OPEN_AD_BUGS = ("but its operands give",)
 
 
 def gradient_module(mod):
