@@ -641,3 +641,27 @@ def test_dynamic_shape_residual_stays_shared_and_correct():
         th = np.tanh(xv)
         want = np.exp(th) * (1 - th ** 2) if cond else -np.ones_like(xv)
         np.testing.assert_allclose(gx, want, rtol=1e-5)
+
+
+def test_deeply_nested_ifs_keep_their_work_nested():
+    c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
+    depth = 120
+    h = x
+    for _ in range(depth):  # each If only in the then-branch of the next: nesting depth 120
+        h = If(c, op.add(h, op.multiply(op.exp(op.tanh(h)), pb.const(0.01))), op.sin(x))
+    g = gradient(Function([c, x], h))
+    assert_valid(g)
+    assert max(s.depth for s in _branch_scope_of(g, "exp")) == depth
+    exe = pb.build(pb.IRModule.from_expr(g))
+    xv = randn(3).astype("float64").astype("float32")
+    for cond in (True, False):
+        _, (gx,) = exe["main"](np.array(cond), xv)
+        if not cond:
+            np.testing.assert_allclose(gx, np.cos(xv), rtol=1e-5)
+            continue
+        v, d = xv.astype("float64"), np.ones(3)
+        for _ in range(depth):
+            t = np.tanh(v)
+            d = d * (1 + 0.01 * np.exp(t) * (1 - t ** 2))
+            v = v + 0.01 * np.exp(t)
+        np.testing.assert_allclose(gx, d, rtol=1e-4)

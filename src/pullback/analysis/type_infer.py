@@ -72,6 +72,9 @@ class _Inferencer:
         if self.mod is None or name not in self.mod:
             raise TypeInferenceError(f"call to unknown global function @{name}{_where(fn_name, gv)}")
         fn = self.mod[name]
+        if isinstance(fn._checked_type, FuncType):  # typed already (what infer_module would use)
+            self.fn_types[name] = fn._checked_type
+            return fn._checked_type
         if all(p.type_annotation is not None for p in fn.params) and fn.ret_type is not None:
             return FuncType(tuple(p.type_annotation for p in fn.params), fn.ret_type)
         raise TypeInferenceError(f"@{name} is used before its type is known (recursion needs a ret_type annotation){_where(fn_name, gv)}")
@@ -176,6 +179,53 @@ class _Inferencer:
         return ft.ret_type
 
 
+def carry_type(old: Expr, new: Expr) -> bool:
+    """Give ``new`` the cached type of ``old`` when ``new`` is ``old`` rebuilt over operands of the
+    same types (same node kind, callee, attributes); True if ``new`` is typed afterwards.
+
+    Types are a pure function of a node's kind, callee, attributes and operand types, so
+    this is what inference would compute, at the cost of one comparison per operand."""
+    if new._checked_type is not None:
+        return True
+    t = old._checked_type
+    if t is None or type(old) is not type(new):
+        return False
+    if isinstance(new, Call):
+        if new.op is not old.op or new.attrs is not old.attrs or isinstance(new.op, GlobalVar):
+            return False  # a global callee may change within a pass
+    elif isinstance(new, TupleGetItem):
+        if new.index != old.index:
+            return False
+    elif not isinstance(new, (Tuple, If)):
+        return False
+    a_kids, b_kids = old.children(), new.children()
+    if len(a_kids) != len(b_kids):
+        return False
+    for a, b in zip(a_kids, b_kids):
+        if a is not b:
+            ta, tb = a._checked_type, b._checked_type
+            if tb is None or (ta is not tb and ta != tb):
+                return False
+    new._checked_type = t
+    return True
+
+
+def type_rebuilt(old: Expr, new: Expr, inf: Optional["_Inferencer"] = None) -> None:
+    """Type ``new`` (``old`` rebuilt over other operands) without walking: carry ``old``'s type
+    (``carry_type``), else infer it from its typed operands; left untyped when that fails."""
+    if carry_type(old, new) or inf is None:
+        return
+    for k in new.children():
+        if k._checked_type is None:
+            return
+    if isinstance(new, Function) and new.body._checked_type is None:
+        return
+    try:
+        new._checked_type = inf.infer_node(new, None)
+    except PullbackError:
+        pass
+
+
 def infer_module(mod: IRModule) -> IRModule:
     """Annotate every node of every function of ``mod`` with its type; returns ``mod``."""
     _Inferencer(mod).infer_module()
@@ -195,4 +245,4 @@ def infer_function(fn: Function, mod: Optional[IRModule] = None) -> Function:
     return fn
 
 
-__all__ = ["infer_module", "infer_expr", "infer_function", "types_compatible", "join_types"]
+__all__ = ["infer_module", "infer_expr", "infer_function", "types_compatible", "join_types", "carry_type", "type_rebuilt"]

@@ -5,6 +5,7 @@ Nothing here recurses on expression depth: a chain of a million nodes is fine.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Iterable, Optional
 
 from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
@@ -20,33 +21,122 @@ def children(node: Expr, into_functions: bool = False) -> tuple:
     return node.children()
 
 
+_MARK = object()  # post-order marker: the node below it on the stack is finished
+
+
 def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
     """Every node reachable from ``root`` once, operands before users (explicit stack)."""
+    if into_functions:
+        return _post_order_into(root)
     visited: set[int] = set()
+    add = visited.add
     order: list[Expr] = []
-    stack: list = [(root, False)]
+    emit = order.append
+    stack: list = [root]
     push = stack.append
     pop = stack.pop
+    mark = _MARK
     while stack:
-        node, expanded = pop()
-        if expanded:
-            order.append(node)
+        node = pop()
+        if node is mark:
+            emit(pop())
+            continue
+        nid = id(node)
+        if nid in visited:
+            continue
+        add(nid)
+        push(node)
+        push(mark)
+        kids = node.children()
+        if len(kids) == 1:
+            c = kids[0]
+            if id(c) not in visited:
+                push(c)
+        else:
+            for i in range(len(kids) - 1, -1, -1):
+                c = kids[i]
+                if id(c) not in visited:
+                    push(c)
+    return order
+
+
+def _post_order_into(root: Expr) -> list[Expr]:
+    visited: set[int] = set()
+    order: list[Expr] = []
+    stack: list = [root]
+    push = stack.append
+    pop = stack.pop
+    mark = _MARK
+    while stack:
+        node = pop()
+        if node is mark:
+            order.append(pop())
             continue
         nid = id(node)
         if nid in visited:
             continue
         visited.add(nid)
-        push((node, True))
-        kids = children(node, into_functions)
+        push(node)
+        push(mark)
+        kids = children(node, True)
         for i in range(len(kids) - 1, -1, -1):
             c = kids[i]
             if id(c) not in visited:
-                push((c, False))
+                push(c)
     return order
 
 
-def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = False) -> Expr:
-    """``node`` with every operand replaced by ``mapped(operand)``; ``node`` itself if none changed."""
+def _new_like(node: Expr, new: Expr) -> Expr:
+    if node.span is not None:
+        new.span = node.span
+    return new
+
+
+def _rebuild_call(node: Call, mapped, into_functions: bool) -> Expr:
+    args = node.args
+    new_args = tuple([mapped(a) for a in args])
+    op = node.op
+    new_op = mapped(op) if into_functions and isinstance(op, Function) else op
+    if new_op is op:
+        for a, b in zip(args, new_args):
+            if a is not b:
+                break
+        else:
+            return node
+    return _new_like(node, Call(new_op, new_args, node.attrs))
+
+
+def _rebuild_tuple(node: Tuple, mapped, into_functions: bool) -> Expr:
+    fields = node.fields
+    new = tuple([mapped(f) for f in fields])
+    for a, b in zip(fields, new):
+        if a is not b:
+            return _new_like(node, Tuple(new))
+    return node
+
+
+def _rebuild_get(node: TupleGetItem, mapped, into_functions: bool) -> Expr:
+    t = mapped(node.tuple_value)
+    return node if t is node.tuple_value else _new_like(node, TupleGetItem(t, node.index))
+
+
+def _rebuild_if(node: If, mapped, into_functions: bool) -> Expr:
+    return node.replace(cond=mapped(node.cond), true_branch=mapped(node.true_branch), false_branch=mapped(node.false_branch))
+
+
+def _rebuild_function(node: Function, mapped, into_functions: bool) -> Expr:
+    if not into_functions:
+        return node
+    return node.replace(params=tuple(mapped(p) for p in node.params), body=mapped(node.body))
+
+
+_REBUILD = {Call: _rebuild_call, Tuple: _rebuild_tuple, TupleGetItem: _rebuild_get, If: _rebuild_if,
+            Function: _rebuild_function}
+_LEAVES = (Var, Constant, GlobalVar)
+
+
+def _rebuild_generic(node: Expr, mapped, into_functions: bool) -> Expr:
+    """Subclasses of the node types: rebuild through ``replace`` (keeps the subclass)."""
     if isinstance(node, Call):
         op = node.op
         if into_functions and isinstance(op, Function):
@@ -57,11 +147,19 @@ def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = F
     if isinstance(node, TupleGetItem):
         return node.replace(tuple_value=mapped(node.tuple_value))
     if isinstance(node, If):
-        return node.replace(cond=mapped(node.cond), true_branch=mapped(node.true_branch), false_branch=mapped(node.false_branch))
-    if isinstance(node, Function) and into_functions:
-        return node.replace(params=tuple(mapped(p) for p in node.params), body=mapped(node.body))
+        return _rebuild_if(node, mapped, into_functions)
+    if isinstance(node, Function):
+        return _rebuild_function(node, mapped, into_functions)
     return node
 
+
+def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = False) -> Expr:
+    """``node`` with every operand replaced by ``mapped(operand)``; ``node`` itself if none changed."""
+    cls = type(node)
+    fn = _REBUILD.get(cls)
+    if fn is None:
+        return node if cls in _LEAVES else _rebuild_generic(node, mapped, into_functions)
+    return fn(node, mapped, into_functions)
 
 
 def transform(
@@ -78,11 +176,15 @@ def transform(
     """
     memo = {} if memo is None else memo
     get = memo.get
+
+    def mapped(c):
+        return get(id(c), c)
+
     for node in post_order(root, into_functions):
         key = id(node)
         if key in memo:
             continue
-        new = rebuild(node, lambda c: get(id(c), c), into_functions)
+        new = rebuild(node, mapped, into_functions)
         if fn is not None:
             out = fn(node, new)
             if out is not None:
@@ -107,13 +209,35 @@ def all_vars(expr: Expr) -> list[Var]:
     return [n for n in post_order(expr, into_functions=True) if isinstance(n, Var)]
 
 
+_GLOBAL_CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Function -> tuple of GlobalVars
+
+
 def global_calls(expr: Expr) -> list[GlobalVar]:
-    """GlobalVars referenced by ``expr`` (as callees or values), in first-use order."""
+    """GlobalVars referenced by ``expr`` (as callees or values), in first-use order.
+
+    Cached per Function object (nodes are immutable), so module-level passes that ask
+    for the call graph repeatedly walk each function once."""
+    if isinstance(expr, Function):
+        got = _GLOBAL_CALLS.get(expr)
+        if got is None:
+            got = _GLOBAL_CALLS[expr] = tuple(_global_calls(expr))
+        return list(got)
+    return _global_calls(expr)
+
+
+def _global_calls(expr: Expr) -> list[GlobalVar]:
     out: list[GlobalVar] = []
     seen: set[int] = set()
     for n in post_order(expr, into_functions=True):
-        g = n.op if isinstance(n, Call) and isinstance(n.op, GlobalVar) else (n if isinstance(n, GlobalVar) else None)
-        if g is not None and id(g) not in seen:
+        if isinstance(n, Call):
+            g = n.op
+            if not isinstance(g, GlobalVar):
+                continue
+        elif isinstance(n, GlobalVar):
+            g = n
+        else:
+            continue
+        if id(g) not in seen:
             seen.add(id(g))
             out.append(g)
     return out
@@ -122,9 +246,11 @@ def global_calls(expr: Expr) -> list[GlobalVar]:
 def use_counts(root: Expr, into_functions: bool = False) -> dict[int, int]:
     """``id(node) -> number of operand slots that reference it`` (the root counts one use)."""
     counts: dict[int, int] = {id(root): 1}
+    get = counts.get
     for n in post_order(root, into_functions):
-        for c in children(n, into_functions):
-            counts[id(c)] = counts.get(id(c), 0) + 1
+        for c in (children(n, True) if into_functions else n.children()):
+            k = id(c)
+            counts[k] = get(k, 0) + 1
     return counts
 
 
@@ -132,8 +258,12 @@ def users(root: Expr, into_functions: bool = False) -> dict[int, list[Expr]]:
     """``id(node) -> list of nodes using it`` (one entry per use)."""
     out: dict[int, list[Expr]] = {}
     for n in post_order(root, into_functions):
-        for c in children(n, into_functions):
-            out.setdefault(id(c), []).append(n)
+        for c in (children(n, True) if into_functions else n.children()):
+            lst = out.get(id(c))
+            if lst is None:
+                out[id(c)] = [n]
+            else:
+                lst.append(n)
     return out
 
 

@@ -195,4 +195,205 @@ def match_captures(pattern: DFPattern, expr: Expr) -> Optional[dict]:
     return None if bound is None else captures_of(bound)
 
 
-__all__ = ["match", "match_captures", "match_pattern", "captures_of"]
+# ---------------------------------------------------------------- compiled matchers
+#
+# A tree-shaped pattern without alternatives (the usual rewrite rule) is compiled
+# into nested closures, one per pattern node: no work lists, no backtracking
+# state. The closures check, bind and order exactly as ``match_pattern`` does
+# (operator first, then operands right to left; a constrained pattern's own
+# condition after its inner pattern). Other patterns use ``match_pattern``.
+
+_MAX_COMPILED_DEPTH = 64
+
+
+def _compilable(pattern: DFPattern) -> bool:
+    """A tree (no shared pattern nodes), no AltPattern, distinct capture names, bounded depth."""
+    seen: set[int] = set()
+    names: set[str] = set()
+    stack = [(pattern, 1)]
+    while stack:
+        p, d = stack.pop()
+        if id(p) in seen or d > _MAX_COMPILED_DEPTH or type(p) not in _LEAF_MATCHERS and type(p) not in _INNER_KINDS:
+            return False
+        seen.add(id(p))
+        if p.name is not None:
+            if p.name in names:
+                return False
+            names.add(p.name)
+        stack.extend((c, d + 1) for c in p.children())
+    return True
+
+
+def _m_wildcard(p):
+    def m(e, b):
+        b[p] = e
+        return True
+    return m
+
+
+def _m_expr(p):
+    x = p.expr
+
+    def m(e, b):
+        if e is not x:
+            return False
+        b[p] = e
+        return True
+    return m
+
+
+def _m_var(p):
+    name = p.var_name
+
+    def m(e, b):
+        if not isinstance(e, Var) or (name and e.name_hint != name):
+            return False
+        b[p] = e
+        return True
+    return m
+
+
+def _m_constant(p):
+    def m(e, b):
+        if not isinstance(e, Constant):
+            return False
+        b[p] = e
+        return True
+    return m
+
+
+def _m_op(p):
+    ids = frozenset(id(o) for o in p.ops)
+
+    def m(e, b):
+        if not isinstance(e, Call) or id(e.op) not in ids:
+            return False
+        b[p] = e
+        return True
+    return m
+
+
+_LEAF_MATCHERS = {WildcardPattern: _m_wildcard, ExprPattern: _m_expr, VarPattern: _m_var,
+                  ConstantPattern: _m_constant, OpPattern: _m_op}
+
+
+def _m_call(p, kids):
+    op = p.op
+    inline = isinstance(op, OpPattern) and op.name is None
+    ids = frozenset(id(o) for o in op.ops) if inline else None
+    mop = None if inline else kids[0]
+    margs = None if p.args is None else kids[1:][::-1]
+    n = None if p.args is None else len(p.args)
+
+    def m(e, b):
+        if not isinstance(e, Call):
+            return False
+        args = e.args
+        if n is not None and len(args) != n:
+            return False
+        if inline:
+            if id(e.op) not in ids:
+                return False
+            b[p] = e
+        else:
+            b[p] = e
+            if not mop(e, b):
+                return False
+        if margs is not None:
+            i = n
+            for sub in margs:
+                i -= 1
+                if not sub(args[i], b):
+                    return False
+        return True
+    return m
+
+
+def _m_tuple(p, kids):
+    n = None if p.fields is None else len(p.fields)
+    rev = kids[::-1]
+
+    def m(e, b):
+        if not isinstance(e, Tuple):
+            return False
+        fields = e.fields
+        if n is not None and len(fields) != n:
+            return False
+        b[p] = e
+        i = len(rev)
+        for sub in rev:
+            i -= 1
+            if not sub(fields[i], b):
+                return False
+        return True
+    return m
+
+
+def _m_get(p, kids):
+    index, sub = p.index, kids[0]
+
+    def m(e, b):
+        if not isinstance(e, TupleGetItem) or (index is not None and index != e.index):
+            return False
+        b[p] = e
+        return sub(e.tuple_value, b)
+    return m
+
+
+def _m_if(p, kids):
+    mc, mt, mf = kids
+
+    def m(e, b):
+        if not isinstance(e, If):
+            return False
+        b[p] = e
+        return mf(e.false_branch, b) and mt(e.true_branch, b) and mc(e.cond, b)
+    return m
+
+
+def _m_constrained(p, kids):
+    sub = kids[0]
+    if type(p) is PredicatePattern:
+        pred = p.pred
+
+        def m(e, b):
+            b[p] = e
+            return sub(e, b) and bool(pred(e))
+        return m
+
+    def m(e, b):
+        b[p] = e
+        return sub(e, b) and _check(p, e)
+    return m
+
+
+_INNER_KINDS = {CallPattern: _m_call, TuplePattern: _m_tuple, TupleGetItemPattern: _m_get, IfPattern: _m_if,
+                TypePattern: _m_constrained, AttrPattern: _m_constrained, PredicatePattern: _m_constrained}
+
+
+def compile_pattern(pattern: DFPattern):
+    """A function ``expr -> {pattern node: matched expr} | None`` equal to ``match_pattern(pattern, .)``.
+
+    Tree-shaped patterns without alternatives are compiled to closures; others fall back
+    to the backtracking matcher. Compile again after mutating the pattern (``named``)."""
+    if not _compilable(pattern):
+        return lambda e: match_pattern(pattern, e)
+    built: dict[int, object] = {}
+    stack = [(pattern, False)]
+    while stack:  # children before parents, no recursion over the pattern
+        p, done = stack.pop()
+        if not done:
+            stack.append((p, True))
+            stack.extend((c, False) for c in p.children())
+            continue
+        leaf = _LEAF_MATCHERS.get(type(p))
+        built[id(p)] = leaf(p) if leaf is not None else _INNER_KINDS[type(p)](p, [built[id(c)] for c in p.children()])
+    root = built[id(pattern)]
+
+    def run(e):
+        b: dict = {}
+        return b if root(e, b) else None
+    return run
+
+
+__all__ = ["match", "match_captures", "match_pattern", "captures_of", "compile_pattern"]

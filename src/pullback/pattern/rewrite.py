@@ -23,13 +23,25 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-from ..analysis.type_infer import _Inferencer, infer_expr
+from ..analysis.type_infer import _Inferencer, carry_type
 from ..ir.errors import PassError, PullbackError, TypeInferenceError
-from ..ir.expr import Call, Expr, Function
+from ..ir.expr import Call, Constant, Expr, Function, If, Op, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..ir.traversal import rebuild
-from .matcher import captures_of, match_pattern
-from .patterns import DFPattern
+from ..ir.traversal import children, rebuild
+from .matcher import captures_of, compile_pattern
+from .patterns import (
+    AltPattern,
+    CallPattern,
+    ConstantPattern,
+    DFPattern,
+    ExprPattern,
+    IfPattern,
+    OpPattern,
+    TupleGetItemPattern,
+    TuplePattern,
+    VarPattern,
+    _Constrained,
+)
 
 Callback = Callable[[Expr, dict], Optional[Expr]]
 
@@ -61,10 +73,11 @@ Rule = Union[tuple, DFPatternCallback]
 
 
 class _Rule:
-    __slots__ = ("pattern", "fn", "relay")
+    __slots__ = ("pattern", "fn", "relay", "match")
 
     def __init__(self, pattern: DFPattern, fn, relay: bool):
         self.pattern, self.fn, self.relay = pattern, fn, relay
+        self.match = compile_pattern(pattern)
 
 
 def _normalize_rules(rules) -> list[_Rule]:
@@ -84,11 +97,20 @@ def _normalize_rules(rules) -> list[_Rule]:
     return out
 
 
-def _root_ops(pattern: DFPattern) -> Optional[frozenset]:
-    """The operators a match's root must call, or None when the pattern may match any node."""
-    from .patterns import AltPattern, CallPattern, OpPattern, _Constrained
+_KIND_OF = {TuplePattern: Tuple, TupleGetItemPattern: TupleGetItem, IfPattern: If, VarPattern: Var,
+            ConstantPattern: Constant}
 
-    ops: set = set()
+
+def _root_filter(pattern: DFPattern) -> Optional[dict]:
+    """``{node class: frozenset of op ids, or None for any callee}`` a match's root can be;
+    None when the pattern may match any node."""
+    out: dict = {}
+
+    def add(cls, ops):
+        if cls in out and out[cls] is None:
+            return
+        out[cls] = None if ops is None else (out.get(cls) or frozenset()) | frozenset(id(o) for o in ops)
+
     stack = [pattern]
     while stack:
         p = stack.pop()
@@ -96,101 +118,191 @@ def _root_ops(pattern: DFPattern) -> Optional[frozenset]:
             stack.append(p.pattern)
         elif isinstance(p, AltPattern):
             stack.extend((p.left, p.right))
-        elif isinstance(p, CallPattern) and isinstance(p.op, OpPattern):
-            ops.update(p.op.ops)
+        elif isinstance(p, CallPattern):
+            add(Call, p.op.ops if isinstance(p.op, OpPattern) else None)
         elif isinstance(p, OpPattern):
-            ops.update(p.ops)
+            add(Call, p.ops)
+        elif type(p) in _KIND_OF:
+            add(_KIND_OF[type(p)], None)
+        elif isinstance(p, ExprPattern):
+            add(type(p.expr), None)
         else:
             return None
-    return frozenset(ops)
+    return out
+
+
+def _may_match(flt: Optional[dict], cls: type, op) -> bool:
+    if flt is None:
+        return True
+    for kind, ops in flt.items():
+        if issubclass(cls, kind) and (ops is None or id(op) in ops):
+            return True
+    return False
 
 
 class _RuleIndex:
-    """Rules to try on a node, in table order, skipping those whose root operator cannot match."""
+    """Rules to try on a node, in table order, skipping those whose root cannot be that node
+    (its class, and for a Call its operator)."""
 
     def __init__(self, table: list):
         self.table = table
-        self.filters = [_root_ops(r.pattern) for r in table]
-        self.generic = [r for r, f in zip(table, self.filters) if f is None]
-        self.cache: dict[int, list] = {}
+        self.filters = [_root_filter(r.pattern) for r in table]
+        self.cache: dict = {}  # (node class, operator or callee class) -> rules
 
     def rules_for(self, node: Expr) -> list:
-        op = node.op if isinstance(node, Call) else None
-        if op is None:
-            return self.generic
-        got = self.cache.get(id(op))
+        cls = type(node)
+        if cls is Call or isinstance(node, Call):
+            op = node.op
+            key = (cls, op if isinstance(op, Op) else type(op))
+        else:
+            op, key = None, cls
+        got = self.cache.get(key)
         if got is None:
-            got = self.cache[id(op)] = [r for r, f in zip(self.table, self.filters) if f is None or op in f]
+            got = self.cache[key] = [r for r, f in zip(self.table, self.filters) if _may_match(f, cls, op)]
         return got
 
 
 class _Typer:
-    """Types one node at a time whose operands are typed (no walk over the whole graph)."""
+    """Types new nodes one at a time: only the untyped part below a node is walked
+    (typed nodes are not entered), and the module is never re-inferred."""
 
     def __init__(self, mod: Optional[IRModule]):
         self.mod = mod
         self.inf = _Inferencer(mod)
+        self.failed: dict[int, Expr] = {}  # id -> node whose type cannot be inferred (kept alive)
 
     def __call__(self, node: Expr) -> None:
-        if node._checked_type is not None:
+        if node._checked_type is not None or id(node) in self.failed:
             return
         kids = node.children()
         opaque = isinstance(node, Function) or (isinstance(node, Call) and isinstance(node.op, Function))
-        if not opaque and all(k._checked_type is not None for k in kids):
-            try:
-                node._checked_type = self.inf.infer_node(node, None)
-            except TypeInferenceError:
-                pass  # left untyped: type-constrained patterns do not match it
-            return
+        if not opaque:
+            for k in kids:
+                if k._checked_type is None:
+                    break
+            else:
+                self._infer(node)
+                return
+        for n in self._untyped(node):
+            self._infer(n)
+
+    def _infer(self, n: Expr) -> None:
+        for k in children(n, True):
+            if k._checked_type is None:
+                self.failed[id(n)] = n  # an operand has no type: neither has n
+                return
         try:
-            infer_expr(node, self.mod)
+            n._checked_type = self.inf.infer_node(n, None)
         except PullbackError:
-            pass
+            self.failed[id(n)] = n  # left untyped: type-constrained patterns do not match it
+
+    def _untyped(self, root: Expr) -> list:
+        """Untyped nodes under ``root`` (into primitive functions), operands first."""
+        failed = self.failed
+        seen: set[int] = set()
+        order: list = []
+        stack: list = [(root, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+                continue
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            stack.append((n, True))
+            for k in children(n, True):
+                if k._checked_type is None and id(k) not in failed and id(k) not in seen:
+                    stack.append((k, False))
+        return order
 
 
-def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites: int = 10_000) -> Expr:
-    """Apply ``rules`` to every node under ``root`` until none fires; returns the new root.
+class _Driver:
+    """The worklist driver; one instance may settle several roots (functions of one module)
+    and then shares its results: a node reachable from two roots is rewritten once."""
 
-    Operates in one scope level (primitive Function bodies are not entered).
-    Raises PassError when the rules keep rewriting one position (more than
-    ``max_rewrites`` successive replacements of a node and its replacements).
-    """
-    table = _normalize_rules(rules)
-    index = _RuleIndex(table)
-    typer = _Typer(mod)
-    done: set[int] = set()  # ids of settled nodes (fixed points)
-    fwd: dict[int, Expr] = {}  # id(node) -> what replaces it (may itself be forwarded)
-    keep: list = []  # keeps every node we keyed by id alive
-    depth: dict[int, int] = {}  # id(replacement) -> how many rewrites led to it
+    def __init__(self, rules, mod: Optional[IRModule], max_rewrites: int):
+        self.index = _RuleIndex(_normalize_rules(rules))
+        self.typer = _Typer(mod)
+        self.max_rewrites = max_rewrites
+        # id(node) -> what it became: itself once settled as a fixed point, else its replacement
+        # (which may itself be forwarded). Every node keyed here is kept alive by ``keep``.
+        self.fwd: dict[int, Expr] = {}
+        self.keep: list = []
+        self.depth: dict[int, int] = {}  # id(replacement) -> how many rewrites led to it
+        self.last_pattern: Optional[DFPattern] = None
 
-    def resolve(x: Expr) -> Expr:
-        y = x
-        while id(y) in fwd:
-            y = fwd[id(y)]
-        if y is not x:
-            fwd[id(x)] = y
+    def resolve(self, x: Expr) -> Expr:
+        fwd = self.fwd
+        y = fwd.get(id(x), x)
+        if y is x:
+            return x
+        z = fwd.get(id(y), y)
+        while z is not y:
+            y = z
+            z = fwd.get(id(y), y)
+        fwd[id(x)] = y
         return y
 
-    stack: list = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        nid = id(node)
-        if nid in done or nid in fwd:
-            continue
-        if not expanded:
-            stack.append((node, True))
-            kids = node.children()
-            for i in range(len(kids) - 1, -1, -1):
-                k = kids[i]
-                if id(k) not in done and id(k) not in fwd:
-                    stack.append((k, False))
-            continue
-        pre = node
-        cur = rebuild(node, resolve)
-        typer(cur)
-        replacement = None
-        for rule in index.rules_for(cur):
-            bound = match_pattern(rule.pattern, cur)
+    def run(self, root: Expr) -> Expr:
+        fwd, keep, resolve, typer = self.fwd, self.keep, self.resolve, self.typer
+        rules_cache, rules_for = self.index.cache, self.index.rules_for
+        mark = _MARK
+        stack: list = [root]
+        push, pop = stack.append, stack.pop
+        while stack:
+            node = pop()
+            if node is not mark:
+                if id(node) in fwd:
+                    continue
+                push(node)
+                push(mark)
+                kids = node.children()
+                for i in range(len(kids) - 1, -1, -1):
+                    k = kids[i]
+                    if id(k) not in fwd:
+                        push(k)
+                continue
+            node = pop()
+            nid = id(node)
+            if nid in fwd:  # settled meanwhile (a replacement reached it first)
+                continue
+            cur = node
+            for k in node.children():
+                if fwd[id(k)] is not k:
+                    cur = rebuild(node, resolve)
+                    carry_type(node, cur)
+                    break
+            if cur._checked_type is None:
+                typer(cur)
+            cls = type(cur)
+            rules = rules_cache.get((cls, cur.op) if cls is Call else cls)
+            if rules is None:
+                rules = rules_for(cur)
+            replacement = self.apply(rules, node, cur) if rules else None
+            if replacement is None:
+                fwd[nid] = cur
+                if cur is not node:
+                    keep.append(cur)
+                    fwd[id(cur)] = cur
+                continue
+            d = self.depth.get(nid, 0) + 1
+            if d > self.max_rewrites:
+                raise PassError(f"rewrite did not reach a fixed point: {self.max_rewrites} successive rewrites of one node "
+                                f"(last pattern: {self.last_pattern!r})")
+            self.depth[id(replacement)] = d
+            keep.append(replacement)
+            fwd[nid] = replacement
+            if cur is not node:
+                keep.append(cur)
+                fwd[id(cur)] = replacement
+            push(replacement)  # settle the replacement before any user of ``node``
+        return resolve(root)
+
+    def apply(self, rules: list, pre: Expr, cur: Expr) -> Optional[Expr]:
+        """The first replacement a rule gives for ``cur`` (``pre``: the node before its operands were rewritten)."""
+        for rule in rules:
+            bound = rule.match(cur)
             if bound is None:
                 continue
             if rule.relay:
@@ -200,26 +312,33 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
             if out is not None and out is not cur and out is not pre:
                 if not isinstance(out, Expr):
                     raise PullbackError(f"rewrite callback for pattern {rule.pattern!r} returned {out!r}, not an expression")
-                replacement = out
-                break
-        keep.append(node)
-        if replacement is None:
-            done.add(id(cur))
-            if cur is not node:
-                keep.append(cur)
-                fwd[nid] = cur
-            continue
-        d = depth.get(nid, 0) + 1
-        if d > max_rewrites:
-            raise PassError(f"rewrite did not reach a fixed point: {max_rewrites} successive rewrites of one node (last pattern: {rule.pattern!r})")
-        depth[id(replacement)] = d
-        keep.append(replacement)
-        fwd[nid] = replacement
-        if cur is not node:
-            keep.append(cur)
-            fwd[id(cur)] = replacement
-        stack.append((replacement, False))  # settle the replacement before any user of ``node``
-    return resolve(root)
+                self.last_pattern = rule.pattern
+                return out
+        return None
+
+
+_MARK = object()
+
+
+def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites: int = 10_000) -> Expr:
+    """Apply ``rules`` to every node under ``root`` until none fires; returns the new root.
+
+    Operates in one scope level (primitive Function bodies are not entered).
+    Raises PassError when the rules keep rewriting one position (more than
+    ``max_rewrites`` successive replacements of a node and its replacements).
+    """
+    return _Driver(rules, mod, max_rewrites).run(root)
+
+
+def _rewrite_function(driver: _Driver, fn: Function, mod: Optional[IRModule]) -> Function:
+    body = driver.run(fn.body)
+    new = fn.replace(body=body)
+    if new is not fn and body._checked_type is not None:
+        try:
+            new._checked_type = _Inferencer(mod).infer_node(new, None)
+        except PullbackError:
+            pass
+    return new
 
 
 def rewrite(rules, expr: Union[Expr, Function], mod: Optional[IRModule] = None):
@@ -230,14 +349,7 @@ def rewrite(rules, expr: Union[Expr, Function], mod: Optional[IRModule] = None):
     global functions.
     """
     if isinstance(expr, Function):
-        body = rewrite_expr(rules, expr.body, mod)
-        new = expr.replace(body=body)
-        if new is not expr and body._checked_type is not None:
-            try:
-                new._checked_type = _Inferencer(mod).infer_node(new, None)
-            except PullbackError:
-                pass
-        return new
+        return _rewrite_function(_Driver(rules, mod, 10_000), expr, mod)
     if not isinstance(expr, Expr):
         raise PullbackError(f"rewrite expects an expression or a Function, got {type(expr).__name__}")
     return rewrite_expr(rules, expr, mod)
@@ -260,10 +372,11 @@ def rewrite_module(rules, mod: IRModule) -> IRModule:
         raise PassError(f"rewrite_module expects an IRModule, got {type(mod).__name__}")
     typed_module(mod)
     updates = {}
+    driver = _Driver(rules, mod, 10_000)  # shared: nodes common to several functions are rewritten once
     for name, fn in mod.items():
         if fn.is_primitive:
             continue
-        new = rewrite(rules, fn, mod)
+        new = _rewrite_function(driver, fn, mod)
         if new is not fn:
             updates[name] = new
     return mod.with_functions(updates) if updates else mod

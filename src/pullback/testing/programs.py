@@ -463,9 +463,9 @@ def act_shape(b: _Builder) -> Optional[Val]:
         return b.call(kind, [v], v.lo, v.hi, axis=b.src.int(-nd - 1, nd), num_newaxis=b.src.int(0, 2))
     if kind == "squeeze":
         ones = [i for i, d in enumerate(v.shape) if d == 1]
-        # axis=None only where nothing is squeezed: with Any dims its result rank is unknown
-        # (squeeze's type rule keeps such dims; see tests/properties/test_regressions.py)
-        axis = None if not ones else tuple(sorted({b.src.choice(ones) for _ in ones}))
+        # explicit axes: squeeze(axis=None) is a type error on ? dims (the result rank would depend
+        # on run-time sizes), and inlining a call can give a parameter ? dims
+        axis = tuple(sorted({b.src.choice(ones) for _ in ones})) if ones else ()
         return b.call(kind, [v], v.lo, v.hi, axis=axis)
     if kind == "flip":
         return b.call(kind, [v], v.lo, v.hi, axis=b.src.int(0, nd - 1)) if nd else None

@@ -16,34 +16,34 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..analysis.type_infer import _Inferencer, type_rebuilt
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import post_order, rebuild
 from .pass_infra import FunctionPass, PassInfo, register_pass
 
 
-def _attrs_key(attrs):
+def _call_key(node: Call, ids: tuple) -> Optional[tuple]:
+    op = node.op
+    callee = ("global", op.name_hint) if isinstance(op, GlobalVar) else op  # operators, primitive Functions: by identity
+    attrs = node.attrs
     try:
         hash(attrs)
     except TypeError:
         return None
-    return (type(attrs), attrs)
+    return ("call", callee, type(attrs), attrs, ids)
 
 
 def _key(node: Expr) -> Optional[tuple]:
     """A hashable description of ``node`` over the ids of its operands, or None (never merged)."""
+    cls = type(node)
+    if cls is Call or isinstance(node, Call):
+        return _call_key(node, tuple([id(a) for a in node.args]))
     if isinstance(node, Constant):
         d = node.data
         return ("const", d.dtype.str, d.shape, d.tobytes())
-    if isinstance(node, Call):
-        op = node.op
-        callee = ("global", op.name_hint) if isinstance(op, GlobalVar) else ("op", id(op))
-        ak = _attrs_key(node.attrs)
-        if ak is None:
-            return None
-        return ("call", callee, ak, tuple(id(a) for a in node.args))
     if isinstance(node, Tuple):
-        return ("tuple", tuple(id(f) for f in node.fields))
+        return ("tuple", tuple([id(f) for f in node.fields]))
     if isinstance(node, TupleGetItem):
         return ("get", node.index, id(node.tuple_value))
     if isinstance(node, If):
@@ -51,33 +51,59 @@ def _key(node: Expr) -> Optional[tuple]:
     return None  # Var, GlobalVar, Function
 
 
-def cse_expr(body: Expr) -> Expr:
-    """``body`` with structurally equal computations merged (scope-aware); ``body`` itself if none."""
+def cse_expr(body: Expr, mod=None) -> Expr:
+    """``body`` with structurally equal computations merged (scope-aware); ``body`` itself if none.
+
+    Rebuilt nodes are typed (from the node they replace, or from their operands)."""
+    inf = _Inferencer(mod)
     order = post_order(body)
-    scopes = ScopeInfo(body, order).scope_of
-    memo: dict[int, Expr] = {}
-    tables: dict[int, dict] = {}  # id(scope) -> {key: representative}
-    get = memo.get
+    scopes = None
     for node in order:
-        new = rebuild(node, lambda c: get(id(c), c))
+        if isinstance(node, If):
+            scopes = ScopeInfo(body, order).scope_of
+            break
+    memo: dict[int, Expr] = {}  # id(node) -> what replaces it (only nodes that changed)
+    get = memo.get
+
+    def mapped(c):
+        return get(id(c), c)
+
+    table: dict = {}  # the only table when there is no If
+    tables: dict[int, dict] = {}  # id(scope) -> {key: representative}
+    for node in order:
+        new = node
+        if memo:
+            for c in node.children():
+                if id(c) in memo:
+                    new = rebuild(node, mapped)
+                    type_rebuilt(node, new, inf)
+                    break
         key = _key(new)
-        if key is not None:
+        if key is None:
+            if new is not node:
+                memo[id(node)] = new
+            continue
+        if scopes is None:
+            found = table.setdefault(key, new)
+        else:
             scope = scopes[id(node)]
             s = scope
             found = None
             while s is not None and found is None:
                 found = tables.get(id(s), {}).get(key)
                 s = s.parent
-            if found is not None:
-                new = found
-            else:
-                tables.setdefault(id(scope), {})[key] = new
-        memo[id(node)] = new
-    return memo[id(body)]
+            if found is None:
+                tables.setdefault(id(scope), {})[key] = found = new
+        if found is not node:
+            memo[id(node)] = found
+    return memo.get(id(body), body)
 
 
 def _cse(fn: Function, mod, ctx) -> Function:
-    return fn.replace(body=cse_expr(fn.body))
+    new = fn.replace(body=cse_expr(fn.body, mod))
+    if new is not fn:
+        type_rebuilt(fn, new, _Inferencer(mod))
+    return new
 
 
 def EliminateCommonSubexpr() -> FunctionPass:

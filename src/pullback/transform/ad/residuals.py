@@ -56,12 +56,25 @@ def static_type(ty: Type) -> bool:
     return True
 
 
-def _child_of(s: Scope, branch: Scope) -> Optional[Scope]:
-    """The scope directly under ``branch`` on the way up from ``s`` (``s`` is deeper); None if
-    ``s`` is not inside ``branch``."""
-    while s.depth > branch.depth + 1:
-        s = s.parent
-    return s if s.depth == branch.depth + 1 and s.parent is branch else None
+def _intervals(scopes: ScopeInfo) -> dict[int, tuple[int, int]]:
+    """Euler-tour interval of every scope: ``s`` lies in ``b`` iff ``b``'s interval holds ``s``'s."""
+    kids: dict[int, list[Scope]] = {}
+    for pair in scopes.branches.values():
+        for s in pair:
+            kids.setdefault(id(s.parent), []).append(s)
+    span: dict[int, tuple[int, int]] = {}
+    clock = 0
+    stack: list = [(scopes.root, False)]
+    while stack:
+        s, done = stack.pop()
+        if done:
+            span[id(s)] = (span[id(s)][0], clock)
+            continue
+        span[id(s)] = (clock, -1)
+        clock += 1
+        stack.append((s, True))
+        stack.extend((k, False) for k in kids.get(id(s), ()))
+    return span
 
 
 class Residuals:
@@ -73,11 +86,14 @@ class Residuals:
         self.expose: dict[int, dict[int, Expr]] = {}  # id(r) -> id(residual) -> its value in r's enclosing scope
         self.reads: dict[int, Expr] = {}  # id(residual under a top-level If) -> what the backward reads
         self.built: set[int] = set()  # ids of the nodes of the widened Ifs (forward nodes, not backward)
+        self.exposer: dict[int, If] = {}  # id(residual) -> the outermost If exposing it so far
+        self.span = _intervals(scopes)
 
     def find(self, root: Expr, branch: Scope, start: int) -> list[Expr]:
         """Forward nodes of ``branch`` or scopes nested in it that the backward expression
         ``root`` reads, in first-seen order. Walks only nodes built since ``start``."""
-        scope_of = self.scopes.scope_of
+        scope_of, span = self.scopes.scope_of, self.span
+        lo, hi = span[id(branch)]
         out: list[Expr] = []
         seen: set[int] = set()
         stack = [root]
@@ -88,7 +104,7 @@ class Residuals:
             seen.add(id(n))
             s = scope_of.get(id(n))
             if s is not None:
-                if (s is branch or _child_of(s, branch) is not None) and not isinstance(n, (Var, Constant)):
+                if lo <= span[id(s)][0] < hi and not isinstance(n, (Var, Constant)):
                     out.append(n)
                 continue
             if n._uid >= start:
@@ -96,12 +112,15 @@ class Residuals:
         return out
 
     def _value_in(self, v: Expr, branch: Scope) -> Optional[Expr]:
-        """``v``'s value as a node of ``branch`` scope: itself, or a field of an inner widened If."""
-        s = self.scopes.scope_of[id(v)]
-        if s is branch:
+        """``v``'s value as a node of ``branch`` scope: itself, or a field of the inner widened If
+        directly in ``branch`` that exposes it (None if there is none: ``v`` stays shared)."""
+        scope_of = self.scopes.scope_of
+        if scope_of[id(v)] is branch:
             return v
-        inner = _child_of(s, branch).if_node
-        return self.expose.get(id(inner), {}).get(id(v))
+        inner = self.exposer.get(id(v))
+        if inner is None or scope_of[id(inner)] is not branch:
+            return None
+        return self.expose[id(inner)][id(v)]
 
     def widen(self, node: If, sides: list, start: int, top_level: bool) -> None:
         """Record the residuals of ``node`` read by its backward branches ``sides`` and, when
@@ -120,7 +139,9 @@ class Residuals:
         if fields[0] or fields[1]:
             before = fresh_uid()
             values = [list({id(x): x for _, x in fs}.values()) for fs in fields]  # one field per value
-            zeros = [[build_struct(x.checked_type, lambda p, t: fill_like(0.0, t, None)) for x in xs] for xs in values]
+            zeros_of: dict = {}  # one zeros node per tensor type
+            fill = lambda p, t: zeros_of.get(t) or zeros_of.setdefault(t, fill_like(0.0, t, None))  # noqa: E731
+            zeros = [[build_struct(x.checked_type, fill) for x in xs] for xs in values]
             then = typed(Tuple([results[0], *values[0], *zeros[1]]))
             other = typed(Tuple([results[1], *zeros[0], *values[1]]))
             wide = typed(If(node.cond, then, other))
@@ -131,6 +152,7 @@ class Residuals:
             self.built.update(id(n) for n in _new_nodes(wide, before))
             self.built.update(id(e) for e in expose.values() if e is not node)
         self.expose[id(node)] = expose
+        self.exposer.update((k, node) for k in expose)
         if top_level:
             self.reads.update(expose)
 

@@ -13,16 +13,16 @@
   condition, ``If(cond, Tuple(then contributions), Tuple(else contributions))``
   (zeros for a node one branch does not touch), and each outside node receives
   its ``TupleGetItem`` of it. Forward nodes of a branch that the backward branch
-  uses (residuals, ``ad.residuals``) are not shared with it, which would make
-  scope analysis hoist them out of the branch: the forward If ``r`` is widened
-  to ``F = If(cond, (T, resT.., zeros..), (E, zeros.., resE..))``, the backward
-  branches read ``F.i`` and every use of ``r`` becomes ``F.0``; only the taken
-  branch's forward work runs. A residual that is the branch result is read from
-  ``r`` itself (no widening needed when that is all). Limitation: a residual
-  with a dynamic shape (no ``zeros`` without a value) stays shared, and is then
-  evaluated in the enclosing scope as before. Nested Ifs are handled by an
-  explicit stack of frames, never by Python recursion; an inner widened If is a
-  forward node of the outer branch (and so a residual of the outer If).
+  reads (residuals) are not shared with it, which would make scope analysis
+  hoist them out of the branch: ``ad.residuals`` widens the forward If to
+  ``F = If(cond, (T, resT.., zeros..), (E, zeros.., resE..))``, every use of
+  the If becomes ``F.0`` and the backward reads ``F.i`` (a residual that is the
+  branch result is read from the If itself). Only the taken branch's forward
+  work runs. Residuals of nested Ifs are threaded out through each enclosing
+  widened If as flat fields. Limitation: a residual of dynamic shape (no
+  ``zeros`` without a value) stays shared and is evaluated in the enclosing
+  scope. Nested Ifs are handled by an explicit stack of frames, never by
+  Python recursion.
 """
 
 from __future__ import annotations
