@@ -8,6 +8,7 @@ import pytest
 import pullback
 from pullback import op
 from pullback.ir.errors import AttrError, TypeInferenceError
+from pullback.testing import check_grad
 
 from opgrad import case, check_ad, check_rule, check_second, dtype_check, forward, rule_vjp, torch_check
 
@@ -158,3 +159,18 @@ def test_ad_pass_gradient(c):
                                and c.inputs[0].ndim == 3 and c.fd][::2], ids=repr)
 def test_second_order(c):
     check_second(c)
+
+
+@pytest.mark.parametrize("values", [[1.5, 0.0, 2.0, -1.0], [0.0, 0.0, 3.0, 1.0], [0.0, 2.0, 0.0, 0.0]])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_prod_gradient_is_exact_with_zeros(values, axis):
+    """The product of the other elements (like torch.prod), not g * prod / x (NaN at zeros)."""
+    torch = pytest.importorskip("torch")
+    a = np.array(values).reshape(2, 2)
+    x = pullback.var("x", shape=(2, 2), dtype="float64")
+    f = pullback.Function([x], op.prod(x, axis=axis))
+    grad = pullback.build(pullback.transform.gradient(f))["main"](a)[1][0]
+    t = torch.tensor(a, requires_grad=True)
+    (t.prod() if axis is None else t.prod(dim=axis)).sum().backward()
+    np.testing.assert_allclose(grad, t.grad.numpy(), rtol=1e-12, atol=0)
+    check_grad(f, [a])

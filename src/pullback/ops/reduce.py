@@ -8,6 +8,8 @@ reduced axes when several are reduced) and have no gradient.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -147,13 +149,29 @@ min = reduction("min", lambda x, ax, kd, a: np.min(x, axis=ax, keepdims=kd), _ex
 
 
 def _prod_grad(call: Call, g: Expr):
-    from .elemwise import divide, multiply
+    """d prod / d x_i = product of the other elements, exact with zeros (like torch.prod):
+    no zero in the slice: prod / x_i; one zero: the product of the non-zeros at the zero, 0
+    elsewhere; two or more zeros: 0."""
+    from .elemwise import divide, equal, multiply, scalar_like, where
 
-    return [divide(multiply(keepdims_grad(call, g), keepdims_grad(call, call)), call.args[0])]
+    x = call.args[0]
+    zero, one = scalar_like(0.0, x), scalar_like(1.0, x)
+    is_zero = equal(x, zero)
+    kd = dataclasses.replace(call.attrs, keepdims=True)
+    nonzero_prod = prod(where(is_zero, T.ones_like(x), x), *_attr_values(kd))
+    zeros_in_slice = sum(T.cast_like(is_zero, x), *_attr_values(kd))
+    others = where(is_zero,
+                   where(equal(zeros_in_slice, one), nonzero_prod, zero),
+                   where(equal(zeros_in_slice, zero), divide(nonzero_prod, where(is_zero, one, x)), zero))
+    return [multiply(T.broadcast_to_like(keepdims_grad(call, g), x), others)]
+
+
+def _attr_values(attrs) -> tuple:
+    return tuple(getattr(attrs, f.name) for f in dataclasses.fields(attrs))
 
 
 prod = reduction("prod", lambda x, ax, kd, a: np.prod(x, axis=ax, keepdims=kd, dtype=x.dtype), _prod_grad,
-                 torch_name="prod", doc="Product over axes; the gradient g * prod / x needs non-zero inputs.")
+                 torch_name="prod", doc="Product over axes; the gradient is exact with zeros (the product of the other elements).")
 
 
 @dataclass(frozen=True)
