@@ -41,19 +41,13 @@ def test_pass_table_is_not_empty():
     assert hasattr(T, "FirstOrderGradient")
 
 
-# Open bugs (each has a strict-xfail reproducer in test_regressions.py; drop the entry when fixed):
-# - AD caches a static type on the adjoint of an If joining static and Any dims
-#   (test_gradient_of_if_joining_static_and_dynamic_dims).
-OPEN_AD_BUGS = ("but its operands give",)
-
-
 def gradient_module(mod):
     """``mod`` with ``@main_grad``, or None where AD rejects the program for a documented
-    limitation (gradient rules needing static sizes) or an open bug listed above."""
+    limitation (gradient rules needing static sizes)."""
     try:
         return T.FirstOrderGradient()(mod)
     except pb.PullbackError as e:
-        if "needs static" in str(e) or any(b in str(e) for b in OPEN_AD_BUGS):
+        if "needs static" in str(e):
             return None
         raise
 

@@ -214,6 +214,9 @@ class _Partitioner:
 
     def _path(self, src: int, sink: int) -> list[int]:
         """Nodes on the paths from ``src`` (excluded) to ``sink`` (included), iteratively."""
+        outs = self.outputs[src]
+        if len(outs) == 1 and outs[0][0] == sink:  # the common case: the consumer is the post-dominator
+            return [sink]
         seen = {src}
         out = []
         stack = [ci for ci, _ in self.outputs[src]]

@@ -18,6 +18,7 @@ from ..ir.errors import PassError
 from ..ir.expr import Call, Constant, Expr, Function, Var
 from ..ir.module import IRModule
 from ..ir.traversal import rebuild
+from ..analysis.type_infer import carry_type
 from .infer_type import ensure_typed
 from .pass_infra import Pass, PassContext, PassInfo, register_pass
 
@@ -39,16 +40,26 @@ def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAUL
         for i in members:
             fused_root[id(nodes[i])] = r
     _check_single_output(nodes, fused_root, fn.body)
-    memo: dict[int, Expr] = {}  # id(old node in fn) -> node in the new body
+    memo: dict[int, Expr] = {}  # id(old node in fn) -> node in the new body (only nodes that changed)
     get = memo.get
+
+    def mapped(c):
+        return get(id(c), c)
+
     for i, node in enumerate(nodes):
         r = fused_root.get(id(node))
         if r is None:
-            memo[id(node)] = rebuild(node, lambda c: get(id(c), c))
+            for c in node.children():
+                if id(c) in memo:
+                    new = rebuild(node, mapped)
+                    carry_type(node, new)
+                    memo[id(node)] = new
+                    break
         elif r == i:
             prim, inputs = _make_group(nodes, groups[r], fn, fused_root, r)
             call = Call(prim, [get(id(a), a) for a in inputs])
-            call.span = node.span
+            if node.span is not None:
+                call.span = node.span
             memo[id(node)] = call
     body = memo.get(id(fn.body), fn.body)
     return fn.replace(body=body)
@@ -56,13 +67,13 @@ def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAUL
 
 def _check_single_output(nodes: list, fused_root: dict, body: Expr) -> None:
     """Only a group's root may be used outside the group (else the partition is wrong)."""
-    index = {id(n): i for i, n in enumerate(nodes)}
     for n in nodes:
         for c in n.children():
             r = fused_root.get(id(c))
             if r is not None and nodes[r] is not c and fused_root.get(id(n)) != r:
+                at = next(i for i, x in enumerate(nodes) if x is c)
                 raise PassError(f"FuseOps: internal error: {c.op_name if isinstance(c, Call) else type(c).__name__} "
-                                f"#{index[id(c)]} is used outside its group")
+                                f"#{at} is used outside its group")
     r = fused_root.get(id(body))
     if r is not None and nodes[r] is not body:
         raise PassError("FuseOps: internal error: the function result is inside a group")

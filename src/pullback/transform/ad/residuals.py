@@ -191,7 +191,7 @@ class Residuals:
             else:
                 new = rebuild(n, lambda c: memo[id(reads.get(id(c), c))])
             if new is not n:
-                new._checked_type = n._checked_type
+                typed(new)  # operands may now be less static than before (an If's joined type)
             memo[id(n)] = new
         return memo[id(out)]
 
