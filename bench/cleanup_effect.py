@@ -8,7 +8,7 @@ not all available (or whose gradient cannot be built yet) is reported and
 skipped. The cleaned program is also run against the raw one on the NumPy
 executor to confirm the results are unchanged.
 
-    .venv/bin/python bench/cleanup_effect.py
+    .venv/bin/python bench/cleanup_effect.py [--small]
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from pullback.analysis import count_identity_arith, count_like_ops, op_histogram
 from pullback.testing import models
 from pullback.transform import FirstOrderGradient, standard_cleanup
 
-MODELS = ("mlp", "cnn", "transformer_layer")
+# the training-step benchmark's sizes (issue 6); --small uses the builders' defaults
+SIZES = {
+    "mlp": dict(batch=64, sizes=(512, 512, 512, 512, 512)),
+    "cnn": dict(batch=32, image=32, channels=(3, 16, 32), classes=10),
+    "transformer_layer": dict(batch=8, seq=128, d_model=256, heads=4, d_ff=1024),
+}
+MODELS = tuple(SIZES)
 
 
 def _flat(v) -> list:
@@ -41,12 +47,12 @@ def _stats(mod: pb.IRModule) -> tuple:
             count_identity_arith(mod, "main_grad"), peak_memory(mod, "main_grad"))
 
 
-def measure(name: str):
+def measure(name: str, small: bool):
     builder = getattr(models, name, None)
     if builder is None:
         return None, f"no builder pullback.testing.models.{name}"
     try:
-        mod, make_inputs = builder()
+        mod, make_inputs = builder() if small else builder(**SIZES[name])
         grad = FirstOrderGradient()(mod)
     except pb.PullbackError as e:
         return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
@@ -61,11 +67,15 @@ def measure(name: str):
 
 
 def main() -> None:
+    import sys
+
+    small = "--small" in sys.argv[1:]
+    print(f"sizes: {'the builders defaults (--small)' if small else 'those of bench/train_step.py'}")
     head = f"{'model':<18} {'ops':>11} {'like-ops':>9} {'identity':>9} {'peak live bytes':>21} {'cleanup s':>9}  same"
     print(head)
     print("-" * len(head))
     for name in MODELS:
-        row, why = measure(name)
+        row, why = measure(name, small)
         if row is None:
             print(f"{name:<18} skipped: {why}")
             continue
