@@ -205,7 +205,9 @@ class _Partitioner:
     # -- union-find groups
     def _find(self, i: int) -> int:
         up = self.up
-        r = i
+        r = up[i]
+        if up[r] == r:
+            return r
         while up[r] != r:
             r = up[r]
         while up[i] != r:
@@ -242,11 +244,12 @@ class _Partitioner:
         """Merge the groups on every path from ``src`` into ``sink``'s group; a reason when refused."""
         path = self._path(src, sink)
         gpat, find = self.gpattern, self._find
-        for i in path:
-            if not fcond(gpat[find(i)], i == sink):
-                return (f"the path to its post-dominator passes a {gpat[find(i)].name} group "
+        found = [find(i) for i in path]
+        for i, g in zip(path, found):
+            if not fcond(gpat[g], i == sink):
+                return (f"the path to its post-dominator passes a {gpat[g].name} group "
                         f"({_label(self.nodes[i])})")
-        roots = {find(src)} | {find(i) for i in path}
+        roots = {find(src), *found}
         size = sum(self.size[r] for r in roots)
         if size > self.max_depth:
             return f"the group would hold {size} nodes (max_depth={self.max_depth})"
@@ -294,7 +297,6 @@ class _Partitioner:
 
     def _step(self, i: int, phase: int) -> Optional[str]:
         """Try to fuse node ``i`` into its post-dominator in ``phase``; a reason if it cannot."""
-        pat = self.gpattern[self._find(i)]
         if self.pattern[i] == OPAQUE:
             return "an opaque op never fuses"
         dom = self.ipdom[i]
@@ -304,8 +306,10 @@ class _Partitioner:
             if not self.outputs[i]:
                 return "it has no consumer"
             return "its consumers have no common post-dominator"
-        if self._find(i) == self._find(dom):
+        gi = self._find(i)
+        if gi == self._find(dom):
             return None
+        pat = self.gpattern[gi]
         if self.pattern[i] == COMM_REDUCE:
             return "a reduction never starts a group"
         dpat = self.dom_pattern[i]

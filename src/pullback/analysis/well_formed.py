@@ -26,7 +26,7 @@ from ..ir.errors import PullbackError, WellFormedError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.structural import describe_node
-from ..ir.traversal import post_order
+from ..ir.traversal import children, post_order
 from ..ir.types import FuncType, TensorType, TupleType
 from ..ops.registry import OpDef
 from .type_infer import join_types, types_compatible
@@ -94,8 +94,22 @@ class _Checker:
                     stack.append((n.op, bound))
 
     # -- globals, arity and cached types
-    def check_nodes(self, nodes: list, fn_name: Optional[str]) -> None:
+    def check_nodes(self, nodes: list, fn_name: Optional[str], verified: Optional[dict] = None) -> None:
+        """Check every node; with ``verified`` (``id(node) -> cached type`` of nodes that passed
+        an earlier check and are still alive), skip a node whose own checks cannot have a
+        different outcome: same cached type object, every operand skipped as well, and no
+        reference to a module function (those depend on the module)."""
+        skipped: set[int] = set()
         for n in nodes:
+            if verified is not None and type(n) is not GlobalVar:
+                t, now = verified.get(id(n), _ABSENT), n._checked_type
+                if t is (now if now is not None else _UNTYPED) and not (isinstance(n, Call) and isinstance(n.op, GlobalVar)):
+                    for c in children(n, True):
+                        if id(c) not in skipped:
+                            break
+                    else:
+                        skipped.add(id(n))
+                        continue
             if isinstance(n, GlobalVar):
                 self.check_global(n, fn_name)
             elif isinstance(n, Call):
@@ -183,6 +197,25 @@ def check_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> None
     """Raise ``WellFormedError`` listing every problem of ``target`` (an IRModule, a Function
     or an expression). GlobalVars are resolved in ``target`` (a module) or ``mod``;
     without a module they are not checked."""
+    _check_well_formed(target, mod, None)
+
+
+_ABSENT = object()
+_UNTYPED = object()  # the recorded "type" of a node verified while untyped
+
+
+class VerifiedNodes:
+    """What a successful ``check_well_formed`` verified, for an incremental re-check of the next
+    module (e.g. a pass's output, which shares most nodes with its input). Keeps those nodes alive."""
+
+    __slots__ = ("types", "nodes")
+
+    def __init__(self, types: Optional[dict] = None, nodes: Optional[list] = None):
+        self.types = types
+        self.nodes = nodes or []
+
+
+def _check_well_formed(target: Checkable, mod: Optional[IRModule], verified: Optional[VerifiedNodes]) -> None:
     if isinstance(target, IRModule):
         mod, roots = target, list(target.items())
     elif isinstance(target, Expr):
@@ -190,15 +223,22 @@ def check_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> None
     else:
         raise WellFormedError(f"check_well_formed expects an IRModule, Function or Expr, got {type(target).__name__}")
     checker = _Checker(mod)
+    orders = []
     for name, fn in roots:
         nodes = post_order(fn, into_functions=True)
+        orders.append(nodes)
         checker.check_binding(fn, nodes, name)
-        checker.check_nodes(nodes, name)
+        checker.check_nodes(nodes, name, verified.types if verified is not None else None)
     if checker.problems:
         n = len(checker.problems)
         err = WellFormedError(f"ill-formed IR ({n} problem{'s' if n != 1 else ''}):\n" + "\n".join(f"  - {p}" for p in checker.problems))
         err.problems = list(checker.problems)
         raise err
+    if verified is not None:  # everything checked is consistent: remember it (and keep it alive)
+        untyped = _UNTYPED
+        verified.types = {id(n): (n._checked_type if n._checked_type is not None else untyped)
+                          for nodes in orders for n in nodes}
+        verified.nodes = orders
 
 
 def is_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> bool:

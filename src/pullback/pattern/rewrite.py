@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Union
 
 from ..analysis.type_infer import _Inferencer, carry_type
-from ..ir.errors import PassError, PullbackError, TypeInferenceError
+from ..ir.errors import PassError, PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, If, Op, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import children, rebuild

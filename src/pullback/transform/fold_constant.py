@@ -138,7 +138,6 @@ class _Folder:
 
     def run(self, body: Expr) -> Expr:
         res, mapped, typed = self.res, self.mapped, self.typed
-        ndarray = np.ndarray
         with np.errstate(all="ignore"):
             for node in post_order(body):
                 k = id(node)

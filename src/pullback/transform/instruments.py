@@ -138,17 +138,17 @@ class PrintIR(PassInstrument):
             self._emit("after", mod, info)
 
 
-def _check(mod: IRModule) -> Optional[str]:
-    """None if ``mod`` type-checks and is well formed, else the error message."""
+def _check(mod: IRModule, verified=None) -> Optional[str]:
+    """None if ``mod`` type-checks and is well formed, else the error message.
+
+    ``verified`` (``analysis.well_formed.VerifiedNodes``) makes the check incremental:
+    nodes verified by the previous successful check, and unchanged since, are skipped."""
+    from ..analysis.well_formed import _check_well_formed
     from .infer_type import ensure_typed
 
     try:
         ensure_typed(mod)
-        try:
-            from ..analysis.well_formed import check_well_formed
-        except ImportError:  # well-formedness checker not available yet: types only
-            return None
-        check_well_formed(mod)
+        _check_well_formed(mod, None, verified)
     except PullbackError as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -164,9 +164,14 @@ class WellFormedCheck(PassInstrument):
     def __init__(self):
         self._last_ok: Optional[IRModule] = None
         self._inputs: list[IRModule] = []  # one per running (possibly nested) pass
+        self._verified = None  # nodes the last successful check verified (re-checked only if changed)
+
+    def _forget(self) -> None:
+        self._last_ok = None
+        self._verified = None
 
     def exit_pass_ctx(self):
-        self._last_ok = None
+        self._forget()
 
     def run_before_pass(self, mod, info):
         self._inputs.append(mod)
@@ -176,7 +181,11 @@ class WellFormedCheck(PassInstrument):
         try:
             if mod is self._last_ok or mod is given:  # unchanged: nothing to blame the pass for
                 return
-            err = _check(mod)
+            from ..analysis.well_formed import VerifiedNodes
+
+            if self._verified is None:
+                self._verified = VerifiedNodes()
+            err = _check(mod, self._verified)
             if err is None:
                 self._last_ok = mod
                 return
@@ -184,12 +193,12 @@ class WellFormedCheck(PassInstrument):
                 raise PassError(f"after pass {info.name}: {err}")
         finally:
             if not self._inputs:  # outermost pass done: do not keep its module alive
-                self._last_ok = None
+                self._forget()
 
     def on_error(self, mod, info, exc):
         self._inputs.pop()
         if not self._inputs:
-            self._last_ok = None
+            self._forget()
 
 
 __all__ = ["PassInstrument", "PassTime", "PassTiming", "PrintIR", "WellFormedCheck"]
