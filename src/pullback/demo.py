@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -136,9 +135,7 @@ def run_torch_demo(steps: int = 3) -> bool:
 
     model = MSE(layer)
     x, y = torch.randn(4, 32, 64), torch.randn(4, 32, 64)
-    with warnings.catch_warnings():  # torch.export's own deprecation notices
-        warnings.simplefilter("ignore", FutureWarning)
-        prog = import_torch(model, (x, y))
+    prog = import_torch(model, (x, y))
     inputs = main_inputs(prog, [x.numpy(), y.numpy()])
     names = [p.name_hint for p in prog.main.params]
     trained = [names.index(n) for n in prog.trainable]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import operator
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -196,11 +197,13 @@ def export(module, example_inputs: Sequence, decompose: bool = True):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions)."""
     import torch
 
-    try:
-        ep = torch.export.export(module, tuple(example_inputs))
-    except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
-        raise PullbackError(f"from_torch: torch.export failed: {type(e).__name__}: {e}") from e
-    return ep.run_decompositions(_decomposition_table()) if decompose else ep
+    with warnings.catch_warnings():  # torch.export's internal deprecation notices are not the user's to act on
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            ep = torch.export.export(module, tuple(example_inputs))
+        except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
+            raise PullbackError(f"from_torch: torch.export failed: {type(e).__name__}: {e}") from e
+        return ep.run_decompositions(_decomposition_table()) if decompose else ep
 
 
 def _to_numpy(t) -> np.ndarray:
