@@ -213,4 +213,16 @@ def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, targe
     return losses
 
 
-__all__ = ["compile", "train_side_by_side", "TrainingProgram", "run", "draw_masks", "float_wrt"]
+def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, verbose: bool = True) -> dict:
+    """Assert that per-step losses agree within ``rtol`` (relative) and final weights within ``atol``."""
+    for step, (e, p) in enumerate(zip(result["eager"], result["pullback"])):
+        if abs(e - p) > rtol * abs(e):
+            raise AssertionError(f"step {step}: eager loss {e} vs pullback {p} (rtol {rtol})")
+    if result["max_weight_diff"] > atol:
+        raise AssertionError(f"final weights differ by {result['max_weight_diff']:.2e} > {atol}")
+    if verbose:
+        print(f"final weights: max abs difference {result['max_weight_diff']:.2e}")
+    return result
+
+
+__all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "draw_masks", "float_wrt"]

@@ -16,6 +16,8 @@ module), so second derivatives work.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +46,7 @@ def _as_axis_vec(v: Expr, ndim: int, axis: int) -> Expr:
     return T.expand_dims(v, 1, trailing) if trailing else v
 
 
-def _np_vec(v, ndim, axis):
+def _vec(v, ndim, axis):
     return v.reshape((-1,) + (1,) * (ndim - axis - 1))
 
 
@@ -94,17 +96,26 @@ def _layer_norm_infer(arg_types, attrs):
     return x
 
 
-def _layer_norm_compute(x, gamma, beta, a):
-    xf = x.astype(np.float32) if x.dtype == np.float16 else x
+def layer_norm_math(xp, x, gamma, beta, a):
+    """Layer norm written once for any array namespace ``xp`` (NumPy kernel, JAX lowering)."""
     axis = a.axis % x.ndim
-    mu = xf.mean(axis=axis, keepdims=True)
-    var = ((xf - mu) ** 2).mean(axis=axis, keepdims=True)
-    out = (xf - mu) / np.sqrt(var + a.epsilon)
+    mu = x.mean(axis=axis, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axis, keepdims=True)
+    out = (x - mu) / xp.sqrt(var + a.epsilon)
     if a.scale:
-        out = out * _np_vec(gamma, x.ndim, axis)
+        out = out * _vec(gamma, x.ndim, axis)
     if a.center:
-        out = out + _np_vec(beta, x.ndim, axis)
-    return np.asarray(out, dtype=x.dtype)
+        out = out + _vec(beta, x.ndim, axis)
+    return out
+
+
+def _widen16(x):
+    """float16 is computed in float32 (like PyTorch's CPU kernels)."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _layer_norm_compute(x, gamma, beta, a):
+    return np.asarray(layer_norm_math(np, _widen16(x), gamma, beta, a), dtype=x.dtype)
 
 
 def _layer_norm_grad(call: Call, g: Expr):
@@ -156,24 +167,28 @@ def _batch_norm_infer(arg_types, attrs):
     return TupleType((x, v, v))
 
 
-def _batch_norm_compute(x, gamma, beta, mm, mv, a):
-    xf = x.astype(np.float32) if x.dtype == np.float16 else x
+def batch_norm_math(xp, x, gamma, beta, mm, mv, a):
+    """Batch norm written once for any array namespace ``xp``: (out, new moving mean, new moving var)."""
     axis = a.axis % x.ndim
     others = _other_axes(x.ndim, axis)
     if a.training:
-        mean = xf.mean(axis=others)
-        var = xf.var(axis=others)
-        n = xf.size // max(xf.shape[axis], 1)
+        mean = x.mean(axis=others)
+        var = x.var(axis=others)
+        n = math.prod(x.shape) // max(x.shape[axis], 1)
         new_mm = (1 - a.momentum) * mm + a.momentum * mean
         new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
     else:
         mean, var, new_mm, new_mv = mm, mv, mm, mv
-    out = (xf - _np_vec(mean, x.ndim, axis)) / np.sqrt(_np_vec(var, x.ndim, axis) + a.epsilon)
+    out = (x - _vec(mean, x.ndim, axis)) / xp.sqrt(_vec(var, x.ndim, axis) + a.epsilon)
     if a.scale:
-        out = out * _np_vec(gamma, x.ndim, axis)
+        out = out * _vec(gamma, x.ndim, axis)
     if a.center:
-        out = out + _np_vec(beta, x.ndim, axis)
-    return tuple(np.asarray(v, dtype=x.dtype) for v in (out, new_mm, new_mv))
+        out = out + _vec(beta, x.ndim, axis)
+    return out, new_mm, new_mv
+
+
+def _batch_norm_compute(x, gamma, beta, mm, mv, a):
+    return tuple(np.asarray(v, dtype=x.dtype) for v in batch_norm_math(np, _widen16(x), gamma, beta, mm, mv, a))
 
 
 def _batch_norm_grad(call: Call, g: Expr):

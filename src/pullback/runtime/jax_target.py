@@ -24,7 +24,6 @@ indices (``take`` with ``mode="fast"``, ``gather``, ``scatter_add``,
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -35,6 +34,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import global_calls, post_order
+from ..ops.norm import batch_norm_math, layer_norm_math
 from ..ir.types import TensorType, TupleType, Type
 from ..ops.registry import OpDef, list_ops
 from .values import convert_input, to_output
@@ -418,40 +418,14 @@ def _nll_loss_grad(g, p, t, w, a):
     return onehot * jnp.expand_dims(coef, 1)
 
 
-def _vec(v, ndim: int, axis: int):
-    return v.reshape((-1,) + (1,) * (ndim - axis - 1))
-
-
 @lowering("nn.layer_norm")
 def _layer_norm(x, gamma, beta, a):
-    axis = a.axis % x.ndim
-    mu = x.mean(axis=axis, keepdims=True)
-    var = ((x - mu) ** 2).mean(axis=axis, keepdims=True)
-    out = (x - mu) / jnp.sqrt(var + a.epsilon)
-    if a.scale:
-        out = out * _vec(gamma, x.ndim, axis)
-    if a.center:
-        out = out + _vec(beta, x.ndim, axis)
-    return out
+    return layer_norm_math(jnp, x, gamma, beta, a)
 
 
 @lowering("nn.batch_norm")
 def _batch_norm(x, gamma, beta, mm, mv, a):
-    axis = a.axis % x.ndim
-    others = tuple(i for i in range(x.ndim) if i != axis)
-    if a.training:
-        mean, var = x.mean(axis=others), x.var(axis=others)
-        n = math.prod(x.shape) // max(x.shape[axis], 1)
-        new_mm = (1 - a.momentum) * mm + a.momentum * mean
-        new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
-    else:
-        mean, var, new_mm, new_mv = mm, mv, mm, mv
-    out = (x - _vec(mean, x.ndim, axis)) / jnp.sqrt(_vec(var, x.ndim, axis) + a.epsilon)
-    if a.scale:
-        out = out * _vec(gamma, x.ndim, axis)
-    if a.center:
-        out = out + _vec(beta, x.ndim, axis)
-    return tuple(v.astype(x.dtype) for v in (out, new_mm, new_mv))
+    return tuple(v.astype(x.dtype) for v in batch_norm_math(jnp, x, gamma, beta, mm, mv, a))
 
 
 # -- convolution and pooling (NCHW / OIHW)
