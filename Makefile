@@ -26,7 +26,7 @@ demo: $(VENV)/.core-installed
 	$(BIN)/python -m pullback demo
 
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n auto tests
 
 # long property runs and the parser fuzzer (CI runs a bounded number of examples in `make test`)
 FUZZ_SECONDS ?= 300

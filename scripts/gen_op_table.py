@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from pullback.ops.registry import OpPattern, list_ops
+from pullback.ops.registry import FusionKind, list_ops
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "operators.md"
 
@@ -65,7 +65,7 @@ def row(op) -> str:
 
 def render() -> str:
     ops = list_ops()
-    by_pattern = {p: [o.name for o in ops if o.pattern == p] for p in OpPattern}
+    by_pattern = {p: [o.name for o in ops if o.pattern == p] for p in FusionKind}
     patterns = "\n".join(f"| {p.name} | {len(names)} |" for p, names in by_pattern.items() if names)
     return HEADER.format(count=len(ops), patterns=patterns) + "\n".join(row(o) for o in ops) + "\n"
 

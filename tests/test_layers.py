@@ -9,7 +9,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "src" / "pullback"
-RANK = {"ir": 0, "ops": 1, "op": 1, "analysis": 2, "pattern": 2, "transform": 3, "testing": 4, "runtime": 4,
+RANK = {"ir": 0, "ops": 1, "op": 1, "text": 2, "analysis": 2, "pattern": 2, "transform": 3, "testing": 4, "runtime": 4,
         "frontend": 5, "integrations": 5, "viz": 5, "cli": 6, "demo": 6, "__main__": 6, "__init__": 6}
 # (importing package, imported package): why it is fine
 ALLOWED = {

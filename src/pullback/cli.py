@@ -42,7 +42,7 @@ def _progress(what: str) -> Iterator[None]:
 
 
 def _read_module(path: str):
-    from .ir.parser import parse
+    from .text import parse
 
     try:
         text = Path(path).read_text()
@@ -65,7 +65,7 @@ def _write_text(text: str, path: Optional[str]) -> None:
 
 
 def _write_module(mod, path: Optional[str]) -> None:
-    from .ir.printer import astext
+    from .text import astext
 
     _write_text(astext(mod), path)
 

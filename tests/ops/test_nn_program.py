@@ -10,7 +10,7 @@ import pullback
 from pullback import Any, Function, op, var
 from pullback.analysis import infer_expr
 from pullback.ir.errors import AttrError, PullbackError, TypeInferenceError
-from pullback.ops import OpPattern, get_op
+from pullback.ops import FusionKind, get_op
 from pullback.testing import check_grad, check_second_order
 
 RNG = np.random.default_rng(11)
@@ -229,11 +229,11 @@ def test_gradient_of_strided_conv_with_dynamic_spatial_dims_is_a_clear_error():
 
 
 PATTERNS = {
-    "nn.dense": OpPattern.OUT_ELEMWISE_FUSABLE, "nn.matmul": OpPattern.OUT_ELEMWISE_FUSABLE,
-    "nn.batch_matmul": OpPattern.OUT_ELEMWISE_FUSABLE, "nn.conv2d": OpPattern.OUT_ELEMWISE_FUSABLE,
-    "nn.softmax": OpPattern.OPAQUE, "nn.layer_norm": OpPattern.OPAQUE, "nn.relu": OpPattern.ELEMWISE,
-    "nn.gelu": OpPattern.ELEMWISE, "nn.bias_add": OpPattern.BROADCAST, "nn.max_pool2d": OpPattern.OPAQUE,
-    "nn.avg_pool2d": OpPattern.OPAQUE, "nn.pad": OpPattern.INJECTIVE, "nn.batch_flatten": OpPattern.INJECTIVE,
+    "nn.dense": FusionKind.OUT_ELEMWISE_FUSABLE, "nn.matmul": FusionKind.OUT_ELEMWISE_FUSABLE,
+    "nn.batch_matmul": FusionKind.OUT_ELEMWISE_FUSABLE, "nn.conv2d": FusionKind.OUT_ELEMWISE_FUSABLE,
+    "nn.softmax": FusionKind.OPAQUE, "nn.layer_norm": FusionKind.OPAQUE, "nn.relu": FusionKind.ELEMWISE,
+    "nn.gelu": FusionKind.ELEMWISE, "nn.bias_add": FusionKind.BROADCAST, "nn.max_pool2d": FusionKind.OPAQUE,
+    "nn.avg_pool2d": FusionKind.OPAQUE, "nn.pad": FusionKind.INJECTIVE, "nn.batch_flatten": FusionKind.INJECTIVE,
 }
 
 

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from pullback import op as op_builders
-from pullback.ops import OpPattern, list_ops
+from pullback.ops import FusionKind, list_ops
 
 from opgrad import Case
 
@@ -38,7 +38,7 @@ def covered_ops() -> dict:
 def test_op_is_complete(o):
     assert callable(o.infer), f"{o.name}: no infer"
     assert callable(o.compute), f"{o.name}: no compute"
-    assert isinstance(o.pattern, OpPattern), f"{o.name}: no fusion pattern"
+    assert isinstance(o.pattern, FusionKind), f"{o.name}: no fusion pattern"
     assert callable(o.flops), f"{o.name}: no flops estimate"
     if o.differentiable:
         assert callable(o.grad), f"{o.name}: no gradient rule and not marked differentiable=False"

@@ -2,7 +2,7 @@
 
 ``partition(func)`` groups the nodes of one function body by Relay's rules
 (``src/relay/analysis/graph_partitioner.cc``) on operator patterns
-(``ops.OpPattern``); ``transform.FuseOps`` turns each group into a primitive
+(``ops.FusionKind``); ``transform.FuseOps`` turns each group into a primitive
 Function. The algorithm, all loops flat (a chain of a million nodes is fine):
 
 1. the dataflow graph: every non-leaf node of the body is a graph node (Calls
@@ -37,17 +37,17 @@ from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import post_order
 from ..ir.types import TensorType
-from ..ops.registry import OpDef, OpPattern
+from ..ops.registry import OpDef, FusionKind
 
-ELEMWISE, BROADCAST, INJECTIVE = OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE
-COMM_REDUCE, OUT_EWISE, TUPLE, OPAQUE = OpPattern.COMM_REDUCE, OpPattern.OUT_ELEMWISE_FUSABLE, OpPattern.TUPLE, OpPattern.OPAQUE
+ELEMWISE, BROADCAST, INJECTIVE = FusionKind.ELEMWISE, FusionKind.BROADCAST, FusionKind.INJECTIVE
+COMM_REDUCE, OUT_EWISE, TUPLE, OPAQUE = FusionKind.COMM_REDUCE, FusionKind.OUT_ELEMWISE_FUSABLE, FusionKind.TUPLE, FusionKind.OPAQUE
 
 DEFAULT_MAX_DEPTH = 256
 DEFAULT_MAX_ARGS = 64
 INLINE_CONST_SIZE = 16  # constants up to this many elements are copied into groups instead of passed
 
 
-def node_pattern(node: Expr) -> OpPattern:
+def node_pattern(node: Expr) -> FusionKind:
     """The fusion kind of a graph node."""
     if isinstance(node, Call):
         return node.op.pattern if isinstance(node.op, OpDef) else OPAQUE
@@ -60,7 +60,7 @@ def is_inline_constant(node: Expr) -> bool:
     return isinstance(node, Constant) and node.data.size <= INLINE_CONST_SIZE
 
 
-def _edge_pattern(producer: Expr, consumer: Expr) -> OpPattern:
+def _edge_pattern(producer: Expr, consumer: Expr) -> FusionKind:
     if isinstance(consumer, (Tuple, TupleGetItem)):
         return INJECTIVE
     pat = node_pattern(consumer)
@@ -336,7 +336,7 @@ class _Partitioner:
             return "a reduction never starts a group"
         return f"a {pat.name} group never fuses"
 
-    def _phase2(self, i: int, dom: int, pat: OpPattern) -> Optional[str]:
+    def _phase2(self, i: int, dom: int, pat: FusionKind) -> Optional[str]:
         """Fuse injective ops into intermediate tuples already fused into injective consumers."""
         if pat > INJECTIVE:
             return None

@@ -18,7 +18,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
-from ..ops.registry import OpDef, is_op
+from ..ops.registry import OpDef, is_call_to
 from .liveness import peak_memories, resolve_function
 
 Target = Union[IRModule, Function, Expr]
@@ -77,9 +77,9 @@ def _is_fill(e: Expr, value: int) -> bool:
     """``e`` is, statically, a tensor filled with ``value`` (0 or 1)."""
     if isinstance(e, Constant):
         return e.data.size > 0 and bool(np.all(e.data == value))
-    if is_op(e, _MADE[value]):
+    if is_call_to(e, _MADE[value]):
         return True
-    if is_op(e, tuple(_FILL_ARG)):
+    if is_call_to(e, tuple(_FILL_ARG)):
         fill = e.args[_FILL_ARG[e.op.name]]
         return isinstance(fill, Constant) and bool(np.all(fill.data == value))
     return False

@@ -1,4 +1,4 @@
-"""The IR: nodes, types, modules, traversals, structural equality, text format."""
+"""The IR: nodes, types, modules, traversals, scopes, structural equality (the text format is in ``text``)."""
 
 from .errors import (
     AttrError,
@@ -12,8 +12,6 @@ from .errors import (
 )
 from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, const, var
 from .module import IRModule
-from .parser import parse, parse_expr
-from .printer import astext, binding_text
 from .structural import assert_structural_equal, structural_equal, structural_hash
 from .traversal import free_vars, post_order, transform
 from .types import Any, FuncType, TensorType, TupleType, Type
@@ -40,10 +38,6 @@ __all__ = [
     "const",
     "var",
     "IRModule",
-    "parse",
-    "parse_expr",
-    "astext",
-    "binding_text",
     "assert_structural_equal",
     "structural_equal",
     "structural_hash",

@@ -38,6 +38,25 @@ def install_arith(name: str, builder: Callable[..., "Expr"]) -> None:
     _ARITH[name] = builder
 
 
+# ``text`` installs the printer (it sits above ``ops``); until then nodes print as ``<Call #12>``.
+_PRINTER: list = []
+
+
+def install_printer(astext: Callable[[_Any], str]) -> None:
+    """Register the text printer used by ``repr`` of nodes and ``IRModule.astext`` (done by ``pullback.text``)."""
+    _PRINTER[:] = [astext]
+
+
+def to_text(obj) -> Optional[str]:
+    """``obj`` in the text format, or None when the printer is not installed or fails."""
+    if not _PRINTER:
+        return None
+    try:
+        return _PRINTER[0](obj)
+    except Exception:  # noqa: BLE001 - callers fall back to a short description
+        return None
+
+
 def _arith(name: str, *args: _Any) -> "Expr":
     try:
         builder = _ARITH[name]
@@ -140,12 +159,8 @@ class Expr:
         return True
 
     def __repr__(self) -> str:
-        try:
-            from .printer import astext
-
-            return astext(self)
-        except Exception:  # noqa: BLE001 - repr must never fail
-            return f"<{type(self).__name__} #{self._uid}>"
+        text = to_text(self)
+        return text if text is not None else f"<{type(self).__name__} #{self._uid}>"
 
 
 class Var(Expr):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Mapping, Optional, Union
 
 from .errors import PullbackError
-from .expr import Expr, Function, GlobalVar
+from .expr import _PRINTER, Expr, Function, GlobalVar
 
 
 class IRModule:
@@ -108,9 +108,9 @@ class IRModule:
         return new
 
     def astext(self) -> str:
-        from .printer import astext
-
-        return astext(self)
+        if not _PRINTER:
+            raise PullbackError("the text printer is not loaded: import pullback.text")
+        return _PRINTER[0](self)
 
     def __str__(self) -> str:
         return self.astext()

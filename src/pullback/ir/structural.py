@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, to_text
 from .module import IRModule
 from .types import Type
 
@@ -242,16 +242,7 @@ _MAX_TEXT = 1500
 
 def _show(node) -> str:
     """Text of ``node`` with the printer when it exists, else a short description."""
-    text = None
-    try:
-        from .printer import astext  # written in parallel; optional here
-    except ImportError:
-        astext = None
-    if astext is not None and isinstance(node, (Expr, IRModule)):
-        try:
-            text = astext(node)
-        except Exception:  # noqa: BLE001 - a failing printer must not hide the mismatch
-            text = None
+    text = to_text(node) if isinstance(node, (Expr, IRModule)) else None
     if text is None:
         text = describe_node(node)
     if len(text) > _MAX_TEXT:

@@ -1,12 +1,12 @@
 """Operator definitions. Importing this package registers every operator."""
 
 from ..ir.expr import install_arith
-from . import elemwise, nn, reduce, transform  # noqa: F401  (registration)
+from . import elemwise, layout, nn, reduce  # noqa: F401  (registration)
 from . import indexing, shape  # noqa: F401  (registration)
 from . import activation, conv, linalg, loss, norm, pool  # noqa: F401  (nn.* registration)
-from .registry import OpDef, OpPattern, defop, get_op, has_op, is_op, list_ops, register
+from .registry import FusionKind, OpDef, defop, get_op, has_op, is_call_to, list_ops, register
 
 for _name in ("add", "subtract", "multiply", "divide", "negative"):
     install_arith(_name, get_op(_name))
 
-__all__ = ["OpDef", "OpPattern", "defop", "get_op", "has_op", "is_op", "list_ops", "register"]
+__all__ = ["FusionKind", "OpDef", "defop", "get_op", "has_op", "is_call_to", "list_ops", "register"]

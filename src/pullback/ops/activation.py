@@ -17,7 +17,7 @@ from . import reduce as R
 from . import special
 from .common import float_arg, normalize_axis
 from .nn import check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer
-from .registry import OpPattern, defop
+from .registry import FusionKind, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
 
@@ -31,7 +31,7 @@ def activation(name: str, attrs_type, compute, grad, per_elem: int, torch_name: 
         return np.asarray(compute(x, attrs), dtype=x.dtype)
 
     return defop(name, 1, unary_float_infer(name), kernel, attrs_type=attrs_type, grad=grad,
-                 pattern=OpPattern.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name)
+                 pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name)
 
 
 # ------------------------------------------------------------------ leaky_relu
@@ -174,6 +174,6 @@ def _log_softmax_grad(call: Call, g: Expr):
 
 
 softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), _softmax_compute, attrs_type=SoftmaxAttrs,
-                grad=_softmax_grad, pattern=OpPattern.OPAQUE, flops=numel_flops(5), torch_name="softmax")
+                grad=_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
 log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), _log_softmax_compute, attrs_type=SoftmaxAttrs,
-                    grad=_log_softmax_grad, pattern=OpPattern.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
+                    grad=_log_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")

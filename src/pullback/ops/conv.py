@@ -25,7 +25,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from .common import numel, same_dtype, tensor_arg
 from .nn import check_int
-from .registry import OpPattern, defop, seq_of_int, type_error
+from .registry import FusionKind, defop, seq_of_int, type_error
 
 # ------------------------------------------------------------------ attribute helpers
 
@@ -302,7 +302,7 @@ def _conv2d_flops(arg_types, out_type, attrs):
 
 
 conv2d = defop("nn.conv2d", 2, _conv2d_infer, _conv2d_compute, attrs_type=Conv2DAttrs, grad=_conv2d_grad,
-               pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_conv2d_flops, torch_name="conv2d")
+               pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_conv2d_flops, torch_name="conv2d")
 
 # ------------------------------------------------------------------ conv2d_transpose
 
@@ -386,7 +386,7 @@ def _conv2d_transpose_flops(arg_types, out_type, attrs):
 
 conv2d_transpose = defop("nn.conv2d_transpose", 2, _conv2d_transpose_infer, _conv2d_transpose_compute,
                          attrs_type=Conv2DTransposeAttrs, grad=_conv2d_transpose_grad,
-                         pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_conv2d_transpose_flops,
+                         pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_conv2d_transpose_flops,
                          torch_name="conv_transpose2d")
 
 # ------------------------------------------------------------------ conv2d_backward_weight
@@ -438,6 +438,6 @@ def _backward_weight_flops(arg_types, out_type, attrs):
 
 conv2d_backward_weight = defop(
     "nn.conv2d_backward_weight", 2, _backward_weight_infer, _backward_weight_compute,
-    attrs_type=Conv2DBackwardWeightAttrs, grad=_backward_weight_grad, pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    attrs_type=Conv2DBackwardWeightAttrs, grad=_backward_weight_grad, pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_backward_weight_flops, torch_name="convolution_backward",
     doc="The gradient of ``nn.conv2d`` w.r.t. its weight: ``(grad (N,O,OH,OW), data (N,C,H,W)) -> (O, C/groups, KH, KW)``.")

@@ -17,10 +17,10 @@ import numpy as np
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, as_expr
 from ..ir.types import TensorType, is_float
-from . import transform as T
+from . import layout as T
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
 from . import special
-from .registry import OpPattern, defop, type_error
+from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ helpers
 
@@ -80,7 +80,7 @@ def unary(name: str, fn, grad=None, *, float_only: bool = True, kind: str = "", 
     if grad is not None and kind != "float":
         grad = _float_grads(grad)
     return defop(name, 1, _unary_infer(name, kind, out_dtype), compute, grad=grad, attrs_type=attrs_type,
-                 pattern=kw.pop("pattern", OpPattern.ELEMWISE), flops=_flops_per_elem(flops_per_elem), **kw)
+                 pattern=kw.pop("pattern", FusionKind.ELEMWISE), flops=_flops_per_elem(flops_per_elem), **kw)
 
 
 def _zero_grad(c: Call, g: Expr):
@@ -190,7 +190,7 @@ def binary(name: str, fn, grad=None, *, out_dtype=None, need_bool=False, **kw):
             out = fn(a, b)
         return np.asarray(out).astype(out_dtype or a.dtype, copy=False)
 
-    pattern = kw.pop("pattern", OpPattern.BROADCAST)
+    pattern = kw.pop("pattern", FusionKind.BROADCAST)
     return defop(name, 2, _infer_binary(name, out_dtype, need_bool), compute,
                  grad=_float_grads(grad) if grad is not None else None, pattern=pattern, **kw)
 
@@ -333,7 +333,7 @@ where = defop(
     _infer_where,
     _where_compute,
     grad=lambda c, g: [r if r is None or is_float_expr(a) else None for r, a in zip(_where_grad(c, g), c.args)],
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     torch_name="where",
 )
 

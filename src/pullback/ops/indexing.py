@@ -15,9 +15,9 @@ import numpy as np
 from ..ir.errors import AttrError, ExecutionError, PullbackError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, INT_DTYPES, TensorType, check_dtype, is_float
-from . import transform as T
+from . import layout as T
 from .common import normalize_axis, tensor_arg
-from .registry import OpDef, OpPattern, defop, register, seq_of_int, type_error, zero_flops
+from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
 
 def _index_arg(op: str, arg_types, i: int) -> TensorType:
@@ -100,7 +100,7 @@ def _slice_attrs(a: StridedSliceAttrs) -> tuple:
 strided_slice = defop(
     "strided_slice", 1, _strided_slice_infer, lambda x, a: x[a.np_index(x.shape)].copy(), attrs_type=StridedSliceAttrs,
     grad=lambda c, g: [_float_only(c, strided_set(T.zeros_like(c.args[0]), g, *_slice_attrs(c.attrs)))],
-    pattern=OpPattern.INJECTIVE, flops=zero_flops, torch_name="slice",
+    pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice",
     doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.")
 
 
@@ -127,7 +127,7 @@ def _strided_set_grad(c: Call, g: Expr):
 
 strided_set = defop(
     "strided_set", 2, _strided_set_infer, _strided_set_compute, attrs_type=StridedSliceAttrs, grad=_strided_set_grad,
-    pattern=OpPattern.INJECTIVE, flops=zero_flops, torch_name="slice_scatter",
+    pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice_scatter",
     doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).")
 
 # ------------------------------------------------------------------ take / index_add
@@ -186,7 +186,7 @@ def _take_infer(arg_types, attrs):
 take = defop(
     "take", 2, _take_infer, _take_compute, attrs_type=TakeAttrs,
     grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis, c.attrs.mode)), None],
-    pattern=OpPattern.INJECTIVE, flops=zero_flops, torch_name="take",
+    pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="take",
     doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).")
 
 
@@ -214,7 +214,7 @@ def _index_add_grad(c: Call, g: Expr):
 
 index_add = defop(
     "index_add", 3, _index_add_infer, _index_add_compute, attrs_type=TakeAttrs, grad=_index_add_grad,
-    pattern=OpPattern.OPAQUE, torch_name="index_add",
+    pattern=FusionKind.OPAQUE, torch_name="index_add",
     doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.")
 
 # ------------------------------------------------------------------ gather / scatter_add
@@ -273,7 +273,7 @@ class _DataAxisIndicesOp(OpDef):
 gather = register(_DataAxisIndicesOp(
     "gather", 2, _gather_infer, _gather_compute, attrs_type=GatherAttrs,
     grad=lambda c, g: [_float_only(c, scatter_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis)), None],
-    pattern=OpPattern.INJECTIVE, flops=zero_flops, torch_name="gather",
+    pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="gather",
     doc="``gather(data, axis, indices)``: out[i][j][k] = data[i][indices[i][j][k]][k] for axis=1 (torch.gather)."))
 
 
@@ -300,7 +300,7 @@ def _scatter_add_grad(c: Call, g: Expr):
 
 scatter_add = defop(
     "scatter_add", 3, _scatter_add_infer, _scatter_add_compute, attrs_type=GatherAttrs, grad=_scatter_add_grad,
-    pattern=OpPattern.OPAQUE, torch_name="scatter_add",
+    pattern=FusionKind.OPAQUE, torch_name="scatter_add",
     doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.")
 
 # ------------------------------------------------------------------ one_hot
@@ -360,6 +360,6 @@ def _one_hot_grad(c: Call, g: Expr):
 
 one_hot = defop(
     "one_hot", 3, _one_hot_infer, _one_hot_compute, attrs_type=OneHotAttrs, grad=_one_hot_grad,
-    pattern=OpPattern.INJECTIVE, torch_name="one_hot",
+    pattern=FusionKind.INJECTIVE, torch_name="one_hot",
     doc="``one_hot(indices, on_value, off_value, depth, axis=-1, dtype)``; out-of-range indices give off_value.")
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
-from . import transform as T
+from . import layout as T
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .nn import check_bool
-from .registry import OpPattern, defop, type_error
+from .registry import FusionKind, defop, type_error
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _matmul_grad(call: Call, g: Expr):
 
 _mi, _mc, _mf = _mk(2, "nn.matmul")
 matmul = defop("nn.matmul", 2, _mi, _mc, attrs_type=MatmulAttrs, grad=_matmul_grad,
-               pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_mf, torch_name="mm")
+               pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_mf, torch_name="mm")
 _bi, _bc, _bf = _mk(3, "nn.batch_matmul")
 batch_matmul = defop("nn.batch_matmul", 2, _bi, _bc, attrs_type=BatchMatmulAttrs, grad=_matmul_grad,
-                     pattern=OpPattern.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm")
+                     pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm")

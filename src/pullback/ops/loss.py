@@ -20,7 +20,7 @@ from ..ir.types import Any, TensorType, is_float
 from . import elemwise as E
 from .common import float_arg, numel, same_dtype, tensor_arg
 from .nn import check_choice, check_int, count, numel_flops
-from .registry import OpPattern, defop, type_error
+from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ cross entropy
 
@@ -55,9 +55,9 @@ def _ce_logits_compute(x, y, attrs=None):
 
 
 cross_entropy = defop("nn.cross_entropy", 2, _ce_infer("nn.cross_entropy"), _ce_compute, grad=_ce_grad(False),
-                      pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: 3 * numel(ts[0].shape))
+                      pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 3 * numel(ts[0].shape))
 cross_entropy_with_logits = defop("nn.cross_entropy_with_logits", 2, _ce_infer("nn.cross_entropy_with_logits"),
-                                  _ce_logits_compute, grad=_ce_grad(True), pattern=OpPattern.OPAQUE,
+                                  _ce_logits_compute, grad=_ce_grad(True), pattern=FusionKind.OPAQUE,
                                   flops=lambda ts, out, a: 2 * numel(ts[0].shape))
 
 # ------------------------------------------------------------------ nll_loss
@@ -135,10 +135,10 @@ def _nll_grad_compute(g, p, t, w, a):
 
 nll_loss = defop("nn.nll_loss", 3, _nll_infer, _nll_compute, attrs_type=NLLLossAttrs,
                  grad=lambda c, g: [nll_loss_grad(g, *c.args, c.attrs.reduction, c.attrs.ignore_index), None, None],
-                 pattern=OpPattern.OPAQUE, flops=numel_flops(2), torch_name="nll_loss")
+                 pattern=FusionKind.OPAQUE, flops=numel_flops(2), torch_name="nll_loss")
 nll_loss_grad = defop(
     "nn.nll_loss_grad", 4, _nll_grad_infer, _nll_grad_compute, attrs_type=NLLLossAttrs,
     grad=lambda c, gg: [nll_loss(gg, c.args[2], c.args[3], c.attrs.reduction, c.attrs.ignore_index), None, None, None],
-    pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(out.shape), torch_name="nll_loss_backward",
+    pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape), torch_name="nll_loss_backward",
     doc="Gradient of ``nn.nll_loss``: ``(out_grad, predictions, targets, weights) -> predictions-shaped``.")
 

@@ -17,9 +17,9 @@ from ..ir.expr import Call, Expr, Tuple, TupleGetItem, const
 from ..ir.types import Any, TensorType
 from . import elemwise as E
 from . import reduce as R
-from . import transform as T
+from . import layout as T
 from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, tensor_arg
-from .registry import OpPattern, defop, get_op, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, defop, get_op, seq_of_int, type_error, zero_flops
 
 # ------------------------------------------------------------------ helpers shared by the nn modules
 
@@ -108,7 +108,7 @@ relu = defop(
     unary_float_infer("nn.relu"),
     lambda x, attrs=None: np.maximum(x, np.zeros((), x.dtype)),
     grad=_relu_grad,
-    pattern=OpPattern.ELEMWISE,
+    pattern=FusionKind.ELEMWISE,
     torch_name="relu",
 )
 
@@ -163,7 +163,7 @@ dense = defop(
     _dense_infer,
     _dense_compute,
     grad=_dense_grad,
-    pattern=OpPattern.OUT_ELEMWISE_FUSABLE,
+    pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,
     torch_name="linear",
 )
@@ -214,7 +214,7 @@ bias_add = defop(
     _bias_add_compute,
     attrs_type=BiasAddAttrs,
     grad=_bias_add_grad,
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     torch_name="add",
 )
 
@@ -235,7 +235,7 @@ batch_flatten = defop(
     _batch_flatten_infer,
     lambda x, attrs=None: np.reshape(x, (x.shape[0], -1)),
     grad=lambda c, g: [T.reshape_like(g, c.args[0])],
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
     torch_name="flatten",
 )
@@ -341,7 +341,7 @@ pad = defop(
     _pad_compute,
     attrs_type=PadAttrs,
     grad=_pad_grad,
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
     torch_name="pad",
 )
@@ -352,7 +352,7 @@ pad_backward = defop(
     _pad_backward_compute,
     attrs_type=PadAttrs,
     grad=lambda c, g: [pad(g, c.attrs.pad_width, 0.0, c.attrs.pad_mode)],
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).",
 )
 
@@ -391,7 +391,7 @@ dropout = defop(
     lambda x, m, attrs: np.asarray(x * m * np.asarray(1.0 / (1.0 - attrs.rate), x.dtype), dtype=x.dtype),
     attrs_type=DropoutAttrs,
     grad=_dropout_grad,
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     flops=numel_flops(2),
     torch_name="dropout",
     doc="``out = data * mask / (1 - rate)``: dropout with the random mask as an explicit input (pure).",

@@ -25,10 +25,10 @@ import numpy as np
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, TupleType
 from . import reduce as R
-from . import transform as T
+from . import layout as T
 from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
 from .nn import check_bool, check_float, check_int, count, field, lazy, scalar
-from .registry import OpPattern, defop, type_error
+from .registry import FusionKind, defop, type_error
 
 _sqrt = lazy("sqrt")
 
@@ -134,7 +134,7 @@ def _layer_norm_grad(call: Call, g: Expr):
 
 
 layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, _layer_norm_compute, attrs_type=LayerNormAttrs,
-                   grad=_layer_norm_grad, pattern=OpPattern.OPAQUE,
+                   grad=_layer_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(out.shape), torch_name="layer_norm")
 
 # ------------------------------------------------------------------ batch_norm
@@ -225,6 +225,6 @@ def _batch_norm_grad(call: Call, g: Expr):
 
 
 batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, _batch_norm_compute, attrs_type=BatchNormAttrs,
-                   grad=_batch_norm_grad, pattern=OpPattern.OPAQUE,
+                   grad=_batch_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(ts[0].shape), torch_name="batch_norm")
 

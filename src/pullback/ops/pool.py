@@ -23,12 +23,12 @@ import numpy as np
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
-from . import transform as T
+from . import layout as T
 from .common import float_arg, numel, same_dtype, tensor_arg
 from .elemwise import select_or_zero
 from .conv import eff, layout, pad_hw, padding4, pair, scatter_windows, windows
 from .nn import check_bool, count
-from .registry import OpPattern, defop, type_error
+from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ attrs and shapes
 
@@ -228,12 +228,12 @@ def _max_pool_gather_compute(x, src, a):
 _max_infer = _pool_infer("nn.max_pool2d")
 max_pool2d = defop("nn.max_pool2d", 1, _max_infer, _max_pool_compute, attrs_type=MaxPool2DAttrs,
                    grad=lambda c, g: [max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
-                   pattern=OpPattern.OPAQUE, flops=_pool_flops, torch_name="max_pool2d")
+                   pattern=FusionKind.OPAQUE, flops=_pool_flops, torch_name="max_pool2d")
 max_pool2d_grad = defop(
     "nn.max_pool2d_grad", 2, _grad_infer("nn.max_pool2d_grad", _max_infer), _max_pool_grad_compute,
     attrs_type=MaxPool2DAttrs,
     grad=lambda c, gg: [max_pool2d_gather(c.args[1], gg, **_attrs_kw(c)), T.zeros_like(c.args[1])],
-    pattern=OpPattern.OPAQUE, flops=_grad_flops, torch_name="max_pool2d_with_indices_backward",
+    pattern=FusionKind.OPAQUE, flops=_grad_flops, torch_name="max_pool2d_with_indices_backward",
     doc="Gradient of ``nn.max_pool2d``: ``(out_grad, data) -> data-shaped``; each window's gradient goes to its first maximum.")
 
 
@@ -249,7 +249,7 @@ max_pool2d_gather = defop(
     "nn.max_pool2d_gather", 2, _gather_infer, _max_pool_gather_compute,
     attrs_type=MaxPool2DAttrs,
     grad=lambda c, g: [T.zeros_like(c.args[0]), max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
-    pattern=OpPattern.OPAQUE, flops=_pool_flops,
+    pattern=FusionKind.OPAQUE, flops=_pool_flops,
     doc="``(data, src) -> pooled``: ``src`` read at the position of each window's first maximum of ``data``.")
 
 
@@ -291,11 +291,11 @@ def _avg_pool_grad_compute(g, x, a):
 _avg_infer = _pool_infer("nn.avg_pool2d")
 avg_pool2d = defop("nn.avg_pool2d", 1, _avg_infer, _avg_pool_compute, attrs_type=AvgPool2DAttrs,
                    grad=lambda c, g: [avg_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
-                   pattern=OpPattern.OPAQUE, flops=_pool_flops, torch_name="avg_pool2d")
+                   pattern=FusionKind.OPAQUE, flops=_pool_flops, torch_name="avg_pool2d")
 avg_pool2d_grad = defop(
     "nn.avg_pool2d_grad", 2, _grad_infer("nn.avg_pool2d_grad", _avg_infer), _avg_pool_grad_compute,
     attrs_type=AvgPool2DAttrs, grad=lambda c, gg: [avg_pool2d(gg, **_attrs_kw(c)), None],
-    pattern=OpPattern.OPAQUE, flops=_grad_flops, torch_name="avg_pool2d_backward",
+    pattern=FusionKind.OPAQUE, flops=_grad_flops, torch_name="avg_pool2d_backward",
     doc="Gradient of ``nn.avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
 
 # ------------------------------------------------------------------ global average pooling
@@ -323,7 +323,7 @@ def _global_grad(call: Call, g: Expr):
 
 global_avg_pool2d = defop("nn.global_avg_pool2d", 1, _global_infer,
                           lambda x, a: np.mean(x, axis=(2, 3), keepdims=True, dtype=x.dtype),
-                          attrs_type=GlobalPool2DAttrs, grad=_global_grad, pattern=OpPattern.OPAQUE,
+                          attrs_type=GlobalPool2DAttrs, grad=_global_grad, pattern=FusionKind.OPAQUE,
                           flops=lambda ts, out, a: numel(ts[0].shape), torch_name="adaptive_avg_pool2d")
 
 # ------------------------------------------------------------------ adaptive average pooling
@@ -380,12 +380,12 @@ def _adaptive_grad_compute(g, x, a):
 
 adaptive_avg_pool2d = defop("nn.adaptive_avg_pool2d", 1, _adaptive_infer, _adaptive_compute, attrs_type=AdaptivePool2DAttrs,
                             grad=lambda c, g: [adaptive_avg_pool2d_grad(g, c.args[0], c.attrs.output_size)],
-                            pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape),
+                            pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape),
                             torch_name="adaptive_avg_pool2d")
 adaptive_avg_pool2d_grad = defop(
     "nn.adaptive_avg_pool2d_grad", 2, _grad_infer("nn.adaptive_avg_pool2d_grad", _adaptive_infer),
     _adaptive_grad_compute, attrs_type=AdaptivePool2DAttrs,
     grad=lambda c, gg: [adaptive_avg_pool2d(gg, c.attrs.output_size), None],
-    pattern=OpPattern.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
+    pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
     doc="Gradient of ``nn.adaptive_avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
 

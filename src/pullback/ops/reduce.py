@@ -20,9 +20,9 @@ import numpy as np
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
-from . import transform as T
+from . import layout as T
 from .common import normalize_axes, numel, tensor_arg
-from .registry import OpPattern, defop, seq_of_int
+from .registry import FusionKind, defop, seq_of_int
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def reduction(name: str, kernel, grad=None, *, attrs_type=ReduceAttrs, out_dtype
         out = kernel(x, np_axes(x, attrs), attrs.keepdims, attrs)
         return np.asarray(out).astype(out_dtype or x.dtype, copy=False)
 
-    return defop(name, 1, infer, compute, attrs_type=attrs_type, grad=grad, pattern=OpPattern.COMM_REDUCE,
+    return defop(name, 1, infer, compute, attrs_type=attrs_type, grad=grad, pattern=FusionKind.COMM_REDUCE,
                  flops=_reduce_flops, **kw)
 
 

@@ -1,16 +1,21 @@
 """The operator registry: one typed ``OpDef`` per operator, no string-keyed attributes.
 
 Each operator carries, next to its definition: an attrs dataclass, a type
-relation ``infer``, a NumPy kernel ``compute``, a gradient rule ``grad`` (or
-``differentiable=False`` with a reason), a fusion ``pattern`` and a ``flops``
-estimate. Builders follow Relay: ``op.reshape(x, (6, 2, 2))`` passes tensor
-arguments first, then attributes positionally or by keyword.
+relation ``infer``, one ``kernel(xp, *arrays, attrs)`` written against an array
+namespace (``numpy``, ``jax.numpy`` or array-api-compat's ``torch``), per-target
+overrides in ``impls`` only where a backend genuinely differs, a gradient rule
+``grad`` (or ``differentiable=False`` with a reason), a fusion ``pattern`` and a
+``flops`` estimate. ``op.impl(target)`` is what an executor calls:
+``fn(*arrays, attrs)``. Builders follow Relay: ``op.reshape(x, (6, 2, 2))``
+passes tensor arguments first, then attributes positionally or by keyword.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import importlib
 import math
 from typing import Any as _Any
 from typing import Callable, Optional, Sequence
@@ -20,7 +25,7 @@ from ..ir.expr import Call, Expr, Op, as_expr
 from ..ir.types import TensorType, Type
 
 
-class OpPattern(enum.IntEnum):
+class FusionKind(enum.IntEnum):
     """Relay's fusion kinds."""
 
     ELEMWISE = 0
@@ -33,7 +38,24 @@ class OpPattern(enum.IntEnum):
 
 
 InferFn = Callable[[list, _Any], Type]
-ComputeFn = Callable[..., _Any]
+ComputeFn = Callable[..., _Any]  # fn(*arrays, attrs) on one target's arrays
+KernelFn = Callable[..., _Any]  # kernel(xp, *arrays, attrs) on any array namespace
+
+# target name -> module path of its array namespace (imported on first use)
+NAMESPACES = {"numpy": "numpy", "jax": "jax.numpy", "torch": "array_api_compat.torch"}
+
+
+@functools.cache
+def array_namespace(target: str):
+    """The array namespace kernels receive as ``xp`` on ``target`` (imported lazily)."""
+    try:
+        path = NAMESPACES[target]
+    except KeyError:
+        raise PullbackError(f"unknown kernel target {target!r} (targets: {', '.join(NAMESPACES)})") from None
+    try:
+        return importlib.import_module(path)
+    except ImportError as e:
+        raise PullbackError(f"target {target!r} needs {path.split('.')[0]}: {e}") from None
 GradFn = Callable[[Call, Expr], list]
 FlopsFn = Callable[[list, Type, _Any], int]
 
@@ -61,13 +83,16 @@ class OpDef(Op):
         name: str,
         num_inputs: int,
         infer: InferFn,
-        compute: ComputeFn,
+        compute: Optional[ComputeFn] = None,
         *,
+        kernel: Optional[KernelFn] = None,
+        impls: Optional[dict] = None,
+        ufunc=None,
         attrs_type: Optional[type] = None,
         grad: Optional[GradFn] = None,
         differentiable: bool = True,
         nondiff_reason: str = "",
-        pattern: OpPattern = OpPattern.OPAQUE,
+        pattern: FusionKind = FusionKind.OPAQUE,
         flops: FlopsFn = _default_flops,
         torch_name: Optional[str] = None,
         doc: str = "",
@@ -75,12 +100,17 @@ class OpDef(Op):
         self.name = name
         self.num_inputs = num_inputs
         self.infer = infer
-        self.compute = compute
+        self.kernel = kernel
+        self.impls: dict[str, ComputeFn] = dict(impls or {})
+        if compute is not None:  # a NumPy-only kernel: the numpy target's implementation
+            self.impls.setdefault("numpy", compute)
+        self.ufunc = ufunc  # a NumPy ufunc computing the op on float arrays (fused groups use out=)
+        self._impl_cache: dict[str, ComputeFn] = {}
         self.attrs_type = attrs_type
         self.grad = grad
         self.differentiable = differentiable
         self.nondiff_reason = nondiff_reason
-        self.pattern = OpPattern(pattern)
+        self.pattern = FusionKind(pattern)
         self.flops = flops
         self.torch_name = torch_name
         self.__doc__ = doc or f"The ``{name}`` operator."
@@ -89,6 +119,25 @@ class OpDef(Op):
             pass
         if not differentiable and not nondiff_reason:
             raise PullbackError(f"op {name}: differentiable=False needs a reason")
+
+    # -- running
+    def impl(self, target: str = "numpy") -> ComputeFn:
+        """``fn(*arrays, attrs)`` computing this op on ``target``'s arrays: the target's override
+        from ``impls``, else the shared ``kernel`` bound to the target's array namespace."""
+        fn = self._impl_cache.get(target)
+        if fn is None:
+            fn = self.impls.get(target)
+            if fn is None:
+                if self.kernel is None:
+                    raise PullbackError(f"op {self.name} has no kernel for target {target!r}")
+                fn = functools.partial(self.kernel, array_namespace(target))
+            self._impl_cache[target] = fn
+        return fn
+
+    @property
+    def compute(self) -> ComputeFn:
+        """The NumPy implementation ``fn(*arrays, attrs)`` (``impl("numpy")``)."""
+        return self.impl("numpy")
 
     # -- building calls
     def make_attrs(self, *args, **kwargs):
@@ -165,12 +214,12 @@ def list_ops() -> list[OpDef]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
-def defop(name: str, num_inputs: int, infer: InferFn, compute: ComputeFn, **kw) -> OpDef:
+def defop(name: str, num_inputs: int, infer: InferFn, compute: Optional[ComputeFn] = None, **kw) -> OpDef:
     """Define and register an operator in one step."""
     return register(OpDef(name, num_inputs, infer, compute, **kw))
 
 
-def is_op(expr: Expr, names) -> bool:
+def is_call_to(expr: Expr, names) -> bool:
     """``expr`` is a Call to one of the operators ``names`` (a name or a collection)."""
     if not isinstance(expr, Call) or not isinstance(expr.op, OpDef):
         return False

@@ -15,9 +15,9 @@ import numpy as np
 from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr, Tuple, TupleGetItem
 from ..ir.types import Any, TensorType, TupleType, check_dtype
-from . import transform as T
+from . import layout as T
 from .common import normalize_axes, normalize_axis, same_dtype, tensor_arg, tensor_args
-from .registry import OpPattern, defop, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, defop, seq_of_int, type_error, zero_flops
 
 
 def _int_attr(obj, name: str, minimum: Optional[int] = None) -> None:
@@ -69,7 +69,7 @@ def _squeeze_infer(arg_types, attrs):
 
 squeeze = defop("squeeze", 1, _squeeze_infer,
                 lambda x, a: np.reshape(x, [d for i, d in enumerate(x.shape) if i not in _squeeze_axes((), a, x.shape)]),
-                attrs_type=SqueezeAttrs, grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=OpPattern.INJECTIVE,
+                attrs_type=SqueezeAttrs, grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
                 flops=zero_flops, torch_name="squeeze")
 
 # ------------------------------------------------------------------ concatenate / stack
@@ -122,7 +122,7 @@ def _concat_grad(call: Call, g: Expr):
 
 
 concatenate = defop("concatenate", -1, _concat_infer, lambda *xs: np.concatenate(xs[:-1], axis=xs[-1].axis),
-                    attrs_type=AxisAttrs, grad=_concat_grad, pattern=OpPattern.INJECTIVE, flops=zero_flops,
+                    attrs_type=AxisAttrs, grad=_concat_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
                     torch_name="cat")
 
 
@@ -138,7 +138,7 @@ def _stack_grad(call: Call, g: Expr):
 
 
 stack = defop("stack", -1, _stack_infer, lambda *xs: np.stack(xs[:-1], axis=xs[-1].axis), attrs_type=AxisAttrs,
-              grad=_stack_grad, pattern=OpPattern.INJECTIVE, flops=zero_flops, torch_name="stack")
+              grad=_stack_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="stack")
 
 # ------------------------------------------------------------------ split
 
@@ -192,7 +192,7 @@ def _split_grad(call: Call, g: Expr):
 split = defop("split", 1, _split_infer,
               lambda x, a: tuple(np.split(x, a.indices_or_sections if isinstance(a.indices_or_sections, int)
                                           else list(a.indices_or_sections), axis=a.axis)),
-              attrs_type=SplitAttrs, grad=_split_grad, pattern=OpPattern.INJECTIVE, flops=zero_flops,
+              attrs_type=SplitAttrs, grad=_split_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
               torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.")
 
 # ------------------------------------------------------------------ repeat / tile / flip
@@ -233,7 +233,7 @@ def _repeat_grad(call: Call, g: Expr):
 
 
 repeat = defop("repeat", 1, _repeat_infer, lambda x, a: np.repeat(x, a.repeats, axis=a.axis), attrs_type=RepeatAttrs,
-               grad=_repeat_grad, pattern=OpPattern.BROADCAST, flops=zero_flops, torch_name="repeat_interleave")
+               grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave")
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def _tile_grad(call: Call, g: Expr):
 
 
 tile = defop("tile", 1, _tile_infer, lambda x, a: np.tile(x, a.reps), attrs_type=TileAttrs, grad=_tile_grad,
-             pattern=OpPattern.BROADCAST, flops=zero_flops, torch_name="tile")
+             pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="tile")
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def _flip_infer(arg_types, attrs):
 
 
 flip = defop("flip", 1, _flip_infer, lambda x, a: np.flip(x, axis=a.axis).copy(), attrs_type=FlipAttrs,
-             grad=lambda c, g: [flip(g, c.attrs.axis)], pattern=OpPattern.INJECTIVE, flops=zero_flops,
+             grad=lambda c, g: [flip(g, c.attrs.axis)], pattern=FusionKind.INJECTIVE, flops=zero_flops,
              torch_name="flip", doc="Reverse along ``axis`` (Relay's ``reverse``; an int or a tuple of ints).")
 
 # ------------------------------------------------------------------ arange
@@ -321,6 +321,6 @@ class ArangeAttrs:
 
 arange = defop("arange", 0, lambda ts, a: TensorType((a.length,), a.dtype),
                lambda a: np.arange(a.length, dtype="float64").__mul__(a.step).__add__(a.start).astype(a.dtype),
-               attrs_type=ArangeAttrs, grad=lambda c, g: [], pattern=OpPattern.INJECTIVE, torch_name="arange",
+               attrs_type=ArangeAttrs, grad=lambda c, g: [], pattern=FusionKind.INJECTIVE, torch_name="arange",
                doc="``arange(start, stop=None, step=1, dtype)``; attributes only, like NumPy.")
 

@@ -221,7 +221,7 @@ JAX_LOWERINGS.update({
 
 @lowering("reshape_like")
 def _reshape_like(x, like, a):
-    from ..ops.transform import reshape_like_shape
+    from ..ops.layout import reshape_like_shape
 
     return jnp.reshape(x, reshape_like_shape((), tuple(x.shape), tuple(like.shape), a))
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..ir.expr import Call, Constant, Expr
 from ..ir.types import Any, TensorType
 from ..ops.registry import OpDef
-from ..ops.transform import broadcast_to
+from ..ops.layout import broadcast_to
 from ..pattern import is_op, rewrite_module, wildcard
 from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
 

@@ -14,6 +14,7 @@ from typing import IO, Iterable, Optional
 
 from ..ir.errors import PassError, PullbackError
 from ..ir.module import IRModule
+from ..text import astext
 from .pass_infra import PassInfo
 
 
@@ -103,10 +104,6 @@ class PassTiming(PassInstrument):
 
 
 def _astext(mod: IRModule) -> str:
-    try:
-        from ..ir.printer import astext
-    except ImportError:  # the printer is optional while the tree is being built
-        return repr(mod)
     return astext(mod)
 
 

@@ -32,11 +32,11 @@ from ..ir.expr import Call, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, 
 from ..ir.module import IRModule
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TupleType
-from ..ops.registry import OpDef, OpPattern
+from ..ops.registry import OpDef, FusionKind
 from .pass_infra import PassContext, module_pass, register_pass
 
 POLICIES = ("save_all", "min_cut")
-RECOMPUTABLE = (OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE)
+RECOMPUTABLE = (FusionKind.ELEMWISE, FusionKind.BROADCAST, FusionKind.INJECTIVE)
 
 
 def _fields(body: Expr) -> tuple[Expr, Expr]:

@@ -20,7 +20,7 @@ from typing import Optional
 
 from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
-from ..ops import transform as T
+from ..ops import layout as T
 from ..pattern import is_op, rewrite_module, wildcard
 from .concretize_like import concretize_rules
 from .eliminate_identity import identity_rules

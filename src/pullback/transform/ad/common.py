@@ -150,7 +150,7 @@ def binding(fn_name: str, fn: Optional[Function], node: Expr) -> str:
     text = None
     if fn is not None:
         try:
-            from ...ir.printer import binding_text
+            from ...text.printer import binding_text
 
             text = binding_text(fn, node)
         except (ImportError, PullbackError):

@@ -9,7 +9,7 @@ import pytest
 
 import pullback as pb
 from pullback import op
-from pullback.ir.printer import Namer, binding_text
+from pullback.text.printer import Namer, binding_text
 from pullback.ir.traversal import post_order
 
 

@@ -1,6 +1,6 @@
 """The text format, reading side: ``parse(text) -> IRModule``, ``parse_expr(text) -> Expr``.
 
-Reads everything ``ir.printer.astext`` prints (see its docstring for the
+Reads everything ``text.printer.astext`` prints (see its docstring for the
 format) plus hand-written text: nested calls ``add(multiply(%x, %y), %z)``,
 nested tuples and parentheses, ``%t.0`` (also on a parenthesised expression),
 ``@f(...)``, ``%fnvar(args)``, ``if (c) {...} else {...}``, ``fn (...) {...}``
@@ -17,16 +17,13 @@ automaton with an explicit stack of frames, types and literals by small
 iterative loops. Any input either parses or raises ``ParseError`` with the
 line and column (1-based) and what was expected.
 
-Layering: ``ir`` imports nothing of pullback above it, so operators are looked
-up through ``importlib.import_module("pullback.ops.registry")`` at parse time
-(a documented exception: the parser needs the registry but not at import).
+Layering: ``text`` sits above ``ops`` and looks operators up in the registry.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import importlib
 import json
 import math
 import re
@@ -34,9 +31,11 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import ParseError, PullbackError
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
-from .types import DTYPES, Any, FuncType, TensorType, TupleType
+from ..ir.errors import ParseError, PullbackError
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.module import IRModule
+from ..ir.types import DTYPES, Any, FuncType, TensorType, TupleType
+from ..ops import registry
 
 __all__ = ["parse", "parse_expr"]
 
@@ -67,7 +66,7 @@ _EOF = "end of input"
 
 
 def _registry():
-    return importlib.import_module("pullback.ops.registry")
+    return registry
 
 
 # ------------------------------------------------------------------ frames of the expression automaton
@@ -753,7 +752,6 @@ class _Parser:
 
     # -- entry points
     def module(self):
-        from .module import IRModule
 
         functions: dict[GlobalVar, Function] = {}
         while self.kind != "eof":

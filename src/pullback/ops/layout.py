@@ -16,7 +16,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, check_dtype, is_float
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
-from .registry import OpPattern, defop, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, defop, seq_of_int, type_error, zero_flops
 
 
 def _set(obj, name, value):
@@ -90,7 +90,7 @@ reshape = defop(
     _reshape_compute,
     attrs_type=ReshapeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
     torch_name="reshape",
 )
@@ -134,7 +134,7 @@ transpose = defop(
     lambda x, attrs: np.transpose(x, attrs.axes),
     attrs_type=TransposeAttrs,
     grad=_transpose_grad,
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
     torch_name="permute",
 )
@@ -179,7 +179,7 @@ expand_dims = defop(
     _expand_dims_compute,
     attrs_type=ExpandDimsAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     flops=zero_flops,
     torch_name="unsqueeze",
 )
@@ -220,7 +220,7 @@ broadcast_to = defop(
     lambda x, attrs: np.broadcast_to(x, attrs.shape),
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [collapse_sum_like(g, c.args[0])],
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     flops=zero_flops,
     torch_name="expand",
 )
@@ -255,7 +255,7 @@ collapse_sum_to = defop(
     lambda x, attrs: collapse_sum_np(x, attrs.shape),
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [broadcast_to_like(g, c.args[0])],
-    pattern=OpPattern.COMM_REDUCE,
+    pattern=FusionKind.COMM_REDUCE,
     torch_name="sum_to_size",
 )
 
@@ -277,9 +277,9 @@ def _init_infer(arg_types, attrs):
 
 
 zeros = defop("zeros", 0, _init_infer, lambda attrs: np.zeros(attrs.shape, attrs.dtype), attrs_type=InitAttrs,
-              grad=lambda c, g: [], pattern=OpPattern.ELEMWISE, flops=zero_flops, torch_name="zeros")
+              grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros")
 ones = defop("ones", 0, _init_infer, lambda attrs: np.ones(attrs.shape, attrs.dtype), attrs_type=InitAttrs,
-             grad=lambda c, g: [], pattern=OpPattern.ELEMWISE, flops=zero_flops, torch_name="ones")
+             grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones")
 
 
 def _full_infer(arg_types, attrs):
@@ -299,7 +299,7 @@ def _fill_grad(fill: Expr, g: Expr):
 
 
 full = defop("full", 1, _full_infer, lambda f, attrs: np.full(attrs.shape, f, attrs.dtype), attrs_type=InitAttrs,
-             grad=lambda c, g: [_fill_grad(c.args[0], g)], pattern=OpPattern.ELEMWISE, flops=zero_flops, torch_name="full")
+             grad=lambda c, g: [_fill_grad(c.args[0], g)], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="full")
 
 # ------------------------------------------------------------------ the like-family
 
@@ -313,9 +313,9 @@ def _like_result(op):
 
 
 zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), lambda x, attrs=None: np.zeros_like(x),
-                   grad=lambda c, g: [None], pattern=OpPattern.ELEMWISE, flops=zero_flops, torch_name="zeros_like")
+                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like")
 ones_like = defop("ones_like", 1, _like_result("ones_like"), lambda x, attrs=None: np.ones_like(x),
-                  grad=lambda c, g: [None], pattern=OpPattern.ELEMWISE, flops=zero_flops, torch_name="ones_like")
+                  grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like")
 
 
 def _full_like_infer(arg_types, attrs):
@@ -327,7 +327,7 @@ def _full_like_infer(arg_types, attrs):
 
 
 full_like = defop("full_like", 2, _full_like_infer, lambda x, f, attrs=None: np.full(x.shape, f, x.dtype),
-                  grad=lambda c, g: [None, _fill_grad(c.args[1], g)], pattern=OpPattern.ELEMWISE, flops=zero_flops,
+                  grad=lambda c, g: [None, _fill_grad(c.args[1], g)], pattern=FusionKind.ELEMWISE, flops=zero_flops,
                   torch_name="full_like")
 
 
@@ -381,7 +381,7 @@ reshape_like = defop(
     _reshape_like_compute,
     attrs_type=ReshapeLikeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0]), None],
-    pattern=OpPattern.INJECTIVE,
+    pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
     torch_name="reshape_as",
 )
@@ -398,7 +398,7 @@ collapse_sum_like = defop(
     _collapse_sum_like_infer,
     lambda x, like, attrs=None: collapse_sum_np(x, like.shape),
     grad=lambda c, g: [broadcast_to_like(g, c.args[0]), None],
-    pattern=OpPattern.COMM_REDUCE,
+    pattern=FusionKind.COMM_REDUCE,
     torch_name="sum_to_size",
 )
 
@@ -417,7 +417,7 @@ broadcast_to_like = defop(
     _broadcast_to_like_infer,
     lambda x, like, attrs=None: np.broadcast_to(x, like.shape),
     grad=lambda c, g: [collapse_sum_like(g, c.args[0]), None],
-    pattern=OpPattern.BROADCAST,
+    pattern=FusionKind.BROADCAST,
     flops=zero_flops,
     torch_name="expand_as",
 )
@@ -444,7 +444,7 @@ cast = defop(
     lambda x, attrs: x.astype(attrs.dtype),
     attrs_type=CastAttrs,
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None],
-    pattern=OpPattern.ELEMWISE,
+    pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
     torch_name="to",
 )
@@ -454,7 +454,7 @@ cast_like = defop(
     lambda ts, attrs: TensorType(tensor_arg("cast_like", ts, 0).shape, tensor_arg("cast_like", ts, 1).dtype),
     lambda x, like, attrs=None: x.astype(like.dtype),
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None, None],
-    pattern=OpPattern.ELEMWISE,
+    pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
     torch_name="type_as",
 )

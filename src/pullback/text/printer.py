@@ -1,6 +1,6 @@
 """The text format, printing side: ``astext(obj)`` for modules, functions and expressions.
 
-Format (reads like Relay; ``ir.parser`` reads it back)::
+Format (reads like Relay; ``text.parser`` reads it back)::
 
     def @main(%x: Tensor[(2, 3), float32], %w: Tensor[(4, 3), float32]) -> Tensor[(), float32] {
       %0 = nn.dense(%x, %w);
@@ -54,11 +54,12 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from .errors import PullbackError
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
-from .scope import ScopeInfo
-from .traversal import free_vars, post_order
-from .types import FuncType, TensorType, TupleType, Type
+from ..ir.errors import PullbackError
+from ..ir.module import IRModule
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
+from ..ir.scope import ScopeInfo
+from ..ir.traversal import free_vars, post_order
+from ..ir.types import FuncType, TensorType, TupleType, Type
 
 __all__ = ["astext", "binding_text", "type_text", "value_text", "Namer", "INLINE_CONST_LIMIT"]
 
@@ -448,8 +449,6 @@ def _meta_section(meta: list) -> list[str]:
 
 def astext(obj: Union["IRModule", Expr, Type]) -> str:  # noqa: F821
     """The text of a module, a function, an expression or a type (see the module docstring)."""
-    from .module import IRModule
-
     meta: list = []
     meta_index: dict = {}
     if isinstance(obj, IRModule):
