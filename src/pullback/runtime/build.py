@@ -14,6 +14,7 @@ from ..ir.module import IRModule
 TARGETS: dict[str, Union[str, Callable]] = {
     "numpy": "pullback.runtime.numpy_executor:Executable",
     "jax": "pullback.runtime.jax_target:JaxExecutable",
+    "torch": "pullback.runtime.torch_target:TorchExecutable",
 }
 
 
@@ -39,7 +40,10 @@ def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_output
 
     The result runs a function with ``exe["main"](*arrays)``. ``check_outputs``
     compares every kernel result with its node's inferred type (for tests).
-    Type inference runs first if the module is not typed.
+    Type inference runs first if the module is not typed. Every target takes
+    ``max_call_depth`` (how deeply calls between module functions may nest) and
+    its own options: numpy ``fuse``, ``tune_malloc``, ``blas_threads``; jax
+    ``devices``, ``batch_axis``; torch ``device``.
     """
     if isinstance(mod, Function):
         mod = IRModule.from_expr(mod)

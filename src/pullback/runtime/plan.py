@@ -1,57 +1,76 @@
 """Compiling a Function to a flat plan: instructions over integer value slots.
 
-A plan is a list of tuples run by one loop (``numpy_executor.run``). Every node
-of the body gets a slot; parameters take slots ``0..k-1`` and constants are
-preloaded in the slot template. ``If`` is compiled to jumps: the nodes of a
-branch (``ir.scope.ScopeInfo``) sit between the ``IF`` and the ``JUMP``, so
-they run only when the branch is taken. Each instruction carries the slots
-whose last use it is (``frees``); the loop sets them to None right after it.
+A plan is a list of tuples run by one loop (``evaluator.run``), the same for
+every target: the target only chooses the kernels (``Target.kernel``), the
+constants' representation and whether a fused group runs as one kernel. Every
+node of the body gets a slot; parameters take slots ``0..k-1`` and constants
+are preloaded in the slot template. ``If`` is compiled to jumps: the nodes of a
+branch (``ir.scope.ScopeInfo``) sit between the ``IF`` and the branch's
+``END``, so they run only when the branch is taken (a traced target runs each
+branch range as a function of its own instead, see ``evaluator``). Each
+instruction carries the slots whose last use it is (``frees``); the loop sets
+them to None right after it.
 
 Instruction layouts (``node`` is the IR node, for errors and checks)::
 
-    (CALL1, compute, attrs, a0, out, frees, node)
-    (CALL2, compute, attrs, a0, a1, out, frees, node)
-    (CALLN, compute, attrs, (a...), out, frees, node)
-    (FN, FunctionPlan, (a...), out, frees, node)      call a module function
+    (CALL1, kernel, attrs, a0, out, frees, node)
+    (CALL2, kernel, attrs, a0, a1, out, frees, node)
+    (CALLN, kernel, attrs, (a...), out, frees, node)
+    (FN, FunctionPlan, (a...), out, frees, node)      call a module function (or an unfused group)
     (CALLN, group_kernel, None, (a...), out, frees, node)   a fused group (primitive Function) as one kernel
     (TUPLE, (a...), out, frees, node)
     (GET, src, index, out, frees, node)
-    (IF, cond, else_pc, then_frees, else_frees, node)
-    (JUMP, target_pc)
-    (MOVE, src, dst, frees)                           a branch's result into the If's slot
+    (IF, cond, else_pc, then_frees, else_frees, end_pc, out, node)
+    (END, src, dst, frees, next_pc)                   a branch's result into the If's slot, then go on
     (RET, src)
 """
 
 from __future__ import annotations
 
 import gc
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
 from ..ir.scope import Scope, ScopeInfo
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
-from .fused import compile_group, group_label
+from .fused import group_label
 
-CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, JUMP, MOVE, RET = range(10)
-OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "JUMP", "MOVE", "RET")
+if TYPE_CHECKING:
+    from .evaluator import Target
+
+CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, END, RET = range(9)
+OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "END", "RET")
 KERNEL_OPS = (CALL1, CALL2, CALLN)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused inside the block, restored (if it was on) after it.
+
+    Compiling makes millions of small acyclic tuples: the collector would only rescan them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class FunctionPlan:
-    """One function compiled lazily (on first ``ensure()``) to flat code.
+    """One function compiled lazily (on first ``ensure()``) to flat code for ``target``.
 
     ``resolve(callee)`` maps a GlobalVar or a called Function to its FunctionPlan;
     callees are compiled only when first entered, so recursion is fine.
     """
 
-    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "fuse", "groups")
+    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "target")
 
-    def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"], fuse: bool = True,
-                 groups: Optional[dict] = None):
-        self.fuse = fuse
-        self.groups = {} if groups is None else groups  # id(primitive Function) -> (kernel, label), shared
+    def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"], target: "Target"):
+        self.target = target
         self.name = name
         self.func = func
         self.code: Optional[list] = None
@@ -61,7 +80,7 @@ class FunctionPlan:
 
     def ensure(self) -> "FunctionPlan":
         if self.code is None:
-            self.code, self.template = compile_function(self.func, self.name, self._resolve, self.fuse, self.groups)
+            self.code, self.template = compile_function(self.func, self.name, self._resolve, self.target)
         return self
 
     def dump(self) -> str:
@@ -70,7 +89,7 @@ class FunctionPlan:
         lines = []
         for pc, ins in enumerate(self.code):
             op = ins[0]
-            if op in (JUMP, MOVE, RET):
+            if op in (END, RET):
                 lines.append(f"{pc:5d} {OPCODE_NAMES[op]:6s} {ins[1:]}")
                 continue
             node = ins[-1]
@@ -93,7 +112,7 @@ class _RootOnly:
         self.branches: dict = {}
 
 
-def _assign_slots(fn: Function, order: list, where: str) -> tuple[dict, list]:
+def _assign_slots(fn: Function, order: list, where: str, constant: Callable) -> tuple[dict, list]:
     slot: dict[int, int] = {}
     template: list = []
     for p in fn.params:
@@ -108,7 +127,7 @@ def _assign_slots(fn: Function, order: list, where: str) -> tuple[dict, list]:
             continue
         elif isinstance(n, Constant):
             slot[id(n)] = len(template)
-            template.append(n.data)
+            template.append(constant(n.data))
         elif isinstance(n, Var):
             raise ExecutionError(f"{where}: variable %{n.name_hint} is not a parameter (closures are not supported by the executor)")
         elif isinstance(n, GlobalVar):
@@ -133,7 +152,7 @@ def _operands(n: Expr) -> tuple:
 
 
 def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
-    """Where each slot dies: after a node, at the start of a branch, or after a branch's MOVE.
+    """Where each slot dies: after a node, at the start of a branch, or after a branch's END.
 
     A value is tracked in every scope from its home scope down to its uses. In a
     scope, its last use is a node, the scope's end (the branch result), or an If
@@ -213,13 +232,6 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     return free_after, branch_start, branch_end
 
 
-def _group_kernel(fn: Function, groups: dict) -> Callable:
-    entry = groups.get(id(fn))
-    if entry is None:
-        entry = groups[id(fn)] = (compile_group(fn), group_label(fn), fn)  # fn kept: ids stay valid
-    return entry[0]
-
-
 def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
     """Profile/error name of a kernel call: the op name, or ``fused(op+op+...)`` for a group."""
     op = node.op
@@ -228,26 +240,21 @@ def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
     return kernel.__name__ if kernel is not None else group_label(op) if isinstance(op, Function) else repr(op)
 
 
-def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], fuse: bool = True,
-                     groups: Optional[dict] = None) -> tuple[list, list]:
-    """Flat code and slot template for ``fn`` (see the module docstring).
+def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list]:
+    """Flat code and slot template for ``fn`` on ``target`` (see the module docstring).
 
-    ``fuse``: calls to primitive Functions become one kernel each (``fused.compile_group``),
-    compiled once per Function and cached in ``groups``; else they run as called functions."""
-    was_enabled = gc.isenabled()
-    gc.disable()  # millions of small tuples, no cycles: the cyclic GC would only rescan them
-    try:
-        return _compile(fn, name, resolve, fuse, {} if groups is None else groups)
-    finally:
-        if was_enabled:
-            gc.enable()
+    Calls of operators run ``target.kernel(call)``; a call of a primitive Function
+    (a FuseOps group) runs ``target.group_kernel(fn)`` when the target gives one,
+    else it is called like a module function."""
+    with gc_paused():
+        return _compile(fn, name, resolve, target)
 
 
-def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], fuse: bool, groups: dict) -> tuple[list, list]:
+def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list]:
     where = f"@{name}"
     body = fn.body
     order = post_order(body)
-    slot, template = _assign_slots(fn, order, where)
+    slot, template = _assign_slots(fn, order, where, target.constant)
     scopes = ScopeInfo(body, order) if any(type(n) is If for n in order) else _RootOnly(order)
     root = scopes.root
     all_scopes = [root] + [s for pair in scopes.branches.values() for s in pair]
@@ -255,7 +262,9 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], f
     no_frees = ()
     code: list = []
     emit = code.append
-    # explicit work stack: ("nodes", scope, i) | ("else", if, if_pc) | ("end", if, b, jump_pc, if_pc)
+    kernel = target.kernel
+    group_kernel = target.group_kernel
+    # explicit work stack: ("nodes", scope, i) | ("else", if, if_pc) | ("end", if, b, if_pc)
     work: list = [("nodes", root, 0)]
     while work:
         task = work.pop()
@@ -275,17 +284,18 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], f
                 if t is Call or isinstance(n, Call):
                     op = n.op
                     nargs = n.args
-                    if isinstance(op, Function) and op.is_primitive and fuse:
-                        emit((CALLN, _group_kernel(op, groups), None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
+                    group = group_kernel(op) if isinstance(op, Function) and op.is_primitive else None
+                    if group is not None:
+                        emit((CALLN, group, None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     elif isinstance(op, OpDef):
-                        compute = op.compute
+                        k = kernel(n)
                         if len(nargs) == 1:
-                            emit((CALL1, compute, n.attrs, slot[id(nargs[0])], out, frees, n))
+                            emit((CALL1, k, n.attrs, slot[id(nargs[0])], out, frees, n))
                         elif len(nargs) == 2:
-                            emit((CALL2, compute, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
+                            emit((CALL2, k, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
                         else:
                             args = tuple([slot[id(a)] for a in nargs])
-                            emit((CALLN, compute, n.attrs, args, out, frees, n))
+                            emit((CALLN, k, n.attrs, args, out, frees, n))
                     elif isinstance(op, (GlobalVar, Function)):
                         emit((FN, resolve(op), tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     else:
@@ -299,28 +309,31 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], f
                     emit(None)  # patched once the else branch's pc is known
                     then_s, else_s = scopes.branches[id(n)]
                     work.append(("nodes", s, i))
-                    work.append(("end", n, 1, None, if_pc))
+                    work.append(("end", n, 1, if_pc))
                     work.append(("nodes", else_s, 0))
                     work.append(("else", n, if_pc))
-                    work.append(("end", n, 0, None, if_pc))
+                    work.append(("end", n, 0, if_pc))
                     work.append(("nodes", then_s, 0))
                     break
                 else:
                     raise ExecutionError(f"{where}: cannot run a {type(n).__name__} node")
-        elif kind == "end":  # a branch finished: move its result into the If's slot
-            _, n, b, _, if_pc = task
+        elif kind == "end":  # a branch finished: its result goes into the If's slot
+            _, n, b, if_pc = task
             res = n.true_branch if b == 0 else n.false_branch
-            emit((MOVE, slot[id(res)], slot[id(n)], tuple(branch_end.get((id(n), b), no_frees))))
+            ins = (END, slot[id(res)], slot[id(n)], tuple(branch_end.get((id(n), b), no_frees)))
             if b == 0:
-                emit(None)  # JUMP over the else branch, patched at the If's end
-                code[if_pc] = len(code) - 1  # remember the jump's pc until "else" patches the IF
+                emit(ins)  # next_pc (after the else branch) patched at the If's end
+                code[if_pc] = len(code) - 1  # remember this END's pc until "else" patches the IF
             else:
-                jump_pc = code[if_pc][2] - 1
-                code[jump_pc] = (JUMP, len(code))
+                end_pc = len(code) + 1
+                emit(ins + (end_pc,))
+                _if, cond, else_pc, then_frees, else_frees, node = code[if_pc]
+                code[else_pc - 1] += (end_pc,)
+                code[if_pc] = (IF, cond, else_pc, then_frees, else_frees, end_pc, slot[id(n)], node)
         elif kind == "else":
             _, n, if_pc = task
-            jump_pc = code[if_pc]
-            code[if_pc] = (IF, slot[id(n.cond)], jump_pc + 1, tuple(branch_start.get((id(n), 0), no_frees)),
+            then_end = code[if_pc]
+            code[if_pc] = (IF, slot[id(n.cond)], then_end + 1, tuple(branch_start.get((id(n), 0), no_frees)),
                            tuple(branch_start.get((id(n), 1), no_frees)), n)
     emit((RET, slot[id(body)]))
     return code, template

@@ -1,9 +1,10 @@
 """Per-op time and peak intermediate memory of one run.
 
 Peak memory counts the buffers kernels allocate while they are alive: each new
-buffer (the base of a view counts once) is registered with a weakref finalizer,
-so the figure is what was actually live, including values held by tuples.
-Inputs, constants and views of them are not intermediates.
+buffer (the base of a NumPy view, the storage of a torch tensor: the target's
+``buffer``) counts once and is registered with a weakref finalizer, so the
+figure is what was actually live, including values held by tuples. Inputs,
+constants and views of them are not intermediates.
 """
 
 from __future__ import annotations
@@ -11,16 +12,9 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from time import perf_counter
-
-import numpy as np
+from typing import Callable, Optional
 
 from .values import leaves
-
-
-def _buffer(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 @dataclass
@@ -60,13 +54,15 @@ class Profile:
 class Profiler:
     """Collects kernel timings and live-buffer bytes during one run."""
 
-    def __init__(self, excluded: list):
+    def __init__(self, excluded: list, buffer: Callable[[object], Optional[tuple]]):
         self.times: dict[str, list] = {}
         self.live: dict[int, int] = {}
         self.live_bytes = 0
         self.peak = 0
-        self.excluded = {id(_buffer(a)) for a in excluded if isinstance(a, np.ndarray)}
-        self._keep = excluded  # keep ids valid during the run
+        self.buffer = buffer  # value -> (owner, nbytes) or None
+        owners = [buffer(a) for a in excluded]
+        self.excluded = {id(b[0]) for b in owners if b is not None}
+        self._keep = (excluded, owners)  # keep ids valid during the run
 
     def kernel(self, fn, vals, attrs, name: str):
         t0 = perf_counter()
@@ -83,14 +79,15 @@ class Profiler:
 
     def track(self, value) -> None:
         for a in leaves(value):
-            if not isinstance(a, np.ndarray):
-                continue  # NumPy scalars: no buffer to follow
-            b = _buffer(a)
+            found = self.buffer(a)
+            if found is None:
+                continue  # scalars, read-only data: no buffer to follow
+            b, nbytes = found
             key = id(b)
-            if key in self.live or key in self.excluded or not b.flags.writeable:
+            if key in self.live or key in self.excluded:
                 continue
-            self.live[key] = b.nbytes
-            self.live_bytes += b.nbytes
+            self.live[key] = nbytes
+            self.live_bytes += nbytes
             if self.live_bytes > self.peak:
                 self.peak = self.live_bytes
             weakref.finalize(b, self._release, key).atexit = False

@@ -1,12 +1,17 @@
 """Run-time values against IR types: input conversion, output checks, descriptions.
 
-Values are NumPy arrays (or NumPy scalars from kernels) and nested Python
-tuples. Everything here is iterative over tuple nesting.
+Values are a target's arrays (NumPy arrays or scalars, torch tensors, jax
+arrays) and nested Python tuples. Everything here is iterative over tuple
+nesting. Inputs go through one check on every target (``convert_input``): an
+input is NumPy data, Python data (scalars, nested lists), a torch tensor or a
+jax array; NumPy data in a non-native byte order is converted to native order
+first (never reinterpreted); then shape and dtype are compared with the
+parameter's type, and the target converts the accepted value (``Target.take``).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -17,12 +22,21 @@ from ..ir.types import DTYPES, Any, TensorType, TupleType, Type
 _KIND_OK = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
 
 
+def dtype_name(dtype) -> str:
+    """``"float32"`` for NumPy/jax dtypes and for ``torch.float32``."""
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
+
+
 def describe(value) -> str:
     """A short type-like description of a run-time value."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        if value.dtype.name in DTYPES:
-            return repr(TensorType(value.shape, value.dtype.name))
-        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    dtype = getattr(value, "dtype", None)
+    shape = getattr(value, "shape", None)
+    if dtype is not None and shape is not None:
+        name = dtype_name(dtype)
+        if name in DTYPES:
+            return repr(TensorType(tuple(shape), name))
+        return f"an array of shape {tuple(shape)} and dtype {name}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a {type(value).__name__}"
@@ -32,7 +46,10 @@ def tensor_mismatch(value, ty: TensorType) -> bool:
     """True if ``value`` is not an array of ``ty``'s dtype and shape (Any matches any size)."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
-    if shape is None or dtype is None or dtype.name != ty.dtype or len(shape) != len(ty.shape):
+    if shape is None or dtype is None or len(shape) != len(ty.shape):
+        return True
+    name = getattr(dtype, "name", None)
+    if name != ty.dtype and (isinstance(name, str) or dtype_name(dtype) != ty.dtype):
         return True
     for d, e in zip(shape, ty.shape):
         if e is not Any and d != e:
@@ -57,29 +74,54 @@ def find_mismatch(value, ty: Type) -> Optional[tuple[str, Type, object]]:
     return None
 
 
-def _as_array(value, ty: TensorType) -> np.ndarray:
-    if isinstance(value, (np.ndarray, np.generic)):
+def is_foreign_array(value) -> bool:
+    """A torch tensor or a jax array (checked by module name: neither library is imported here)."""
+    return type(value).__module__.split(".", 1)[0] in ("torch", "jax", "jaxlib") and hasattr(value, "dtype")
+
+
+def native(value, ty: TensorType):
+    """``value`` as an array to check against ``ty``: NumPy data in native byte order, Python data
+    as a NumPy array (of ``ty``'s dtype when the kinds match), torch and jax arrays unchanged."""
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         arr = np.asarray(value)
-    else:
+        return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+    if is_foreign_array(value):
+        return value
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - ragged lists etc. are reported by the caller
+        return value
+    want = np.dtype(ty.dtype)
+    if arr.dtype != want and arr.dtype.kind in _KIND_OK and want.kind in _KIND_OK[arr.dtype.kind]:
         try:
-            arr = np.asarray(value)
-        except Exception:  # noqa: BLE001 - ragged lists etc. are reported by the caller
-            return value
-        want = np.dtype(ty.dtype)
-        if arr.dtype != want and arr.dtype.kind in _KIND_OK and want.kind in _KIND_OK[arr.dtype.kind]:
-            try:
-                arr = np.asarray(value, dtype=want)
-            except (OverflowError, ValueError):
-                return arr
-    view = arr.view()  # read-only view: kernels cannot write into the user's array
+            arr = np.asarray(value, dtype=want)
+        except (OverflowError, ValueError):
+            return arr
+    return arr
+
+
+def to_numpy(value) -> np.ndarray:
+    """A checked input as a NumPy array: torch tensors detached and on the CPU (no copy there),
+    jax arrays through ``np.asarray`` (no copy on the CPU)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def read_only(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr``: kernels cannot write into the user's array."""
+    view = arr.view()
     view.flags.writeable = False
     return view
 
 
-def convert_input(value, ty: Type, name: str, fn_name: str):
-    """``value`` as run-time data of type ``ty`` (arrays read-only, lists of tuples as tuples).
+def convert_input(value, ty: Type, name: str, fn_name: str, take: Callable = read_only):
+    """``value`` as run-time data of type ``ty``: each tensor leaf checked, then ``take(leaf)``
+    (the target's conversion; by default a read-only NumPy view), lists of tuples as tuples.
 
-    NumPy data must have the parameter's dtype exactly (no silent cast); Python
+    NumPy, torch and jax data must have the parameter's dtype exactly (no silent cast); Python
     scalars and lists take it when the kind matches (float, int, bool).
     """
     # iterative build of nested tuples: ("visit", v, t, path) then ("pack", n)
@@ -100,10 +142,10 @@ def convert_input(value, ty: Type, name: str, fn_name: str):
             stack.append(("pack", len(t.fields)))
             stack.extend(("visit", v[i], t.fields[i], f"{path}.{i}") for i in range(len(t.fields) - 1, -1, -1))
         elif isinstance(t, TensorType):
-            arr = _as_array(v, t)
+            arr = native(v, t)
             if tensor_mismatch(arr, t):
                 raise _input_error(fn_name, name + path, t, arr)
-            out.append(arr)
+            out.append(take(arr))
         else:
             raise ExecutionError(f"@{fn_name}: parameter %{name}{path} has type {t!r}, which the executor cannot take as input")
     return out[0]
@@ -113,14 +155,17 @@ def _input_error(fn_name: str, name: str, expected: Type, given) -> ExecutionErr
     return ExecutionError(f"@{fn_name}: parameter %{name} expects {expected!r}, got {describe(given)}")
 
 
-def to_output(value):
-    """Returned data: NumPy scalars become 0-d arrays, lists become tuples (iterative)."""
+def _numpy_leaf(v):
+    return np.asarray(v) if isinstance(v, np.generic) else v
+
+
+def to_output(value, leaf: Callable = _numpy_leaf):
+    """Returned data: ``leaf`` applied to every array (by default NumPy scalars become 0-d arrays),
+    lists become tuples (iterative)."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, np.generic):
-        return np.asarray(value)
     if not isinstance(value, (tuple, list)):
-        return value
+        return leaf(value)
     out: list = []
     stack: list = [("visit", value)]
     while stack:
@@ -136,7 +181,7 @@ def to_output(value):
             stack.append(("pack", len(v)))
             stack.extend(("visit", v[i]) for i in range(len(v) - 1, -1, -1))
         else:
-            out.append(np.asarray(v) if isinstance(v, np.generic) else v)
+            out.append(leaf(v))
     return out[0]
 
 

@@ -1,0 +1,87 @@
+"""The torch target: ``build(mod, target="torch", device=None)``.
+
+Every operator runs ``op.impl("torch")`` (its kernel on array-api-compat's torch
+namespace, or a torch override: ATen kernels, oneDNN convolutions on the CPU)
+in the shared evaluator (``runtime.evaluator``), on tensors of ``device``
+(``"cpu"`` by default, ``"cuda"`` when given one). Inputs are checked like on
+every target; NumPy inputs become tensors without a copy when they are writable
+(else they are copied: a tensor cannot be read-only), torch tensors are used
+as they are (detached, moved to ``device`` if needed). Results are torch
+tensors, nested in tuples; like torch's own ``reshape``, a result may share
+memory with an input. Fused groups run op by op (as calls).
+
+torch is imported on first build only (``import pullback`` does not import it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..ir.errors import ExecutionError, PullbackError
+from ..ir.module import IRModule
+from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
+from .values import to_numpy
+
+
+def _load_torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a test dependency
+        raise PullbackError(f"target 'torch' needs the torch package: {e}") from None
+    return torch
+
+
+class TorchTarget(Target):
+    """Kernels on torch tensors of one device."""
+
+    name = "torch"
+
+    def __init__(self, device=None):
+        torch = self.torch = _load_torch()
+        try:
+            self.device = torch.device("cpu" if device is None else device)
+            torch.empty(0, device=self.device)
+        except (RuntimeError, TypeError, AssertionError) as e:  # unknown or unavailable device
+            raise ExecutionError(f"target 'torch': cannot use device {device!r}: {e}") from None
+
+    def constant(self, data: np.ndarray):
+        return self.torch.from_numpy(np.array(data)).to(self.device)  # a copy: the Constant stays intact
+
+    def take(self, arr):
+        torch = self.torch
+        if isinstance(arr, torch.Tensor):
+            t = arr.detach()
+        else:
+            a = to_numpy(arr)
+            if not a.flags.writeable or any(s < 0 for s in a.strides):
+                a = np.array(a)  # torch has no read-only tensors nor negative strides
+            t = torch.from_numpy(a)
+        return t if t.device == self.device else t.to(self.device)
+
+    def output(self, value):
+        return value
+
+    def buffer(self, value) -> Optional[tuple]:
+        if not isinstance(value, self.torch.Tensor):
+            return None
+        storage = value.untyped_storage()
+        return storage, storage.nbytes()
+
+
+class TorchExecutable(Executable):
+    """A module built for the torch target; ``exe["main"](*tensors)`` runs a function."""
+
+    def __init__(self, mod: IRModule, check_outputs: bool = False, device=None,
+                 max_call_depth: int = DEFAULT_MAX_CALL_DEPTH):
+        super().__init__(mod, TorchTarget(device), check_outputs, max_call_depth)
+        self._check_kernels()
+
+    @property
+    def device(self):
+        """The torch device the kernels run on."""
+        return self.target.device
+
+
+__all__ = ["TorchExecutable", "TorchTarget"]
