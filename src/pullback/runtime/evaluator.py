@@ -23,13 +23,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..analysis import infer_module
-from ..ir.errors import ExecutionError
+from ..ir.errors import ExecutionError, PullbackError
 from ..ir.expr import Call, Expr, Function, GlobalVar
 from ..ir.module import IRModule
+from ..ir.traversal import post_order
 from ..ops.registry import OpDef
 from .plan import CALL1, CALL2, CALLN, END, FN, GET, IF, KERNEL_OPS, RET, TUPLE, FunctionPlan, kernel_label
 from .profile import Profile, Profiler
-from .values import convert_input, describe, find_mismatch, leaves, read_only, to_numpy, to_output
+from .values import convert_input, describe, find_mismatch, leaves, read_only, to_output
 
 DEFAULT_MAX_CALL_DEPTH = 100_000
 
@@ -38,10 +39,11 @@ class Target:
     """How one target runs operators; the evaluator does everything else.
 
     ``name`` selects the operators' implementations (``op.impl(name)``). Override
-    ``kernel`` to adapt them, ``constant``/``take``/``output`` for the target's
-    arrays, ``group_kernel`` to run a fused group as one kernel, and set
-    ``cond`` (``cond(pred, then_fn, else_fn) -> value``) when values are traced
-    and ``If`` cannot jump on a concrete condition.
+    ``kernel`` to adapt them; ``constant``, ``take(leaf)`` (a checked input) and
+    ``output`` (None or ``fn(leaf)``, a result) for the target's arrays;
+    ``group_kernel`` to run a fused group as one kernel; and set ``cond``
+    (``cond(pred, then_fn, else_fn) -> value``) when values are traced and
+    ``If`` cannot jump on a concrete condition.
     """
 
     name = "numpy"
@@ -53,8 +55,6 @@ class Target:
 
     def missing_kernels(self, mod: IRModule) -> list[str]:
         """Names of the operators in ``mod`` this target has no kernel for (checked at build)."""
-        from ..ir.traversal import post_order
-
         ops = {n.op for _, f in mod.items() for n in post_order(f, into_functions=True)
                if isinstance(n, Call) and isinstance(n.op, OpDef)}
         return sorted(op.name for op in ops if not self.has_kernel(op))
@@ -62,7 +62,7 @@ class Target:
     def has_kernel(self, op: OpDef) -> bool:
         try:
             op.impl(self.name)
-        except Exception:  # noqa: BLE001 - any failure to produce a kernel means "none"
+        except PullbackError:
             return False
         return True
 
@@ -74,13 +74,10 @@ class Target:
         """A Constant's (read-only NumPy) data as this target's value."""
         return data
 
-    def take(self, arr):
-        """A checked input leaf (native NumPy array, torch tensor or jax array) as this target's value."""
-        return read_only(to_numpy(arr))
-
-    def output(self, value):
-        """A result leaf as returned to the caller."""
-        return np.asarray(value) if isinstance(value, np.generic) else value
+    # A checked input leaf (native NumPy array, torch tensor or jax array) as this target's value.
+    take = staticmethod(read_only)
+    # None, or ``fn(leaf)``: a result leaf as returned to the caller (None: NumPy scalars as 0-d arrays).
+    output: Optional[Callable] = None
 
     def buffer(self, value) -> Optional[tuple]:
         """``(owner, nbytes)`` of the memory a result leaf lives in, ``owner`` being a weak-referenceable

@@ -34,7 +34,7 @@ from ..ir.traversal import global_calls, post_order
 from ..ir.types import TensorType, TupleType, Type
 from ..ops.registry import OpDef, list_ops
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable, Target, run
-from .values import read_only, to_numpy, to_output
+from .values import read_only, to_output
 
 jax = jnp = lax = None  # set by _load_jax()
 
@@ -99,13 +99,13 @@ class JaxTarget(Target):
         with jax.ensure_compile_time_eval():  # a concrete array even while tracing: plans outlive a trace
             return jnp.asarray(data)
 
-    def take(self, arr):
+    @staticmethod
+    def take(arr):
         if type(arr).__module__.startswith("jax"):
             return arr  # a jax array goes to jit as it is
-        return read_only(to_numpy(arr))
+        return read_only(arr)
 
-    def output(self, value):
-        return np.asarray(value)
+    output = staticmethod(np.asarray)
 
 
 def missing_lowerings() -> list[str]:

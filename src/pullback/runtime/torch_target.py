@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.errors import ExecutionError, PullbackError
 from ..ir.module import IRModule
+from ..ops.registry import array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
 from .values import to_numpy
 
@@ -40,6 +41,7 @@ class TorchTarget(Target):
 
     def __init__(self, device=None):
         torch = self.torch = _load_torch()
+        array_namespace("torch")  # array-api-compat: a clear error here rather than "no kernel" later
         try:
             self.device = torch.device("cpu" if device is None else device)
             torch.empty(0, device=self.device)
@@ -60,7 +62,8 @@ class TorchTarget(Target):
             t = torch.from_numpy(a)
         return t if t.device == self.device else t.to(self.device)
 
-    def output(self, value):
+    @staticmethod
+    def output(value):
         return value
 
     def buffer(self, value) -> Optional[tuple]:

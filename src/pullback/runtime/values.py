@@ -110,9 +110,9 @@ def to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def read_only(arr: np.ndarray) -> np.ndarray:
-    """A read-only view of ``arr``: kernels cannot write into the user's array."""
-    view = arr.view()
+def read_only(arr) -> np.ndarray:
+    """A checked input as a read-only NumPy view: kernels cannot write into the user's array."""
+    view = (arr if type(arr) is np.ndarray else to_numpy(arr)).view()
     view.flags.writeable = False
     return view
 
@@ -142,7 +142,7 @@ def convert_input(value, ty: Type, name: str, fn_name: str, take: Callable = rea
             stack.append(("pack", len(t.fields)))
             stack.extend(("visit", v[i], t.fields[i], f"{path}.{i}") for i in range(len(t.fields) - 1, -1, -1))
         elif isinstance(t, TensorType):
-            arr = native(v, t)
+            arr = v if type(v) is np.ndarray and v.dtype.isnative else native(v, t)
             if tensor_mismatch(arr, t):
                 raise _input_error(fn_name, name + path, t, arr)
             out.append(take(arr))
@@ -155,15 +155,13 @@ def _input_error(fn_name: str, name: str, expected: Type, given) -> ExecutionErr
     return ExecutionError(f"@{fn_name}: parameter %{name} expects {expected!r}, got {describe(given)}")
 
 
-def _numpy_leaf(v):
-    return np.asarray(v) if isinstance(v, np.generic) else v
-
-
-def to_output(value, leaf: Callable = _numpy_leaf):
-    """Returned data: ``leaf`` applied to every array (by default NumPy scalars become 0-d arrays),
+def to_output(value, leaf: Optional[Callable] = None):
+    """Returned data: ``leaf`` applied to every array (None: NumPy scalars become 0-d arrays),
     lists become tuples (iterative)."""
     if isinstance(value, np.ndarray):
         return value
+    if leaf is None:
+        leaf = _numpy_leaf
     if not isinstance(value, (tuple, list)):
         return leaf(value)
     out: list = []
@@ -183,6 +181,10 @@ def to_output(value, leaf: Callable = _numpy_leaf):
         else:
             out.append(leaf(v))
     return out[0]
+
+
+def _numpy_leaf(v):
+    return np.asarray(v) if isinstance(v, np.generic) else v
 
 
 def leaves(value) -> list:
