@@ -19,7 +19,11 @@ times are comparable. Columns:
   built): what compiling and training added;
 - ``saved MB``: bytes saved for the backward, parameters included: eager and Inductor through
   ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages), pullback the residuals of
-  ``@main_fwd`` (``analysis.saved_bytes``) under ``--policy``.
+  ``@main_fwd`` (``analysis.saved_bytes``) under ``--policy``;
+- ``others``: the share of all CPUs that other processes used during the timed steps (/proc/stat minus
+  this process): this machine is shared, and 2-thread OpenMP kernels (eager, Inductor) slow down many
+  times when one core is taken. ``--quiet`` waits for an idle machine before each row and ``--rounds N``
+  keeps each row's fastest round.
 
 A workload the importer cannot import prints the error class in its rows. pullback targets: every one
 of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
@@ -62,6 +66,44 @@ def _reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+def _own_ticks() -> int:
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (children excluded)
+
+
+class Contention:
+    """The share of all CPUs that *other* processes used between start and stop (0..1)."""
+
+    def __init__(self):
+        self.busy0, self.total0 = _cpu_ticks()
+        self.own0 = _own_ticks()
+
+    def stop(self) -> float:
+        busy, total = _cpu_ticks()
+        others = (busy - self.busy0) - (_own_ticks() - self.own0)
+        return max(0.0, others / max(total - self.total0, 1))
+
+
+def wait_quiet(max_share: float, max_wait: float, sample: float = 2.0) -> float:
+    """Wait (at most ``max_wait`` s) until other processes use under ``max_share`` of the CPUs; the last share."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        c = Contention()
+        time.sleep(sample)
+        share = c.stop()
+        if share < max_share or time.monotonic() > deadline:
+            return share
 
 
 def set_threads(threads: int) -> None:
@@ -175,10 +217,12 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     for _ in range(warmup):
         step()
     times = []
+    busy = Contention()
     for _ in range(reps):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
+    row["others"] = busy.stop()
     row["step_ms"] = statistics.median(times) * 1e3
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
@@ -209,7 +253,9 @@ def _load() -> float:
         return float(f.read().split()[0])
 
 
-def run_child(spec: dict, threads: int, timeout: float) -> dict:
+def run_child(spec: dict, threads: int, timeout: float, quiet: float = 0.0) -> dict:
+    if quiet:
+        wait_quiet(0.1, quiet)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     load = _load()
     with tempfile.TemporaryDirectory(prefix="torch_train_") as cache:
@@ -245,7 +291,7 @@ def _f(v, spec: str) -> str:
 
 def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
     best = max(rates.values())
-    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}"
+    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'others':>8s}"
     print(head)
     print("-" * len(head))
     for w in workloads:
@@ -264,7 +310,7 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             ms = r["step_ms"]
             print(f"{w:<12s}{label:<17s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
                   f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{r['first_s']:>9.2f}"
-                  f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}")
+                  f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}{100 * r.get('others', 0):>7.0f}%")
         if flops:
             print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
                   f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
@@ -285,6 +331,8 @@ def main() -> None:
                     help="leave glibc malloc as it is (default: runtime.tuning.keep_freed_memory() in every row)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every row this many times (fresh processes) and keep its fastest round")
+    ap.add_argument("--quiet", type=float, default=0.0, metavar="SECONDS",
+                    help="before each row wait up to SECONDS until other processes use < 10%% of the CPUs")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -305,7 +353,7 @@ def main() -> None:
     runs: dict = {}
     rate_runs = []
     for rnd in range(args.rounds):
-        rate_runs.append(run_child({"task": "blas", "threads": args.threads}, args.threads, args.timeout))
+        rate_runs.append(run_child({"task": "blas", "threads": args.threads}, args.threads, args.timeout, args.quiet))
         for w in workloads:
             for c in configs:
                 if c == "inductor" and w in skip:
@@ -313,10 +361,10 @@ def main() -> None:
                     continue
                 spec = dict(workload=w, config=c, small=args.small, reps=reps, warmup=args.warmup,
                             threads=args.threads, policy=args.policy, tune_malloc=not args.no_tune_malloc)
-                r = run_child(spec, args.threads, args.timeout)
+                r = run_child(spec, args.threads, args.timeout, args.quiet)
                 runs.setdefault((w, c), []).append(r)
-                status = f"{r['step_ms']:.2f} ms" if "step_ms" in r else r["error"]
-                print(f"  [round {rnd + 1}: {w} {c}: {status}, load {r.get('load', 0):.1f}]", file=sys.stderr, flush=True)
+                status = f"{r['step_ms']:.2f} ms, others used {100 * r['others']:.0f}% CPU" if "step_ms" in r else r["error"]
+                print(f"  [round {rnd + 1}: {w} {c}: {status}]", file=sys.stderr, flush=True)
     rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch")}
     rows = {k: best_of(v) for k, v in runs.items()}
     print(f"threads {args.threads} (torch and BLAS); sgemm at transformer shapes: NumPy {rates['numpy']:.0f} GFLOP/s, "
