@@ -20,6 +20,8 @@ times are comparable. Columns:
 - ``saved MB``: bytes saved for the backward, parameters included: eager and Inductor through
   ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages), pullback the residuals of
   ``@main_fwd`` (``analysis.saved_bytes``) under ``--policy``;
+- ``cpu ms``: the process's CPU time per step (median; all its threads): with ``--threads 1`` a figure
+  of the work done that other processes on the machine barely change;
 - ``others``: the share of all CPUs that other processes used during the timed steps (/proc/stat minus
   this process): this machine is shared, and 2-thread OpenMP kernels (eager, Inductor) slow down many
   times when one core is taken. ``--quiet`` waits for an idle machine before each row and ``--rounds N``
@@ -30,6 +32,7 @@ of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
 
     .venv/bin/python bench/torch_train.py [--small] [--only transformer,bert] [--reps 20]
         [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all|min_cut]
+        [--rounds 2] [--quiet 300] [--threads 2] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -216,14 +219,16 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     row["first_s"] = time.perf_counter() - t0
     for _ in range(warmup):
         step()
-    times = []
+    times, cpu = [], []
     busy = Contention()
     for _ in range(reps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     row["others"] = busy.stop()
     row["step_ms"] = statistics.median(times) * 1e3
+    row["cpu_ms"] = statistics.median(cpu) * 1e3
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
     if config in ("eager", "inductor"):
@@ -245,6 +250,8 @@ def _child_env(threads: int) -> dict:
         env[k] = str(threads)
     env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if threads == 1:  # XLA's CPU thread pool too
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
     return env
 
 
@@ -291,7 +298,7 @@ def _f(v, spec: str) -> str:
 
 def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
     best = max(rates.values())
-    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'others':>8s}"
+    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'cpu ms':>9s}{'others':>8s}"
     print(head)
     print("-" * len(head))
     for w in workloads:
@@ -310,7 +317,8 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             ms = r["step_ms"]
             print(f"{w:<12s}{label:<17s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
                   f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{r['first_s']:>9.2f}"
-                  f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}{100 * r.get('others', 0):>7.0f}%")
+                  f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
+                  f"{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
         if flops:
             print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
                   f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
