@@ -112,7 +112,16 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
         c.restore()
     conv_ms = sum(c.seconds for c in conv) / n * 1e3
     calls = sum(c.calls for c in conv) // n
-    overhead = step_ms - fwd_ms - bwd_ms - sgd_ms
+    diffs = []  # interleaved, so that drifts in machine load cancel: step - (fwd + bwd + SGD) per iteration
+    for _ in range(reps):
+        t0 = CLOCK[0]()
+        step()
+        t1 = CLOCK[0]()
+        _, r = tp.fwd(*np_in)
+        tp.bwd(*r, ct)
+        opt.step()
+        diffs.append((t1 - t0) - (CLOCK[0]() - t1))
+    overhead = statistics.median(diffs) * 1e3
     print(f"{name:<12s}{target:<6s} step {step_ms:8.2f}  fwd {fwd_ms:8.2f}  bwd {bwd_ms:8.2f}  SGD {sgd_ms:6.2f}  "
           f"rest (integration) {overhead:6.2f} ms = {100 * overhead / step_ms:4.1f}%  of it conversions "
           f"{conv_ms:5.2f} ms in {calls} calls")
