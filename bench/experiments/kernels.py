@@ -20,22 +20,12 @@ import time
 
 import numpy as np
 
-ROWS: list = []
-
-
-CLOCK = [time.perf_counter]  # --cpu-clock: time.process_time (meaningful with --threads 1)
+from common import add_common_args, samples, setup
 
 
 def timeit(fn, reps: int = 30, warmup: int = 3) -> float:
     """Best of ``reps`` (ms): on a machine shared with other processes the minimum is the kernel's own cost."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = CLOCK[0]()
-        fn()
-        ts.append(CLOCK[0]() - t0)
-    return min(ts) * 1e3
+    return min(samples(fn, reps, warmup)) * 1e3
 
 
 def check(got, want, what: str) -> None:
@@ -428,21 +418,9 @@ SECTIONS = {"elementwise": elementwise, "softmax": softmax, "layernorm": layerno
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS))
-    ap.add_argument("--cpu-clock", action="store_true",
-                    help="time with the process's CPU time (with --threads 1: robust to other processes on the machine)")
-    ap.add_argument("--threads", type=int, default=2)
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.cpu_clock:
-        CLOCK[0] = time.process_time
-    if args.threads == 1:  # XLA's own CPU thread pool too (jax is imported later)
-        import os
-
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(args.threads)
-    threadpool_limits(args.threads, user_api="blas")
+    setup(args, tune_malloc=False)
     nb = _numba()
     if nb is not None:
         nb.set_num_threads(args.threads)

@@ -19,6 +19,8 @@ import statistics
 import time
 from collections import defaultdict
 
+from common import CLOCK, add_common_args, median_ms, setup
+
 GEMM = ("nn.dense", "nn.batch_matmul", "nn.matmul", "nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight")
 KINDS = (("gemm/conv", GEMM), ("norm", ("nn.layer_norm", "nn.batch_norm", "nn.softmax", "nn.log_softmax")),
          ("pool", ("nn.max_pool2d", "nn.max_pool2d_grad", "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool2d_grad")),
@@ -31,20 +33,6 @@ def kind(label: str) -> str:
         if label in names:
             return k
     return "fused" if label.startswith("fused") else "elementwise"
-
-
-CLOCK = [time.perf_counter]  # --cpu-clock: time.process_time (meaningful with --threads 1)
-
-
-def median_ms(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = CLOCK[0]()
-        fn()
-        ts.append(CLOCK[0]() - t0)
-    return statistics.median(ts) * 1e3
 
 
 class Timed:
@@ -173,24 +161,9 @@ def main() -> None:
     ap.add_argument("--targets", default="numpy,jax")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--cpu-clock", action="store_true",
-                    help="time with the process's CPU time (with --threads 1: robust to other processes on the machine)")
-    ap.add_argument("--threads", type=int, default=2)
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.cpu_clock:
-        CLOCK[0] = time.process_time
-    if args.threads == 1:  # XLA's own CPU thread pool too (jax is imported later)
-        import os
-
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    from pullback.runtime.tuning import keep_freed_memory
-
-    torch.set_num_threads(args.threads)
-    threadpool_limits(args.threads, user_api="blas")
-    keep_freed_memory()
+    setup(args)
     for w in args.only.split(","):
         for t in args.targets.split(","):
             profile_workload(w, t, args.small, args.reps)

@@ -16,13 +16,13 @@ against eager PyTorch.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections import Counter
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from common import add_common_args, median_ms, setup
 
 from pullback.ir.expr import Call, Constant, Function, Tuple, TupleGetItem, Var
 from pullback.ir.traversal import post_order
@@ -206,15 +206,16 @@ class TorchFunction:
         self.nslots = len(slot)
         self.result = slot[id(fn.body)]
 
-    def profile(self, *args, times: Counter):
-        """Like a call, adding each operator's seconds to ``times``."""
+    def __call__(self, *args, times: Counter | None = None):
+        """Run on torch tensors; with ``times``, add each operator's seconds to it."""
         s = [None] * self.nslots
         s[: len(args)] = args
         for kind, f, n, a, out, frees in self.code:
-            t0 = time.perf_counter()
             if kind == 0:
+                t0 = time.perf_counter()
                 s[out] = f(n, *[s[i] for i in a])
-                times[n.op.name] += time.perf_counter() - t0
+                if times is not None:
+                    times[n.op.name] += time.perf_counter() - t0
             elif kind == 1:
                 s[out] = f
             elif kind == 2:
@@ -224,36 +225,6 @@ class TorchFunction:
             for i in frees:
                 s[i] = None
         return s[self.result]
-
-    def __call__(self, *args):
-        s = [None] * self.nslots
-        s[: len(args)] = args
-        for kind, f, n, a, out, frees in self.code:
-            if kind == 0:
-                s[out] = f(n, *[s[i] for i in a])
-            elif kind == 1:
-                s[out] = f
-            elif kind == 2:
-                s[out] = tuple(s[i] for i in a)
-            else:
-                s[out] = s[a[0]][f]
-            for i in frees:
-                s[i] = None
-        return s[self.result]
-
-
-CLOCK = [time.perf_counter]  # --cpu-clock: time.process_time (meaningful with --threads 1)
-
-
-def median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = CLOCK[0]()
-        fn()
-        ts.append(CLOCK[0]() - t0)
-    return statistics.median(ts) * 1e3
 
 
 def _close(a, b):
@@ -309,8 +280,8 @@ def run(name: str, reps: int) -> None:
     times: Counter = Counter()
     for _ in range(3):
         with torch.inference_mode():
-            _, r = fwd.profile(*tensors, times=times)
-            bwd.profile(*r, ct, times=times)
+            _, r = fwd(*tensors, times=times)
+            bwd(*r, ct, times=times)
     top = ", ".join(f"{k} {v / 3 * 1e3:.1f}" for k, v in times.most_common(8))
     fb = ", ".join(f"{k} x{v}" for k, v in fallbacks.most_common()) or "none"
     print(f"{name:<12s} numpy target fwd+bwd {t_np:8.2f} ms | torch prototype fwd+bwd {t_proto:8.2f} ms | "
@@ -321,24 +292,10 @@ def run(name: str, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="transformer,bert,cnn,resnet")
-    ap.add_argument("--cpu-clock", action="store_true",
-                    help="time with the process's CPU time (with --threads 1: robust to other processes on the machine)")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=10)
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.cpu_clock:
-        CLOCK[0] = time.process_time
-    if args.threads == 1:  # XLA's own CPU thread pool too (jax is imported later)
-        import os
-
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-    from threadpoolctl import threadpool_limits
-
-    from pullback.runtime.tuning import keep_freed_memory
-
-    torch.set_num_threads(args.threads)
-    threadpool_limits(args.threads, user_api="blas")
-    keep_freed_memory()
+    setup(args)
     for name in args.only.split(","):
         run(name, args.reps)
 
