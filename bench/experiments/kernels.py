@@ -62,6 +62,14 @@ def pb_vjp(build_fn, arrays: list):
     return pb.build(mod)["main_grad"]
 
 
+def _numexpr():
+    try:
+        import numexpr
+        return numexpr
+    except ImportError:
+        return None
+
+
 def _numba():
     try:
         import numba
@@ -74,7 +82,7 @@ def _numba():
 
 
 def elementwise(rng) -> None:
-    import numexpr as ne
+    ne = _numexpr()
     import torch
 
     from pullback import op
@@ -97,10 +105,13 @@ def elementwise(rng) -> None:
     rows.append(("NumPy+scipy erf, one temporary per op", timeit(numpy_gelu)))
     # numexpr has no erf: the tanh form (GPT-2's gelu_new) is the closest it can do
     env = {"x": x, "g": g, "k0": np.float32(math.sqrt(2 / math.pi)), "k1": np.float32(0.044715)}
-    rows.append(("numexpr tanh-GELU fwd+bwd (no erf in numexpr)", timeit(lambda: (
-        ne.evaluate("0.5*x*(1+tanh(k0*(x+k1*x*x*x)))", local_dict=env),
-        ne.evaluate("g*(0.5*(1+tanh(k0*(x+k1*x*x*x))) + 0.5*x*(1-tanh(k0*(x+k1*x*x*x))**2)*k0*(1+3*k1*x*x))",
-                    local_dict=env)))))
+    if ne is None:
+        rows.append(("numexpr", "not installed"))
+    else:
+        rows.append(("numexpr tanh-GELU fwd+bwd (no erf in numexpr)", timeit(lambda: (
+            ne.evaluate("0.5*x*(1+tanh(k0*(x+k1*x*x*x)))", local_dict=env),
+            ne.evaluate("g*(0.5*(1+tanh(k0*(x+k1*x*x*x))) + 0.5*x*(1-tanh(k0*(x+k1*x*x*x))**2)*k0*(1+3*k1*x*x))",
+                        local_dict=env)))))
     nb = _numba()
     if nb is not None:
         @nb.njit(parallel=True, fastmath=True)
@@ -141,7 +152,8 @@ def elementwise(rng) -> None:
     mgx, inv, gam = (rng.standard_normal((1, c_, 1, 1), dtype=np.float32) for _ in range(3))
     rows = [("NumPy, one temporary per op", timeit(lambda: (gg - mg - xh * mgx) * inv * gam))]
     env = {"gg": gg, "mg": mg, "xh": xh, "mgx": mgx, "inv": inv, "gam": gam}
-    rows.append(("numexpr one pass", timeit(lambda: ne.evaluate("(gg - mg - xh * mgx) * inv * gam", local_dict=env))))
+    if ne is not None:
+        rows.append(("numexpr one pass", timeit(lambda: ne.evaluate("(gg - mg - xh * mgx) * inv * gam", local_dict=env))))
     tt = [torch.from_numpy(a) for a in (xh, gg, mg, mgx, inv, gam)]
     rows.append(("torch ATen (5 ops)", timeit(lambda: (tt[1] - tt[2] - tt[0] * tt[3]) * tt[4] * tt[5])))
     out = np.empty_like(xh)
