@@ -1,0 +1,388 @@
+"""Training PyTorch models: eager vs torch.compile (Inductor) vs pullback on each target (issue 14, item 1).
+
+Workloads (``pullback.testing.torch_models``): TransformerEncoderLayer (d256, 4 heads, ff 1024, seq 128,
+batch 8), HF BertLayer (same size), the BN-CNN (32x32, batch 32), ResNet-18 in torchvision's layout (32x32,
+batch 16) and a tiny HF GPT-2 LM. A step is forward + backward + ``torch.optim.SGD`` update of the loss
+module, with ``torch.set_num_threads(threads)`` and the same number of BLAS threads (OpenBLAS/OMP env
+vars and threadpoolctl). Every configuration runs in a fresh subprocess, so peak memory and first-step
+times are comparable. Columns:
+
+- ``step ms``: median of ``--reps`` steps after warm-up; ``x eager``: its ratio to eager in this run;
+- ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
+  ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
+  (NumPy and torch, transformer-like shapes);
+- ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
+  AD, clean-up, partition, build) to the end of the first step; for eager the first step;
+- ``peak MB``: the process's peak resident memory from the start of compiling to the last step (the
+  high-water mark is reset then through ``/proc/self/clear_refs``, so import-time peaks do not count);
+  ``+MB``: that peak above the resident memory just before compiling (libraries imported, model and batch
+  built): what compiling and training added;
+- ``saved MB``: bytes saved for the backward, parameters included: eager and Inductor through
+  ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages), pullback the residuals of
+  ``@main_fwd`` (``analysis.saved_bytes``) under ``--policy``;
+- ``cpu ms``: the process's CPU time per step (median; all its threads): with ``--threads 1`` a figure
+  of the work done that other processes on the machine barely change;
+- ``others``: the share of all CPUs that other processes used during the timed steps (/proc/stat minus
+  this process): this machine is shared, and 2-thread OpenMP kernels (eager, Inductor) slow down many
+  times when one core is taken. ``--quiet`` waits for an idle machine before each row and ``--rounds N``
+  keeps each row's fastest round.
+
+A workload the importer cannot import prints the error class in its rows. pullback targets: every one
+of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
+
+    .venv/bin/python bench/torch_train.py [--small] [--only transformer,bert] [--reps 20]
+        [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all|min_cut]
+        [--rounds 2] [--quiet 300] [--threads 2] [--json rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+WORKLOAD_NAMES = ("transformer", "bert", "cnn", "resnet", "gpt2")
+PULLBACK_TARGETS = ("numpy", "jax", "torch")
+RESULT = "RESULT "
+
+# ------------------------------------------------------------------ measuring inside one process
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(key + r":\s+(\d+)", f.read()).group(1))
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+def _own_ticks() -> int:
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (children excluded)
+
+
+class Contention:
+    """The share of all CPUs that *other* processes used between start and stop (0..1)."""
+
+    def __init__(self):
+        self.busy0, self.total0 = _cpu_ticks()
+        self.own0 = _own_ticks()
+
+    def stop(self) -> float:
+        busy, total = _cpu_ticks()
+        others = (busy - self.busy0) - (_own_ticks() - self.own0)
+        return max(0.0, others / max(total - self.total0, 1))
+
+
+def wait_quiet(max_share: float, max_wait: float, sample: float = 2.0) -> float:
+    """Wait (at most ``max_wait`` s) until other processes use under ``max_share`` of the CPUs; the last share."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        c = Contention()
+        time.sleep(sample)
+        share = c.stop()
+        if share < max_share or time.monotonic() > deadline:
+            return share
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads, user_api="blas")
+    except ImportError:  # the env vars set by the parent still apply
+        pass
+
+
+def blas_rates(threads: int, reps: int = 7) -> dict:
+    """sgemm GFLOP/s of NumPy and torch (warm threads) over the transformer step's GEMM shapes."""
+    import numpy as np
+    import torch
+
+    set_threads(threads)
+    shapes = [(1024, 256, 768), (1024, 256, 1024), (1024, 1024, 256), (256, 1024, 1024), (1024, 256, 256)]
+    rng = np.random.default_rng(0)
+    pairs = [(rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32))
+             for m, k, n in shapes]
+    flop = sum(2 * m * k * n for m, k, n in shapes)
+    rates = {}
+    for lib, mm, conv in (("numpy", np.matmul, lambda a: a), ("torch", torch.mm, torch.from_numpy)):
+        args = [(conv(a), conv(b)) for a, b in pairs]
+        for a, b in args * 3:  # warm the threads
+            mm(a, b)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for a, b in args:
+                mm(a, b)
+            times.append(time.perf_counter() - t0)
+        rates[lib] = flop / statistics.median(times) / 1e9
+    return rates
+
+
+def _saved_bytes_eager(step) -> int:
+    import torch
+
+    storages: dict = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
+def _gemm_flops(model, inputs) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(*inputs).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, threads: int, policy: str,
+               tune_malloc: bool) -> dict:
+    """One configuration in this process; returns the row's figures."""
+    import torch
+
+    from pullback.testing.torch_models import make_workload
+
+    set_threads(threads)
+    if tune_malloc:
+        from pullback.runtime.tuning import keep_freed_memory
+
+        keep_freed_memory()
+    wl = make_workload(workload, small)
+    model, inputs = wl.model, wl.example_inputs
+    row: dict = {"description": wl.description}
+    if config == "eager":
+        row["gemm_flops"] = _gemm_flops(model, inputs)
+    if config == "jax":
+        import jax  # noqa: F401  (imported before the baseline, like torch)
+    rss0 = _status_kb("VmRSS")
+    peak_ok = _reset_peak()  # the peak of the imports (torch.compile's workers, jax) is not the training's
+    t0 = time.perf_counter()
+    try:
+        if config == "eager":
+            m = model
+        elif config == "inductor":
+            m = torch.compile(model)
+        else:
+            from pullback.integrations.torch import compile as pb_compile
+
+            m = pb_compile(model, inputs, target=config, policy=policy)
+    except Exception as e:  # noqa: BLE001 - the row reports it
+        return {**row, "error": type(e).__name__, "message": str(e).splitlines()[0][:200]}
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        m(*inputs).backward()
+        opt.step()
+
+    try:
+        step()
+    except Exception as e:  # noqa: BLE001
+        return {**row, "error": type(e).__name__, "message": str(e).splitlines()[0][:200]}
+    row["first_s"] = time.perf_counter() - t0
+    for _ in range(warmup):
+        step()
+    times, cpu = [], []
+    busy = Contention()
+    for _ in range(reps):
+        t, c = time.perf_counter(), time.process_time()
+        step()
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    row["others"] = busy.stop()
+    row["step_ms"] = statistics.median(times) * 1e3
+    row["cpu_ms"] = statistics.median(cpu) * 1e3
+    row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
+    row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
+    if config in ("eager", "inductor"):
+        row["saved_mb"] = _saved_bytes_eager(step) / 2**20
+    else:
+        from pullback.analysis.saved import saved_bytes
+
+        (tp,) = m._programs.values()
+        row["saved_mb"] = saved_bytes(tp.mod, "main_fwd") / 2**20
+    return row
+
+
+# ------------------------------------------------------------------ the parent: one subprocess per row
+
+
+def _child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = str(threads)
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if threads == 1:  # XLA's CPU thread pool too
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    return env
+
+
+def _load() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def run_child(spec: dict, threads: int, timeout: float, quiet: float = 0.0) -> dict:
+    if quiet:
+        wait_quiet(0.1, quiet)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    load = _load()
+    with tempfile.TemporaryDirectory(prefix="torch_train_") as cache:
+        env = _child_env(threads)
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache  # a cold compile in every row
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": "Timeout", "message": f"no result within {timeout:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return {**json.loads(line[len(RESULT):]), "load": max(load, _load())}
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"error": "Crash", "message": f"exit {proc.returncode}: {tail[:200]}"}
+
+
+def best_of(results: list) -> dict:
+    """The round with the fastest step (rows measured while other processes held the cores lose)."""
+    ok = [r for r in results if "step_ms" in r]
+    return min(ok, key=lambda r: r["step_ms"]) if ok else results[-1]
+
+
+def available_targets() -> list[str]:
+    sys.path.insert(0, str(SRC))
+    from pullback.runtime.build import TARGETS
+
+    return [t for t in PULLBACK_TARGETS if t in TARGETS]
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
+    best = max(rates.values())
+    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'cpu ms':>9s}{'others':>8s}"
+    print(head)
+    print("-" * len(head))
+    for w in workloads:
+        eager = rows.get((w, "eager"), {})
+        flops = eager.get("gemm_flops")
+        floor_ms = flops / (best * 1e9) * 1e3 if flops else None
+        e_ms = eager.get("step_ms")
+        for c in configs:
+            r = rows.get((w, c))
+            if r is None:
+                continue
+            label = c if c in ("eager", "inductor") else f"pullback {c}"
+            if "error" in r:
+                print(f"{w:<12s}{label:<17s}  {r['error']}: {r['message'][:70]}")
+                continue
+            ms = r["step_ms"]
+            print(f"{w:<12s}{label:<17s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
+                  f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{r['first_s']:>9.2f}"
+                  f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
+                  f"{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
+        if flops:
+            print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
+                  f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
+        print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="test-suite sizes, few reps: a quick run")
+    ap.add_argument("--only", default=",".join(WORKLOAD_NAMES), help="workloads, comma-separated")
+    ap.add_argument("--configs", default=None, help="eager,inductor and pullback targets (default: all available)")
+    ap.add_argument("--skip-inductor", default="", help="'all' or workloads for which torch.compile is not run")
+    ap.add_argument("--reps", type=int, default=None, help="timed steps per row (default 20, 5 with --small)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads = BLAS threads")
+    ap.add_argument("--policy", default="save_all", help="pullback's PartitionForwardBackward policy")
+    ap.add_argument("--no-tune-malloc", action="store_true",
+                    help="leave glibc malloc as it is (default: runtime.tuning.keep_freed_memory() in every row)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every row this many times (fresh processes) and keep its fastest round")
+    ap.add_argument("--quiet", type=float, default=0.0, metavar="SECONDS",
+                    help="before each row wait up to SECONDS until other processes use < 10%% of the CPUs")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        spec = json.loads(args.child)
+        result = blas_rates(spec["threads"]) if spec.pop("task", "row") == "blas" else run_config(**spec)
+        print(RESULT + json.dumps(result), flush=True)
+        return
+    reps = args.reps if args.reps is not None else (5 if args.small else 20)
+    workloads = [w for w in args.only.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOAD_NAMES)}")
+    configs = args.configs.split(",") if args.configs else ["eager", "inductor", *available_targets()]
+    skip = set(WORKLOAD_NAMES) if args.skip_inductor == "all" else set(filter(None, args.skip_inductor.split(",")))
+    load0 = _load()
+    runs: dict = {}
+    rate_runs = []
+    for rnd in range(args.rounds):
+        rate_runs.append(run_child({"task": "blas", "threads": args.threads}, args.threads, args.timeout, args.quiet))
+        for w in workloads:
+            for c in configs:
+                if c == "inductor" and w in skip:
+                    runs[(w, c)] = [{"error": "Skipped", "message": "--skip-inductor"}]
+                    continue
+                spec = dict(workload=w, config=c, small=args.small, reps=reps, warmup=args.warmup,
+                            threads=args.threads, policy=args.policy, tune_malloc=not args.no_tune_malloc)
+                r = run_child(spec, args.threads, args.timeout, args.quiet)
+                runs.setdefault((w, c), []).append(r)
+                status = f"{r['step_ms']:.2f} ms, others used {100 * r['others']:.0f}% CPU" if "step_ms" in r else r["error"]
+                print(f"  [round {rnd + 1}: {w} {c}: {status}]", file=sys.stderr, flush=True)
+    rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch")}
+    rows = {k: best_of(v) for k, v in runs.items()}
+    print(f"threads {args.threads} (torch and BLAS); sgemm at transformer shapes: NumPy {rates['numpy']:.0f} GFLOP/s, "
+          f"torch {rates['torch']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policy {args.policy}; "
+          f"median of {reps} steps after {args.warmup} warm-up, best of {args.rounds} round(s); "
+          f"{'small' if args.small else 'full'} sizes; load average {load0:.1f} at start, {_load():.1f} at end\n")
+    print_table(rows, rates, workloads, configs)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rates": rates, "rate_runs": rate_runs,
+                                               "runs": {f"{w}/{c}": r for (w, c), r in runs.items()}}, indent=1))
+
+if __name__ == "__main__":
+    main()
