@@ -9,6 +9,8 @@ Each test module exports ``CASES`` (the op names are collected by test_registry)
 
 from __future__ import annotations
 
+import importlib
+import pathlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -54,6 +56,19 @@ def case(op: str, *inputs, attrs: Optional[dict] = None, args: tuple = (), torch
     """A Case calling ``pullback.op.<op>(*vars, *args, **attrs)``."""
     attrs = attrs or {}
     return Case(op, list(inputs), lambda *xs: get_op(op)(*xs, *args, **attrs), torch, **kw)
+
+
+def case_tables(exclude: tuple = ("test_registry", "test_all_targets")) -> list:
+    """``(module name, case)`` for every Case in a module-level list of Cases of tests/ops/test_*.py
+    (the op test tables; each case once)."""
+    out, seen = [], set()
+    for path in sorted(pathlib.Path(__file__).parent.glob("test_*.py")):
+        if path.stem in exclude:
+            continue
+        for value in vars(importlib.import_module(path.stem)).values():
+            if isinstance(value, (list, tuple)) and value and all(isinstance(c, Case) for c in value):
+                out.extend((path.stem, c) for c in value if id(c) not in seen and not seen.add(id(c)))
+    return out
 
 
 def vars_for(inputs) -> list:
