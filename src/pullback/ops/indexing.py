@@ -188,7 +188,7 @@ def _positions(xp, op: str, idx, n: int, mode: str):
         idx = xp.where(idx < 0, idx + n, idx)
         if is_traced(idx):
             idx = xp.clip(idx, 0, max(n - 1, 0))
-    return xp.reshape(idx, (-1,))
+    return idx if idx.ndim == 1 else xp.reshape(idx, (-1,))
 
 
 def _flat_view(xp, x, a) -> tuple:
@@ -200,7 +200,7 @@ def _take(xp, x, idx, a):
     src, ax = _flat_view(xp, x, a)
     shape = tuple(src.shape)
     out = xp.take(src, _positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
-    return xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
+    return out if idx.ndim == 1 else xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
 
 
 def _take_infer(arg_types, attrs):
