@@ -75,17 +75,34 @@ def vars_for(inputs) -> list:
     return [pullback.var(f"x{i}", TensorType(x.shape, x.dtype.name)) for i, x in enumerate(inputs)]
 
 
-def evaluate(expr: Expr, env: dict):
-    """Reference interpreter: op kernels over a post order; checks each kernel result against its type."""
+def to_target(target: str, x: np.ndarray):
+    """NumPy array ``x`` as an array of ``target`` (``numpy``, ``jax``, ``torch``)."""
+    if target == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(x)
+    if target == "torch":
+        import torch
+
+        return torch.from_numpy(np.array(x, copy=True))
+    return x
+
+
+def evaluate(expr: Expr, env: dict, target: str = "numpy", calls: Optional[list] = None):
+    """Reference interpreter: ``op.impl(target)`` over a post order; on NumPy, checks each kernel result
+    against its type. Appends the value of every Call to ``calls`` when given."""
     vals: dict = {}
     for node in post_order(expr):
         if isinstance(node, Var):
             v = env[node]
         elif isinstance(node, Constant):
-            v = node.data
+            v = to_target(target, node.data)
         elif isinstance(node, Call):
-            v = node.op.compute(*[vals[a] for a in node.args], node.attrs)
-            check_value(v, node.checked_type, node.op.name)
+            v = node.op.impl(target)(*[vals[a] for a in node.args], node.attrs)
+            if target == "numpy":
+                check_value(v, node.checked_type, node.op.name)
+            if calls is not None:
+                calls.append(v)
         elif isinstance(node, Tuple):
             v = tuple(vals[f] for f in node.fields)
         elif isinstance(node, TupleGetItem):

@@ -281,6 +281,8 @@ def _gather_infer(arg_types, attrs):
     return TensorType(idx.shape, x.dtype)
 
 
+def _gather(xp, x, idx, a):
+    return x[_gather_index(xp, "gather", x, idx, a.axis)]
 
 
 class _DataAxisIndicesOp(OpDef):
@@ -294,8 +296,7 @@ class _DataAxisIndicesOp(OpDef):
 
 
 gather = register(_DataAxisIndicesOp(
-    "gather", 2, _gather_infer, kernel=lambda xp, x, idx, a: x[_gather_index(xp, "gather", x, idx, a.axis)],
-    attrs_type=GatherAttrs,
+    "gather", 2, _gather_infer, kernel=_gather, attrs_type=GatherAttrs,
     grad=lambda c, g: [_float_only(c, scatter_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="gather",
     doc="``gather(data, axis, indices)``: out[i][j][k] = data[i][indices[i][j][k]][k] for axis=1 (torch.gather)."))
@@ -311,6 +312,8 @@ def _scatter_add_infer(arg_types, attrs):
     return x
 
 
+def _scatter_add(xp, x, idx, u, a):
+    return add_at(x, _gather_index(xp, "scatter_add", x, idx, a.axis), u)
 
 
 def _scatter_add_grad(c: Call, g: Expr):
@@ -319,8 +322,7 @@ def _scatter_add_grad(c: Call, g: Expr):
 
 
 scatter_add = defop(
-    "scatter_add", 3, _scatter_add_infer,
-    kernel=lambda xp, x, idx, u, a: add_at(x, _gather_index(xp, "scatter_add", x, idx, a.axis), u), attrs_type=GatherAttrs, grad=_scatter_add_grad,
+    "scatter_add", 3, _scatter_add_infer, kernel=_scatter_add, attrs_type=GatherAttrs, grad=_scatter_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="scatter_add",
     doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.")
 

@@ -169,10 +169,6 @@ class OpDef(Op):
         """The NumPy implementation ``fn(*arrays, attrs)`` (``impl("numpy")``)."""
         return self.impl("numpy")
 
-    def kinks_for(self, attrs) -> tuple:
-        """The op's kinks for these attributes (``kinks`` may depend on them, as ``clip``'s do)."""
-        return tuple(self.kinks(attrs) if callable(self.kinks) else self.kinks)
-
     def input_domain(self, i: int) -> tuple:
         """The open interval ``(lo, hi)`` of values input ``i`` may take (the whole line if undeclared)."""
         d = self.domain[i] if i < len(self.domain) else None

@@ -73,7 +73,8 @@ def _squeeze(xp, x, a):
     return xp.reshape(x, tuple(d for i, d in enumerate(shape) if i not in drop))
 
 
-squeeze = defop("squeeze", 1, _squeeze_infer, kernel=_squeeze, attrs_type=SqueezeAttrs, grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
+squeeze = defop("squeeze", 1, _squeeze_infer, kernel=_squeeze, attrs_type=SqueezeAttrs,
+                grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
                 flops=zero_flops, torch_name="squeeze")
 
 # ------------------------------------------------------------------ concatenate / stack
@@ -205,7 +206,8 @@ def _split(xp, x, a):
     return tuple(x[lead + (slice(b, e),)] for b, e in zip(bounds, bounds[1:]))
 
 
-split = defop("split", 1, _split_infer, kernel=_split, attrs_type=SplitAttrs, grad=_split_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
+split = defop("split", 1, _split_infer, kernel=_split, attrs_type=SplitAttrs, grad=_split_grad,
+              pattern=FusionKind.INJECTIVE, flops=zero_flops,
               torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.")
 
 # ------------------------------------------------------------------ repeat / tile / flip

@@ -119,8 +119,8 @@ def _sigmoid(x):
 
 DOMAIN_MARGIN = 0.2  # distance kept from the finite ends of an operator's domain
 
-# Metadata that the definitions of these operators (ops/nn.py, ops/activation.py, being converted to
-# kernels in the same renovation) do not carry yet; to move next to them: elementwise=True and kinks.
+# OpDef metadata that the definitions in ops/nn.py and ops/activation.py (converted to kernels by another
+# change of this renovation) do not declare yet; each entry moves into its operator's defop(...) call.
 _UNDECLARED: dict[str, dict] = {
     "nn.relu": {"elementwise": True, "kinks": (0.0,)},
     "nn.leaky_relu": {"elementwise": True, "kinks": (0.0,)},
@@ -200,11 +200,23 @@ def _result_dtype(op: OpDef, dtype: str, attrs) -> Optional[str]:
     return t.dtype if isinstance(t, TensorType) else None
 
 
-def _gen_op(op: OpDef) -> Optional[GenOp]:
-    """``op`` as a GenOp, or None when its attributes need values it does not give (``example_attrs``)."""
+_NEEDS_ATTRS = object()
+
+
+def _call_attrs(op: OpDef):
+    """Attributes of a generated call (defaults and ``example_attrs``); _NEEDS_ATTRS if they do not suffice."""
+    if op.attrs_type is None:
+        return None
     try:
-        attrs = op.make_attrs(**_meta(op, "example_attrs")) if op.attrs_type is not None else None
+        return op.make_attrs(**_meta(op, "example_attrs"))
     except PullbackError:
+        return _NEEDS_ATTRS
+
+
+def _gen_op(op: OpDef) -> Optional[GenOp]:
+    """``op`` as a GenOp, or None when no call can be generated (attributes, a domain no fixer fits)."""
+    attrs = _call_attrs(op)
+    if attrs is _NEEDS_ATTRS:
         return None
     kinks = _meta(op, "kinks")
     kinks = tuple(kinks(attrs) if callable(kinks) else kinks)
@@ -229,11 +241,8 @@ def _elementwise(op: OpDef, n: int, out: str) -> bool:
     """An elementwise op of ``n`` inputs giving ``out`` (``"same"``: the input's dtype) on float32."""
     if not (_meta(op, "elementwise") and op.num_inputs == n):
         return False
-    try:
-        attrs = op.make_attrs(**_meta(op, "example_attrs")) if op.attrs_type is not None else None
-    except PullbackError:
-        return False
-    return _result_dtype(op, "float32", attrs) == ("float32" if out == "same" else out)
+    attrs = _call_attrs(op)
+    return attrs is not _NEEDS_ATTRS and _result_dtype(op, "float32", attrs) == ("float32" if out == "same" else out)
 
 
 @functools.cache
