@@ -17,7 +17,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, INT_DTYPES, TensorType, check_dtype, is_float
 from . import layout as T
 from .common import normalize_axis, tensor_arg
-from .kernels import add_at, check_range, dtype, grid, is_traced, set_at
+from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
 from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
 
@@ -364,7 +364,8 @@ def _one_hot_infer(arg_types, attrs):
 
 
 def _one_hot(xp, idx, on, off, a):
-    mask = xp.moveaxis(idx[..., None] == xp.arange(a.depth), -1, _one_hot_axis("one_hot", (), a.axis, idx.ndim))
+    hot = idx[..., None] == xp.arange(a.depth, device=device(idx))
+    mask = xp.moveaxis(hot, -1, _one_hot_axis("one_hot", (), a.axis, idx.ndim))
     return xp.astype(xp.where(mask, on, off), dtype(xp, a.dtype))
 
 

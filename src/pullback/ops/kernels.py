@@ -30,6 +30,15 @@ def dtype(xp, name: str):
     return getattr(xp, name)
 
 
+def device(x):
+    """The device of array ``x`` to create companions on (None for NumPy and for traced jax values)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return None
+    from array_api_compat import device as device_of
+
+    return device_of(x)
+
+
 def is_integer(xp, x) -> bool:
     """``x`` has a (signed or unsigned) integer dtype."""
     kind = getattr(x.dtype, "kind", None)  # NumPy and jax dtypes
@@ -62,8 +71,9 @@ def check_range(op: str, idx, lo: int, hi: int, where: str) -> None:
 def grid(xp, idx, axis: int) -> tuple:
     """Advanced index selecting, per position of ``idx``, the entry ``idx`` names along ``axis``
     (``np.indices(idx.shape, sparse=True)`` with ``idx`` in place of axis ``axis``)."""
-    nd = len(idx.shape)
-    out = [xp.reshape(xp.arange(n), tuple(-1 if i == k else 1 for i in range(nd))) for k, n in enumerate(idx.shape)]
+    nd, dev = len(idx.shape), device(idx)
+    out = [xp.reshape(xp.arange(n, device=dev), tuple(-1 if i == k else 1 for i in range(nd)))
+           for k, n in enumerate(idx.shape)]
     out[axis] = idx
     return tuple(out)
 
@@ -110,4 +120,4 @@ def _tensor_index(x, index: tuple) -> tuple:
     return tuple(out)
 
 
-__all__ = ["as_array", "dtype", "is_integer", "numpy_quiet", "is_traced", "check_range", "grid", "set_at", "add_at"]
+__all__ = ["as_array", "dtype", "device", "is_integer", "numpy_quiet", "is_traced", "check_range", "grid", "set_at", "add_at"]
