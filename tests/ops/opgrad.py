@@ -9,6 +9,8 @@ Each test module exports ``CASES`` (the op names are collected by test_registry)
 
 from __future__ import annotations
 
+import importlib
+import pathlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -56,21 +58,51 @@ def case(op: str, *inputs, attrs: Optional[dict] = None, args: tuple = (), torch
     return Case(op, list(inputs), lambda *xs: get_op(op)(*xs, *args, **attrs), torch, **kw)
 
 
+def case_tables(exclude: tuple = ("test_registry", "test_all_targets")) -> list:
+    """``(module name, case)`` for every Case in a module-level list of Cases of tests/ops/test_*.py
+    (the op test tables; each case once)."""
+    out, seen = [], set()
+    for path in sorted(pathlib.Path(__file__).parent.glob("test_*.py")):
+        if path.stem in exclude:
+            continue
+        for value in vars(importlib.import_module(path.stem)).values():
+            if isinstance(value, (list, tuple)) and value and all(isinstance(c, Case) for c in value):
+                out.extend((path.stem, c) for c in value if id(c) not in seen and not seen.add(id(c)))
+    return out
+
+
 def vars_for(inputs) -> list:
     return [pullback.var(f"x{i}", TensorType(x.shape, x.dtype.name)) for i, x in enumerate(inputs)]
 
 
-def evaluate(expr: Expr, env: dict):
-    """Reference interpreter: op kernels over a post order; checks each kernel result against its type."""
+def to_target(target: str, x: np.ndarray):
+    """NumPy array ``x`` as an array of ``target`` (``numpy``, ``jax``, ``torch``)."""
+    if target == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(x)
+    if target == "torch":
+        import torch
+
+        return torch.from_numpy(np.array(x, copy=True))
+    return x
+
+
+def evaluate(expr: Expr, env: dict, target: str = "numpy", calls: Optional[list] = None):
+    """Reference interpreter: ``op.impl(target)`` over a post order; on NumPy, checks each kernel result
+    against its type. Appends the value of every Call to ``calls`` when given."""
     vals: dict = {}
     for node in post_order(expr):
         if isinstance(node, Var):
             v = env[node]
         elif isinstance(node, Constant):
-            v = node.data
+            v = to_target(target, node.data)
         elif isinstance(node, Call):
-            v = node.op.compute(*[vals[a] for a in node.args], node.attrs)
-            check_value(v, node.checked_type, node.op.name)
+            v = node.op.impl(target)(*[vals[a] for a in node.args], node.attrs)
+            if target == "numpy":
+                check_value(v, node.checked_type, node.op.name)
+            if calls is not None:
+                calls.append(v)
         elif isinstance(node, Tuple):
             v = tuple(vals[f] for f in node.fields)
         elif isinstance(node, TupleGetItem):

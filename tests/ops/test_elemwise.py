@@ -85,7 +85,8 @@ NONDIFF_CASES = (
     + [case("logical_not", _bools[0], torch=T("logical_not")),
        case("isnan", np.array([0.0, np.nan, np.inf]), torch=T("isnan")),
        case("isfinite", np.array([0.0, np.nan, -np.inf]), torch=T("isfinite"))]
-    + [case("floor_divide", _ints, _divisors, torch=T("floor_divide"), id="floor_divide-int"),
+    + [case("divide", _ints, _divisors, torch=T("floor_divide"), id="divide-int"),  # integer division floors
+       case("floor_divide", _ints, _divisors, torch=T("floor_divide"), id="floor_divide-int"),
        case("floor_divide", normal((2, 3)) * 5, nonzero((3,)), torch=T("floor_divide")),
        case("mod", _ints, _divisors, torch=T("fmod"), id="mod-int"),
        case("mod", normal((2, 3)) * 5, nonzero((3,)), torch=T("fmod"))]

@@ -6,31 +6,21 @@ Op test modules (tests/ops/test_*.py) export module-level lists of ``opgrad.Case
 
 from __future__ import annotations
 
-import importlib
-import pathlib
-
 import pytest
 
 from pullback import op as op_builders
 from pullback.ops import FusionKind, list_ops
 
-from opgrad import Case
+from opgrad import case_tables
 
 OPS = list_ops()
-HERE = pathlib.Path(__file__).parent
 
 
 def covered_ops() -> dict:
     """op name -> test modules whose case tables call it."""
     out: dict = {}
-    for path in sorted(HERE.glob("test_*.py")):
-        if path.stem == "test_registry":
-            continue
-        mod = importlib.import_module(path.stem)
-        for value in vars(mod).values():
-            if isinstance(value, (list, tuple)) and value and all(isinstance(c, Case) for c in value):
-                for c in value:
-                    out.setdefault(c.op, set()).add(path.stem)
+    for module, c in case_tables():
+        out.setdefault(c.op, set()).add(module)
     return out
 
 

@@ -16,10 +16,11 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, as_expr
-from ..ir.types import TensorType, is_float
+from ..ir.types import DTYPES, FLOAT_DTYPES, TensorType, is_float
 from . import layout as T
-from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
 from . import special
+from .common import broadcast_shapes, numel, same_dtype, tensor_arg
+from .kernels import as_array, is_integer, numpy_quiet
 from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ helpers
@@ -58,28 +59,49 @@ def _float_grads(rule):
 
 # ------------------------------------------------------------------ unary
 
-def _unary_infer(name: str, kind: str, out_dtype):
+_KIND = {FLOAT_DTYPES: "floating-point", ("bool",): "bool"}
+
+
+def _checked_arg(name: str, arg_types, i: int, dtypes: tuple) -> TensorType:
+    t = tensor_arg(name, arg_types, i)
+    if t.dtype not in dtypes:
+        raise type_error(name, arg_types, f"argument {i} must be a {_KIND.get(dtypes, '/'.join(dtypes))} tensor, got {t.dtype}")
+    return t
+
+
+def _unary_infer(name: str, dtypes: tuple, out_dtype):
     def infer(arg_types, attrs):
-        t = float_arg(name, arg_types, 0) if kind == "float" else tensor_arg(name, arg_types, 0)
-        if kind == "bool" and t.dtype != "bool":
-            raise type_error(name, arg_types, f"argument 0 must be a bool tensor, got {t.dtype}")
+        t = _checked_arg(name, arg_types, 0, dtypes)
         return TensorType(t.shape, out_dtype) if out_dtype else t
 
     return infer
 
 
-def unary(name: str, fn, grad=None, *, float_only: bool = True, kind: str = "", out_dtype=None,
-          flops_per_elem: int = 1, attrs_type=None, **kw):
-    """Define an elementwise unary operator from a NumPy function ``fn(x)`` (or ``fn(x, attrs)``)."""
-    kind = kind or ("float" if float_only else "any")
+def _named_kernel(fn: str, nargs: int):
+    """``kernel(xp, *arrays, attrs)`` calling ``xp.<fn>``, and NumPy's ``fn`` if it is a ufunc."""
+    if nargs == 1:
+        def kernel(xp, x, attrs=None):
+            return as_array(getattr(xp, fn)(x))
+    else:
+        def kernel(xp, a, b, attrs=None):
+            return as_array(getattr(xp, fn)(a, b))
+    uf = getattr(np, fn, None)
+    return kernel, (uf if isinstance(uf, np.ufunc) else None)
 
-    def compute(x, attrs=None):
-        out = fn(x) if attrs_type is None else fn(x, attrs)
-        return np.asarray(out).astype(out_dtype or x.dtype, copy=False)
 
-    if grad is not None and kind != "float":
+def unary(name: str, grad=None, *, fn: str = "", kernel=None, dtypes: tuple = FLOAT_DTYPES, out_dtype=None,
+          domain=None, flops_per_elem: int = 1, attrs_type=None, **kw):
+    """Define an elementwise unary operator. Its kernel is ``xp.<fn>(x)`` (``fn`` defaults to ``name``) and
+    its ufunc ``np.<fn>`` when NumPy's is one, unless ``kernel(xp, x, attrs)`` is given; ``dtypes`` are the
+    input dtypes it accepts, ``domain`` the open interval of its input (see ``OpDef``)."""
+    if kernel is None:
+        kernel, ufunc = _named_kernel(fn or name, 1)
+        kw.setdefault("ufunc", ufunc)
+    dtypes = tuple(dtypes)
+    if grad is not None and dtypes != FLOAT_DTYPES:
         grad = _float_grads(grad)
-    return defop(name, 1, _unary_infer(name, kind, out_dtype), compute, grad=grad, attrs_type=attrs_type,
+    return defop(name, 1, _unary_infer(name, dtypes, out_dtype), kernel=kernel, grad=grad, attrs_type=attrs_type,
+                 dtypes=dtypes, elementwise=True, domain=(domain,) if domain else (),
                  pattern=kw.pop("pattern", FusionKind.ELEMWISE), flops=_flops_per_elem(flops_per_elem), **kw)
 
 
@@ -87,58 +109,67 @@ def _zero_grad(c: Call, g: Expr):
     return [T.zeros_like(g)]
 
 
-_erf = special.erf
-
-
 _NO_GRAD_BOOL = "the result is boolean: it carries no gradient"
 _LN2 = math.log(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_POSITIVE = (0.0, math.inf)  # reciprocal/divide: also defined below 0, one side suffices (see OpDef.domain)
 
 
 def _cl(v, c):  # a scalar constant with the dtype of call/arg ``c``
     return scalar_like(v, c)
 
 
-negative = unary("negative", np.negative, lambda c, g: [negative(g)], float_only=False, torch_name="neg")
-abs = unary("abs", np.abs, lambda c, g: [multiply(g, sign(c.args[0]))], float_only=False, torch_name="abs")  # noqa: A001
-sign = unary("sign", np.sign, _zero_grad, float_only=False, torch_name="sign")
-exp = unary("exp", np.exp, lambda c, g: [multiply(g, c)], torch_name="exp")
-log = unary("log", np.log, lambda c, g: [divide(g, c.args[0])], torch_name="log")
-log2 = unary("log2", np.log2, lambda c, g: [divide(g, multiply(c.args[0], _cl(_LN2, c)))], torch_name="log2")
-log1p = unary("log1p", np.log1p, lambda c, g: [divide(g, add(c.args[0], _cl(1.0, c)))], torch_name="log1p")
-sqrt = unary("sqrt", np.sqrt, lambda c, g: [divide(multiply(g, _cl(0.5, c)), c)], torch_name="sqrt")
-rsqrt = unary("rsqrt", lambda x: 1 / np.sqrt(x),
-              lambda c, g: [multiply(g, multiply(_cl(-0.5, c), multiply(c, multiply(c, c))))], flops_per_elem=2,
+negative = unary("negative", lambda c, g: [negative(g)], dtypes=DTYPES, torch_name="neg")
+abs = unary("abs", lambda c, g: [multiply(g, sign(c.args[0]))], dtypes=DTYPES, kinks=(0.0,), torch_name="abs")  # noqa: A001
+sign = unary("sign", _zero_grad, dtypes=DTYPES, smooth=False, torch_name="sign")
+exp = unary("exp", lambda c, g: [multiply(g, c)], torch_name="exp")
+log = unary("log", lambda c, g: [divide(g, c.args[0])], domain=_POSITIVE, torch_name="log")
+log2 = unary("log2", lambda c, g: [divide(g, multiply(c.args[0], _cl(_LN2, c)))], domain=_POSITIVE, torch_name="log2")
+log1p = unary("log1p", lambda c, g: [divide(g, add(c.args[0], _cl(1.0, c)))], domain=(-1.0, math.inf),
+              torch_name="log1p")
+sqrt = unary("sqrt", lambda c, g: [divide(multiply(g, _cl(0.5, c)), c)], domain=_POSITIVE, torch_name="sqrt")
+rsqrt = unary("rsqrt", lambda c, g: [multiply(g, multiply(_cl(-0.5, c), multiply(c, multiply(c, c))))],
+              kernel=lambda xp, x, attrs=None: as_array(1 / xp.sqrt(x)), domain=_POSITIVE, flops_per_elem=2,
               torch_name="rsqrt")
-square = unary("square", np.square, lambda c, g: [multiply(g, multiply(c.args[0], _cl(2.0, c)))], float_only=False,
+square = unary("square", lambda c, g: [multiply(g, multiply(c.args[0], _cl(2.0, c)))], dtypes=DTYPES,
                torch_name="square")
-reciprocal = unary("reciprocal", np.reciprocal, lambda c, g: [negative(multiply(g, multiply(c, c)))],
+reciprocal = unary("reciprocal", lambda c, g: [negative(multiply(g, multiply(c, c)))], domain=_POSITIVE,
                    torch_name="reciprocal")
-sin = unary("sin", np.sin, lambda c, g: [multiply(g, cos(c.args[0]))], torch_name="sin")
-cos = unary("cos", np.cos, lambda c, g: [negative(multiply(g, sin(c.args[0])))], torch_name="cos")
-tan = unary("tan", np.tan, lambda c, g: [multiply(g, add(_cl(1.0, c), multiply(c, c)))], torch_name="tan")
-tanh = unary("tanh", np.tanh, lambda c, g: [multiply(g, subtract(_cl(1.0, c), multiply(c, c)))], flops_per_elem=4,
+sin = unary("sin", lambda c, g: [multiply(g, cos(c.args[0]))], torch_name="sin")
+cos = unary("cos", lambda c, g: [negative(multiply(g, sin(c.args[0])))], torch_name="cos")
+tan = unary("tan", lambda c, g: [multiply(g, add(_cl(1.0, c), multiply(c, c)))], domain=(-math.pi / 2, math.pi / 2),
+            torch_name="tan")
+tanh = unary("tanh", lambda c, g: [multiply(g, subtract(_cl(1.0, c), multiply(c, c)))], flops_per_elem=4,
              torch_name="tanh")
 
 
-def _sigmoid(x):
-    with np.errstate(over="ignore"):
-        return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+def _sigmoid(xp, x, attrs=None):
+    """1 / (1 + e^-x), from e = exp(-|x|) so that nothing overflows."""
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-sigmoid = unary("sigmoid", _sigmoid, lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))],
+def _erf_jax(x, attrs=None):
+    from jax.scipy.special import erf as jax_erf
+
+    return jax_erf(x)
+
+
+sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=_sigmoid,
                 flops_per_elem=4, torch_name="sigmoid")
-erf = unary("erf", _erf, lambda c, g: [multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c),
-                                                                exp(negative(square(c.args[0])))))],
-            flops_per_elem=8, torch_name="erf")
-floor = unary("floor", np.floor, _zero_grad, torch_name="floor")
-ceil = unary("ceil", np.ceil, _zero_grad, torch_name="ceil")
-round = unary("round", np.round, _zero_grad, torch_name="round", doc="Round half to even (NumPy/PyTorch); zero gradient.")  # noqa: A001
-copy = unary("copy", np.copy, lambda c, g: [g], float_only=False, flops_per_elem=0, torch_name="clone")
-logical_not = unary("logical_not", np.logical_not, kind="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
+erf = unary("erf", lambda c, g: [multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0])))))],
+            kernel=lambda xp, x, attrs=None: xp.erf(x),  # torch.erf; NumPy and jax.numpy have none
+            impls={"numpy": lambda x, attrs=None: special.erf(x), "jax": _erf_jax}, flops_per_elem=8, torch_name="erf")
+floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
+ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
+round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001
+              doc="Round half to even (NumPy/PyTorch); zero gradient.")
+copy = unary("copy", lambda c, g: [g], kernel=lambda xp, x, attrs=None: xp.asarray(x, copy=True), dtypes=DTYPES,
+             flops_per_elem=0, torch_name="clone")
+logical_not = unary("logical_not", dtypes=("bool",), differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
                     torch_name="logical_not")
-isnan = unary("isnan", np.isnan, out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL, torch_name="isnan")
-isfinite = unary("isfinite", np.isfinite, out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
+isnan = unary("isnan", out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL, torch_name="isnan")
+isfinite = unary("isfinite", out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
                  torch_name="isfinite")
 
 
@@ -163,45 +194,50 @@ def _clip_grad(c: Call, g: Expr):
     return [where(inside, g, T.zeros_like(g))]
 
 
-clip = unary("clip", lambda x, a: np.clip(x, a.a_min, a.a_max), _clip_grad, float_only=False, attrs_type=ClipAttrs,
-             flops_per_elem=2, torch_name="clamp",
+def _clip(xp, x, a):
+    out = as_array(xp.clip(x, a.a_min, a.a_max))
+    return out if out.dtype == x.dtype else xp.astype(out, x.dtype)  # integers: float bounds, then truncated
+
+
+clip = unary("clip", _clip_grad, kernel=_clip, dtypes=DTYPES, attrs_type=ClipAttrs, flops_per_elem=2,
+             kinks=lambda a: (a.a_min, a.a_max), example_attrs={"a_min": -1.0, "a_max": 1.0}, torch_name="clamp",
              doc="Clamp to [a_min, a_max]; the gradient passes where a_min <= x <= a_max (PyTorch's rule).")
 
 # ------------------------------------------------------------------ binary
 
 
-def _infer_binary(name, out_dtype=None, need_bool=False):
+def _infer_binary(name, out_dtype, dtypes):
     def infer(arg_types, attrs):
         a = tensor_arg(name, arg_types, 0)
         b = tensor_arg(name, arg_types, 1)
         dtype = same_dtype(name, arg_types)
-        if need_bool and dtype != "bool":
-            raise type_error(name, arg_types, f"arguments must be bool tensors, got {dtype}")
+        if dtype not in dtypes:
+            raise type_error(name, arg_types, f"arguments must be {_KIND.get(dtypes, '/'.join(dtypes))} tensors, got {dtype}")
         return TensorType(broadcast_shapes(name, arg_types, a.shape, b.shape), out_dtype or dtype)
 
     return infer
 
 
-def binary(name: str, fn, grad=None, *, out_dtype=None, need_bool=False, **kw):
-    """Define a broadcasting binary operator from a NumPy ufunc (integer/bool args get no gradient)."""
-
-    def compute(a, b, attrs=None):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = fn(a, b)
-        return np.asarray(out).astype(out_dtype or a.dtype, copy=False)
-
+def binary(name: str, grad=None, *, fn: str = "", kernel=None, out_dtype=None, dtypes: tuple = DTYPES, **kw):
+    """Define a broadcasting binary operator: kernel ``xp.<fn>(a, b)`` (``fn`` defaults to ``name``) and
+    ufunc ``np.<fn>`` unless ``kernel`` is given; integer/bool arguments get no gradient. Arithmetic
+    runs on NumPy without divide/invalid warnings (jax and torch give inf/nan silently)."""
+    if kernel is None:
+        kernel, ufunc = _named_kernel(fn or name, 2)
+        kw.setdefault("ufunc", ufunc)
+    if out_dtype != "bool":
+        kw["impls"] = {"numpy": numpy_quiet(kernel), **kw.get("impls", {})}
     pattern = kw.pop("pattern", FusionKind.BROADCAST)
-    return defop(name, 2, _infer_binary(name, out_dtype, need_bool), compute,
-                 grad=_float_grads(grad) if grad is not None else None, pattern=pattern, **kw)
+    return defop(name, 2, _infer_binary(name, out_dtype, tuple(dtypes)), kernel=kernel, dtypes=dtypes,
+                 elementwise=True, grad=_float_grads(grad) if grad is not None else None, pattern=pattern, **kw)
 
 
-add = binary("add", np.add, lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(g, c.args[1])], torch_name="add")
+add = binary("add", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(g, c.args[1])], torch_name="add")
 subtract = binary(
-    "subtract", np.subtract, lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(negative(g), c.args[1])], torch_name="sub"
+    "subtract", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(negative(g), c.args[1])], torch_name="sub"
 )
 multiply = binary(
     "multiply",
-    np.multiply,
     lambda c, g: [unbroadcast(multiply(g, c.args[1]), c.args[0]), unbroadcast(multiply(g, c.args[0]), c.args[1])],
     torch_name="mul",
 )
@@ -213,11 +249,11 @@ def _divide_grad(call: Call, g: Expr):
     return [unbroadcast(ga, a), unbroadcast(negative(multiply(ga, call)), b)]
 
 
-def _divide_np(a, b):
-    return np.floor_divide(a, b) if np.issubdtype(a.dtype, np.integer) else np.divide(a, b)
+def _divide(xp, a, b, attrs=None):
+    return as_array(xp.floor_divide(a, b) if is_integer(xp, a) else xp.divide(a, b))
 
 
-divide = binary("divide", _divide_np, _divide_grad, torch_name="div",
+divide = binary("divide", _divide_grad, kernel=_divide, ufunc=np.divide, domain=(None, _POSITIVE), torch_name="div",
                 doc="a / b; integer division floors (like floor_divide).")
 
 
@@ -230,7 +266,7 @@ def _power_grad(call: Call, g: Expr):
     return [unbroadcast(ga, a), unbroadcast(gb, b)]
 
 
-power = binary("power", np.power, _power_grad, flops=_flops_per_elem(4), torch_name="pow",
+power = binary("power", _power_grad, fn="pow", domain=(_POSITIVE, None), flops=_flops_per_elem(4), torch_name="pow",
                doc="a ** b; the exponent gets a zero gradient where a <= 0.")
 
 
@@ -243,27 +279,24 @@ def _minmax_grad(pick):
     return grad
 
 
-maximum = binary("maximum", np.maximum, _minmax_grad(lambda a, b: greater(a, b)), torch_name="maximum",
+maximum = binary("maximum", _minmax_grad(lambda a, b: greater(a, b)), kinks=(0.0,), torch_name="maximum",
                  doc="Elementwise max; ties split the gradient evenly (PyTorch's rule).")
-minimum = binary("minimum", np.minimum, _minmax_grad(lambda a, b: less(a, b)), torch_name="minimum",
+minimum = binary("minimum", _minmax_grad(lambda a, b: less(a, b)), kinks=(0.0,), torch_name="minimum",
                  doc="Elementwise min; ties split the gradient evenly (PyTorch's rule).")
 
 _NO_GRAD_STEP = "piecewise constant in its inputs; the gradient is zero or undefined"
-floor_divide = binary("floor_divide", np.floor_divide, differentiable=False, nondiff_reason=_NO_GRAD_STEP,
-                      torch_name="floor_divide")
-mod = binary("mod", np.fmod, differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="fmod",
+floor_divide = binary("floor_divide", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide")
+mod = binary("mod", fn="fmod", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="fmod",
              doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.")
 
-_CMP = {"equal": (np.equal, "eq"), "not_equal": (np.not_equal, "ne"), "less": (np.less, "lt"),
-        "less_equal": (np.less_equal, "le"), "greater": (np.greater, "gt"), "greater_equal": (np.greater_equal, "ge")}
-for _name, (_fn, _tn) in _CMP.items():
-    globals()[_name] = binary(_name, _fn, out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
-                              torch_name=_tn)
+_CMP = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
+for _name, _tn in _CMP.items():
+    globals()[_name] = binary(_name, out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL, torch_name=_tn)
 equal, not_equal, less, less_equal, greater, greater_equal = (globals()[n] for n in _CMP)
-logical_and = binary("logical_and", np.logical_and, need_bool=True, differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
-                     torch_name="logical_and")
-logical_or = binary("logical_or", np.logical_or, need_bool=True, differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
-                    torch_name="logical_or")
+logical_and = binary("logical_and", out_dtype="bool", dtypes=("bool",), differentiable=False,
+                     nondiff_reason=_NO_GRAD_BOOL, torch_name="logical_and")
+logical_or = binary("logical_or", out_dtype="bool", dtypes=("bool",), differentiable=False,
+                    nondiff_reason=_NO_GRAD_BOOL, torch_name="logical_or")
 
 # ------------------------------------------------------------------ where
 
@@ -324,14 +357,16 @@ def _where_compute(c, x, y, attrs=None):
             if mask.shape == shape:
                 return np.bitwise_and(keep.view(ut), mask, out=mask).view(x.dtype)
             return np.bitwise_and(keep.view(ut), mask).view(x.dtype)
-    return np.asarray(np.where(c, x, y)).astype(x.dtype, copy=False)
+    return np.where(c, x, y)
 
 
 where = defop(
     "where",
     3,
     _infer_where,
-    _where_compute,
+    kernel=lambda xp, c, x, y, attrs=None: xp.where(c, x, y),
+    impls={"numpy": _where_compute},
+    elementwise=True,
     grad=lambda c, g: [r if r is None or is_float_expr(a) else None for r, a in zip(_where_grad(c, g), c.args)],
     pattern=FusionKind.BROADCAST,
     torch_name="where",

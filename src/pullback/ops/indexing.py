@@ -12,11 +12,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..ir.errors import AttrError, ExecutionError, PullbackError
+from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, INT_DTYPES, TensorType, check_dtype, is_float
 from . import layout as T
 from .common import normalize_axis, tensor_arg
+from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
 from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
 
@@ -82,6 +83,19 @@ class StridedSliceAttrs:
         sl = self.slices("strided_slice", (), len(shape))
         return tuple(slice(*sl[i]) if i in sl else slice(None) for i in range(len(shape)))
 
+    def forward_index(self, shape: tuple) -> tuple:
+        """``(index, flipped)``: slices with positive steps and the axes to reverse after them, selecting
+        what ``np_index`` selects (torch slices only with positive steps)."""
+        index, flipped = [], []
+        for i, s in enumerate(self.np_index(shape)):
+            start, stop, step = s.indices(shape[i])
+            if step < 0:
+                r = range(start, stop, step)
+                s = slice(r[-1], start + 1, -step) if r else slice(0, 0)
+                flipped.append(i)
+            index.append(s)
+        return tuple(index), tuple(flipped)
+
     def out_shape(self, op: str, arg_types, shape: tuple) -> tuple:
         sl = self.slices(op, arg_types, len(shape))
         return tuple(d if i not in sl else (Any if d is Any else len(range(*slice(*sl[i]).indices(d))))
@@ -97,8 +111,14 @@ def _slice_attrs(a: StridedSliceAttrs) -> tuple:
     return a.begin, a.end, a.strides, a.axes
 
 
+def _strided_slice(xp, x, a):
+    index, flipped = a.forward_index(tuple(x.shape))
+    v = x[index]
+    return xp.asarray(xp.flip(v, axis=flipped) if flipped else v, copy=True)  # not a view pinning x
+
+
 strided_slice = defop(
-    "strided_slice", 1, _strided_slice_infer, lambda x, a: x[a.np_index(x.shape)].copy(), attrs_type=StridedSliceAttrs,
+    "strided_slice", 1, _strided_slice_infer, kernel=_strided_slice, attrs_type=StridedSliceAttrs,
     grad=lambda c, g: [_float_only(c, strided_set(T.zeros_like(c.args[0]), g, *_slice_attrs(c.attrs)))],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice",
     doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.")
@@ -113,10 +133,9 @@ def _strided_set_infer(arg_types, attrs):
     return x
 
 
-def _strided_set_compute(x, v, a):
-    out = x.copy()
-    out[a.np_index(x.shape)] = v
-    return out
+def _strided_set(xp, x, v, a):
+    index, flipped = a.forward_index(tuple(x.shape))
+    return set_at(x, index, xp.flip(v, axis=flipped) if flipped else v)
 
 
 def _strided_set_grad(c: Call, g: Expr):
@@ -126,7 +145,7 @@ def _strided_set_grad(c: Call, g: Expr):
 
 
 strided_set = defop(
-    "strided_set", 2, _strided_set_infer, _strided_set_compute, attrs_type=StridedSliceAttrs, grad=_strided_set_grad,
+    "strided_set", 2, _strided_set_infer, kernel=_strided_set, attrs_type=StridedSliceAttrs, grad=_strided_set_grad,
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice_scatter",
     doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).")
 
@@ -157,24 +176,31 @@ def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -
     return data.shape[:ax] + idx.shape + data.shape[ax + 1:]
 
 
-def _np_indices(op: str, idx: np.ndarray, n: int, mode: str) -> np.ndarray:
+def _positions(xp, op: str, idx, n: int, mode: str):
+    """``idx`` as flat positions in ``[0, n)`` by ``mode`` (``fast``: out of range is an error where
+    the indices are concrete; jax.jit clamps them)."""
     if mode == "clip":
-        return np.clip(idx, 0, max(n - 1, 0))
-    if mode == "wrap":
-        return np.mod(idx, n) if n else idx
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        raise ExecutionError(f"{op}: index out of range for a dimension of size {n} (mode='fast')")
-    return idx
+        idx = xp.clip(idx, 0, max(n - 1, 0))
+    elif mode == "wrap":
+        idx = xp.remainder(idx, n) if n else idx
+    else:
+        check_range(op, idx, -n, n, f"for a dimension of size {n} (mode='fast')")
+        idx = xp.where(idx < 0, idx + n, idx)
+        if is_traced(idx):
+            idx = xp.clip(idx, 0, max(n - 1, 0))
+    return idx if idx.ndim == 1 else xp.reshape(idx, (-1,))
 
 
-def _flat_view(x: np.ndarray, a) -> tuple:
+def _flat_view(xp, x, a) -> tuple:
     """(array, axis) with axis=None meaning the flattened array."""
-    return (x.reshape(-1), 0) if a.axis is None else (x, a.axis % x.ndim)
+    return (xp.reshape(x, (-1,)), 0) if a.axis is None else (x, a.axis % x.ndim)
 
 
-def _take_compute(x, idx, a):
-    src, ax = _flat_view(x, a)
-    return np.take(src, _np_indices("take", idx, src.shape[ax], a.mode), axis=ax)
+def _take(xp, x, idx, a):
+    src, ax = _flat_view(xp, x, a)
+    shape = tuple(src.shape)
+    out = xp.take(src, _positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
+    return out if idx.ndim == 1 else xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
 
 
 def _take_infer(arg_types, attrs):
@@ -184,7 +210,7 @@ def _take_infer(arg_types, attrs):
 
 
 take = defop(
-    "take", 2, _take_infer, _take_compute, attrs_type=TakeAttrs,
+    "take", 2, _take_infer, kernel=_take, attrs_type=TakeAttrs,
     grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis, c.attrs.mode)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="take",
     doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).")
@@ -200,11 +226,12 @@ def _index_add_infer(arg_types, attrs):
     return x
 
 
-def _index_add_compute(x, idx, u, a):
-    out = x.copy()
-    dst, ax = _flat_view(out, a)
-    np.add.at(dst, (slice(None),) * ax + (_np_indices("index_add", idx, dst.shape[ax], a.mode),), u)
-    return out
+def _index_add(xp, x, idx, u, a):
+    dst, ax = _flat_view(xp, x, a)
+    shape = tuple(dst.shape)
+    pos = _positions(xp, "index_add", idx, shape[ax], a.mode)
+    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (-1,) + shape[ax + 1:]))
+    return xp.reshape(out, tuple(x.shape))
 
 
 def _index_add_grad(c: Call, g: Expr):
@@ -213,7 +240,7 @@ def _index_add_grad(c: Call, g: Expr):
 
 
 index_add = defop(
-    "index_add", 3, _index_add_infer, _index_add_compute, attrs_type=TakeAttrs, grad=_index_add_grad,
+    "index_add", 3, _index_add_infer, kernel=_index_add, attrs_type=TakeAttrs, grad=_index_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="index_add",
     doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.")
 
@@ -240,13 +267,11 @@ def _gather_check(op: str, arg_types, data: TensorType, idx: TensorType, axis: i
     return ax
 
 
-def _gather_index(op: str, shape: tuple, idx: np.ndarray, ax: int) -> tuple:
-    n = shape[ax]
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        raise ExecutionError(f"{op}: index out of range [0, {n}) along axis {ax}")
-    grid = list(np.indices(idx.shape, sparse=True))
-    grid[ax] = idx
-    return tuple(grid)
+def _gather_index(xp, op: str, x, idx, axis: int) -> tuple:
+    ax = axis % x.ndim
+    n = x.shape[ax]
+    check_range(op, idx, 0, n, f"[0, {n}) along axis {ax}")
+    return grid(xp, idx, ax)
 
 
 def _gather_infer(arg_types, attrs):
@@ -256,8 +281,8 @@ def _gather_infer(arg_types, attrs):
     return TensorType(idx.shape, x.dtype)
 
 
-def _gather_compute(x, idx, a):
-    return x[_gather_index("gather", x.shape, idx, a.axis % x.ndim)]
+def _gather(xp, x, idx, a):
+    return x[_gather_index(xp, "gather", x, idx, a.axis)]
 
 
 class _DataAxisIndicesOp(OpDef):
@@ -271,7 +296,7 @@ class _DataAxisIndicesOp(OpDef):
 
 
 gather = register(_DataAxisIndicesOp(
-    "gather", 2, _gather_infer, _gather_compute, attrs_type=GatherAttrs,
+    "gather", 2, _gather_infer, kernel=_gather, attrs_type=GatherAttrs,
     grad=lambda c, g: [_float_only(c, scatter_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="gather",
     doc="``gather(data, axis, indices)``: out[i][j][k] = data[i][indices[i][j][k]][k] for axis=1 (torch.gather)."))
@@ -287,10 +312,8 @@ def _scatter_add_infer(arg_types, attrs):
     return x
 
 
-def _scatter_add_compute(x, idx, u, a):
-    out = x.copy()
-    np.add.at(out, _gather_index("scatter_add", x.shape, idx, a.axis % x.ndim), u)
-    return out
+def _scatter_add(xp, x, idx, u, a):
+    return add_at(x, _gather_index(xp, "scatter_add", x, idx, a.axis), u)
 
 
 def _scatter_add_grad(c: Call, g: Expr):
@@ -299,7 +322,7 @@ def _scatter_add_grad(c: Call, g: Expr):
 
 
 scatter_add = defop(
-    "scatter_add", 3, _scatter_add_infer, _scatter_add_compute, attrs_type=GatherAttrs, grad=_scatter_add_grad,
+    "scatter_add", 3, _scatter_add_infer, kernel=_scatter_add, attrs_type=GatherAttrs, grad=_scatter_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="scatter_add",
     doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.")
 
@@ -340,10 +363,10 @@ def _one_hot_infer(arg_types, attrs):
     return TensorType(idx.shape[:ax] + (attrs.depth,) + idx.shape[ax:], attrs.dtype)
 
 
-def _one_hot_compute(idx, on, off, a):
-    mask = idx[..., None] == np.arange(a.depth)
-    mask = np.moveaxis(mask, -1, _one_hot_axis("one_hot", (), a.axis, idx.ndim))
-    return np.where(mask, on, off).astype(a.dtype)
+def _one_hot(xp, idx, on, off, a):
+    hot = idx[..., None] == xp.arange(a.depth, device=device(idx))
+    mask = xp.moveaxis(hot, -1, _one_hot_axis("one_hot", (), a.axis, idx.ndim))
+    return xp.astype(xp.where(mask, on, off), dtype(xp, a.dtype))
 
 
 def _one_hot_grad(c: Call, g: Expr):
@@ -359,7 +382,7 @@ def _one_hot_grad(c: Call, g: Expr):
 
 
 one_hot = defop(
-    "one_hot", 3, _one_hot_infer, _one_hot_compute, attrs_type=OneHotAttrs, grad=_one_hot_grad,
+    "one_hot", 3, _one_hot_infer, kernel=_one_hot, attrs_type=OneHotAttrs, grad=_one_hot_grad,
     pattern=FusionKind.INJECTIVE, torch_name="one_hot",
     doc="``one_hot(indices, on_value, off_value, depth, axis=-1, dtype)``; out-of-range indices give off_value.")
 

@@ -16,6 +16,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, check_dtype, is_float
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
+from .kernels import dtype
 from .registry import FusionKind, defop, seq_of_int, type_error, zero_flops
 
 
@@ -78,16 +79,15 @@ def _reshape_infer(arg_types, attrs):
     return TensorType(reshape_shape("reshape", arg_types, x.shape, attrs.newshape), x.dtype)
 
 
-def _reshape_compute(x, attrs):
-    shape = [x.shape[i] if d == 0 else d for i, d in enumerate(attrs.newshape)]
-    return np.reshape(x, shape)
+def _reshape(xp, x, attrs):
+    return xp.reshape(x, tuple(x.shape[i] if d == 0 else d for i, d in enumerate(attrs.newshape)))
 
 
 reshape = defop(
     "reshape",
     1,
     _reshape_infer,
-    _reshape_compute,
+    kernel=_reshape,
     attrs_type=ReshapeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
     pattern=FusionKind.INJECTIVE,
@@ -127,11 +127,16 @@ def _transpose_grad(call: Call, g: Expr):
     return [transpose(g, inv)]
 
 
+def _transpose(xp, x, attrs):
+    nd = x.ndim
+    return xp.permute_dims(x, tuple(range(nd - 1, -1, -1)) if attrs.axes is None else tuple(a % nd for a in attrs.axes))
+
+
 transpose = defop(
     "transpose",
     1,
     _transpose_infer,
-    lambda x, attrs: np.transpose(x, attrs.axes),
+    kernel=_transpose,
     attrs_type=TransposeAttrs,
     grad=_transpose_grad,
     pattern=FusionKind.INJECTIVE,
@@ -167,16 +172,17 @@ def _expand_dims_infer(arg_types, attrs):
     return TensorType(x.shape[:a] + (1,) * attrs.num_newaxis + x.shape[a:], x.dtype)
 
 
-def _expand_dims_compute(x, attrs):
+def _expand_dims(xp, x, attrs):
     a = attrs.axis % (x.ndim + 1) if attrs.axis < 0 else attrs.axis
-    return np.reshape(x, x.shape[:a] + (1,) * attrs.num_newaxis + x.shape[a:])
+    shape = tuple(x.shape)
+    return xp.reshape(x, shape[:a] + (1,) * attrs.num_newaxis + shape[a:])
 
 
 expand_dims = defop(
     "expand_dims",
     1,
     _expand_dims_infer,
-    _expand_dims_compute,
+    kernel=_expand_dims,
     attrs_type=ExpandDimsAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
     pattern=FusionKind.BROADCAST,
@@ -217,7 +223,7 @@ broadcast_to = defop(
     "broadcast_to",
     1,
     _broadcast_to_infer,
-    lambda x, attrs: np.broadcast_to(x, attrs.shape),
+    kernel=lambda xp, x, attrs: xp.broadcast_to(x, attrs.shape),
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [collapse_sum_like(g, c.args[0])],
     pattern=FusionKind.BROADCAST,
@@ -226,15 +232,15 @@ broadcast_to = defop(
 )
 
 
-def collapse_sum_np(x: np.ndarray, shape: tuple) -> np.ndarray:
+def collapse_sum(xp, x, shape: tuple):
     """Sum ``x`` down to ``shape`` (the reverse of broadcasting)."""
-    shape = tuple(shape)
-    if x.shape == shape:
+    shape, have = tuple(shape), tuple(x.shape)
+    if have == shape:
         return x
-    lead = x.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
-    out = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype) if axes else x
-    return np.reshape(out, shape)
+    lead = len(have) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
+    out = xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype) if axes else x
+    return xp.reshape(out, shape)
 
 
 def _collapse_infer(op):
@@ -252,7 +258,7 @@ collapse_sum_to = defop(
     "collapse_sum_to",
     1,
     _collapse_infer("collapse_sum_to"),
-    lambda x, attrs: collapse_sum_np(x, attrs.shape),
+    kernel=lambda xp, x, attrs: collapse_sum(xp, x, attrs.shape),
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [broadcast_to_like(g, c.args[0])],
     pattern=FusionKind.COMM_REDUCE,
@@ -276,10 +282,12 @@ def _init_infer(arg_types, attrs):
     return TensorType(attrs.shape, attrs.dtype)
 
 
-zeros = defop("zeros", 0, _init_infer, lambda attrs: np.zeros(attrs.shape, attrs.dtype), attrs_type=InitAttrs,
-              grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros")
-ones = defop("ones", 0, _init_infer, lambda attrs: np.ones(attrs.shape, attrs.dtype), attrs_type=InitAttrs,
-             grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones")
+zeros = defop("zeros", 0, _init_infer, kernel=lambda xp, a: xp.zeros(a.shape, dtype=dtype(xp, a.dtype)),
+              attrs_type=InitAttrs, grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops,
+              torch_name="zeros")
+ones = defop("ones", 0, _init_infer, kernel=lambda xp, a: xp.ones(a.shape, dtype=dtype(xp, a.dtype)),
+             attrs_type=InitAttrs, grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops,
+             torch_name="ones")
 
 
 def _full_infer(arg_types, attrs):
@@ -298,7 +306,8 @@ def _fill_grad(fill: Expr, g: Expr):
     return cast_like(_sum(g), fill)
 
 
-full = defop("full", 1, _full_infer, lambda f, attrs: np.full(attrs.shape, f, attrs.dtype), attrs_type=InitAttrs,
+full = defop("full", 1, _full_infer, kernel=lambda xp, f, a: xp.full(a.shape, f, dtype=dtype(xp, a.dtype)),
+             attrs_type=InitAttrs,
              grad=lambda c, g: [_fill_grad(c.args[0], g)], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="full")
 
 # ------------------------------------------------------------------ the like-family
@@ -312,9 +321,9 @@ def _like_result(op):
     return infer
 
 
-zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), lambda x, attrs=None: np.zeros_like(x),
+zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
                    grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like")
-ones_like = defop("ones_like", 1, _like_result("ones_like"), lambda x, attrs=None: np.ones_like(x),
+ones_like = defop("ones_like", 1, _like_result("ones_like"), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like")
 
 
@@ -326,7 +335,8 @@ def _full_like_infer(arg_types, attrs):
     return x
 
 
-full_like = defop("full_like", 2, _full_like_infer, lambda x, f, attrs=None: np.full(x.shape, f, x.dtype),
+full_like = defop("full_like", 2, _full_like_infer,
+                  kernel=lambda xp, x, f, attrs=None: xp.full(tuple(x.shape), f, dtype=x.dtype),
                   grad=lambda c, g: [None, _fill_grad(c.args[1], g)], pattern=FusionKind.ELEMWISE, flops=zero_flops,
                   torch_name="full_like")
 
@@ -370,15 +380,15 @@ def _reshape_like_infer(arg_types, attrs):
     return TensorType(reshape_like_shape(arg_types, x.shape, like.shape, attrs), x.dtype)
 
 
-def _reshape_like_compute(x, like, attrs):
-    return np.reshape(x, reshape_like_shape((), x.shape, like.shape, attrs))
+def _reshape_like(xp, x, like, attrs):
+    return xp.reshape(x, reshape_like_shape((), tuple(x.shape), tuple(like.shape), attrs))
 
 
 reshape_like = defop(
     "reshape_like",
     2,
     _reshape_like_infer,
-    _reshape_like_compute,
+    kernel=_reshape_like,
     attrs_type=ReshapeLikeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0]), None],
     pattern=FusionKind.INJECTIVE,
@@ -396,7 +406,7 @@ collapse_sum_like = defop(
     "collapse_sum_like",
     2,
     _collapse_sum_like_infer,
-    lambda x, like, attrs=None: collapse_sum_np(x, like.shape),
+    kernel=lambda xp, x, like, attrs=None: collapse_sum(xp, x, like.shape),
     grad=lambda c, g: [broadcast_to_like(g, c.args[0]), None],
     pattern=FusionKind.COMM_REDUCE,
     torch_name="sum_to_size",
@@ -415,7 +425,7 @@ broadcast_to_like = defop(
     "broadcast_to_like",
     2,
     _broadcast_to_like_infer,
-    lambda x, like, attrs=None: np.broadcast_to(x, like.shape),
+    kernel=lambda xp, x, like, attrs=None: xp.broadcast_to(x, tuple(like.shape)),
     grad=lambda c, g: [collapse_sum_like(g, c.args[0]), None],
     pattern=FusionKind.BROADCAST,
     flops=zero_flops,
@@ -441,7 +451,7 @@ cast = defop(
     "cast",
     1,
     lambda ts, attrs: TensorType(tensor_arg("cast", ts, 0).shape, attrs.dtype),
-    lambda x, attrs: x.astype(attrs.dtype),
+    kernel=lambda xp, x, attrs: xp.astype(x, dtype(xp, attrs.dtype)),
     attrs_type=CastAttrs,
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None],
     pattern=FusionKind.ELEMWISE,
@@ -452,7 +462,7 @@ cast_like = defop(
     "cast_like",
     2,
     lambda ts, attrs: TensorType(tensor_arg("cast_like", ts, 0).shape, tensor_arg("cast_like", ts, 1).dtype),
-    lambda x, like, attrs=None: x.astype(like.dtype),
+    kernel=lambda xp, x, like, attrs=None: xp.astype(x, like.dtype),
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None, None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from . import layout as T
@@ -51,17 +49,18 @@ def _mk(rank: int, name: str):
         batch = broadcast_shapes(name, arg_types, a.shape[:-2], b.shape[:-2])
         return TensorType(batch + (m, n), a.dtype)
 
-    def compute(a, b, attrs):
-        a = np.swapaxes(a, -1, -2) if attrs.transpose_a else a
-        b = np.swapaxes(b, -1, -2) if attrs.transpose_b else b
-        return np.asarray(np.matmul(a, b), dtype=a.dtype)
 
     def flops(arg_types, out_type, attrs):
         a = arg_types[0]
         k = a.shape[-2] if attrs.transpose_a else a.shape[-1]
         return 2 * numel(out_type.shape) * (k if isinstance(k, int) else 0)
 
-    return infer, compute, flops
+    return infer, flops
+
+
+def _matmul(xp, a, b, attrs):
+    return xp.matmul(xp.matrix_transpose(a) if attrs.transpose_a else a,
+                     xp.matrix_transpose(b) if attrs.transpose_b else b)
 
 
 def _matmul_grad(call: Call, g: Expr):
@@ -76,9 +75,9 @@ def _matmul_grad(call: Call, g: Expr):
     return [ga, gb]
 
 
-_mi, _mc, _mf = _mk(2, "nn.matmul")
-matmul = defop("nn.matmul", 2, _mi, _mc, attrs_type=MatmulAttrs, grad=_matmul_grad,
+_mi, _mf = _mk(2, "nn.matmul")
+matmul = defop("nn.matmul", 2, _mi, kernel=_matmul, attrs_type=MatmulAttrs, grad=_matmul_grad,
                pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_mf, torch_name="mm")
-_bi, _bc, _bf = _mk(3, "nn.batch_matmul")
-batch_matmul = defop("nn.batch_matmul", 2, _bi, _bc, attrs_type=BatchMatmulAttrs, grad=_matmul_grad,
+_bi, _bf = _mk(3, "nn.batch_matmul")
+batch_matmul = defop("nn.batch_matmul", 2, _bi, kernel=_matmul, attrs_type=BatchMatmulAttrs, grad=_matmul_grad,
                      pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm")

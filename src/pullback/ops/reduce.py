@@ -22,6 +22,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from . import layout as T
 from .common import normalize_axes, numel, tensor_arg
+from .kernels import as_array, dtype, is_integer, numpy_quiet
 from .registry import FusionKind, defop, seq_of_int
 
 
@@ -58,7 +59,8 @@ def _reduce_infer(op):
     return infer
 
 
-def np_axes(x: np.ndarray, attrs) -> tuple:
+def np_axes(x, attrs) -> tuple:
+    """The axes a reduction with ``attrs`` reduces of array ``x`` (any target's)."""
     return reduced_axes("reduce", (), attrs, x.ndim)
 
 
@@ -95,22 +97,29 @@ def reduced_count(call: Call, minus: int = 0) -> Expr:
     return subtract(n, scalar_like(float(minus), x)) if minus else n
 
 
-def _acc_dtype(x: np.ndarray):
-    return np.float32 if x.dtype == np.float16 else None
+def _acc(xp, x):
+    """``x`` in the dtype NumPy's reductions accumulate it in: float16 in float32, integers in float64."""
+    if x.dtype == xp.float16:
+        return xp.astype(x, xp.float32)
+    return xp.astype(x, xp.float64) if is_integer(xp, x) else x
 
 
-def reduction(name: str, kernel, grad=None, *, attrs_type=ReduceAttrs, out_dtype=None, **kw):
-    """Define a reduction from ``kernel(x, axes, keepdims, attrs)``; the result is cast to the inferred dtype."""
+def reduction(name: str, kernel, grad=None, *, attrs_type=ReduceAttrs, out_dtype=None, quiet: bool = False, **kw):
+    """Define a reduction from ``kernel(xp, x, axes, keepdims, attrs)``; the result is cast to the inferred
+    dtype. ``quiet``: NumPy's divide warnings off (jax and torch give -inf silently)."""
 
     def infer(arg_types, attrs):
         t = _reduce_infer(name)(arg_types, attrs)
         return TensorType(t.shape, out_dtype) if out_dtype else t
 
-    def compute(x, attrs):
-        out = kernel(x, np_axes(x, attrs), attrs.keepdims, attrs)
-        return np.asarray(out).astype(out_dtype or x.dtype, copy=False)
+    def run(xp, x, attrs):
+        out = as_array(kernel(xp, x, np_axes(x, attrs), attrs.keepdims, attrs))
+        want = dtype(xp, out_dtype) if out_dtype else x.dtype
+        return out if out.dtype == want else xp.astype(out, want)
 
-    return defop(name, 1, infer, compute, attrs_type=attrs_type, grad=grad, pattern=FusionKind.COMM_REDUCE,
+    if quiet:
+        kw["impls"] = {"numpy": numpy_quiet(run, divide="ignore")}
+    return defop(name, 1, infer, kernel=run, attrs_type=attrs_type, grad=grad, pattern=FusionKind.COMM_REDUCE,
                  flops=_reduce_flops, **kw)
 
 
@@ -118,7 +127,7 @@ def _sum_grad(call: Call, g: Expr):
     return [T.broadcast_to_like(keepdims_grad(call, g), call.args[0])]
 
 
-sum = reduction("sum", lambda x, ax, kd, a: np.sum(x, axis=ax, keepdims=kd, dtype=x.dtype), _sum_grad,  # noqa: A001
+sum = reduction("sum", lambda xp, x, ax, kd, a: xp.sum(x, axis=ax, keepdims=kd, dtype=x.dtype), _sum_grad,  # noqa: A001
                 torch_name="sum")
 
 
@@ -128,7 +137,7 @@ def _mean_grad(call: Call, g: Expr):
     return [divide(T.broadcast_to_like(keepdims_grad(call, g), call.args[0]), reduced_count(call))]
 
 
-mean = reduction("mean", lambda x, ax, kd, a: np.mean(x, axis=ax, keepdims=kd, dtype=_acc_dtype(x)), _mean_grad,
+mean = reduction("mean", lambda xp, x, ax, kd, a: xp.mean(_acc(xp, x), axis=ax, keepdims=kd), _mean_grad,
                  torch_name="mean")
 
 
@@ -142,10 +151,10 @@ def _extreme_grad(call: Call, g: Expr):
     return [multiply(share, keepdims_grad(call, g))]
 
 
-max = reduction("max", lambda x, ax, kd, a: np.max(x, axis=ax, keepdims=kd), _extreme_grad, torch_name="amax",  # noqa: A001
-                doc="Maximum over axes; tied maxima share the gradient evenly (like torch.amax).")
-min = reduction("min", lambda x, ax, kd, a: np.min(x, axis=ax, keepdims=kd), _extreme_grad, torch_name="amin",  # noqa: A001
-                doc="Minimum over axes; tied minima share the gradient evenly (like torch.amin).")
+max = reduction("max", lambda xp, x, ax, kd, a: xp.max(x, axis=ax, keepdims=kd), _extreme_grad, smooth=False,  # noqa: A001
+                torch_name="amax", doc="Maximum over axes; tied maxima share the gradient evenly (like torch.amax).")
+min = reduction("min", lambda xp, x, ax, kd, a: xp.min(x, axis=ax, keepdims=kd), _extreme_grad, smooth=False,  # noqa: A001
+                torch_name="amin", doc="Minimum over axes; tied minima share the gradient evenly (like torch.amin).")
 
 
 def _prod_grad(call: Call, g: Expr):
@@ -170,7 +179,7 @@ def _attr_values(attrs) -> tuple:
     return tuple(getattr(attrs, f.name) for f in dataclasses.fields(attrs))
 
 
-prod = reduction("prod", lambda x, ax, kd, a: np.prod(x, axis=ax, keepdims=kd, dtype=x.dtype), _prod_grad,
+prod = reduction("prod", lambda xp, x, ax, kd, a: xp.prod(x, axis=ax, keepdims=kd, dtype=x.dtype), _prod_grad,
                  torch_name="prod", doc="Product over axes; the gradient is exact with zeros (the product of the other elements).")
 
 
@@ -185,8 +194,8 @@ class VarianceAttrs(ReduceAttrs):
         object.__setattr__(self, "unbiased", bool(self.unbiased))
 
 
-def _var_np(x, ax, kd, a):
-    return np.var(x, axis=ax, keepdims=kd, ddof=int(a.unbiased), dtype=_acc_dtype(x))
+def _var(xp, x, ax, kd, a):
+    return xp.var(_acc(xp, x), axis=ax, keepdims=kd, correction=int(a.unbiased))
 
 
 def _centered_over_n(call: Call) -> Expr:
@@ -209,20 +218,20 @@ def _std_grad(call: Call, g: Expr):
     return [multiply(keepdims_grad(call, divide(g, call)), _centered_over_n(call))]
 
 
-variance = reduction("variance", _var_np, _variance_grad, attrs_type=VarianceAttrs, torch_name="var",
+variance = reduction("variance", _var, _variance_grad, attrs_type=VarianceAttrs, torch_name="var",
                      doc="Variance over axes; ``unbiased=True`` divides by N - 1.")
-std = reduction("std", lambda x, ax, kd, a: np.sqrt(_var_np(x, ax, kd, a)), _std_grad, attrs_type=VarianceAttrs,
+std = reduction("std", lambda xp, x, ax, kd, a: xp.sqrt(_var(xp, x, ax, kd, a)), _std_grad, attrs_type=VarianceAttrs,
+                smooth=False,  # not differentiable where a reduced slice is constant
                 torch_name="std", doc="Standard deviation over axes; ``unbiased=True`` divides by N - 1.")
 
 
-def _logsumexp_np(x, ax, kd, a):
-    if x.size == 0:
-        return np.log(np.sum(np.exp(x), axis=ax, keepdims=kd))
-    m = np.max(x, axis=ax, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    with np.errstate(divide="ignore"):
-        out = np.log(np.sum(np.exp(x - m), axis=ax, keepdims=True)) + m
-    return out if kd else np.squeeze(out, axis=ax)
+def _logsumexp(xp, x, ax, kd, a):
+    if not math.prod(x.shape):
+        return xp.log(xp.sum(xp.exp(x), axis=ax, keepdims=kd))
+    m = xp.max(x, axis=ax, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
+    out = xp.log(xp.sum(xp.exp(x - m), axis=ax, keepdims=True)) + m
+    return out if kd else xp.squeeze(out, axis=ax)
 
 
 def _logsumexp_grad(call: Call, g: Expr):
@@ -232,7 +241,7 @@ def _logsumexp_grad(call: Call, g: Expr):
     return [multiply(keepdims_grad(call, g), exp(subtract(x, keepdims_grad(call, call))))]
 
 
-logsumexp = reduction("logsumexp", _logsumexp_np, _logsumexp_grad, torch_name="logsumexp")
+logsumexp = reduction("logsumexp", _logsumexp, _logsumexp_grad, quiet=True, torch_name="logsumexp")
 
 
 @dataclass(frozen=True)
@@ -246,21 +255,23 @@ class ArgReduceAttrs(ReduceAttrs):
         object.__setattr__(self, "select_last_index", bool(self.select_last_index))
 
 
-def _arg_np(fn):
-    def kernel(x, ax, kd, a):
+def _arg(fn: str):
+    """argmax/argmin over the reduced axes moved last and flattened (the first or last extreme)."""
+
+    def kernel(xp, x, ax, kd, a):
         keep = [i for i in range(x.ndim) if i not in ax]
-        flat = np.transpose(x, keep + list(ax)).reshape([x.shape[i] for i in keep] + [-1])
+        flat = xp.reshape(xp.permute_dims(x, tuple(keep + list(ax))), tuple(x.shape[i] for i in keep) + (-1,))
         if a.select_last_index:
-            idx = flat.shape[-1] - 1 - fn(flat[..., ::-1], axis=-1)
+            idx = flat.shape[-1] - 1 - getattr(xp, fn)(xp.flip(flat, axis=-1), axis=-1)
         else:
-            idx = fn(flat, axis=-1)
-        return np.reshape(idx, reduce_shape(x.shape, ax, kd))
+            idx = getattr(xp, fn)(flat, axis=-1)
+        return xp.reshape(idx, reduce_shape(tuple(x.shape), ax, kd))
 
     return kernel
 
 
 _NO_GRAD_INDEX = "the result is an integer index: it carries no gradient"
-argmax = reduction("argmax", _arg_np(np.argmax), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
+argmax = reduction("argmax", _arg("argmax"), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
                    nondiff_reason=_NO_GRAD_INDEX, torch_name="argmax")
-argmin = reduction("argmin", _arg_np(np.argmin), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
+argmin = reduction("argmin", _arg("argmin"), attrs_type=ArgReduceAttrs, out_dtype="int32", differentiable=False,
                    nondiff_reason=_NO_GRAD_INDEX, torch_name="argmin")

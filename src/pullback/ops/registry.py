@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 from ..ir.errors import AttrError, PullbackError, TypeInferenceError
 from ..ir.expr import Call, Expr, Op, as_expr
-from ..ir.types import TensorType, Type
+from ..ir.types import DTYPES, TensorType, Type
 
 
 class FusionKind(enum.IntEnum):
@@ -76,6 +76,24 @@ class OpDef(Op):
 
     ``num_inputs`` is the number of tensor operands (-1: variadic). Extra
     positional arguments fill the attrs dataclass fields in order.
+
+    Running it: ``kernel(xp, *arrays, attrs)`` written once against an array
+    namespace; ``impls`` maps a target (``numpy``, ``jax``, ``torch``) to an
+    override ``fn(*arrays, attrs)`` where that backend genuinely differs;
+    ``ufunc`` is a NumPy ufunc computing exactly the kernel on float arrays of
+    one dtype (fused NumPy groups call it with ``out=``).
+
+    What it accepts (read by tests and the program generator):
+    ``dtypes`` the dtypes of its tensor inputs; ``elementwise`` True when it
+    maps entries one by one with NumPy broadcasting among its inputs;
+    ``domain`` per input an open interval ``(lo, hi)`` of float values on
+    which it is finite with finite derivatives, or None for the whole line
+    (conservative where the true domain has a hole: ``reciprocal`` says
+    ``(0, inf)``); ``kinks`` the points where it is not differentiable, of
+    the input (unary) or of the difference of the inputs (binary), a tuple or
+    ``fn(attrs) -> tuple``; ``smooth=False`` when it is not differentiable on
+    a set that ``kinks`` cannot describe (steps, ties, constant slices);
+    ``example_attrs`` attributes to use where its attrs have no defaults.
     """
 
     def __init__(
@@ -88,6 +106,12 @@ class OpDef(Op):
         kernel: Optional[KernelFn] = None,
         impls: Optional[dict] = None,
         ufunc=None,
+        dtypes: Sequence[str] = DTYPES,
+        elementwise: bool = False,
+        domain: tuple = (),
+        kinks=(),
+        smooth: bool = True,
+        example_attrs: Optional[dict] = None,
         attrs_type: Optional[type] = None,
         grad: Optional[GradFn] = None,
         differentiable: bool = True,
@@ -105,6 +129,12 @@ class OpDef(Op):
         if compute is not None:  # a NumPy-only kernel: the numpy target's implementation
             self.impls.setdefault("numpy", compute)
         self.ufunc = ufunc  # a NumPy ufunc computing the op on float arrays (fused groups use out=)
+        self.dtypes = tuple(dtypes)
+        self.elementwise = elementwise
+        self.domain = tuple(domain)
+        self.kinks = kinks
+        self.smooth = smooth
+        self.example_attrs = dict(example_attrs or {})
         self._impl_cache: dict[str, ComputeFn] = {}
         self.attrs_type = attrs_type
         self.grad = grad
@@ -138,6 +168,11 @@ class OpDef(Op):
     def compute(self) -> ComputeFn:
         """The NumPy implementation ``fn(*arrays, attrs)`` (``impl("numpy")``)."""
         return self.impl("numpy")
+
+    def input_domain(self, i: int) -> tuple:
+        """The open interval ``(lo, hi)`` of values input ``i`` may take (the whole line if undeclared)."""
+        d = self.domain[i] if i < len(self.domain) else None
+        return (-math.inf, math.inf) if d is None else tuple(d)
 
     # -- building calls
     def make_attrs(self, *args, **kwargs):

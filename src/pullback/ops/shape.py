@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..ir.errors import AttrError, PullbackError
+from ..ir.errors import AttrError, ExecutionError, PullbackError
 from ..ir.expr import Call, Expr, Tuple, TupleGetItem
 from ..ir.types import Any, TensorType, TupleType, check_dtype
 from . import layout as T
@@ -67,9 +67,14 @@ def _squeeze_infer(arg_types, attrs):
     return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
 
 
-squeeze = defop("squeeze", 1, _squeeze_infer,
-                lambda x, a: np.reshape(x, [d for i, d in enumerate(x.shape) if i not in _squeeze_axes((), a, x.shape)]),
-                attrs_type=SqueezeAttrs, grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
+def _squeeze(xp, x, a):
+    shape = tuple(x.shape)
+    drop = _squeeze_axes((), a, shape)
+    return xp.reshape(x, tuple(d for i, d in enumerate(shape) if i not in drop))
+
+
+squeeze = defop("squeeze", 1, _squeeze_infer, kernel=_squeeze, attrs_type=SqueezeAttrs,
+                grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
                 flops=zero_flops, torch_name="squeeze")
 
 # ------------------------------------------------------------------ concatenate / stack
@@ -121,7 +126,7 @@ def _concat_grad(call: Call, g: Expr):
     return [TupleGetItem(parts, i) for i in range(len(sizes))]
 
 
-concatenate = defop("concatenate", -1, _concat_infer, lambda *xs: np.concatenate(xs[:-1], axis=xs[-1].axis),
+concatenate = defop("concatenate", -1, _concat_infer, kernel=lambda xp, *xs: xp.concat(xs[:-1], axis=xs[-1].axis),
                     attrs_type=AxisAttrs, grad=_concat_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
                     torch_name="cat")
 
@@ -137,7 +142,7 @@ def _stack_grad(call: Call, g: Expr):
     return [T.reshape_like(TupleGetItem(parts, i), a) for i, a in enumerate(call.args)]
 
 
-stack = defop("stack", -1, _stack_infer, lambda *xs: np.stack(xs[:-1], axis=xs[-1].axis), attrs_type=AxisAttrs,
+stack = defop("stack", -1, _stack_infer, kernel=lambda xp, *xs: xp.stack(xs[:-1], axis=xs[-1].axis), attrs_type=AxisAttrs,
               grad=_stack_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="stack")
 
 # ------------------------------------------------------------------ split
@@ -189,10 +194,20 @@ def _split_grad(call: Call, g: Expr):
     return [concatenate(parts, normalize_axis("split", call.attrs.axis, call.args[0].checked_type.ndim))]
 
 
-split = defop("split", 1, _split_infer,
-              lambda x, a: tuple(np.split(x, a.indices_or_sections if isinstance(a.indices_or_sections, int)
-                                          else list(a.indices_or_sections), axis=a.axis)),
-              attrs_type=SplitAttrs, grad=_split_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
+def _split(xp, x, a):
+    """Slices along the axis (views, as ``np.split`` gives; the array API has no split)."""
+    ax = a.axis % x.ndim
+    n = x.shape[ax]
+    v = a.indices_or_sections
+    if isinstance(v, int) and n % v:
+        raise ExecutionError(f"split: a dimension of size {n} does not split into {v} equal sections")
+    bounds = [k * (n // v) for k in range(v + 1)] if isinstance(v, int) else [0, *v, n]
+    lead = (slice(None),) * ax
+    return tuple(x[lead + (slice(b, e),)] for b, e in zip(bounds, bounds[1:]))
+
+
+split = defop("split", 1, _split_infer, kernel=_split, attrs_type=SplitAttrs, grad=_split_grad,
+              pattern=FusionKind.INJECTIVE, flops=zero_flops,
               torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.")
 
 # ------------------------------------------------------------------ repeat / tile / flip
@@ -232,7 +247,8 @@ def _repeat_grad(call: Call, g: Expr):
     return [T.reshape_like(_sum(split_g, ax + 1), x)]
 
 
-repeat = defop("repeat", 1, _repeat_infer, lambda x, a: np.repeat(x, a.repeats, axis=a.axis), attrs_type=RepeatAttrs,
+repeat = defop("repeat", 1, _repeat_infer, kernel=lambda xp, x, a: xp.repeat(x, a.repeats, axis=a.axis),
+               attrs_type=RepeatAttrs,
                grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave")
 
 
@@ -265,7 +281,7 @@ def _tile_grad(call: Call, g: Expr):
     return [T.reshape_like(summed, x)]
 
 
-tile = defop("tile", 1, _tile_infer, lambda x, a: np.tile(x, a.reps), attrs_type=TileAttrs, grad=_tile_grad,
+tile = defop("tile", 1, _tile_infer, kernel=lambda xp, x, a: xp.tile(x, a.reps), attrs_type=TileAttrs, grad=_tile_grad,
              pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="tile")
 
 
@@ -283,7 +299,9 @@ def _flip_infer(arg_types, attrs):
     return x
 
 
-flip = defop("flip", 1, _flip_infer, lambda x, a: np.flip(x, axis=a.axis).copy(), attrs_type=FlipAttrs,
+flip = defop("flip", 1, _flip_infer, kernel=lambda xp, x, a: xp.flip(x, axis=a.axis),
+             impls={"numpy": lambda x, a: np.flip(x, axis=a.axis).copy()},  # NumPy's flip is a view of x
+             attrs_type=FlipAttrs,
              grad=lambda c, g: [flip(g, c.attrs.axis)], pattern=FusionKind.INJECTIVE, flops=zero_flops,
              torch_name="flip", doc="Reverse along ``axis`` (Relay's ``reverse``; an int or a tuple of ints).")
 
@@ -319,8 +337,11 @@ class ArangeAttrs:
         return max(0, math.ceil((self.stop - self.start) / self.step))
 
 
-arange = defop("arange", 0, lambda ts, a: TensorType((a.length,), a.dtype),
-               lambda a: np.arange(a.length, dtype="float64").__mul__(a.step).__add__(a.start).astype(a.dtype),
-               attrs_type=ArangeAttrs, grad=lambda c, g: [], pattern=FusionKind.INJECTIVE, torch_name="arange",
+def _arange(xp, a):
+    """Attributes only: the values computed once in float64 (NumPy), like a constant."""
+    return xp.asarray((np.arange(a.length, dtype="float64") * a.step + a.start).astype(a.dtype))
+
+
+arange = defop("arange", 0, lambda ts, a: TensorType((a.length,), a.dtype), kernel=_arange, attrs_type=ArangeAttrs, grad=lambda c, g: [], pattern=FusionKind.INJECTIVE, torch_name="arange",
                doc="``arange(start, stop=None, step=1, dtype)``; attributes only, like NumPy.")
 

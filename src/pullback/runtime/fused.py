@@ -2,8 +2,8 @@
 
 ``compile_group(fn)`` turns a primitive Function (``Primitive=1``, made by
 FuseOps) into one closure ``kernel(*args, attrs)``. Its body is a flat list of
-steps over integer slots. Elementwise float steps call a NumPy ufunc with
-``out=``: the result goes into an operand's buffer when that operand (a) was
+steps over integer slots. Elementwise float steps call the op's NumPy ufunc
+(``OpDef.ufunc``) with ``out=``: the result goes into an operand's buffer when that operand (a) was
 allocated inside this call of the group, (b) dies at this step and (c) has the
 result's static shape and dtype; otherwise NumPy allocates a new buffer, which
 the group then owns. Parameters, constants and results of other kernels that
@@ -24,14 +24,6 @@ from ..ops.registry import OpDef
 
 # ------------------------------------------------------------------ fused groups
 
-# op name -> ufunc computing it exactly like the op's kernel on float tensors
-UFUNCS: dict[str, np.ufunc] = {
-    "negative": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "log2": np.log2, "log1p": np.log1p,
-    "sqrt": np.sqrt, "square": np.square, "reciprocal": np.reciprocal, "sin": np.sin, "cos": np.cos,
-    "tan": np.tan, "tanh": np.tanh, "floor": np.floor, "ceil": np.ceil,
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "maximum": np.maximum, "minimum": np.minimum, "power": np.power,
-}
 UFUNC_STEP, KERNEL_STEP, TUPLE_STEP, GET_STEP = range(4)
 
 
@@ -65,7 +57,7 @@ def compile_group(fn: Function) -> Callable:
     escaped: set = set()  # slots another kernel or a tuple has seen: a view of them may live on
     for i, n in enumerate(nodes):
         out = slot[id(n)]
-        if not (isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.name in UFUNCS):
+        if not (isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.ufunc is not None):
             escaped.update(slot[id(c)] for c in n.children())
         if isinstance(n, Tuple):
             steps.append((TUPLE_STEP, None, tuple(slot[id(f)] for f in n.fields), out, ()))
@@ -77,7 +69,7 @@ def compile_group(fn: Function) -> Callable:
             raise TypeError(f"compile_group: unexpected {type(n).__name__} in a primitive function")
         args = tuple(slot[id(a)] for a in n.args)
         ty = n.checked_type
-        uf = UFUNCS.get(n.op.name)
+        uf = n.op.ufunc  # computes the op exactly like its kernel on float arrays of one dtype
         if uf is not None and _static_float(ty) and all(isinstance(a.checked_type, TensorType)
                                                       and a.checked_type.dtype == ty.dtype for a in n.args):
             # operands whose buffer may take the result: call results dying here, same shape and dtype
@@ -130,4 +122,4 @@ def compile_group(fn: Function) -> Callable:
     return kernel
 
 
-__all__ = ["compile_group", "group_label", "UFUNCS"]
+__all__ = ["compile_group", "group_label"]

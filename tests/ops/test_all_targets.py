@@ -1,0 +1,150 @@
+"""Every operator runs on every target and gives NumPy's result.
+
+Each Case of the op test tables (collected as test_registry.py does) is
+evaluated node by node with ``op.impl(target)`` on jax arrays (inside
+``jax.jit``, 64-bit types on) and on torch tensors, its float inputs in
+float64 and in float32, and every operator's result is compared with
+``op.impl("numpy")``'s: the same dtype and shape, equal integer and bool
+entries, floats within a tight tolerance. The metadata the program generator
+reads (``dtypes``, ``domain``, ``kinks``) is checked here too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pullback.analysis import infer_expr
+from pullback.ir.errors import TypeInferenceError
+from pullback.ir.expr import Call
+from pullback.ir.traversal import post_order
+from pullback.ir.types import DTYPES, TensorType
+from pullback.ops import list_ops
+
+from opgrad import case_tables, evaluate, to_target, vars_for
+
+# Operators whose jax/torch kernels are being written (kernels-nn): their tests must fail until then.
+# The lead empties this list when merging.
+PENDING = {
+    "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool2d_grad", "nn.avg_pool2d", "nn.avg_pool2d_grad",
+    "nn.batch_flatten", "nn.batch_norm", "nn.bias_add", "nn.conv2d", "nn.conv2d_backward_weight",
+    "nn.conv2d_transpose", "nn.cross_entropy", "nn.cross_entropy_with_logits", "nn.dense", "nn.dropout", "nn.gelu",
+    "nn.global_avg_pool2d", "nn.layer_norm", "nn.leaky_relu", "nn.log_softmax", "nn.max_pool2d",
+    "nn.max_pool2d_gather", "nn.max_pool2d_grad", "nn.nll_loss", "nn.nll_loss_grad", "nn.pad", "nn.pad_backward",
+    "nn.relu", "nn.silu", "nn.softmax", "nn.softplus",
+}
+PENDING_MARK = pytest.mark.xfail(strict=True, reason="nn kernels pending")
+TARGETS = ("jax", "torch")
+TOLERANCE = {"float64": (1e-11, 1e-13), "float32": (2e-6, 1e-6)}  # (rtol, atol)
+OPS = list_ops()
+
+
+def _ops_in(c) -> set:
+    return {n.op.name for n in post_order(c.build(*vars_for(c.inputs))) if isinstance(n, Call)}
+
+
+def _variants():
+    out = []
+    for _, c in case_tables():
+        pending = bool(_ops_in(c) & PENDING)
+        floats = any(x.dtype.kind == "f" for x in c.inputs)
+        for target in TARGETS:
+            for dt in ("float64", "float32") if floats else ("native",):
+                out.append(pytest.param(c, target, dt, id=f"{c.id}-{target}-{dt}", marks=[PENDING_MARK] if pending else []))
+    return out
+
+
+# ------------------------------------------------------------------ evaluation on a target
+
+
+def _to_numpy(v):
+    if isinstance(v, (tuple, list)):
+        return tuple(_to_numpy(f) for f in v)
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _calls(expr, env: dict, target: str) -> list:
+    """The value of every Call of ``expr`` (post order) computed with ``op.impl(target)``."""
+    calls: list = []
+    evaluate(expr, env, target, calls)
+    return calls
+
+
+def _run(target: str, expr, xs, inputs) -> list:
+    args = [to_target(target, x) for x in inputs]
+    if target != "jax":
+        return _to_numpy(_calls(expr, dict(zip(xs, args)), target))
+    import jax
+
+    return _to_numpy(jax.jit(lambda *a: _calls(expr, dict(zip(xs, a)), "jax"))(*args))
+
+
+def _leaves(v) -> list:
+    return [x for f in v for x in _leaves(f)] if isinstance(v, tuple) else [np.asarray(v)]
+
+
+def _compare(got, want, what: str) -> None:
+    for g, w in zip(_leaves(got), _leaves(want), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {g.dtype}{g.shape}, NumPy gives {w.dtype}{w.shape}"
+        if w.dtype.kind == "f":
+            rtol, atol = TOLERANCE[w.dtype.name]
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=what)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=what)
+
+
+@pytest.mark.parametrize("c, target, dt", _variants())
+def test_op_gives_numpy_result_on_target(c, target, dt):
+    pytest.importorskip(target)
+    inputs = [x.astype(dt) if dt != "native" and x.dtype.kind == "f" else x for x in c.inputs]
+    xs = vars_for(inputs)
+    expr = c.build(*xs)
+    infer_expr(expr)
+    calls = [n for n in post_order(expr) if isinstance(n, Call)]
+    want = _run("numpy", expr, xs, inputs)
+    if target == "jax":
+        import jax
+
+        with jax.enable_x64(True):
+            got = _run(target, expr, xs, inputs)
+    else:
+        got = _run(target, expr, xs, inputs)
+    for n, g, w in zip(calls, got, want, strict=True):
+        _compare(g, w, f"{c.id}: {n.op.name} on {target}")
+
+
+@pytest.mark.parametrize("o, target", [
+    pytest.param(o, t, id=f"{o.name}-{t}", marks=[PENDING_MARK] if o.name in PENDING and t != "numpy" else [])
+    for o in OPS for t in ("numpy",) + TARGETS])
+def test_op_has_a_kernel_for_target(o, target):
+    if target == "numpy":
+        assert callable(o.impl("numpy"))
+    else:
+        assert o.kernel is not None or target in o.impls, f"{o.name}: no kernel and no {target} override"
+
+
+def test_pending_list_names_registered_ops():
+    assert PENDING <= {o.name for o in OPS}
+
+
+# ------------------------------------------------------------------ metadata the generator reads
+
+
+@pytest.mark.parametrize("o", [o for o in OPS if o.elementwise and o.num_inputs in (1, 2)], ids=lambda o: o.name)
+def test_declared_dtypes_match_type_inference(o):
+    """``OpDef.dtypes`` says exactly which input dtypes ``infer`` accepts."""
+    attrs = o.make_attrs(**o.example_attrs) if o.attrs_type is not None else None
+    for dt in DTYPES:
+        try:
+            o.infer([TensorType((2,), dt)] * o.num_inputs, attrs)
+            accepted = True
+        except TypeInferenceError:
+            accepted = False
+        assert accepted == (dt in o.dtypes), f"{o.name}: infer {'accepts' if accepted else 'rejects'} {dt}"
+
+
+@pytest.mark.parametrize("o", OPS, ids=lambda o: o.name)
+def test_domain_and_kinks_are_well_formed(o):
+    assert len(o.domain) <= max(o.num_inputs, 0), f"{o.name}: a domain for more inputs than it has"
+    assert all(d is None or len(d) == 2 and d[0] < d[1] for d in o.domain), f"{o.name}: bad domain {o.domain}"
+    assert callable(o.kinks) or all(isinstance(k, float) for k in o.kinks), f"{o.name}: bad kinks {o.kinks}"
