@@ -83,7 +83,7 @@ EXTRA = [
 ]
 
 
-def _calls_of_programs() -> list:
+def _programs() -> list:
     """(id, expr, vars, inputs) per program of test_nn_program.py."""
     out = []
     for name in sorted(PROGRAMS):
@@ -98,7 +98,7 @@ def _subjects() -> list:
     for c in CASES + EXTRA:
         xs = vars_for(c.inputs)
         out.append((c.id, c.build(*xs), xs, c.inputs))
-    return [s for s in out + _calls_of_programs() if any(isinstance(n, Call) and n.op.name in NN_OPS for n in post_order(s[1]))]
+    return [s for s in out + _programs() if any(isinstance(n, Call) and n.op.name in NN_OPS for n in post_order(s[1]))]
 
 
 def _runners(expr) -> list:

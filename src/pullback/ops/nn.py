@@ -92,10 +92,12 @@ def check_choice(obj, name: str, choices: Sequence[str]) -> None:
 
 
 def is_jax(xp) -> bool:
+    """``xp`` is ``jax.numpy`` (arrays may be traced: no data-dependent Python control flow)."""
     return xp.__name__ == "jax.numpy"
 
 
 def is_torch(xp) -> bool:
+    """``xp`` is array-api-compat's torch (tensors live on a device)."""
     return xp.__name__ == "array_api_compat.torch"
 
 
