@@ -52,10 +52,10 @@ def test_select_or_zero_writes_into_a_strided_out():
 
 
 def _reference_max_pool_grad(g, x, a):
-    views, out = P._window_views(x, a)
+    views, out = P._slices(np, x, a, -np.inf)
     _, idx = P._max_scan(views)
     kw = a.pool_size[1]
-    return P._scatter(lambda i, j: np.where(idx == i * kw + j, g, np.zeros((), g.dtype)), x.shape, a, out, g.dtype)
+    return P._scatter(np, lambda i, j: np.where(idx == i * kw + j, g, np.zeros((), g.dtype)), x, a, out)
 
 
 @pytest.mark.parametrize("ps,st,pad,dil,ceil", [
@@ -67,12 +67,12 @@ def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, c
     x = np.maximum(np.round(RNG.standard_normal((2, 3, 8, 8))), 0).astype(np.float32)  # many ties
     if with_nan:
         x.flat[RNG.integers(0, x.size, 6)] = np.nan
-    y = P._max_pool_compute(x, a)
-    assert np.array_equal(y, P._max_scan(P._window_views(x, a)[0])[0], equal_nan=True)
+    y = P._max_pool_numpy(x, a)
+    assert np.array_equal(y, P._max_scan(P._slices(np, x, a, -np.inf)[0])[0], equal_nan=True)
     g = _specials(np.float32, y.shape)
     for gg in (g, np.broadcast_to(g[:, :, :1, :1], g.shape)):
         with np.errstate(invalid="ignore"):  # inf + -inf where overlapping windows add up
-            got, want = P._max_pool_grad_compute(gg, x, a), _reference_max_pool_grad(gg, x, a)
+            got, want = P._max_pool_grad_numpy(gg, x, a), _reference_max_pool_grad(gg, x, a)
         assert got.shape == x.shape and got.dtype == x.dtype
         assert np.array_equal(got, want, equal_nan=True)  # -0.0 == 0.0
 
@@ -86,7 +86,7 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
     x = RNG.standard_normal((2, ci, 5, 6))
     w = RNG.standard_normal((ci, og, *k))
     a = C.Conv2DTransposeAttrs(strides=strides, padding=pad, dilation=dil, groups=groups, output_padding=out_pad)
-    got = C._conv2d_transpose_compute(x, w, a)
+    got = C._conv2d_transpose_numpy(x, w, a)
     want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), stride=strides, padding=pad,
                                                 dilation=dil, groups=groups, output_padding=out_pad).numpy()
     assert got.shape == want.shape and got.dtype == x.dtype and got.flags.c_contiguous
@@ -96,7 +96,7 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
 def test_conv2d_transpose_with_padding_wider_than_the_kernel():
     torch = pytest.importorskip("torch")
     x, w = RNG.standard_normal((1, 2, 7, 7)), RNG.standard_normal((2, 3, 3, 3))
-    got = C._conv2d_transpose_compute(x, w, C.Conv2DTransposeAttrs(padding=(3, 3)))  # crops x
+    got = C._conv2d_transpose_numpy(x, w, C.Conv2DTransposeAttrs(padding=(3, 3)))  # crops x
     want = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(w), padding=3).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 

@@ -1,7 +1,10 @@
 """Activations and normalised exponentials: leaky_relu, gelu, silu, softplus, softmax, log_softmax.
 
-Gradient rules are written in differentiable pullback ops (some defined by the
-elementwise module, looked up when the rule runs), so second derivatives work.
+One kernel per operator for every array namespace; torch runs gelu, silu,
+softmax and log_softmax as the single ATen kernels of ``torch.nn.functional``,
+NumPy runs gelu in place. Gradient rules are written in differentiable pullback
+ops (some defined by the elementwise module, looked up when the rule runs), so
+second derivatives work.
 """
 
 from __future__ import annotations
@@ -16,21 +19,24 @@ from . import elemwise as E
 from . import reduce as R
 from . import special
 from .common import float_arg, normalize_axis
-from .nn import check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer
+from .nn import as_dtype, check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer, widen16
 from .registry import FusionKind, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
 
 
-def _np_sigmoid(x):
-    return np.exp(-np.logaddexp(np.zeros((), x.dtype), -x))
+def _sigmoid_kernel(xp, x):
+    """1 / (1 + e^-x) as exp(-log(1 + e^-x)): no overflow for any x."""
+    return xp.exp(-xp.logaddexp(0.0, -x))
 
 
-def activation(name: str, attrs_type, compute, grad, per_elem: int, torch_name: str):
-    def kernel(x, attrs=None):
-        return np.asarray(compute(x, attrs), dtype=x.dtype)
+def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None):
+    """An elementwise activation: ``kernel(xp, x, attrs)`` gives the result in x's dtype."""
 
-    return defop(name, 1, unary_float_infer(name), kernel, attrs_type=attrs_type, grad=grad,
+    def typed(xp, x, attrs=None):
+        return as_dtype(xp, kernel(xp, x, attrs), x.dtype)
+
+    return defop(name, 1, unary_float_infer(name), kernel=typed, impls=impls, attrs_type=attrs_type, grad=grad,
                  pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name)
 
 
@@ -50,8 +56,14 @@ def _leaky_grad(call: Call, g: Expr):
     return [E.where(E.greater(x, scalar(0.0, x)), g, g * scalar(call.attrs.alpha, x))]
 
 
-leaky_relu = activation("nn.leaky_relu", LeakyReluAttrs, lambda x, a: np.where(x > 0, x, x * np.asarray(a.alpha, x.dtype)),
-                        _leaky_grad, 2, "leaky_relu")
+def _leaky_relu_torch(x, attrs):
+    import torch.nn.functional as F
+
+    return F.leaky_relu(x, attrs.alpha)
+
+
+leaky_relu = activation("nn.leaky_relu", LeakyReluAttrs, lambda xp, x, a: xp.where(x > 0, x, x * a.alpha),
+                        _leaky_grad, 2, "leaky_relu", impls={"torch": _leaky_relu_torch})
 
 # ------------------------------------------------------------------ gelu
 
@@ -67,8 +79,18 @@ class GeluAttrs:
         check_choice(self, "approximate", ("none", "tanh"))
 
 
-def _gelu_compute(x, attrs):
+def _gelu_kernel(xp, x, attrs):
     """In the input's precision (float16 in float32), like PyTorch's CPU kernel."""
+    w = widen16(xp, x)
+    if attrs.approximate == "tanh":
+        inner = xp.tanh(_K_TANH * (w + _C_TANH * w * w * w))
+    else:
+        inner = special.erf_of(xp)(w * (1.0 / math.sqrt(2.0)))
+    return (inner + 1.0) * w * 0.5
+
+
+def _gelu_numpy(x, attrs):
+    """``_gelu_kernel`` on NumPy in place (two temporaries fewer)."""
     w = x.astype(np.float32) if x.dtype == np.float16 else x
     c = w.dtype.type
     if attrs.approximate == "tanh":
@@ -78,7 +100,7 @@ def _gelu_compute(x, attrs):
     inner += c(1.0)
     inner *= w
     inner *= c(0.5)
-    return inner
+    return np.asarray(inner, dtype=x.dtype)
 
 
 def _gelu_grad(call: Call, g: Expr):
@@ -93,7 +115,14 @@ def _gelu_grad(call: Call, g: Expr):
     return [g * (cdf + x * pdf)]
 
 
-gelu = activation("nn.gelu", GeluAttrs, _gelu_compute, _gelu_grad, 8, "gelu")
+def _gelu_torch(x, attrs):
+    import torch.nn.functional as F
+
+    return F.gelu(x, approximate=attrs.approximate)
+
+
+gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, _gelu_grad, 8, "gelu",
+                  impls={"numpy": _gelu_numpy, "torch": _gelu_torch})
 
 # ------------------------------------------------------------------ silu
 
@@ -104,7 +133,14 @@ def _silu_grad(call: Call, g: Expr):
     return [g * (sg + x * sg * (scalar(1.0, x) - sg))]
 
 
-silu = activation("nn.silu", None, lambda x, a: x * _np_sigmoid(x), _silu_grad, 4, "silu")
+def _silu_torch(x, attrs=None):
+    import torch.nn.functional as F
+
+    return F.silu(x)
+
+
+silu = activation("nn.silu", None, lambda xp, x, a: x * _sigmoid_kernel(xp, x), _silu_grad, 4, "silu",
+                  impls={"torch": _silu_torch})
 
 # ------------------------------------------------------------------ softplus
 
@@ -119,10 +155,10 @@ class SoftplusAttrs:
         check_float(self, "threshold")
 
 
-def _softplus_compute(x, a):
-    bx = x * np.asarray(a.beta, x.dtype)
-    soft = np.logaddexp(np.zeros((), x.dtype), bx) / np.asarray(a.beta, x.dtype)
-    return np.where(bx > a.threshold, x, soft)
+def _softplus_kernel(xp, x, a):
+    bx = x * a.beta
+    soft = xp.logaddexp(0.0, bx) / a.beta
+    return xp.where(bx > a.threshold, x, soft)
 
 
 def _softplus_grad(call: Call, g: Expr):
@@ -131,7 +167,7 @@ def _softplus_grad(call: Call, g: Expr):
     return [E.where(E.greater(bx, scalar(call.attrs.threshold, x)), g, g * _sigmoid(bx))]
 
 
-softplus = activation("nn.softplus", SoftplusAttrs, _softplus_compute, _softplus_grad, 4, "softplus")
+softplus = activation("nn.softplus", SoftplusAttrs, _softplus_kernel, _softplus_grad, 4, "softplus")
 
 # ------------------------------------------------------------------ softmax / log_softmax
 
@@ -153,15 +189,27 @@ def _softmax_infer(name):
     return infer
 
 
-def _softmax_compute(x, attrs):
-    z = x - np.max(x, axis=attrs.axis, keepdims=True)
-    e = np.exp(z)
-    return np.asarray(e / np.sum(e, axis=attrs.axis, keepdims=True), dtype=x.dtype)
+def _softmax_kernel(xp, x, attrs):
+    z = x - xp.max(x, axis=attrs.axis, keepdims=True)
+    e = xp.exp(z)
+    return as_dtype(xp, e / xp.sum(e, axis=attrs.axis, keepdims=True), x.dtype)
 
 
-def _log_softmax_compute(x, attrs):
-    z = x - np.max(x, axis=attrs.axis, keepdims=True)
-    return np.asarray(z - np.log(np.sum(np.exp(z), axis=attrs.axis, keepdims=True)), dtype=x.dtype)
+def _log_softmax_kernel(xp, x, attrs):
+    z = x - xp.max(x, axis=attrs.axis, keepdims=True)
+    return as_dtype(xp, z - xp.log(xp.sum(xp.exp(z), axis=attrs.axis, keepdims=True)), x.dtype)
+
+
+def _softmax_torch(x, attrs):
+    import torch
+
+    return torch.softmax(x, attrs.axis)
+
+
+def _log_softmax_torch(x, attrs):
+    import torch
+
+    return torch.log_softmax(x, attrs.axis)
 
 
 def _softmax_grad(call: Call, g: Expr):
@@ -173,7 +221,9 @@ def _log_softmax_grad(call: Call, g: Expr):
     return [g - E.exp(call) * R.sum(g, call.attrs.axis, True)]
 
 
-softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), _softmax_compute, attrs_type=SoftmaxAttrs,
+softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel, impls={"torch": _softmax_torch},
+                attrs_type=SoftmaxAttrs,
                 grad=_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
-log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), _log_softmax_compute, attrs_type=SoftmaxAttrs,
+log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), kernel=_log_softmax_kernel,
+                    impls={"torch": _log_softmax_torch}, attrs_type=SoftmaxAttrs,
                     grad=_log_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")

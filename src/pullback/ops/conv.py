@@ -1,10 +1,15 @@
 """2-D convolutions (NCHW data, OIHW / IOHW kernels) and the shared window helpers of pooling.
 
-- ``nn.conv2d(data, weight)``: im2col with ``sliding_window_view`` + one
-  ``tensordot`` (``einsum`` per group when ``groups > 1``, depthwise included).
+- ``nn.conv2d(data, weight)``: the convolution;
 - ``nn.conv2d_transpose(data, weight)``: the adjoint of conv2d w.r.t. its data
-  (PyTorch's ``conv_transpose2d``, IOHW weight, ``output_padding < strides``).
+  (PyTorch's ``conv_transpose2d``, IOHW weight, ``output_padding < strides``);
 - ``nn.conv2d_backward_weight(grad, data)``: the adjoint w.r.t. the weight (Relay's op).
+
+Each has one kernel for any array namespace (im2col from strided slices and a
+batched matmul per group; the transpose scatters its taps back) and the fast
+kernel of each target as an override: NumPy's im2col with
+``sliding_window_view`` (``einsum`` per group), XLA's ``conv_general_dilated``
+on jax, ATen's convolutions (oneDNN on CPU) on torch.
 
 The three are linear in each argument and each one's gradient is made of the
 three, so derivatives of any order work: conv2d -> (conv2d_transpose,
@@ -24,7 +29,7 @@ from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from .common import numel, same_dtype, tensor_arg
-from .nn import check_int
+from .nn import add_into, check_int, full, pad_axis
 from .registry import FusionKind, defop, seq_of_int, type_error
 
 # ------------------------------------------------------------------ attribute helpers
@@ -80,54 +85,69 @@ def convT_out(n, k: int, s: int, d: int, pad_before: int, pad_after: int, out_pa
     return Any if n is Any else (n - 1) * s - pad_before - pad_after + eff(k, d) + out_pad
 
 
-def windows(xp: np.ndarray, k: tuple, s: tuple, d: tuple, out: tuple) -> np.ndarray:
-    """View ``(N, C, OH, OW, KH, KW)`` of the windows of a padded NCHW array (no copy)."""
-    v = sliding_window_view(xp, (eff(k[0], d[0]), eff(k[1], d[1])), axis=(2, 3))
+def windows(x: np.ndarray, k: tuple, s: tuple, d: tuple, out: tuple) -> np.ndarray:
+    """View ``(N, C, OH, OW, KH, KW)`` of the windows of a padded NCHW NumPy array (no copy)."""
+    v = sliding_window_view(x, (eff(k[0], d[0]), eff(k[1], d[1])), axis=(2, 3))
     return v[:, :, : (out[0] - 1) * s[0] + 1 : s[0], : (out[1] - 1) * s[1] + 1 : s[1], :: d[0], :: d[1]]
-
-
-def im2col(win: np.ndarray) -> np.ndarray:
-    """The windows (N, C, OH, OW, KH, KW) as a contiguous (N*OH*OW, C*KH*KW) matrix."""
-    n, c, oh, ow, kh, kw = win.shape
-    cols = np.empty((n, oh, ow, c, kh, kw), win.dtype)
-    cols[...] = win.transpose(0, 2, 3, 1, 4, 5)
-    return cols.reshape(n * oh * ow, c * kh * kw)
 
 
 def im2col_t(win: np.ndarray) -> np.ndarray:
     """The windows (N, C, OH, OW, KH, KW) as a contiguous (C*KH*KW, N*OH*OW) matrix.
 
-    The copy keeps (OH, OW) innermost, so it reads the input nearly contiguously
-    (several times faster than ``im2col``), and the matmuls using it are wide."""
+    The copy keeps (OH, OW) innermost, so it reads the input nearly contiguously,
+    and the matmuls using it are wide."""
     n, c, oh, ow, kh, kw = win.shape
     cols = np.empty((c, kh, kw, n, oh, ow), win.dtype)
     cols[...] = win.transpose(1, 4, 5, 0, 2, 3)
     return cols.reshape(c * kh * kw, n * oh * ow)
 
 
-def pad_hw(x: np.ndarray, pad: tuple, extra: tuple = (0, 0), value=0) -> np.ndarray:
-    """Pad the two spatial dims of NCHW ``x`` by (top, left, bottom+extra_h, right+extra_w)."""
+def pad_spatial(xp, x, pad: tuple, value=0.0):
+    """The two spatial dims of NCHW ``x`` padded by (top, left, bottom, right) with ``value`` (NumPy: one allocation)."""
     top, left, bottom, right = pad
-    if not (top or left or bottom or right or extra[0] or extra[1]):
+    if not (top or left or bottom or right):
         return x
-    return np.pad(x, ((0, 0), (0, 0), (top, bottom + extra[0]), (left, right + extra[1])), constant_values=value)
+    if xp is np:
+        return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value)
+    return pad_axis(xp, pad_axis(xp, x, 2, top, bottom, value=value), 3, left, right, value=value)
 
 
-def scatter_windows(parts, shape: tuple, k: tuple, s: tuple, d: tuple, pad: tuple, out: tuple, dtype) -> np.ndarray:
-    """Adjoint of ``windows``: add ``parts(i, j)`` (N, C, OH, OW) into a padded buffer, then crop the padding.
+def tap_index(i: int, j: int, s: tuple, d: tuple, out: tuple) -> tuple:
+    """The index of kernel offset (i, j)'s inputs in a padded NCHW array: one strided (N, C, OH, OW) view."""
+    return (slice(None), slice(None), slice(i * d[0], i * d[0] + (out[0] - 1) * s[0] + 1, s[0]),
+            slice(j * d[1], j * d[1] + (out[1] - 1) * s[1] + 1, s[1]))
 
-    ``shape`` is the unpadded (N, C, H, W); the buffer also covers windows that run past the padding.
+
+def window_slices(x, k: tuple, s: tuple, d: tuple, out: tuple) -> list:
+    """One (N, C, OH, OW) strided view of padded NCHW ``x`` per kernel offset, row-major (any namespace)."""
+    return [x[tap_index(i, j, s, d, out)] for i in range(k[0]) for j in range(k[1])]
+
+
+def scatter_windows(xp, parts, shape: tuple, k: tuple, s: tuple, d: tuple, pad: tuple, out: tuple, like):
+    """Adjoint of ``window_slices``: add ``parts(i, j)`` (N, C, OH, OW) into a padded buffer, then crop the padding.
+
+    ``shape`` is the unpadded (N, C, H, W); the buffer (``like``'s dtype) also covers windows that run past the padding.
     """
     n, c, h, w = shape
     hp = max(h + pad[0] + pad[2], (out[0] - 1) * s[0] + eff(k[0], d[0]))
     wp = max(w + pad[1] + pad[3], (out[1] - 1) * s[1] + eff(k[1], d[1]))
-    full = np.zeros((n, c, hp, wp), dtype)
+    buf = full(xp, (n, c, hp, wp), 0, like)
     for i in range(k[0]):
         for j in range(k[1]):
             part = parts(i, j)
             if part is not None:
-                full[:, :, i * d[0] : i * d[0] + (out[0] - 1) * s[0] + 1 : s[0], j * d[1] : j * d[1] + (out[1] - 1) * s[1] + 1 : s[1]] += part
-    return full[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w]
+                buf = add_into(buf, tap_index(i, j, s, d, out), part)
+    return buf[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + w]
+
+
+def torch_padding(x, pad: tuple, value=0.0):
+    """``(x, (pad_h, pad_w))`` for ATen, which pads both sides equally: x pre-padded when ``pad`` is not symmetric."""
+    top, left, bottom, right = pad
+    if top == bottom and left == right:
+        return x, (top, left)
+    import torch.nn.functional as F
+
+    return F.pad(x, (left, right, top, bottom), value=value), (0, 0)
 
 
 # ------------------------------------------------------------------ attrs
@@ -253,7 +273,7 @@ def conv2d_nchw(x, w, strides: tuple, padding: tuple, dilation: tuple, groups: i
     g = groups
     out_hw = (conv_out(h, kh, strides[0], dilation[0], padding[0], padding[2]),
               conv_out(wd, kw, strides[1], dilation[1], padding[1], padding[3]))
-    win = windows(pad_hw(x, padding), (kh, kw), strides, dilation, out_hw)
+    win = windows(pad_spatial(np, x, padding), (kh, kw), strides, dilation, out_hw)
     if g == 1:  # im2col: one (C*KH*KW, N*OH*OW) copy, one BLAS matmul
         out = (w.reshape(o, -1) @ im2col_t(win)).reshape(o, n, *out_hw).transpose(1, 0, 2, 3)
     else:
@@ -263,8 +283,40 @@ def conv2d_nchw(x, w, strides: tuple, padding: tuple, dilation: tuple, groups: i
     return np.ascontiguousarray(out, dtype=x.dtype)
 
 
-def _conv2d_compute(x, w, attrs):
+def _conv2d_numpy(x, w, attrs):
     return conv2d_nchw(x, w, attrs.strides, attrs.padding, attrs.dilation, attrs.groups)
+
+
+def _columns(xp, x, k: tuple, a, out: tuple):
+    """The windows of padded x as (N, groups, C/groups * KH * KW, OH * OW) columns (any namespace)."""
+    n, c = x.shape[:2]
+    taps = window_slices(pad_spatial(xp, x, a.padding), k, a.strides, a.dilation, out)
+    return xp.reshape(xp.stack(taps, axis=2), (n, a.groups, c // a.groups * k[0] * k[1], out[0] * out[1]))
+
+
+def _conv2d_kernel(xp, x, w, attrs):
+    """im2col from strided slices, one matmul per group."""
+    o, cg, kh, kw = w.shape
+    g = attrs.groups
+    out = _conv_out_hw(attrs, x.shape[2:], (kh, kw))
+    y = xp.matmul(xp.reshape(w, (g, o // g, cg * kh * kw)), _columns(xp, x, (kh, kw), attrs, out))
+    return xp.reshape(y, (x.shape[0], o) + out)
+
+
+def _conv2d_jax(x, w, attrs):
+    from jax import lax
+
+    top, left, bottom, right = attrs.padding
+    return lax.conv_general_dilated(x, w, window_strides=attrs.strides, padding=[(top, bottom), (left, right)],
+                                    rhs_dilation=attrs.dilation, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                    feature_group_count=attrs.groups)
+
+
+def _conv2d_torch(x, w, attrs):
+    import torch.nn.functional as F
+
+    x, pad = torch_padding(x, attrs.padding)
+    return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
 
 
 def _spatial_grad_pad(call: Call, x_type: TensorType, kshape: tuple) -> tuple:
@@ -301,7 +353,8 @@ def _conv2d_flops(arg_types, out_type, attrs):
     return 2 * numel(out_type.shape) * cg * kh * kw
 
 
-conv2d = defop("nn.conv2d", 2, _conv2d_infer, _conv2d_compute, attrs_type=Conv2DAttrs, grad=_conv2d_grad,
+conv2d = defop("nn.conv2d", 2, _conv2d_infer, kernel=_conv2d_kernel,
+               impls={"numpy": _conv2d_numpy, "jax": _conv2d_jax, "torch": _conv2d_torch}, attrs_type=Conv2DAttrs, grad=_conv2d_grad,
                pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_conv2d_flops, torch_name="conv2d")
 
 # ------------------------------------------------------------------ conv2d_transpose
@@ -335,7 +388,19 @@ def _conv2d_transpose_infer(arg_types, attrs):
     return TensorType((x.shape[0], og * g) + out_hw, x.dtype)
 
 
-def _conv2d_transpose_compute(x, w, attrs):
+def _conv2d_transpose_kernel(xp, x, w, attrs):
+    """One matmul per group giving every tap's contribution, scattered into place (``scatter_windows``)."""
+    n, ci, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    g = attrs.groups
+    wt = xp.matrix_transpose(xp.reshape(w, (g, ci // g, og * kh * kw)))
+    cols = xp.reshape(xp.matmul(wt, xp.reshape(x, (n, g, ci // g, h * wd))), (n, g * og, kh, kw, h, wd))
+    out_shape = (n, g * og) + _convT_out_hw(attrs, (h, wd), (kh, kw))
+    return scatter_windows(xp, lambda i, j: cols[:, :, i, j], out_shape, (kh, kw), attrs.strides, attrs.dilation,
+                           attrs.padding, (h, wd), x)
+
+
+def _conv2d_transpose_numpy(x, w, attrs):
     """One matmul per output tap, scattered into place (``scatter_windows``); with stride 1 and fewer input
     than output channels, a conv2d of the padded input with the flipped kernel (less data to copy)."""
     n, ci, h, wd = x.shape
@@ -346,13 +411,13 @@ def _conv2d_transpose_compute(x, w, attrs):
     out_hw = _convT_out_hw(attrs, (h, wd), (kh, kw))
     if g == 1:  # (O*KH*KW, Ci) @ (Ci, N*H*W): channel-major taps, each a contiguous (O, N, H, W) block
         cols = (w.reshape(ci, -1).T @ x.transpose(1, 0, 2, 3).reshape(ci, -1)).reshape(og, kh, kw, n, h, wd)
-        out = scatter_windows(lambda i, j: cols[:, i, j], (og, n) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
-                              attrs.padding, (h, wd), x.dtype)
+        out = scatter_windows(np, lambda i, j: cols[:, i, j], (og, n) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
+                              attrs.padding, (h, wd), x)
         return np.ascontiguousarray(out.transpose(1, 0, 2, 3))
     cols = np.einsum("ngchw,gcoij->ngoijhw", x.reshape(n, g, ci // g, h, wd), w.reshape(g, ci // g, og, kh, kw), optimize=True)
     cols = cols.reshape((n, g * og, kh, kw, h, wd))
-    out = scatter_windows(lambda i, j: cols[:, :, i, j], (n, g * og) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
-                          attrs.padding, (h, wd), x.dtype)
+    out = scatter_windows(np, lambda i, j: cols[:, :, i, j], (n, g * og) + out_hw, (kh, kw), attrs.strides, attrs.dilation,
+                          attrs.padding, (h, wd), x)
     return np.ascontiguousarray(out)
 
 
@@ -373,6 +438,27 @@ def _conv2d_transpose_as_conv(x, w, attrs):
     return conv2d_nchw(x, wf, (1, 1), pads, d, g)
 
 
+def _conv2d_transpose_jax(x, w, attrs):
+    """The adjoint of XLA's convolution (``jax.vjp``; the forward at zeros is dead code XLA removes)."""
+    import jax
+    import jax.numpy as jnp
+
+    out_shape = (x.shape[0], w.shape[1] * attrs.groups) + _convT_out_hw(attrs, x.shape[2:], w.shape[2:])
+    _, vjp = jax.vjp(lambda z: _conv2d_jax(z, w, attrs), jnp.zeros(out_shape, x.dtype))
+    return vjp(x)[0]
+
+
+def _conv2d_transpose_torch(x, w, attrs):
+    """ATen's transposed convolution; asymmetric padding crops its unpadded result."""
+    import torch.nn.functional as F
+
+    top, left, bottom, right = attrs.padding
+    if top == bottom and left == right:
+        return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
+    y = F.conv_transpose2d(x, w, None, attrs.strides, 0, attrs.output_padding, attrs.groups, attrs.dilation)
+    return y[:, :, top: y.shape[2] - bottom, left: y.shape[3] - right]
+
+
 def _conv2d_transpose_grad(call: Call, g: Expr):
     x, w = call.args
     kw = _conv_kw(call.attrs)
@@ -384,7 +470,8 @@ def _conv2d_transpose_flops(arg_types, out_type, attrs):
     return 2 * numel(arg_types[0].shape) * og * kh * kw
 
 
-conv2d_transpose = defop("nn.conv2d_transpose", 2, _conv2d_transpose_infer, _conv2d_transpose_compute,
+conv2d_transpose = defop("nn.conv2d_transpose", 2, _conv2d_transpose_infer, kernel=_conv2d_transpose_kernel,
+                         impls={"numpy": _conv2d_transpose_numpy, "jax": _conv2d_transpose_jax, "torch": _conv2d_transpose_torch},
                          attrs_type=Conv2DTransposeAttrs, grad=_conv2d_transpose_grad,
                          pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_conv2d_transpose_flops,
                          torch_name="conv_transpose2d")
@@ -411,11 +498,41 @@ def _backward_weight_infer(arg_types, attrs):
     return TensorType((o, c // g) + attrs.kernel_size, x.dtype)
 
 
-def _backward_weight_compute(gy, x, attrs):
+def _backward_weight_kernel(xp, gy, x, attrs):
+    """The columns of x (as conv2d's kernel) times the output gradient, one matmul per group."""
+    n, o, oh, ow = gy.shape
+    g = attrs.groups
+    kh, kw = attrs.kernel_size
+    cols = _columns(xp, x, (kh, kw), attrs, (oh, ow))  # (N, g, C/g*KH*KW, OH*OW)
+    cols = xp.reshape(xp.permute_dims(cols, (1, 0, 3, 2)), (g, n * oh * ow, cols.shape[2]))
+    gy = xp.reshape(xp.permute_dims(xp.reshape(gy, (n, g, o // g, oh * ow)), (1, 2, 0, 3)), (g, o // g, n * oh * ow))
+    return xp.reshape(xp.matmul(gy, cols), (o, x.shape[1] // g, kh, kw))
+
+
+def _backward_weight_jax(gy, x, attrs):
+    """The adjoint of XLA's convolution w.r.t. the weight (``jax.vjp``)."""
+    import jax
+    import jax.numpy as jnp
+
+    w_shape = (gy.shape[1], x.shape[1] // attrs.groups) + tuple(attrs.kernel_size)
+    _, vjp = jax.vjp(lambda w: _conv2d_jax(x, w, attrs), jnp.zeros(w_shape, x.dtype))
+    return vjp(gy)[0]
+
+
+def _backward_weight_torch(gy, x, attrs):
+    """ATen's ``convolution_backward`` for the weight alone."""
+    import torch
+
+    x, pad = torch_padding(x, attrs.padding)
+    w_shape = (gy.shape[1], x.shape[1] // attrs.groups) + tuple(attrs.kernel_size)
+    return torch.nn.grad.conv2d_weight(x, w_shape, gy, attrs.strides, pad, attrs.dilation, attrs.groups)
+
+
+def _backward_weight_numpy(gy, x, attrs):
     n, o, oh, ow = gy.shape
     c, g = x.shape[1], attrs.groups
     kh, kw = attrs.kernel_size
-    win = windows(pad_hw(x, attrs.padding), (kh, kw), attrs.strides, attrs.dilation, (oh, ow))
+    win = windows(pad_spatial(np, x, attrs.padding), (kh, kw), attrs.strides, attrs.dilation, (oh, ow))
     if g == 1:
         dw = (gy.transpose(1, 0, 2, 3).reshape(o, -1) @ im2col_t(win).T).reshape(o, c, kh, kw)
     else:
@@ -437,7 +554,8 @@ def _backward_weight_flops(arg_types, out_type, attrs):
 
 
 conv2d_backward_weight = defop(
-    "nn.conv2d_backward_weight", 2, _backward_weight_infer, _backward_weight_compute,
+    "nn.conv2d_backward_weight", 2, _backward_weight_infer, kernel=_backward_weight_kernel,
+    impls={"numpy": _backward_weight_numpy, "jax": _backward_weight_jax, "torch": _backward_weight_torch},
     attrs_type=Conv2DBackwardWeightAttrs, grad=_backward_weight_grad, pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_backward_weight_flops, torch_name="convolution_backward",
     doc="The gradient of ``nn.conv2d`` w.r.t. its weight: ``(grad (N,O,OH,OW), data (N,C,H,W)) -> (O, C/groups, KH, KW)``.")

@@ -19,7 +19,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, is_float
 from . import elemwise as E
 from .common import float_arg, numel, same_dtype, tensor_arg
-from .nn import check_choice, check_int, count, numel_flops
+from .nn import as_dtype, check_choice, check_int, count, is_jax, is_torch, numel_flops, on_device
 from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ cross entropy
@@ -46,18 +46,18 @@ def _ce_grad(logits: bool):
     return grad
 
 
-def _ce_compute(x, y, attrs=None):
-    return np.asarray(-np.sum(np.log(x) * y) / x.shape[0], dtype=x.dtype)
+def _ce_kernel(xp, x, y, attrs=None):
+    return as_dtype(xp, -xp.sum(xp.log(x) * y) / x.shape[0], x.dtype)
 
 
-def _ce_logits_compute(x, y, attrs=None):
-    return np.asarray(-np.sum(x * y) / x.shape[0], dtype=x.dtype)
+def _ce_logits_kernel(xp, x, y, attrs=None):
+    return as_dtype(xp, -xp.sum(x * y) / x.shape[0], x.dtype)
 
 
-cross_entropy = defop("nn.cross_entropy", 2, _ce_infer("nn.cross_entropy"), _ce_compute, grad=_ce_grad(False),
+cross_entropy = defop("nn.cross_entropy", 2, _ce_infer("nn.cross_entropy"), kernel=_ce_kernel, grad=_ce_grad(False),
                       pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 3 * numel(ts[0].shape))
 cross_entropy_with_logits = defop("nn.cross_entropy_with_logits", 2, _ce_infer("nn.cross_entropy_with_logits"),
-                                  _ce_logits_compute, grad=_ce_grad(True), pattern=FusionKind.OPAQUE,
+                                  kernel=_ce_logits_kernel, grad=_ce_grad(True), pattern=FusionKind.OPAQUE,
                                   flops=lambda ts, out, a: 2 * numel(ts[0].shape))
 
 # ------------------------------------------------------------------ nll_loss
@@ -95,24 +95,28 @@ def _nll_infer(arg_types, attrs):
     return TensorType(t.shape if attrs.reduction == "none" else (), p.dtype)
 
 
-def _nll_pick(p, t, w, a):
+def _nll_pick(xp, p, t, w, a):
     """(valid targets clamped to 0, picked weights (0 where ignored), divisor of the reduction)."""
     valid = t != a.ignore_index
-    tc = np.where(valid, t, 0)
+    tc = xp.where(valid, t, 0)
     c = p.shape[1]
-    if np.any((tc < 0) | (tc >= c)):
-        bad = t[valid & ((t < 0) | (t >= c))]
-        raise ExecutionError(f"nn.nll_loss: target {int(bad.flat[0])} is out of range [0, {c}) (ignore_index={a.ignore_index})")
-    wt = np.where(valid, w[tc], np.zeros((), w.dtype))
-    div = np.sum(wt) if a.reduction == "mean" else np.ones((), w.dtype)
+    if not is_jax(xp):  # concrete values: check them (XLA clamps inside jit)
+        out_of_range = (tc < 0) | (tc >= c)
+        if bool(xp.any(out_of_range)):
+            bad = t[valid & out_of_range]
+            raise ExecutionError(f"nn.nll_loss: target {int(bad[0])} is out of range [0, {c}) (ignore_index={a.ignore_index})")
+    if is_torch(xp):
+        tc = xp.astype(tc, xp.int64)  # torch gathers with int64 indices only
+    wt = xp.where(valid, w[tc], 0.0)
+    div = xp.sum(wt) if a.reduction == "mean" else 1.0
     return tc, wt, div
 
 
-def _nll_compute(p, t, w, a):
-    tc, wt, div = _nll_pick(p, t, w, a)
-    loss = -wt * np.take_along_axis(p, tc[:, None], axis=1)[:, 0]
-    out = loss if a.reduction == "none" else np.sum(loss) / div
-    return np.asarray(out, dtype=p.dtype)
+def _nll_kernel(xp, p, t, w, a):
+    tc, wt, div = _nll_pick(xp, p, t, w, a)
+    loss = -wt * xp.take_along_axis(p, xp.expand_dims(tc, axis=1), axis=1)[:, 0]
+    out = loss if a.reduction == "none" else xp.sum(loss) / div
+    return as_dtype(xp, out, p.dtype)
 
 
 def _nll_grad_infer(arg_types, attrs):
@@ -125,19 +129,31 @@ def _nll_grad_infer(arg_types, attrs):
     return p
 
 
-def _nll_grad_compute(g, p, t, w, a):
-    tc, wt, div = _nll_pick(p, t, w, a)
-    coef = -wt * (g if a.reduction == "none" else g / div)
+def _nll_grad_kernel(xp, g, p, t, w, a):
+    """The coefficient of each target's log-probability, at the target's class (zero elsewhere)."""
+    tc, coef = _nll_grad_coef(xp, g, p, t, w, a)
+    classes = xp.reshape(xp.arange(p.shape[1], dtype=tc.dtype, **on_device(xp, p)), (1, -1) + (1,) * (p.ndim - 2))
+    return xp.where(xp.expand_dims(tc, axis=1) == classes, xp.expand_dims(coef, axis=1), 0.0)
+
+
+def _nll_grad_coef(xp, g, p, t, w, a):
+    tc, wt, div = _nll_pick(xp, p, t, w, a)
+    return tc, as_dtype(xp, -wt * (g if a.reduction == "none" else g / div), p.dtype)
+
+
+def _nll_grad_numpy(g, p, t, w, a):
+    """Writes the N coefficients into zeros (no class comparison)."""
+    tc, coef = _nll_grad_coef(np, g, p, t, w, a)
     out = np.zeros_like(p)
-    np.put_along_axis(out, tc[:, None], coef[:, None].astype(p.dtype), axis=1)
+    np.put_along_axis(out, tc[:, None], coef[:, None], axis=1)
     return out
 
 
-nll_loss = defop("nn.nll_loss", 3, _nll_infer, _nll_compute, attrs_type=NLLLossAttrs,
+nll_loss = defop("nn.nll_loss", 3, _nll_infer, kernel=_nll_kernel, attrs_type=NLLLossAttrs,
                  grad=lambda c, g: [nll_loss_grad(g, *c.args, c.attrs.reduction, c.attrs.ignore_index), None, None],
                  pattern=FusionKind.OPAQUE, flops=numel_flops(2), torch_name="nll_loss")
 nll_loss_grad = defop(
-    "nn.nll_loss_grad", 4, _nll_grad_infer, _nll_grad_compute, attrs_type=NLLLossAttrs,
+    "nn.nll_loss_grad", 4, _nll_grad_infer, kernel=_nll_grad_kernel, impls={"numpy": _nll_grad_numpy}, attrs_type=NLLLossAttrs,
     grad=lambda c, gg: [nll_loss(gg, c.args[2], c.args[3], c.attrs.reduction, c.attrs.ignore_index), None, None, None],
     pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape), torch_name="nll_loss_backward",
     doc="Gradient of ``nn.nll_loss``: ``(out_grad, predictions, targets, weights) -> predictions-shaped``.")

@@ -2,7 +2,9 @@
 
 The other ``nn.*`` families live next door: ``activation`` (leaky_relu, gelu, silu,
 softplus, softmax, log_softmax), ``linalg`` (matmul, batch_matmul), ``conv``,
-``pool``, ``norm`` and ``loss``. The helpers at the top are shared by them.
+``pool``, ``norm`` and ``loss``. The helpers at the top are shared by them: rule
+helpers (pullback exprs), attribute checks, and kernel helpers that work on any
+array namespace ``xp`` (``numpy``, ``jax.numpy``, array-api-compat's ``torch``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,81 @@ def check_choice(obj, name: str, choices: Sequence[str]) -> None:
         raise AttrError(f"attribute {name}={v!r} is not supported (supported: {', '.join(map(repr, choices))})")
 
 
+# ------------------------------------------------------------------ kernel helpers (any array namespace ``xp``)
+
+
+def is_jax(xp) -> bool:
+    """``xp`` is ``jax.numpy`` (arrays may be traced: no data-dependent Python control flow)."""
+    return xp.__name__ == "jax.numpy"
+
+
+def is_torch(xp) -> bool:
+    """``xp`` is array-api-compat's torch (tensors live on a device)."""
+    return xp.__name__ == "array_api_compat.torch"
+
+
+def on_device(xp, like) -> dict:
+    """Keyword arguments placing a new array next to ``like`` (torch: its device; NumPy and jax: the default)."""
+    return {"device": like.device} if is_torch(xp) else {}
+
+
+def full(xp, shape: tuple, value, like, dtype=None):
+    """``xp.full`` in ``like``'s dtype (or ``dtype``) and on its device (``xp.zeros`` for 0: calloc on NumPy)."""
+    kw = dict(dtype=like.dtype if dtype is None else dtype, **on_device(xp, like))
+    return xp.zeros(tuple(shape), **kw) if value == 0 else xp.full(tuple(shape), value, **kw)
+
+
+def constant(xp, value: np.ndarray, like):
+    """A NumPy constant (a divisor, an averaging matrix) as an ``xp`` array in ``like``'s dtype and on its device."""
+    return xp.asarray(value, dtype=like.dtype, **on_device(xp, like))
+
+
+def as_dtype(xp, value, dtype):
+    """``value`` as an array of ``dtype`` (NumPy's 0-d results are scalars; no copy when it already is one)."""
+    return xp.asarray(value, dtype=dtype)
+
+
+def widen16(xp, x):
+    """float16 is computed in float32 (like PyTorch's CPU kernels)."""
+    return xp.astype(x, xp.float32) if x.dtype == xp.float16 else x
+
+
+def add_into(buf, index: tuple, value):
+    """``buf[index] += value`` on a buffer the kernel made itself; a new array on jax (immutable arrays)."""
+    if hasattr(buf, "at"):
+        return buf.at[index].add(value)
+    buf[index] += value
+    return buf
+
+
+def _along(axis: int, lo: int, hi: int) -> tuple:
+    """The index ``[lo:hi]`` along ``axis``."""
+    return (slice(None),) * axis + (slice(lo, hi),)
+
+
+def take_axis(x, axis: int, lo: int, hi: int):
+    """``x[lo:hi]`` along ``axis`` (a view on NumPy and torch)."""
+    return x[_along(axis, lo, hi)]
+
+
+def pad_axis(xp, x, axis: int, before: int, after: int, mode: str = "constant", value=0.0):
+    """``x`` padded along ``axis`` by non-negative widths: ``constant`` (``value``), ``edge`` or ``reflect``."""
+    if not (before or after):
+        return x
+    n, shape = x.shape[axis], tuple(x.shape)
+
+    def side(k: int, at_end: bool):
+        if mode == "constant":
+            return full(xp, shape[:axis] + (k,) + shape[axis + 1:], value, x)
+        if mode == "edge":
+            edge = take_axis(x, axis, n - 1, n) if at_end else take_axis(x, axis, 0, 1)
+            return xp.broadcast_to(edge, shape[:axis] + (k,) + shape[axis + 1:])
+        return xp.flip(take_axis(x, axis, n - 1 - k, n - 1) if at_end else take_axis(x, axis, 1, k + 1), axis=axis)
+
+    parts = ([side(before, False)] if before else []) + [x] + ([side(after, True)] if after else [])
+    return xp.concat(parts, axis=axis)
+
+
 def unary_float_infer(name: str):
     return lambda ts, attrs: float_arg(name, ts, 0)
 
@@ -102,11 +179,18 @@ def _relu_grad(call: Call, g: Expr):
     return [E.where(E.greater(x, E.scalar_like(0.0, x)), g, T.zeros_like(g))]
 
 
+def _relu_torch(x, attrs=None):
+    import torch
+
+    return torch.relu(x)
+
+
 relu = defop(
     "nn.relu",
     1,
     unary_float_infer("nn.relu"),
-    lambda x, attrs=None: np.maximum(x, np.zeros((), x.dtype)),
+    kernel=lambda xp, x, attrs=None: xp.maximum(x, 0.0),
+    impls={"torch": _relu_torch},
     grad=_relu_grad,
     pattern=FusionKind.ELEMWISE,
     torch_name="relu",
@@ -153,15 +237,11 @@ def _dense_flops(arg_types, out_type, attrs):
     return 2 * numel(out_type.shape) * (k if isinstance(k, int) else 0)
 
 
-def _dense_compute(x, w, attrs=None):
-    return np.asarray(np.matmul(x, w.T), dtype=x.dtype)
-
-
 dense = defop(
     "nn.dense",
     2,
     _dense_infer,
-    _dense_compute,
+    kernel=lambda xp, x, w, attrs=None: xp.matmul(x, w.T),
     grad=_dense_grad,
     pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,
@@ -197,9 +277,9 @@ def _bias_add_infer(arg_types, attrs):
     return x
 
 
-def _bias_add_compute(x, b, attrs):
+def _bias_add_kernel(xp, x, b, attrs):
     axis = attrs.axis % x.ndim
-    return x + b.reshape((-1,) + (1,) * (x.ndim - axis - 1))
+    return x + xp.reshape(b, (-1,) + (1,) * (x.ndim - axis - 1))
 
 
 def _bias_add_grad(call: Call, g: Expr):
@@ -211,7 +291,7 @@ bias_add = defop(
     "nn.bias_add",
     2,
     _bias_add_infer,
-    _bias_add_compute,
+    kernel=_bias_add_kernel,
     attrs_type=BiasAddAttrs,
     grad=_bias_add_grad,
     pattern=FusionKind.BROADCAST,
@@ -233,7 +313,7 @@ batch_flatten = defop(
     "nn.batch_flatten",
     1,
     _batch_flatten_infer,
-    lambda x, attrs=None: np.reshape(x, (x.shape[0], -1)),
+    kernel=lambda xp, x, attrs=None: xp.reshape(x, (x.shape[0], -1)),
     grad=lambda c, g: [T.reshape_like(g, c.args[0])],
     pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
@@ -291,30 +371,43 @@ def _pad_infer(arg_types, attrs):
     return TensorType(tuple(out), x.dtype)
 
 
-def _pad_compute(x, attrs):
-    crop = tuple(slice(max(-a, 0), x.shape[i] - max(-b, 0)) for i, (a, b) in enumerate(attrs.pad_width))
+def _crop(x, attrs):
+    """``x`` cropped by the negative widths of ``pad_width``."""
+    return x[tuple(slice(max(-a, 0), x.shape[i] - max(-b, 0)) for i, (a, b) in enumerate(attrs.pad_width))]
+
+
+def _pad_kernel(xp, x, attrs):
+    x = _crop(x, attrs)
+    for axis, (a, b) in enumerate(attrs.pad_width):
+        x = pad_axis(xp, x, axis, max(a, 0), max(b, 0), attrs.pad_mode, attrs.pad_value)
+    return x
+
+
+def _pad_numpy(x, attrs):
+    """One allocation (``np.pad``) instead of one concatenation per padded axis."""
+    x = _crop(x, attrs)
     widths = [(max(a, 0), max(b, 0)) for a, b in attrs.pad_width]
-    x = x[crop]
     if attrs.pad_mode == "constant":
         return np.pad(x, widths, mode="constant", constant_values=np.asarray(attrs.pad_value, x.dtype))
     return np.pad(x, widths, mode=attrs.pad_mode)
 
 
-def _pad_backward_compute(g, attrs):
-    """Adjoint of edge/reflect padding: fold each padded border back onto the input."""
-    out = np.array(g, copy=True)
+def _pad_backward_kernel(xp, g, attrs):
+    """Adjoint of edge/reflect padding: fold each padded border back onto the input, axis by axis."""
+    reflect = attrs.pad_mode == "reflect"
     for axis, (a, b) in enumerate(attrs.pad_width):
-        n = out.shape[axis] - a - b
-        moved = np.moveaxis(out, axis, 0)
-        core = np.array(moved[a:a + n], copy=True)
-        for k in range(a):  # before: padded index k maps to source index
-            src = a - k if attrs.pad_mode == "reflect" else 0
-            core[src] += moved[k]
-        for k in range(b):
-            src = n - 2 - k if attrs.pad_mode == "reflect" else n - 1
-            core[src] += moved[a + n + k]
-        out = np.moveaxis(core, 0, axis)
-    return np.ascontiguousarray(out)
+        n = g.shape[axis] - a - b
+        core = xp.asarray(take_axis(g, axis, a, a + n), copy=True)
+        if a:  # padded index k < a came from source a - k (reflect) or 0 (edge)
+            border = take_axis(g, axis, 0, a)
+            core = add_into(core, _along(axis, 1, a + 1) if reflect else _along(axis, 0, 1),
+                            xp.flip(border, axis=axis) if reflect else xp.sum(border, axis=axis, keepdims=True))
+        if b:  # padded index a + n + k came from source n - 2 - k (reflect) or n - 1 (edge)
+            border = take_axis(g, axis, a + n, a + n + b)
+            core = add_into(core, _along(axis, n - 1 - b, n - 1) if reflect else _along(axis, n - 1, n),
+                            xp.flip(border, axis=axis) if reflect else xp.sum(border, axis=axis, keepdims=True))
+        g = core
+    return g
 
 
 def _pad_backward_infer(arg_types, attrs):
@@ -338,7 +431,8 @@ pad = defop(
     "nn.pad",
     1,
     _pad_infer,
-    _pad_compute,
+    kernel=_pad_kernel,
+    impls={"numpy": _pad_numpy},
     attrs_type=PadAttrs,
     grad=_pad_grad,
     pattern=FusionKind.INJECTIVE,
@@ -349,7 +443,7 @@ pad_backward = defop(
     "nn.pad_backward",
     1,
     _pad_backward_infer,
-    _pad_backward_compute,
+    kernel=_pad_backward_kernel,
     attrs_type=PadAttrs,
     grad=lambda c, g: [pad(g, c.attrs.pad_width, 0.0, c.attrs.pad_mode)],
     pattern=FusionKind.INJECTIVE,
@@ -388,7 +482,7 @@ dropout = defop(
     "nn.dropout",
     2,
     _dropout_infer,
-    lambda x, m, attrs: np.asarray(x * m * np.asarray(1.0 / (1.0 - attrs.rate), x.dtype), dtype=x.dtype),
+    kernel=lambda xp, x, m, attrs: as_dtype(xp, x * m * (1.0 / (1.0 - attrs.rate)), x.dtype),
     attrs_type=DropoutAttrs,
     grad=_dropout_grad,
     pattern=FusionKind.BROADCAST,

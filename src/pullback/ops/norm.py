@@ -10,6 +10,8 @@ Attribute ``training`` (default False, Relay's inference semantics):
   ``(1 - momentum) * moving + momentum * batch`` (unbiased variance for the
   moving variance).
 
+One kernel each for every array namespace; torch runs them as ATen's fused
+``layer_norm`` (normalised axis last) and ``batch_norm`` (channel axis 1).
 Gradients are written with differentiable ops (``sqrt`` from the elementwise
 module), so second derivatives work.
 """
@@ -17,18 +19,15 @@ module), so second derivatives work.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
-
-import numpy as np
 
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, TupleType
 from . import reduce as R
 from . import layout as T
 from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
-from .nn import check_bool, check_float, check_int, count, field, lazy, scalar
-from .registry import FusionKind, defop, type_error
+from .nn import as_dtype, check_bool, check_float, check_int, count, field, lazy, scalar, widen16
+from .registry import FusionKind, array_namespace, defop, type_error
 
 _sqrt = lazy("sqrt")
 
@@ -47,6 +46,7 @@ def _as_axis_vec(v: Expr, ndim: int, axis: int) -> Expr:
 
 
 def _vec(v, ndim, axis):
+    """A 1-D array shaped to broadcast along ``axis`` of a rank-``ndim`` array (kernels)."""
     return v.reshape((-1,) + (1,) * (ndim - axis - 1))
 
 
@@ -97,10 +97,10 @@ def _layer_norm_infer(arg_types, attrs):
 
 
 def layer_norm_math(xp, x, gamma, beta, a):
-    """Layer norm written once for any array namespace ``xp`` (NumPy kernel, JAX lowering)."""
+    """Layer norm written once for any array namespace ``xp`` (in x's dtype)."""
     axis = a.axis % x.ndim
-    mu = x.mean(axis=axis, keepdims=True)
-    var = ((x - mu) ** 2).mean(axis=axis, keepdims=True)
+    mu = xp.mean(x, axis=axis, keepdims=True)
+    var = xp.mean((x - mu) ** 2, axis=axis, keepdims=True)
     out = (x - mu) / xp.sqrt(var + a.epsilon)
     if a.scale:
         out = out * _vec(gamma, x.ndim, axis)
@@ -109,13 +109,17 @@ def layer_norm_math(xp, x, gamma, beta, a):
     return out
 
 
-def _widen16(x):
-    """float16 is computed in float32 (like PyTorch's CPU kernels)."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+def _layer_norm_kernel(xp, x, gamma, beta, a):
+    return as_dtype(xp, layer_norm_math(xp, widen16(xp, x), gamma, beta, a), x.dtype)
 
 
-def _layer_norm_compute(x, gamma, beta, a):
-    return np.asarray(layer_norm_math(np, _widen16(x), gamma, beta, a), dtype=x.dtype)
+def _layer_norm_torch(x, gamma, beta, a):
+    """ATen's fused kernel when the normalised axis is the last one."""
+    if a.axis % x.ndim != x.ndim - 1:
+        return _layer_norm_kernel(array_namespace("torch"), x, gamma, beta, a)
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, (x.shape[-1],), gamma if a.scale else None, beta if a.center else None, a.epsilon)
 
 
 def _layer_norm_grad(call: Call, g: Expr):
@@ -133,7 +137,8 @@ def _layer_norm_grad(call: Call, g: Expr):
     return [_normalize_grad(x, xhat, rstd, gx, (axis,)), dgamma, dbeta]
 
 
-layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, _layer_norm_compute, attrs_type=LayerNormAttrs,
+layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, kernel=_layer_norm_kernel, impls={"torch": _layer_norm_torch},
+                   attrs_type=LayerNormAttrs,
                    grad=_layer_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(out.shape), torch_name="layer_norm")
 
@@ -172,9 +177,9 @@ def batch_norm_math(xp, x, gamma, beta, mm, mv, a):
     axis = a.axis % x.ndim
     others = _other_axes(x.ndim, axis)
     if a.training:
-        mean = x.mean(axis=others)
-        var = x.var(axis=others)
-        n = math.prod(x.shape) // max(x.shape[axis], 1)
+        mean = xp.mean(x, axis=others)
+        var = xp.var(x, axis=others)
+        n = _per_channel(x, axis)
         new_mm = (1 - a.momentum) * mm + a.momentum * mean
         new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
     else:
@@ -187,8 +192,26 @@ def batch_norm_math(xp, x, gamma, beta, mm, mv, a):
     return out, new_mm, new_mv
 
 
-def _batch_norm_compute(x, gamma, beta, mm, mv, a):
-    return tuple(np.asarray(v, dtype=x.dtype) for v in batch_norm_math(np, _widen16(x), gamma, beta, mm, mv, a))
+def _per_channel(x, axis: int) -> int:
+    """Number of entries per channel (the batch statistics' sample size)."""
+    return math.prod(x.shape) // max(x.shape[axis], 1)
+
+
+def _batch_norm_kernel(xp, x, gamma, beta, mm, mv, a):
+    return tuple(as_dtype(xp, v, x.dtype) for v in batch_norm_math(xp, widen16(xp, x), gamma, beta, mm, mv, a))
+
+
+def _batch_norm_torch(x, gamma, beta, mm, mv, a):
+    """ATen's fused kernel for channels on axis 1 (it updates the moving statistics in place: of copies)."""
+    axis = a.axis % x.ndim
+    if axis != 1 or (a.training and _per_channel(x, axis) < 2):  # ATen rejects one value per channel
+        return _batch_norm_kernel(array_namespace("torch"), x, gamma, beta, mm, mv, a)
+    import torch.nn.functional as F
+
+    if a.training:
+        mm, mv = mm.clone(), mv.clone()
+    out = F.batch_norm(x, mm, mv, gamma if a.scale else None, beta if a.center else None, a.training, a.momentum, a.epsilon)
+    return out, mm, mv
 
 
 def _batch_norm_grad(call: Call, g: Expr):
@@ -224,7 +247,8 @@ def _batch_norm_grad(call: Call, g: Expr):
     return [gx, dgamma, dbeta, gmean, gvar]
 
 
-batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, _batch_norm_compute, attrs_type=BatchNormAttrs,
+batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, kernel=_batch_norm_kernel, impls={"torch": _batch_norm_torch},
+                   attrs_type=BatchNormAttrs,
                    grad=_batch_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(ts[0].shape), torch_name="batch_norm")
 

@@ -1,6 +1,10 @@
 """2-D pooling over NCHW data: max, average, global average, adaptive average.
 
-Kernels use ``sliding_window_view`` (see ``conv.windows``). Gradients are
+Each op has one kernel for any array namespace over the strided window views of
+the padded input (``conv.window_slices``; ``conv.scatter_windows`` adds them
+back). Overrides: NumPy's in-place masks for max pooling and its gradient, XLA's
+``reduce_window`` on jax, ATen's pooling kernels on torch (pre-padding the input
+where ATen's symmetric padding cannot express the attributes). Gradients are
 helper ops that are linear in the incoming gradient, and the gradient of each
 helper is the forward op again (or a gather), so the family is closed:
 
@@ -26,9 +30,9 @@ from ..ir.types import Any, TensorType
 from . import layout as T
 from .common import float_arg, numel, same_dtype, tensor_arg
 from .elemwise import select_or_zero
-from .conv import eff, layout, pad_hw, padding4, pair, scatter_windows, windows
-from .nn import check_bool, count
-from .registry import FusionKind, defop, type_error
+from .conv import eff, layout, pad_spatial, padding4, pair, scatter_windows, torch_padding, window_slices
+from .nn import check_bool, constant, count, full
+from .registry import FusionKind, array_namespace, defop, type_error
 
 # ------------------------------------------------------------------ attrs and shapes
 
@@ -117,17 +121,38 @@ def _grad_infer(op: str, fwd_infer):
     return infer
 
 
-def _padded_windows(x, a, value=0):
-    """Windows (N, C, OH, OW, KH, KW) of x padded with ``value`` (and extra bottom/right room for ceil mode)."""
-    h, w = x.shape[2:]
-    out = _out_hw(a, (h, w))
-    extra = tuple(max(0, (out[i] - 1) * a.strides[i] + eff(a.pool_size[i], a.dilation[i]) - (x.shape[2 + i] + a.padding[i] + a.padding[i + 2]))
-                  for i in range(2))
-    return windows(pad_hw(x, a.padding, extra, value), a.pool_size, a.strides, a.dilation, out), out
+def _pool_pads(a, hw, out) -> tuple:
+    """(top, left, bottom, right) padding holding exactly ``out`` windows: the bottom/right padding is cut to
+    what the last window reads, or grown to it in ceil mode."""
+    after = [max(0, (out[i] - 1) * a.strides[i] + eff(a.pool_size[i], a.dilation[i]) - hw[i] - a.padding[i])
+             for i in range(2)]
+    return (a.padding[0], a.padding[1], after[0], after[1])
 
 
-def _scatter(parts, x_shape, a, out, dtype):
-    return scatter_windows(parts, x_shape, a.pool_size, a.strides, a.dilation, a.padding, out, dtype)
+def _slices(xp, x, a, value) -> tuple[list, tuple]:
+    """One (N, C, OH, OW) view per kernel offset (row-major) of x padded with ``value``, and the output size."""
+    out = _out_hw(a, x.shape[2:])
+    pads = _pool_pads(a, x.shape[2:], out)
+    return window_slices(pad_spatial(xp, x, pads, value), a.pool_size, a.strides, a.dilation, out), out
+
+
+def _scatter(xp, parts, x, a, out):
+    """Adjoint of ``_slices``: a data-shaped array (``x`` gives shape, dtype, device)."""
+    return scatter_windows(xp, parts, tuple(x.shape), a.pool_size, a.strides, a.dilation, a.padding, out, x)
+
+
+def _torch_native(a) -> bool:
+    """ATen pools these attributes itself: symmetric padding of at most half the window (and ceil mode as ours)."""
+    t, left, b, r = a.padding
+    return t == b and left == r and 2 * t <= a.pool_size[0] and 2 * left <= a.pool_size[1]
+
+
+def _torch_input(x, a, value) -> tuple:
+    """``(input, padding, ceil_mode)`` for an ATen pooling kernel giving exactly our windows: x itself when
+    ATen can pad it, else x pre-padded (``_pool_pads``)."""
+    if _torch_native(a):
+        return x, a.padding[:2], a.ceil_mode
+    return torch_padding(x, _pool_pads(a, x.shape[2:], _out_hw(a, x.shape[2:])), value)[0], (0, 0), False
 
 
 def _pool_flops(arg_types, out_type, attrs):
@@ -141,11 +166,39 @@ def _grad_flops(arg_types, out_type, attrs):
 # ------------------------------------------------------------------ max pooling
 
 
-def _window_views(x, a) -> tuple[list, tuple]:
-    """One (N, C, OH, OW) view per kernel offset (row-major) of x padded with -inf, and the output size."""
-    win, out = _padded_windows(x, a, -np.inf)
-    kh, kw = a.pool_size
-    return [win[..., k // kw, k % kw] for k in range(kh * kw)], out
+def _first_max(xp, views):
+    """(max, index of the first max in row-major window order) per window, by strict comparison (NaN never wins)."""
+    best, idx = views[0], full(xp, views[0].shape, 0, views[0], dtype=xp.int32)
+    for k in range(1, len(views)):
+        better = views[k] > best  # strict: ties keep the earlier position
+        best, idx = xp.where(better, views[k], best), xp.where(better, k, idx)
+    return best, idx
+
+
+def _max_pool_kernel(xp, x, a):
+    views, _ = _slices(xp, x, a, -np.inf)
+    best = views[0]
+    for v in views[1:]:
+        best = xp.maximum(best, v)
+    return best
+
+
+def _max_pool_grad_kernel(xp, g, x, a):
+    views, out = _slices(xp, x, a, -np.inf)
+    idx = _first_max(xp, views)[1]
+    kw = a.pool_size[1]
+    return _scatter(xp, lambda i, j: xp.where(idx == i * kw + j, g, 0.0), x, a, out)
+
+
+def _max_pool_gather_kernel(xp, x, src, a):
+    idx = _first_max(xp, _slices(xp, x, a, -np.inf)[0])[1]
+    picked = None
+    for k, v in enumerate(_slices(xp, src, a, 0.0)[0]):
+        picked = v if picked is None else xp.where(idx == k, v, picked)
+    return picked
+
+
+# NumPy: in place, and equality masks against the window max where no window holds NaN
 
 
 def _max_scan(views):
@@ -187,13 +240,8 @@ def _first_max_hits(views) -> list:
     return hits
 
 
-def _argmax(x, a):
-    views, out = _window_views(x, a)
-    return _max_scan(views)[1], out
-
-
-def _max_pool_compute(x, a):
-    views, _ = _window_views(x, a)
+def _max_pool_numpy(x, a):
+    views, _ = _slices(np, x, a, -np.inf)
     best = _window_max(views)
     if best is None:
         best = _max_scan(views)[0]
@@ -206,8 +254,8 @@ def _tiles(a, hw, out) -> bool:
             and all(out[i] * a.pool_size[i] == hw[i] for i in range(2)))
 
 
-def _max_pool_grad_compute(g, x, a):
-    views, out = _window_views(x, a)
+def _max_pool_grad_numpy(g, x, a):
+    views, out = _slices(np, x, a, -np.inf)
     hits = _first_max_hits(views)
     kh, kw = a.pool_size
     if _tiles(a, x.shape[2:], out):  # disjoint windows covering x: write each offset's share in place
@@ -215,22 +263,80 @@ def _max_pool_grad_compute(g, x, a):
         for k, hit in enumerate(hits):
             select_or_zero(hit, g, out=res[:, :, :, k // kw, :, k % kw])
         return res.reshape(x.shape)
-    return _scatter(lambda i, j: select_or_zero(hits[i * kw + j], g), x.shape, a, out, g.dtype)
+    return _scatter(np, lambda i, j: select_or_zero(hits[i * kw + j], g), x, a, out)
 
 
-def _max_pool_gather_compute(x, src, a):
-    idx, _ = _argmax(x, a)
-    win, _ = _padded_windows(src, a, 0)
-    picked = np.take_along_axis(win.reshape(win.shape[:4] + (-1,)), idx[..., None], axis=-1)[..., 0]
-    return np.ascontiguousarray(picked, dtype=src.dtype)
+def _max_pool_gather_numpy(x, src, a):
+    idx = _max_scan(_slices(np, x, a, -np.inf)[0])[1]
+    views = _slices(np, src, a, 0)[0]
+    picked = np.array(views[0], copy=True)
+    for k in range(1, len(views)):
+        np.copyto(picked, views[k], where=idx == k)
+    return picked
+
+
+# jax: XLA's reduce_window
+
+
+def _reduce_window(x, a, init, op):
+    from jax import lax
+
+    pads = _pool_pads(a, x.shape[2:], _out_hw(a, x.shape[2:]))
+    return lax.reduce_window(x, np.array(init, x.dtype), op, (1, 1) + a.pool_size, (1, 1) + a.strides,
+                             ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])), window_dilation=(1, 1) + a.dilation)
+
+
+def _max_pool_jax(x, a):
+    from jax import lax
+
+    return _reduce_window(x, a, -np.inf, lax.max)
+
+
+# torch: ATen's max_pool2d with indices (first maximum of each window) into the (pre-padded) input
+
+
+def _torch_argmax(x, a):
+    """(flat index of each window's first max into the ATen input, that input's shape)."""
+    import torch.nn.functional as F
+
+    xin, pad, ceil = _torch_input(x, a, -np.inf)
+    return F.max_pool2d(xin, a.pool_size, a.strides, pad, a.dilation, ceil, return_indices=True)[1], xin.shape
+
+
+def _crop_torch(y, x, a):
+    """The data-shaped part of a result on the pre-padded ATen input (``y`` itself when ATen padded)."""
+    if _torch_native(a):
+        return y
+    return y[:, :, a.padding[0]: a.padding[0] + x.shape[2], a.padding[1]: a.padding[1] + x.shape[3]]
+
+
+def _max_pool_torch(x, a):
+    import torch.nn.functional as F
+
+    xin, pad, ceil = _torch_input(x, a, -np.inf)
+    return F.max_pool2d(xin, a.pool_size, a.strides, pad, a.dilation, ceil)
+
+
+def _max_pool_grad_torch(g, x, a):
+    idx, shape = _torch_argmax(x, a)
+    flat = g.new_zeros(tuple(shape[:2]) + (shape[2] * shape[3],)).scatter_add_(2, idx.flatten(2), g.flatten(2))
+    return _crop_torch(flat.reshape(shape), x, a)
+
+
+def _max_pool_gather_torch(x, src, a):
+    idx = _torch_argmax(x, a)[0]
+    src = _torch_input(src, a, 0.0)[0]
+    return src.flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
 
 
 _max_infer = _pool_infer("nn.max_pool2d")
-max_pool2d = defop("nn.max_pool2d", 1, _max_infer, _max_pool_compute, attrs_type=MaxPool2DAttrs,
+max_pool2d = defop("nn.max_pool2d", 1, _max_infer, kernel=_max_pool_kernel,
+                   impls={"numpy": _max_pool_numpy, "jax": _max_pool_jax, "torch": _max_pool_torch}, attrs_type=MaxPool2DAttrs,
                    grad=lambda c, g: [max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
                    pattern=FusionKind.OPAQUE, flops=_pool_flops, torch_name="max_pool2d")
 max_pool2d_grad = defop(
-    "nn.max_pool2d_grad", 2, _grad_infer("nn.max_pool2d_grad", _max_infer), _max_pool_grad_compute,
+    "nn.max_pool2d_grad", 2, _grad_infer("nn.max_pool2d_grad", _max_infer), kernel=_max_pool_grad_kernel,
+    impls={"numpy": _max_pool_grad_numpy, "torch": _max_pool_grad_torch},
     attrs_type=MaxPool2DAttrs,
     grad=lambda c, gg: [max_pool2d_gather(c.args[1], gg, **_attrs_kw(c)), T.zeros_like(c.args[1])],
     pattern=FusionKind.OPAQUE, flops=_grad_flops, torch_name="max_pool2d_with_indices_backward",
@@ -246,7 +352,8 @@ def _gather_infer(arg_types, attrs):
 
 
 max_pool2d_gather = defop(
-    "nn.max_pool2d_gather", 2, _gather_infer, _max_pool_gather_compute,
+    "nn.max_pool2d_gather", 2, _gather_infer, kernel=_max_pool_gather_kernel,
+    impls={"numpy": _max_pool_gather_numpy, "torch": _max_pool_gather_torch},
     attrs_type=MaxPool2DAttrs,
     grad=lambda c, g: [T.zeros_like(c.args[0]), max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
     pattern=FusionKind.OPAQUE, flops=_pool_flops,
@@ -273,27 +380,66 @@ def _divisor(a, hw, out):
     return np.outer(counts[0], counts[1])
 
 
-def _avg_pool_compute(x, a):
-    win, out = _padded_windows(x, a, 0)
-    total = np.zeros(win.shape[:4], x.dtype)
-    for i in range(a.pool_size[0]):
-        for j in range(a.pool_size[1]):
-            total += win[..., i, j]
-    return np.ascontiguousarray(total / _divisor(a, x.shape[2:], out), dtype=x.dtype)
+def _avg_pool_kernel(xp, x, a):
+    views, out = _slices(xp, x, a, 0.0)
+    total = views[0]
+    for v in views[1:]:
+        total = total + v
+    return total / constant(xp, _divisor(a, x.shape[2:], out), x)
 
 
-def _avg_pool_grad_compute(g, x, a):
+def _avg_pool_grad_kernel(xp, g, x, a):
     out = g.shape[2:]
-    q = (g / _divisor(a, x.shape[2:], out)).astype(g.dtype, copy=False)
-    return _scatter(lambda i, j: q, x.shape, a, out, g.dtype)
+    q = g / constant(xp, _divisor(a, x.shape[2:], out), g)
+    return _scatter(xp, lambda i, j: q, x, a, out)
+
+
+def _avg_pool_numpy(x, a):
+    """The window sum in one buffer."""
+    views, out = _slices(np, x, a, 0)
+    total = np.array(views[0], copy=True)
+    for v in views[1:]:
+        total += v
+    total /= _divisor(a, x.shape[2:], out).astype(x.dtype)
+    return total
+
+
+def _avg_pool_jax(x, a):
+    from jax import lax
+
+    return _reduce_window(x, a, 0, lax.add) / np.asarray(_divisor(a, x.shape[2:], _out_hw(a, x.shape[2:])), x.dtype)
+
+
+def _torch_avg_native(a) -> bool:
+    return a.dilation == (1, 1) and _torch_native(a)
+
+
+def _avg_pool_torch(x, a):
+    """ATen's average pooling (no dilation, symmetric padding), else the shared kernel."""
+    if not _torch_avg_native(a):
+        return _avg_pool_kernel(array_namespace("torch"), x, a)
+    import torch.nn.functional as F
+
+    return F.avg_pool2d(x, a.pool_size, a.strides, a.padding[:2], a.ceil_mode, a.count_include_pad)
+
+
+def _avg_pool_grad_torch(g, x, a):
+    if not _torch_avg_native(a):
+        return _avg_pool_grad_kernel(array_namespace("torch"), g, x, a)
+    import torch
+
+    return torch.ops.aten.avg_pool2d_backward(g, x, a.pool_size, a.strides, a.padding[:2], a.ceil_mode,
+                                              a.count_include_pad, None)
 
 
 _avg_infer = _pool_infer("nn.avg_pool2d")
-avg_pool2d = defop("nn.avg_pool2d", 1, _avg_infer, _avg_pool_compute, attrs_type=AvgPool2DAttrs,
+avg_pool2d = defop("nn.avg_pool2d", 1, _avg_infer, kernel=_avg_pool_kernel,
+                   impls={"numpy": _avg_pool_numpy, "jax": _avg_pool_jax, "torch": _avg_pool_torch}, attrs_type=AvgPool2DAttrs,
                    grad=lambda c, g: [avg_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
                    pattern=FusionKind.OPAQUE, flops=_pool_flops, torch_name="avg_pool2d")
 avg_pool2d_grad = defop(
-    "nn.avg_pool2d_grad", 2, _grad_infer("nn.avg_pool2d_grad", _avg_infer), _avg_pool_grad_compute,
+    "nn.avg_pool2d_grad", 2, _grad_infer("nn.avg_pool2d_grad", _avg_infer), kernel=_avg_pool_grad_kernel,
+    impls={"torch": _avg_pool_grad_torch},
     attrs_type=AvgPool2DAttrs, grad=lambda c, gg: [avg_pool2d(gg, **_attrs_kw(c)), None],
     pattern=FusionKind.OPAQUE, flops=_grad_flops, torch_name="avg_pool2d_backward",
     doc="Gradient of ``nn.avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
@@ -322,7 +468,7 @@ def _global_grad(call: Call, g: Expr):
 
 
 global_avg_pool2d = defop("nn.global_avg_pool2d", 1, _global_infer,
-                          lambda x, a: np.mean(x, axis=(2, 3), keepdims=True, dtype=x.dtype),
+                          kernel=lambda xp, x, a: xp.mean(x, axis=(2, 3), keepdims=True),
                           attrs_type=GlobalPool2DAttrs, grad=_global_grad, pattern=FusionKind.OPAQUE,
                           flops=lambda ts, out, a: numel(ts[0].shape), torch_name="adaptive_avg_pool2d")
 
@@ -367,24 +513,27 @@ def _adaptive_matrix(n: int, out: int, dtype) -> np.ndarray:
     return m
 
 
-def _adaptive_compute(x, a):
+def _adaptive_kernel(xp, x, a):
+    """Separable: (OH, H) @ x @ (W, OW)."""
     oh, ow = _adaptive_hw(a, x.shape[2:])
-    mh, mw = _adaptive_matrix(x.shape[2], oh, x.dtype), _adaptive_matrix(x.shape[3], ow, x.dtype)
-    return np.ascontiguousarray(np.einsum("ih,nchw,jw->ncij", mh, x, mw, optimize=True), dtype=x.dtype)
+    mh = constant(xp, _adaptive_matrix(x.shape[2], oh, np.float64), x)
+    mw = constant(xp, _adaptive_matrix(x.shape[3], ow, np.float64).T, x)
+    return xp.matmul(xp.matmul(mh, x), mw)
 
 
-def _adaptive_grad_compute(g, x, a):
-    mh, mw = _adaptive_matrix(x.shape[2], g.shape[2], g.dtype), _adaptive_matrix(x.shape[3], g.shape[3], g.dtype)
-    return np.ascontiguousarray(np.einsum("ih,ncij,jw->nchw", mh, g, mw, optimize=True), dtype=g.dtype)
+def _adaptive_grad_kernel(xp, g, x, a):
+    mh = constant(xp, _adaptive_matrix(x.shape[2], g.shape[2], np.float64).T, g)
+    mw = constant(xp, _adaptive_matrix(x.shape[3], g.shape[3], np.float64), g)
+    return xp.matmul(xp.matmul(mh, g), mw)
 
 
-adaptive_avg_pool2d = defop("nn.adaptive_avg_pool2d", 1, _adaptive_infer, _adaptive_compute, attrs_type=AdaptivePool2DAttrs,
+adaptive_avg_pool2d = defop("nn.adaptive_avg_pool2d", 1, _adaptive_infer, kernel=_adaptive_kernel, attrs_type=AdaptivePool2DAttrs,
                             grad=lambda c, g: [adaptive_avg_pool2d_grad(g, c.args[0], c.attrs.output_size)],
                             pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape),
                             torch_name="adaptive_avg_pool2d")
 adaptive_avg_pool2d_grad = defop(
     "nn.adaptive_avg_pool2d_grad", 2, _grad_infer("nn.adaptive_avg_pool2d_grad", _adaptive_infer),
-    _adaptive_grad_compute, attrs_type=AdaptivePool2DAttrs,
+    kernel=_adaptive_grad_kernel, attrs_type=AdaptivePool2DAttrs,
     grad=lambda c, gg: [adaptive_avg_pool2d(gg, c.attrs.output_size), None],
     pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
     doc="Gradient of ``nn.adaptive_avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")

@@ -1,8 +1,10 @@
 """Special functions shared by operator kernels (erf for ``erf`` and ``nn.gelu``).
 
-float32/float16: a vectorised rational approximation (a few ulp). float64: SciPy's
-``erf`` when SciPy is installed (extra ``pullback[fast]``), otherwise libm's
-``math.erf`` element by element (exact, slower). Results keep the input's dtype.
+``erf`` is NumPy's: float32/float16 by a vectorised rational approximation (a few
+ulp); float64 by SciPy's ``erf`` when SciPy is installed (extra ``pullback[fast]``),
+otherwise libm's ``math.erf`` element by element (exact, slower). Results keep the
+input's dtype. ``erf_of(xp)`` is the erf of any array namespace (jax's and torch's
+own on those targets).
 """
 
 from __future__ import annotations
@@ -61,3 +63,15 @@ def erf(x: np.ndarray) -> np.ndarray:
     p /= q
     return p.astype(x.dtype, copy=False)
 
+
+
+def erf_of(xp):
+    """Elementwise erf for arrays of namespace ``xp``: ``erf`` above on NumPy, ``jax.scipy.special.erf``
+    on ``jax.numpy``, ``torch.erf`` on array-api-compat's torch."""
+    if xp is np:
+        return erf
+    if xp.__name__ == "jax.numpy":
+        from jax.scipy.special import erf as jax_erf
+
+        return jax_erf
+    return xp.erf
