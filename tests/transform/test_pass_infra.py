@@ -12,7 +12,7 @@ import pullback as pb
 from pullback import op, transform
 from pullback.ir.errors import PassError
 from pullback.transform import pass_infra
-from pullback.transform.infer_type import ensure_typed
+from pullback.analysis import infer_module
 from pullback.transform.instruments import PassInstrument, _astext
 
 
@@ -391,7 +391,7 @@ def test_pass_timing_survives_a_failing_pass():
 def test_print_ir():
     # the printer shows types where they are known: type both modules so the text is fixed
     rebuild = rename_main_pass()
-    typed_rebuild = transform.module_pass(lambda m, ctx: ensure_typed(rebuild.transform_module(m, ctx)), name="Rebuild")
+    typed_rebuild = transform.module_pass(lambda m, ctx: infer_module(rebuild.transform_module(m, ctx)), name="Rebuild")
     buf = io.StringIO()
     mod = transform.InferType()(make_mod())
     with transform.PassContext(instruments=[transform.PrintIR(before=True, after=True, stream=buf, passes=["Rebuild"])]):
@@ -462,14 +462,14 @@ def test_infer_type_on_a_deep_chain():
 
 
 def test_infer_type_skips_modules_that_are_already_typed(monkeypatch):
-    from pullback.transform import infer_type
+    from pullback.analysis import type_infer
 
     mod = transform.InferType()(make_mod())
 
-    def fail(mod):
+    def fail(*args):
         raise AssertionError("infer_module should not run again")
 
-    monkeypatch.setattr(infer_type, "infer_module", fail)
+    monkeypatch.setattr(type_infer, "infer_types", fail)
     assert transform.InferType()(mod) is mod
     fresh = make_mod()
     with pytest.raises(AssertionError, match="should not run"):
