@@ -8,6 +8,7 @@ key dictionaries in passes.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any as _Any
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -401,11 +402,24 @@ def var(name: str, type_: Optional[Type] = None, shape=None, dtype: str = "float
     return Var(name, type_)
 
 
+_RANGE: dict = {}  # dtype -> (min, max) representable (finite floats), NaN and inf included for floats
+
+
+def _range(dtype: str) -> tuple:
+    if dtype in FLOAT_DTYPES:
+        return (-math.inf, math.inf) if dtype == "float64" else (-float(np.finfo(dtype).max), float(np.finfo(dtype).max))
+    return (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+
+
 def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
     """``value`` as a NumPy array of ``dtype``, or a PullbackError when a value is not representable:
     a finite value overflowing to inf, an integer out of range, a fraction, NaN or inf for an
     integer dtype, a number other than 0 or 1 for bool."""
     dtype = check_dtype(dtype, f"{what}: ")
+    if type(value) is float or (type(value) is int and abs(value) < 2**63):  # a Python number: the quick check
+        lo, hi = _RANGE.get(dtype) or _RANGE.setdefault(dtype, _range(dtype))
+        if lo <= value <= hi and (type(value) is int or dtype in FLOAT_DTYPES):
+            return np.asarray(value, dtype=dtype)
     try:
         src = np.asarray(value)
         if src.dtype == object:  # Python ints beyond int64
@@ -498,7 +512,10 @@ def as_exprs(values: Sequence) -> list[Expr]:
     """Operands of a call: expressions as they are, Python scalars *weak* (as in JAX, NumPy 2 and
     PyTorch: they take the dtype of the tensors they meet, the first non-bool one, known from
     its ``checked_type``), anything else a ``const`` of its own dtype."""
-    if all(isinstance(v, Expr) for v in values):
+    for v in values:
+        if not isinstance(v, Expr):
+            break
+    else:
         return list(values)
     dtype = None
     if any(is_weak_scalar(v) for v in values):
