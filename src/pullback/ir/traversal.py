@@ -100,7 +100,9 @@ def _new_like(node: Expr, new: Expr) -> Expr:
         if a is not b:
             tb = b._checked_type
             if tb is None:
-                return new
+                tb = b.type_annotation if type(b) is Var else None
+                if tb is None:
+                    return new
             ta = a._checked_type
             if ta is not tb and ta != tb:
                 return new
