@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..ir.errors import TypeInferenceError
+from ..ir.errors import PullbackError, TypeInferenceError
 from ..ir.expr import Expr, Function, GlobalVar
 from ..ir.module import IRModule
 from ..ir.type_rules import infer_types, node_type
@@ -86,8 +86,22 @@ def infer_function(fn: Function, mod: Optional[IRModule] = None) -> Function:
     return fn
 
 
+# ---- kept only for ``transform/ad`` until it types nodes with ``checked_type`` (then delete both)
+
+
+def carry_type(old: Expr, new: Expr) -> bool:
+    """Type ``new`` (``old`` rebuilt) if it can be typed without the module; True if it is typed.
+    (``ir.traversal.rebuild`` already keeps ``old``'s type when the operand types are unchanged.)"""
+    if new._checked_type is None:
+        try:
+            infer_types(new)
+        except PullbackError:
+            return False
+    return True
+
+
 class _Inferencer:
-    """Kept only for ``transform/ad/common.py`` until it uses ``checked_type``: the type rule of one node."""
+    """The type rule of one node."""
 
     def __init__(self, mod: Optional[IRModule]):
         self._types = _ModuleTypes(mod) if mod is not None else None

@@ -508,27 +508,18 @@ def weak_const(value, dtype: Optional[str]) -> Constant:
     return const(value, dtype)
 
 
-def as_exprs(values: Sequence) -> list[Expr]:
-    """Operands of a call: expressions as they are, Python scalars *weak* (as in JAX, NumPy 2 and
-    PyTorch: they take the dtype of the tensors they meet, the first non-bool one, known from
-    its ``checked_type``), anything else a ``const`` of its own dtype."""
-    for v in values:
-        if not isinstance(v, Expr):
-            break
-    else:
-        return list(values)
-    dtype = None
-    if any(is_weak_scalar(v) for v in values):
-        dtypes = [d for d in (_dtype_of(v) for v in values if isinstance(v, Expr)) if d is not None]
-        dtype = next((d for d in dtypes if d != "bool"), dtypes[0] if dtypes else None)
-    return [v if isinstance(v, Expr) else weak_const(v, dtype) if is_weak_scalar(v) else const(v) for v in values]
-
-
-def as_expr(value, like: Optional[Expr] = None) -> Expr:
-    """Turn a Python scalar/array into a Constant; a Python scalar takes the dtype of ``like``."""
+def as_expr(value, like=None) -> Expr:
+    """``value`` as an operand: an expression as it is; a Python scalar *weak* (as in JAX, NumPy 2
+    and PyTorch), taking the dtype of ``like`` (an expression, or the operands of the call it goes
+    into: the first non-bool tensor among them, known from its ``checked_type``); anything else
+    (arrays, NumPy scalars, lists) a ``const`` of its own dtype."""
     if isinstance(value, Expr):
         return value
-    return as_exprs([like, value])[1] if like is not None else const(value)
+    if not is_weak_scalar(value):
+        return const(value)
+    operands = (like,) if isinstance(like, Expr) else like or ()
+    dtypes = [d for d in (_dtype_of(v) for v in operands if isinstance(v, Expr)) if d is not None]
+    return weak_const(value, next((d for d in dtypes if d != "bool"), dtypes[0] if dtypes else None))
 
 
 def tuple_type_of(fields: Sequence[Type]) -> TupleType:

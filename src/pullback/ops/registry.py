@@ -21,7 +21,7 @@ from typing import Any as _Any
 from typing import Callable, Optional, Sequence
 
 from ..ir.errors import AttrError, PullbackError, TypeInferenceError
-from ..ir.expr import Call, Expr, Op, as_exprs
+from ..ir.expr import Call, Expr, Op, as_expr
 from ..ir.types import TensorType, Type
 
 
@@ -174,7 +174,8 @@ class OpDef(Op):
             if len(args) < n:
                 raise PullbackError(f"op {self.name} expects {n} tensor argument{'s' if n != 1 else ''}, got {len(args)}")
             tensors, rest = list(args[:n]), args[n:]
-        return Call(self, as_exprs(tensors), self.make_attrs(*rest, **kwargs))
+        exprs = [as_expr(t, tensors) for t in tensors]  # a Python scalar takes the dtype of the tensors it meets
+        return Call(self, exprs, self.make_attrs(*rest, **kwargs))
 
     def check_arity(self, nargs: int) -> None:
         if self.num_inputs >= 0 and nargs != self.num_inputs:
