@@ -13,14 +13,13 @@ them are opaque, so running FuseOps twice changes nothing the second time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..analysis.fusion import DEFAULT_MAX_ARGS, DEFAULT_MAX_DEPTH, is_inline_constant, num_ops, partition
-from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
 from ..ir.expr import Call, Constant, Expr, Function, Var
 from ..ir.module import IRModule
 from ..ir.traversal import rebuild
+from dataclasses import dataclass
+from ..analysis.type_infer import infer_module
 from .pass_infra import FunctionPass, PassContext
 
 
