@@ -59,7 +59,7 @@ def test_fold_in_one_walk_equals_the_rule_driver():
     mod = pb.IRModule.from_expr(pb.Function([x], body))
     infer_module(mod)
     by_rules = rewrite(fold_rules(), mod["main"].body, mod)
-    by_walk = fold_expr(mod["main"].body, mod=mod)
+    by_walk = fold_expr(mod["main"].body)
     pb.assert_structural_equal(by_walk, by_rules)
     assert by_walk is not body
     assert all(n._checked_type is not None for n in post_order(by_walk))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
+from dataclasses import FrozenInstanceError, dataclass
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pullback as pb
 from pullback import op, transform
 from pullback.ir.errors import PassError
 from pullback.transform import pass_infra
-from pullback.transform.infer_type import ensure_typed
+from pullback.analysis import infer_module
 from pullback.transform.instruments import PassInstrument, _astext
 
 
@@ -110,7 +112,7 @@ def test_function_pass_decorator_on_function_applies_to_each_function():
     assert seen == [mod["main"], mod["helper"]]
 
 
-def test_module_pass_decorator_on_class():
+def test_module_pass_decorator_on_class(registry):
     @transform.module_pass(opt_level=1, name="AddFn")
     class AddFunction:
         """Adds a copy of @main under a new name."""
@@ -132,7 +134,7 @@ def test_module_pass_decorator_on_class():
     assert list(mod) == ["main", "helper"]  # input untouched
 
 
-def test_function_pass_decorator_on_bare_class():
+def test_function_pass_decorator_on_bare_class(registry):
     @transform.function_pass
     class Counter:
         def __init__(self):
@@ -391,7 +393,7 @@ def test_pass_timing_survives_a_failing_pass():
 def test_print_ir():
     # the printer shows types where they are known: type both modules so the text is fixed
     rebuild = rename_main_pass()
-    typed_rebuild = transform.module_pass(lambda m, ctx: ensure_typed(rebuild.transform_module(m, ctx)), name="Rebuild")
+    typed_rebuild = transform.module_pass(lambda m, ctx: infer_module(rebuild.transform_module(m, ctx)), name="Rebuild")
     buf = io.StringIO()
     mod = transform.InferType()(make_mod())
     with transform.PassContext(instruments=[transform.PrintIR(before=True, after=True, stream=buf, passes=["Rebuild"])]):
@@ -462,14 +464,14 @@ def test_infer_type_on_a_deep_chain():
 
 
 def test_infer_type_skips_modules_that_are_already_typed(monkeypatch):
-    from pullback.transform import infer_type
+    from pullback.analysis import type_infer
 
     mod = transform.InferType()(make_mod())
 
-    def fail(mod):
+    def fail(*args):
         raise AssertionError("infer_module should not run again")
 
-    monkeypatch.setattr(infer_type, "infer_module", fail)
+    monkeypatch.setattr(type_infer, "infer_types", fail)
     assert transform.InferType()(mod) is mod
     fresh = make_mod()
     with pytest.raises(AssertionError, match="should not run"):
@@ -483,3 +485,229 @@ def test_unexpected_errors_name_the_pass():
     with pytest.raises(ZeroDivisionError) as info:
         transform.Sequential([transform.module_pass(crash, name="Crash")], name="pipe")(make_mod())
     assert info.value.__notes__ == ["(while running pass Crash)", "(while running pass pipe)"]
+
+
+# ---------------------------------------------------------------- the one way: frozen dataclass subclasses
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Passes defined by a test are registered into a copy of the registry."""
+    monkeypatch.setattr(pass_infra, "_REGISTRY", dict(pass_infra._REGISTRY))
+
+
+def _exp_main(mod, times: int = 1):
+    main = mod["main"]
+    body = main.body
+    for _ in range(times):
+        body = op.exp(body)
+    return mod.with_function("main", pb.Function(main.params, body))
+
+
+def test_a_named_subclass_is_registered_by_being_defined(registry):
+    @dataclass(frozen=True)
+    class ExpMain(transform.ModulePass):
+        """Wraps @main's result in ``times`` exps."""
+
+        name = "ExpMain"
+        opt_level = 1
+        times: int = 1
+
+        def transform_module(self, mod, ctx):
+            return _exp_main(mod, self.times)
+
+    assert "ExpMain" in transform.list_passes()
+    p = transform.get_pass("ExpMain")
+    assert isinstance(p, ExpMain) and p == ExpMain() and p.info == transform.PassInfo("ExpMain", 1)
+    assert ExpMain(times=2) != ExpMain() and repr(ExpMain(times=2)).endswith("ExpMain(times=2)")
+    out = transform.Sequential(["ExpMain", ExpMain(times=2)])(make_mod())
+    assert out["main"].body.op is op.exp and out["main"].body.args[0].args[0].op is op.exp
+
+
+def test_options_are_frozen():
+    p = transform.FoldConstant(max_new_elements=8)
+    with pytest.raises(FrozenInstanceError):
+        p.max_new_elements = 9
+    with pytest.raises(FrozenInstanceError):
+        transform.InferType().anything = 1
+    with pytest.raises(FrozenInstanceError):
+        del transform.standard_cleanup().max_rounds
+
+    @dataclass  # not frozen: the options cannot be set
+    class Mutable(transform.ModulePass):
+        k: int = 0
+
+        def transform_module(self, mod, ctx):
+            return mod
+
+    with pytest.raises(FrozenInstanceError, match="passes are immutable"):
+        Mutable()
+
+
+def test_unnamed_subclasses_are_bases_named_after_the_class(registry):
+    class Base(transform.ModulePass):
+        def transform_module(self, mod, ctx):
+            return mod
+
+    assert "Base" not in transform.list_passes() and Base().info.name == "Base"
+
+    @dataclass(frozen=True)
+    class Derived(Base):
+        name = "DerivedPass"
+
+    assert isinstance(transform.get_pass("DerivedPass"), Derived)
+
+
+def test_names_are_unique_and_a_redefinition_replaces(registry):
+    def define():
+        @dataclass(frozen=True)
+        class Twice(transform.ModulePass):
+            name = "Twice"
+
+            def transform_module(self, mod, ctx):
+                return mod
+
+        return Twice
+
+    define()
+    second = define()  # the same class defined again (a reloaded module, a notebook cell)
+    assert type(transform.get_pass("Twice")) is second
+    with pytest.raises(PassError, match="a pass named Twice is already registered.*another name"):
+        class Other(transform.ModulePass):
+            name = "Twice"
+
+            def transform_module(self, mod, ctx):
+                return mod
+    with pytest.raises(PassError, match="InferType is already registered"):
+        class Mine(transform.ModulePass, name="InferType"):
+            def transform_module(self, mod, ctx):
+                return mod
+
+
+def test_a_named_pass_implements_its_method(registry):
+    with pytest.raises(PassError, match=r"must implement transform_module"):
+        class NoModule(transform.ModulePass):
+            name = "NoModule"
+    with pytest.raises(PassError, match=r"must implement transform_function"):
+        class NoFunction(transform.FunctionPass):
+            name = "NoFunction"
+    with pytest.raises(PassError, match=r"must implement rules"):
+        class NoRules(transform.RewritePass):
+            name = "NoRules"
+
+
+def test_an_option_called_name_takes_the_pass_name_from_the_class_keyword(registry):
+    @dataclass(frozen=True)
+    class AddCopy(transform.ModulePass, name="AddCopy"):
+        name: str = "copy"
+
+        def transform_module(self, mod, ctx):
+            return mod.with_function(self.name, mod["main"])
+
+    p = AddCopy(name="twin")
+    assert p.info.name == "AddCopy" and p.name == "twin"
+    assert list(p(make_mod())) == ["main", "helper", "twin"]
+    assert transform.get_pass("AddCopy") == AddCopy()
+
+
+def test_get_pass_needs_options_with_defaults(registry):
+    @dataclass(frozen=True)
+    class NeedsK(transform.ModulePass):
+        name = "NeedsK"
+        k: int
+
+        def transform_module(self, mod, ctx):
+            return mod
+
+    with pytest.raises(PassError, match="NeedsK has options without defaults"):
+        transform.get_pass("NeedsK")
+    assert NeedsK(3).k == 3
+
+
+def test_function_pass_subclasses_inherit_the_loop():
+    x = pb.var("x", shape=(2,))
+    prim = pb.Function([x], op.exp(x), attrs={"Primitive": 1})
+    mod = make_mod().with_function("fused", prim)
+    seen = []
+
+    @dataclass(frozen=True)
+    class Negate(transform.FunctionPass):
+        def transform_function(self, func, mod, ctx):
+            seen.append(func)
+            return pb.Function(func.params, op.negative(func.body))
+
+    out = Negate()(mod)
+    assert seen == [mod["main"], mod["helper"]] and out["fused"] is prim
+    assert out["main"].body.op is op.negative
+
+
+def test_built_in_passes_are_frozen_dataclasses_with_their_constructors():
+    for name in ["InferType", "ConcretizeLike", "EliminateIdentity", "SimplifyExpr", "DeadCodeElimination",
+                 "EliminateCommonSubexpr", "FoldConstant", "RemoveUnusedParameters", "FuseOps", "standard_cleanup"]:
+        p = transform.get_pass(name)
+        assert dataclasses.is_dataclass(p) and type(p).__dataclass_params__.frozen and p.info.name == name
+    assert isinstance(transform.FuseOps(), transform.FunctionPass) and isinstance(transform.FoldConstant(), transform.FunctionPass)
+    assert transform.FuseOps(fuse_opt_level=1).fuse_opt_level == 1
+    assert transform.FuseOps().info == transform.PassInfo("FuseOps", 0, ("InferType",))
+    assert transform.DeadCodeElimination(entry="main").entry == ("main",)
+    clean = transform.standard_cleanup(max_rounds=3, entry="main")
+    assert clean.fixed_point.max_rounds == 3 and [p.info.name for p in clean.passes] == [
+        "SimplifyExpr", "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination"]
+    with pytest.raises(PassError, match="max_rounds"):
+        transform.standard_cleanup(max_rounds=0)
+    with pytest.raises(PassError, match="max_new_elements"):
+        transform.FoldConstant(-1)
+    with pytest.raises(PassError, match="entry"):
+        transform.DeadCodeElimination(entry=[3])
+
+
+def test_fuse_ops_and_fold_constant_run_per_function_and_skip_primitive_ones():
+    x = pb.var("x", shape=(2,))
+    prim = pb.Function([x], op.exp(op.add(pb.const(np.ones(2, "float32")), pb.const(np.ones(2, "float32")))),
+                       attrs={"Primitive": 1})
+    mod = make_mod().with_function("fused", prim)
+    assert transform.FoldConstant()(mod)["fused"] is prim
+    out = transform.FuseOps()(mod)
+    assert out["fused"] is prim and out["main"].body.op.is_primitive  # exp + add of @main fused
+
+
+def test_decorators_are_sugar_over_the_same_classes(registry):
+    @transform.module_pass(opt_level=1)
+    def fn_pass(mod, ctx):
+        """Does nothing."""
+        return mod
+
+    assert isinstance(fn_pass, transform.ModulePass) and fn_pass.info == transform.PassInfo("fn_pass", 1)
+    assert fn_pass.__doc__ == "Does nothing." and "fn_pass" not in transform.list_passes()  # an object, not a class
+
+    @transform.function_pass(name="DecoratedClass", opt_level=2)
+    class Decorated:
+        def transform_function(self, func, mod, ctx):
+            return func
+
+    assert issubclass(Decorated, transform.FunctionPass) and "DecoratedClass" in transform.list_passes()
+    p = transform.get_pass("DecoratedClass")
+    assert isinstance(p, Decorated) and p.info == transform.PassInfo("DecoratedClass", 2)
+    mod = make_mod()
+    assert p(mod) is mod
+
+
+def test_a_skipped_subclass_pass_is_reported_never_silent(caplog):
+    caplog.set_level(logging.INFO, logger="pullback.transform")
+
+    @dataclass(frozen=True)
+    class Heavy(transform.ModulePass):
+        opt_level = 3
+
+        def transform_module(self, mod, ctx):
+            raise AssertionError("skipped passes do not run")
+
+    rec = Recorder()
+    mod = make_mod()
+    with transform.PassContext(opt_level=2, disabled=["FoldConstant"], instruments=[rec]) as ctx:
+        assert transform.Sequential([Heavy(), transform.FoldConstant()])(mod) is mod
+    reasons = [("Heavy", "opt_level 3 > PassContext opt_level 2"), ("FoldConstant", "disabled by PassContext")]
+    assert ctx.skipped == reasons
+    assert [e[1:] for e in rec.events if e[0] == "skip"] == reasons
+    logged = [r.getMessage() for r in caplog.records if r.name == "pullback.transform"]
+    assert all(any(n in m and why in m for m in logged) for n, why in reasons)

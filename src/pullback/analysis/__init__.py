@@ -1,5 +1,6 @@
-"""Analyses over the IR: types, well-formedness, liveness, costs."""
+"""Analyses over the IR: types, call graph, well-formedness, liveness, costs."""
 
+from .callgraph import CallGraph
 from .type_infer import infer_expr, infer_function, infer_module, join_types, types_compatible
 from .well_formed import check_well_formed, is_well_formed
 from .liveness import Live, liveness, peak_memory, type_bytes
@@ -8,6 +9,7 @@ from .fusion import FusionReport, fusion_report
 from .saved import saved_bytes
 
 __all__ = [
+    "CallGraph",
     "infer_expr",
     "infer_function",
     "infer_module",

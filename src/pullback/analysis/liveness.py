@@ -21,7 +21,7 @@ from ..ir.expr import Call, Constant, Expr, Function, If, Tuple, TupleGetItem, V
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import TensorType, TupleType, Type
-from .type_infer import infer_expr, infer_module
+from .type_infer import infer_module
 
 _ALIASES = (Tuple, TupleGetItem, If)
 
@@ -55,12 +55,10 @@ def resolve_function(target: Union[IRModule, Function], func: str) -> tuple[Func
     """``(function, module or None)`` for ``target[func]`` or a bare Function, with types inferred."""
     if isinstance(target, IRModule):
         fn = target[func]
-        if any(f._checked_type is None for _, f in target.items()):
-            infer_module(target)
+        infer_module(target)
         return fn, target
     if isinstance(target, Function):
-        if target._checked_type is None:
-            infer_expr(target)
+        _ = target.checked_type
         return target, None
     raise PullbackError(f"expected an IRModule or a Function, got {type(target).__name__}")
 

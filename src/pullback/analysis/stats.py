@@ -19,6 +19,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef, is_call_to
+from .callgraph import CallGraph
 from .liveness import peak_memories, resolve_function
 
 Target = Union[IRModule, Function, Expr]
@@ -30,24 +31,23 @@ def _calls(target: Target, func: Optional[str] = None) -> list[Call]:
     """Operator calls of ``target``: all of a module, or ``func`` and the functions it calls
     (each function walked once, into primitive functions)."""
     if isinstance(target, Expr):
-        roots, mod = [target], None
+        roots = [target]
     elif isinstance(target, IRModule):
-        mod = target
-        roots = [mod[func]] if func is not None else [f for _, f in mod.items()]
+        if func is None:
+            roots = [f for _, f in target.items()]
+        else:
+            target[func]  # raises naming the known functions
+            live = CallGraph(target).reachable([func])
+            roots = [f for name, f in target.items() if name in live]
     else:
         raise PullbackError(f"expected an IRModule, Function or Expr, got {type(target).__name__}")
-    walked = {func} if func is not None else set(mod or ())
     seen: set[int] = set()
     out: list[Call] = []
-    while roots:
-        for n in post_order(roots.pop(), into_functions=True):
-            if isinstance(n, Call) and id(n) not in seen:
+    for root in roots:
+        for n in post_order(root, into_functions=True):
+            if isinstance(n, Call) and isinstance(n.op, OpDef) and id(n) not in seen:
                 seen.add(id(n))
-                if isinstance(n.op, OpDef):
-                    out.append(n)
-                elif isinstance(n.op, GlobalVar) and mod is not None and n.op.name_hint not in walked and n.op.name_hint in mod:
-                    walked.add(n.op.name_hint)
-                    roots.append(mod[n.op.name_hint])
+                out.append(n)
     return out
 
 
@@ -147,20 +147,9 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
     if mod is None:
         return own_cost(fn)[0]
     totals: dict[str, int] = {}
-    active: set[str] = set()
-    stack = [(func, False)]
-    while stack:  # call-graph post order, callees first
-        name, expanded = stack.pop()
-        if expanded:
-            active.discard(name)
-            base, callees = own_cost(mod[name])
-            totals[name] = base + sum(k * totals.get(c, 0) for c, k in callees.items())
-            continue
-        if name in totals or name in active:
-            continue
-        active.add(name)
-        stack.append((name, True))
-        stack.extend((c, False) for c in own_cost(mod[name])[1] if c in mod and c not in totals and c not in active)
+    for name in CallGraph(mod).callees_first([func]):  # a recursive call finds no total yet: it adds 0
+        base, callees = own_cost(mod[name])
+        totals[name] = base + sum(k * totals.get(c, 0) for c, k in callees.items())
     return totals[func]
 
 

@@ -23,15 +23,19 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from ..ir.errors import PullbackError, WellFormedError
-from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Expr, Function, GlobalVar, Var
 from ..ir.module import IRModule
 from ..ir.structural import describe_node
 from ..ir.traversal import children, post_order
-from ..ir.types import FuncType, TensorType, TupleType
+from ..ir.type_rules import node_type
+from ..ir.types import FuncType
 from ..ops.registry import OpDef
-from .type_infer import join_types, types_compatible
 
 Checkable = Union[IRModule, Function, Expr]
+
+
+class _CannotTell(Exception):
+    """The type of a module function is not cached: a node calling it is not checked."""
 
 
 def _where(fn_name: Optional[str], node: Expr) -> str:
@@ -139,48 +143,24 @@ class _Checker:
         if callee is not None and len(callee.params) != len(call.args):
             self.report(fn_name, call, f"{label} takes {_args(len(callee.params))}, got {len(call.args)}")
 
+    def callee_type(self, gv: GlobalVar) -> FuncType:
+        callee = self.mod[gv.name_hint] if self.mod is not None and gv.name_hint in self.mod else None
+        t = callee._checked_type if callee is not None else None
+        if not isinstance(t, FuncType):
+            raise _CannotTell
+        return t
+
     def expected_type(self, n: Expr):
         """The type ``n`` should have given its operands' cached types (None: cannot tell)."""
-        kids = n.children()
-        if any(c._checked_type is None for c in kids):
-            return None
         if isinstance(n, Var):
             return n.type_annotation
-        if isinstance(n, Constant):
-            return TensorType(n.data.shape, n.data.dtype.name)
-        if isinstance(n, Tuple):
-            return TupleType(tuple(f._checked_type for f in n.fields))
-        if isinstance(n, TupleGetItem):
-            t = n.tuple_value._checked_type
-            if not isinstance(t, TupleType) or n.index >= len(t.fields):
-                raise PullbackError(f"index .{n.index} does not fit the operand type {t!r}")
-            return t.fields[n.index]
-        if isinstance(n, If):
-            j = join_types(n.true_branch._checked_type, n.false_branch._checked_type)
-            if j is None:
-                raise PullbackError(f"branch types {n.true_branch._checked_type!r} and {n.false_branch._checked_type!r} differ")
-            return j
-        if isinstance(n, Function):
-            if n.body._checked_type is None:
+        for c in children(n, True):
+            if c._checked_type is None:
                 return None
-            return FuncType(tuple(p.type_annotation for p in n.params), n.ret_type or n.body._checked_type)
-        if isinstance(n, GlobalVar):
-            callee = self.mod[n.name_hint] if self.mod is not None and n.name_hint in self.mod else None
-            return callee._checked_type if callee is not None else None
-        if isinstance(n, Call):
-            op = n.op
-            if isinstance(op, OpDef):
-                return op.infer([a._checked_type for a in n.args], n.attrs)
-            callee = op if isinstance(op, Function) else (
-                self.mod[op.name_hint] if self.mod is not None and op.name_hint in self.mod else None)
-            ft = callee._checked_type if callee is not None else None
-            if not isinstance(ft, FuncType):
-                return None
-            for i, (want, got) in enumerate(zip(ft.arg_types, n.args)):
-                if not types_compatible(want, got._checked_type):
-                    raise PullbackError(f"argument {i} has type {got._checked_type!r}, the callee expects {want!r}")
-            return ft.ret_type
-        return None
+        try:
+            return node_type(n, self.callee_type)
+        except _CannotTell:
+            return None
 
     def check_type(self, n: Expr, fn_name: Optional[str]) -> None:
         try:

@@ -8,21 +8,31 @@ key dictionaries in passes.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any as _Any
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .errors import PullbackError, TypeInferenceError
-from .types import FuncType, TensorType, TupleType, Type, check_dtype
+from .types import FLOAT_DTYPES, FuncType, TensorType, TupleType, Type, check_dtype
 
 _ids = itertools.count()
 
 
 class Op:
-    """Base of operator definitions (``ops.OpDef``); ``name`` is the Relay name."""
+    """Base of operator definitions (``ops.OpDef``); ``name`` is the Relay name.
+
+    The type rules call ``check_arity(nargs)`` then ``infer(arg_types, attrs)``."""
 
     name: str = "?"
+
+    def infer(self, arg_types: list, attrs) -> Type:
+        """The result type for operands of ``arg_types`` (raises TypeInferenceError)."""
+        raise TypeInferenceError(f"operator {self.name} has no type relation")
+
+    def check_arity(self, nargs: int) -> None:
+        """Raise TypeInferenceError unless the operator takes ``nargs`` operands."""
 
     def __repr__(self) -> str:
         return f"Op({self.name})"
@@ -94,12 +104,17 @@ class Expr:
 
     @property
     def checked_type(self) -> Type:
-        """The type set by ``InferType``; raises if types were not inferred."""
-        if self._checked_type is None:
-            raise TypeInferenceError(
-                f"the type of this {type(self).__name__} is not inferred yet; run transform.InferType() first"
-            )
-        return self._checked_type
+        """The type of this node, computed on first access and cached (``ir.type_rules``).
+
+        Computing it types the untyped nodes below (iteratively); a call to a module
+        function needs its module: run ``transform.InferType()`` (or
+        ``analysis.infer_expr(expr, mod)``) for those. Type errors raise TypeInferenceError."""
+        t = self._checked_type
+        if t is None:
+            from .type_rules import infer_types
+
+            t = infer_types(self)
+        return t
 
     @property
     def has_type(self) -> bool:
@@ -387,18 +402,70 @@ def var(name: str, type_: Optional[Type] = None, shape=None, dtype: str = "float
     return Var(name, type_)
 
 
+_RANGE: dict = {}  # dtype -> (min, max) representable (finite floats), NaN and inf included for floats
+
+
+def _range(dtype: str) -> tuple:
+    if dtype in FLOAT_DTYPES:
+        return (-math.inf, math.inf) if dtype == "float64" else (-float(np.finfo(dtype).max), float(np.finfo(dtype).max))
+    return (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+
+
+def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
+    """``value`` as a NumPy array of ``dtype``, or a PullbackError when a value is not representable:
+    a finite value overflowing to inf, an integer out of range, a fraction, NaN or inf for an
+    integer dtype, a number other than 0 or 1 for bool."""
+    dtype = check_dtype(dtype, f"{what}: ")
+    if type(value) is float or (type(value) is int and abs(value) < 2**63):  # a Python number: the quick check
+        lo, hi = _RANGE.get(dtype) or _RANGE.setdefault(dtype, _range(dtype))
+        if lo <= value <= hi and (type(value) is int or dtype in FLOAT_DTYPES):
+            return np.asarray(value, dtype=dtype)
+    try:
+        src = np.asarray(value)
+        if src.dtype == object:  # Python ints beyond int64
+            if dtype not in FLOAT_DTYPES:
+                raise OverflowError(f"{dtype} holds integers from {np.iinfo(dtype).min} to {np.iinfo(dtype).max}")
+            src = np.asarray(value, dtype=np.float64)
+    except (OverflowError, TypeError, ValueError) as e:
+        raise PullbackError(f"{what}: {value!r} is not representable in {dtype}: {e}") from None
+    if src.dtype.kind not in "biuf":
+        raise PullbackError(f"{what}: expected numbers, got {src.dtype} values {value!r}")
+    with np.errstate(all="ignore"):
+        out = src.astype(dtype)
+    bad = None
+    if dtype in FLOAT_DTYPES:
+        bad = np.isinf(out) & np.isfinite(src)
+        why = f"it overflows to inf (largest {dtype}: {np.finfo(dtype).max:g})"
+    elif dtype == "bool":
+        bad = (src != 0) & (src != 1)
+        why = "a bool constant holds 0/1 or True/False"
+    else:
+        info = np.iinfo(dtype)
+        if src.dtype.kind == "f":
+            bad = ~np.isfinite(src) | (src != np.round(src)) | (src < info.min) | (src > info.max)
+            why = f"{dtype} holds integers from {info.min} to {info.max}"
+        elif src.dtype.kind in "iu" and src.size:
+            bad = (src < info.min) | (src > info.max)
+            why = f"{dtype} holds integers from {info.min} to {info.max}"
+    if bad is not None and np.any(bad):
+        first = src[bad].reshape(-1)[0] if src.ndim else src
+        raise PullbackError(f"{what}: the value {first.item()!r} is not representable in {dtype}: {why}")
+    return out
+
+
 def const(value, dtype: Optional[str] = None) -> Constant:
-    """A constant; Python floats default to float32 and ints to int32, as in Relay."""
+    """A constant; Python floats default to float32 and ints to int32, as in Relay.
+
+    A value ``dtype`` (or the default) cannot represent is an error, not inf or a wrapped integer."""
     if isinstance(value, Constant):
         return value
     if dtype is None:
         arr = np.asarray(value)
-        if arr.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
-            arr = arr.astype("float32")
-        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)):
-            arr = arr.astype("int32")
+        if not isinstance(value, (np.ndarray, np.generic)):  # Python numbers (and lists): Relay's defaults
+            default = {"float64": "float32", "int64": "int32", "object": "int32"}.get(arr.dtype.name)
+            arr = exact_array(value, default) if default else arr
     else:
-        arr = np.asarray(value, dtype=check_dtype(dtype, "const: "))
+        arr = exact_array(value, dtype)
     return Constant(arr)
 
 
@@ -411,15 +478,48 @@ def known_type(e: Expr) -> Optional[Type]:
     return None
 
 
-def as_expr(value, like: Optional[Expr] = None) -> Expr:
-    """Turn a Python scalar/array into a Constant, taking the dtype of ``like`` when known."""
+def is_weak_scalar(value) -> bool:
+    """A Python ``bool``/``int``/``float`` (not a NumPy scalar): it takes the dtype of the tensor it meets."""
+    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+
+
+def _dtype_of(e: Expr) -> Optional[str]:
+    t = e._checked_type
+    if t is None:
+        try:
+            t = e.checked_type
+        except PullbackError:  # not typeable alone (a call to a module function, an ill-typed operand)
+            return None
+    return t.dtype if isinstance(t, TensorType) else None
+
+
+def weak_const(value, dtype: Optional[str]) -> Constant:
+    """The Python scalar ``value`` meeting a tensor of ``dtype`` (None: unknown, Relay's defaults).
+
+    A float meeting an integer tensor is a TypeInferenceError (pullback does not promote
+    implicitly); an int or float meeting a bool tensor keeps Relay's default dtype."""
+    if dtype is None or (dtype == "bool" and type(value) is not bool):
+        return const(value)
+    if dtype not in FLOAT_DTYPES and dtype != "bool" and isinstance(value, float):
+        raise TypeInferenceError(
+            f"the Python float {value!r} meets a tensor of dtype {dtype}, and pullback does not promote implicitly: "
+            f"cast the tensor (op.cast(x, \"float32\")) or use an integer"
+        )
+    return const(value, dtype)
+
+
+def as_expr(value, like=None) -> Expr:
+    """``value`` as an operand: an expression as it is; a Python scalar *weak* (as in JAX, NumPy 2
+    and PyTorch), taking the dtype of ``like`` (an expression, or the operands of the call it goes
+    into: the first non-bool tensor among them, known from its ``checked_type``); anything else
+    (arrays, NumPy scalars, lists) a ``const`` of its own dtype."""
     if isinstance(value, Expr):
         return value
-    if like is not None:
-        t = known_type(like)
-        if isinstance(t, TensorType):
-            return const(value, t.dtype)
-    return const(value)
+    if not is_weak_scalar(value):
+        return const(value)
+    operands = (like,) if isinstance(like, Expr) else like or ()
+    dtypes = [d for d in (_dtype_of(v) for v in operands if isinstance(v, Expr)) if d is not None]
+    return weak_const(value, next((d for d in dtypes if d != "bool"), dtypes[0] if dtypes else None))
 
 
 def tuple_type_of(fields: Sequence[Type]) -> TupleType:

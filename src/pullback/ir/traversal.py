@@ -87,8 +87,26 @@ def _post_order_into(root: Expr) -> list[Expr]:
 
 
 def _new_like(node: Expr, new: Expr) -> Expr:
+    """``new`` (``node`` rebuilt over other operands, same kind, callee and attributes) with the span
+    of ``node``, and its type when every changed operand has the type of the one it replaces: types
+    are a pure function of kind, callee, attributes and operand types (not for a call to a module
+    function, whose signature a pass may change)."""
     if node.span is not None:
         new.span = node.span
+    t = node._checked_type
+    if t is None or (type(new) is Call and type(new.op) is GlobalVar):
+        return new
+    for a, b in zip(node.children(), new.children()):
+        if a is not b:
+            tb = b._checked_type
+            if tb is None:
+                tb = b.type_annotation if type(b) is Var else None
+                if tb is None:
+                    return new
+            ta = a._checked_type
+            if ta is not tb and ta != tb:
+                return new
+    new._checked_type = t
     return new
 
 
@@ -103,7 +121,10 @@ def _rebuild_call(node: Call, mapped, into_functions: bool) -> Expr:
                 break
         else:
             return node
-    return _new_like(node, Call(new_op, new_args, node.attrs))
+        return _new_like(node, Call(op, new_args, node.attrs))
+    new = Call(new_op, new_args, node.attrs)
+    new.span = node.span
+    return new
 
 
 def _rebuild_tuple(node: Tuple, mapped, into_functions: bool) -> Expr:
@@ -121,7 +142,8 @@ def _rebuild_get(node: TupleGetItem, mapped, into_functions: bool) -> Expr:
 
 
 def _rebuild_if(node: If, mapped, into_functions: bool) -> Expr:
-    return node.replace(cond=mapped(node.cond), true_branch=mapped(node.true_branch), false_branch=mapped(node.false_branch))
+    new = node.replace(cond=mapped(node.cond), true_branch=mapped(node.true_branch), false_branch=mapped(node.false_branch))
+    return node if new is node else _new_like(node, new)
 
 
 def _rebuild_function(node: Function, mapped, into_functions: bool) -> Expr:
@@ -154,7 +176,9 @@ def _rebuild_generic(node: Expr, mapped, into_functions: bool) -> Expr:
 
 
 def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = False) -> Expr:
-    """``node`` with every operand replaced by ``mapped(operand)``; ``node`` itself if none changed."""
+    """``node`` with every operand replaced by ``mapped(operand)``; ``node`` itself if none changed.
+
+    A rebuilt node keeps the cached type of ``node`` when its operands have the same types."""
     cls = type(node)
     fn = _REBUILD.get(cls)
     if fn is None:

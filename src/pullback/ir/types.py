@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from .errors import PullbackError
 
@@ -138,3 +138,40 @@ def flatten_type(ty: Type) -> list[TensorType]:
         else:
             raise PullbackError(f"expected a tensor or tuple type, got {t!r}")
     return out
+
+
+def types_compatible(expected: Type, given: Type) -> bool:
+    """Equal types, where an ``Any`` dim on either side matches any size."""
+    stack = [(expected, given)]
+    while stack:
+        a, b = stack.pop()
+        if isinstance(a, TensorType) and isinstance(b, TensorType):
+            if a.dtype != b.dtype or a.ndim != b.ndim:
+                return False
+            if any(x is not Any and y is not Any and x != y for x, y in zip(a.shape, b.shape)):
+                return False
+        elif isinstance(a, TupleType) and isinstance(b, TupleType):
+            if len(a.fields) != len(b.fields):
+                return False
+            stack.extend(zip(a.fields, b.fields))
+        elif isinstance(a, FuncType) and isinstance(b, FuncType):
+            if len(a.arg_types) != len(b.arg_types):
+                return False
+            stack.extend(zip(a.arg_types, b.arg_types))
+            stack.append((a.ret_type, b.ret_type))
+        else:
+            return False
+    return True
+
+
+def join_types(a: Type, b: Type) -> Optional[Type]:
+    """The most precise type both ``a`` and ``b`` fit (dims that differ become Any); None if incompatible."""
+    if not types_compatible(a, b):
+        return None
+    if a == b:
+        return a
+    if isinstance(a, TensorType):
+        return TensorType(tuple(x if x == y else Any for x, y in zip(a.shape, b.shape)), a.dtype)
+    if isinstance(a, TupleType):
+        return TupleType(tuple(join_types(x, y) for x, y in zip(a.fields, b.fields)))
+    return a

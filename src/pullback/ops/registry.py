@@ -209,8 +209,7 @@ class OpDef(Op):
             if len(args) < n:
                 raise PullbackError(f"op {self.name} expects {n} tensor argument{'s' if n != 1 else ''}, got {len(args)}")
             tensors, rest = list(args[:n]), args[n:]
-        like = next((t for t in tensors if isinstance(t, Expr)), None)
-        exprs = [as_expr(t, like) for t in tensors]
+        exprs = [as_expr(t, tensors) for t in tensors]  # a Python scalar takes the dtype of the tensors it meets
         return Call(self, exprs, self.make_attrs(*rest, **kwargs))
 
     def check_arity(self, nargs: int) -> None:

@@ -35,7 +35,7 @@ from .patterns import (
     is_var,
     wildcard,
 )
-from .rewrite import DFPatternCallback, rewrite, rewrite_expr, rewrite_module, typed_module
+from .rewrite import DFPatternCallback, rewrite, rewrite_expr, rewrite_module
 
 __all__ = [
     "DFPattern", "WildcardPattern", "ExprPattern", "VarPattern", "ConstantPattern", "OpPattern", "CallPattern",
@@ -43,5 +43,5 @@ __all__ = [
     "wildcard", "is_expr", "is_var", "is_constant", "is_op", "is_tuple", "is_tuple_get_item", "is_if",
     "has_type", "has_shape", "has_dtype", "has_attr",
     "match", "match_captures", "match_pattern", "captures_of",
-    "DFPatternCallback", "rewrite", "rewrite_expr", "rewrite_module", "typed_module",
+    "DFPatternCallback", "rewrite", "rewrite_expr", "rewrite_module",
 ]

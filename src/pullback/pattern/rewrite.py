@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-from ..analysis.type_infer import _Inferencer, carry_type
+from ..analysis.type_infer import infer_expr, infer_module
 from ..ir.errors import PassError, PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, If, Op, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..ir.traversal import children, rebuild
+from ..ir.traversal import rebuild
 from .matcher import captures_of, compile_pattern
 from .patterns import (
     AltPattern,
@@ -162,68 +162,13 @@ class _RuleIndex:
         return got
 
 
-class _Typer:
-    """Types new nodes one at a time: only the untyped part below a node is walked
-    (typed nodes are not entered), and the module is never re-inferred."""
-
-    def __init__(self, mod: Optional[IRModule]):
-        self.mod = mod
-        self.inf = _Inferencer(mod)
-        self.failed: dict[int, Expr] = {}  # id -> node whose type cannot be inferred (kept alive)
-
-    def __call__(self, node: Expr) -> None:
-        if node._checked_type is not None or id(node) in self.failed:
-            return
-        kids = node.children()
-        opaque = isinstance(node, Function) or (isinstance(node, Call) and isinstance(node.op, Function))
-        if not opaque:
-            for k in kids:
-                if k._checked_type is None:
-                    break
-            else:
-                self._infer(node)
-                return
-        for n in self._untyped(node):
-            self._infer(n)
-
-    def _infer(self, n: Expr) -> None:
-        for k in children(n, True):
-            if k._checked_type is None:
-                self.failed[id(n)] = n  # an operand has no type: neither has n
-                return
-        try:
-            n._checked_type = self.inf.infer_node(n, None)
-        except PullbackError:
-            self.failed[id(n)] = n  # left untyped: type-constrained patterns do not match it
-
-    def _untyped(self, root: Expr) -> list:
-        """Untyped nodes under ``root`` (into primitive functions), operands first."""
-        failed = self.failed
-        seen: set[int] = set()
-        order: list = []
-        stack: list = [(root, False)]
-        while stack:
-            n, done = stack.pop()
-            if done:
-                order.append(n)
-                continue
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            stack.append((n, True))
-            for k in children(n, True):
-                if k._checked_type is None and id(k) not in failed and id(k) not in seen:
-                    stack.append((k, False))
-        return order
-
-
 class _Driver:
     """The worklist driver; one instance may settle several roots (functions of one module)
     and then shares its results: a node reachable from two roots is rewritten once."""
 
     def __init__(self, rules, mod: Optional[IRModule], max_rewrites: int):
         self.index = _RuleIndex(_normalize_rules(rules))
-        self.typer = _Typer(mod)
+        self.mod = mod
         self.max_rewrites = max_rewrites
         # id(node) -> what it became: itself once settled as a fixed point, else its replacement
         # (which may itself be forwarded). Every node keyed here is kept alive by ``keep``.
@@ -245,7 +190,7 @@ class _Driver:
         return y
 
     def run(self, root: Expr) -> Expr:
-        fwd, keep, resolve, typer = self.fwd, self.keep, self.resolve, self.typer
+        fwd, keep, resolve, type_new = self.fwd, self.keep, self.resolve, self.type_new
         rules_cache, rules_for = self.index.cache, self.index.rules_for
         mark = _MARK
         stack: list = [root]
@@ -271,10 +216,9 @@ class _Driver:
             for k in node.children():
                 if fwd[id(k)] is not k:
                     cur = rebuild(node, resolve)
-                    carry_type(node, cur)
                     break
             if cur._checked_type is None:
-                typer(cur)
+                type_new(cur)
             cls = type(cur)
             rules = rules_cache.get((cls, cur.op) if cls is Call else cls)
             if rules is None:
@@ -298,6 +242,17 @@ class _Driver:
                 fwd[id(cur)] = replacement
             push(replacement)  # settle the replacement before any user of ``node``
         return resolve(root)
+
+    def type_new(self, node: Expr) -> None:
+        """Type a node before the rules see it, when it can be typed: it stays untyped (and
+        type-constrained patterns do not match it) when an operand is untyped or it is ill-typed."""
+        for k in node.children():
+            if k._checked_type is None:
+                return
+        try:
+            infer_expr(node, self.mod)
+        except PullbackError:
+            pass
 
     def apply(self, rules: list, pre: Expr, cur: Expr) -> Optional[Expr]:
         """The first replacement a rule gives for ``cur`` (``pre``: the node before its operands were rewritten)."""
@@ -330,14 +285,10 @@ def rewrite_expr(rules, root: Expr, mod: Optional[IRModule] = None, max_rewrites
     return _Driver(rules, mod, max_rewrites).run(root)
 
 
-def _rewrite_function(driver: _Driver, fn: Function, mod: Optional[IRModule]) -> Function:
-    body = driver.run(fn.body)
-    new = fn.replace(body=body)
-    if new is not fn and body._checked_type is not None:
-        try:
-            new._checked_type = _Inferencer(mod).infer_node(new, None)
-        except PullbackError:
-            pass
+def _rewrite_function(driver: _Driver, fn: Function) -> Function:
+    new = fn.replace(body=driver.run(fn.body))
+    if new is not fn:
+        driver.type_new(new)
     return new
 
 
@@ -349,19 +300,10 @@ def rewrite(rules, expr: Union[Expr, Function], mod: Optional[IRModule] = None):
     global functions.
     """
     if isinstance(expr, Function):
-        return _rewrite_function(_Driver(rules, mod, 10_000), expr, mod)
+        return _rewrite_function(_Driver(rules, mod, 10_000), expr)
     if not isinstance(expr, Expr):
         raise PullbackError(f"rewrite expects an expression or a Function, got {type(expr).__name__}")
     return rewrite_expr(rules, expr, mod)
-
-
-def typed_module(mod: IRModule) -> IRModule:
-    """``mod`` with every function typed (runs type inference only where types are missing)."""
-    from ..analysis.type_infer import infer_module
-
-    if any(fn._checked_type is None or fn.body._checked_type is None for _, fn in mod.items()):
-        infer_module(mod)
-    return mod
 
 
 def rewrite_module(rules, mod: IRModule) -> IRModule:
@@ -370,16 +312,16 @@ def rewrite_module(rules, mod: IRModule) -> IRModule:
     Returns ``mod`` itself when no function changed."""
     if not isinstance(mod, IRModule):
         raise PassError(f"rewrite_module expects an IRModule, got {type(mod).__name__}")
-    typed_module(mod)
+    infer_module(mod)
     updates = {}
     driver = _Driver(rules, mod, 10_000)  # shared: nodes common to several functions are rewritten once
     for name, fn in mod.items():
         if fn.is_primitive:
             continue
-        new = _rewrite_function(driver, fn, mod)
+        new = _rewrite_function(driver, fn)
         if new is not fn:
             updates[name] = new
     return mod.with_functions(updates) if updates else mod
 
 
-__all__ = ["DFPatternCallback", "rewrite", "rewrite_expr", "rewrite_module", "typed_module", "Callback"]
+__all__ = ["DFPatternCallback", "rewrite", "rewrite_expr", "rewrite_module", "Callback"]

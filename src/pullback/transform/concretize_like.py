@@ -17,8 +17,8 @@ from typing import Callable, Optional
 from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops.registry import get_op
-from ..pattern import is_op, rewrite_module
-from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
+from ..pattern import is_op
+from .pass_infra import RewritePass
 
 
 def static_result(t) -> bool:
@@ -84,16 +84,15 @@ def concretize_rules() -> list:
     return [(is_op(entry.like), _callback(entry)) for entry in LIKE_OPS]
 
 
-def _concretize(mod, ctx: PassContext):
-    return rewrite_module(concretize_rules(), mod)
-
-
-def ConcretizeLike() -> ModulePass:
+@dataclass(frozen=True)
+class ConcretizeLike(RewritePass):
     """Replace ``*_like`` operators by explicit-shape operators where the result shape is static
     (``cast_like`` always). Infers types first if they are missing."""
-    return ModulePass(_concretize, PassInfo("ConcretizeLike", 0))
 
+    name = "ConcretizeLike"
 
-register_pass("ConcretizeLike", ConcretizeLike)
+    def rules(self) -> list:
+        return concretize_rules()
+
 
 __all__ = ["ConcretizeLike", "LIKE_OPS", "LIKE_OP_NAMES", "LikeRule", "concretize_rules"]

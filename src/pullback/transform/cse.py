@@ -14,13 +14,14 @@ scope).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from ..analysis.type_infer import _Inferencer, type_rebuilt
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem
+from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import post_order, rebuild
-from .pass_infra import FunctionPass, PassInfo, register_pass
+from .pass_infra import FunctionPass, PassContext
 
 
 def _call_key(node: Call, ids: tuple) -> Optional[tuple]:
@@ -51,11 +52,10 @@ def _key(node: Expr) -> Optional[tuple]:
     return None  # Var, GlobalVar, Function
 
 
-def cse_expr(body: Expr, mod=None) -> Expr:
+def cse_expr(body: Expr) -> Expr:
     """``body`` with structurally equal computations merged (scope-aware); ``body`` itself if none.
 
-    Rebuilt nodes are typed (from the node they replace, or from their operands)."""
-    inf = _Inferencer(mod)
+    Rebuilt nodes keep the type of the node they replace (``ir.traversal.rebuild``)."""
     order = post_order(body)
     scopes = None
     for node in order:
@@ -76,7 +76,6 @@ def cse_expr(body: Expr, mod=None) -> Expr:
             for c in node.children():
                 if id(c) in memo:
                     new = rebuild(node, mapped)
-                    type_rebuilt(node, new, inf)
                     break
         key = _key(new)
         if key is None:
@@ -99,18 +98,15 @@ def cse_expr(body: Expr, mod=None) -> Expr:
     return memo.get(id(body), body)
 
 
-def _cse(fn: Function, mod, ctx) -> Function:
-    new = fn.replace(body=cse_expr(fn.body, mod))
-    if new is not fn:
-        type_rebuilt(fn, new, _Inferencer(mod))
-    return new
-
-
-def EliminateCommonSubexpr() -> FunctionPass:
+@dataclass(frozen=True)
+class EliminateCommonSubexpr(FunctionPass):
     """Merge structurally equal computations within each function (respecting If scopes)."""
-    return FunctionPass(_cse, PassInfo("EliminateCommonSubexpr", 2))
 
+    name = "EliminateCommonSubexpr"
+    opt_level = 2
 
-register_pass("EliminateCommonSubexpr", EliminateCommonSubexpr)
+    def transform_function(self, func: Function, mod: IRModule, ctx: PassContext) -> Function:
+        return func.replace(body=cse_expr(func.body))
+
 
 __all__ = ["EliminateCommonSubexpr", "cse_expr"]

@@ -18,16 +18,17 @@ so dead values vanish by construction. What this pass removes is what is
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
+from ..analysis.callgraph import CallGraph
 from ..ir.errors import PassError
 from ..ir.expr import Constant, Expr
 from ..ir.module import IRModule
-from ..ir.traversal import global_calls
 from ..pattern import is_constant, is_if, is_tuple, is_tuple_get_item, rewrite_module, wildcard
-from .pass_infra import Pass, PassContext, PassInfo, register_pass
+from .pass_infra import ModulePass, PassContext
 
 
 def _tuple_field(node: Expr, c: dict) -> Optional[Expr]:
@@ -53,53 +54,41 @@ def dce_rules() -> list:
     ]
 
 
-def _referenced(mod: IRModule, name: str) -> list[str]:
-    return [g.name_hint for g in global_calls(mod[name]) if g.name_hint in mod]
+def entry_names(entry, who: str) -> Optional[tuple]:
+    """``entry`` (a function name, names, or None) as a tuple of names (None stays None)."""
+    if entry is None:
+        return None
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    if not all(isinstance(e, str) and e for e in names):
+        raise PassError(f"{who}: entry must list function names, got {names!r}")
+    return names
 
 
-def _reachable(mod: IRModule, roots: Iterable[str]) -> set[str]:
-    seen: set[str] = set()
-    stack = [r for r in roots if r in mod]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        stack.extend(n for n in _referenced(mod, name) if n not in seen)
-    return seen
-
-
-def _default_roots(mod: IRModule) -> set[str]:
-    referenced = {n for name in mod for n in _referenced(mod, name) if n != name}
-    return {name for name in mod if name not in referenced}
-
-
-class DeadCodeElimination(Pass):
+@dataclass(frozen=True)
+class DeadCodeElimination(ModulePass):
     """Simplify tuple projections and constant Ifs, then delete functions unreachable from the roots."""
 
-    def __init__(self, entry: Optional[Iterable[str]] = None, remove_functions: bool = True):
-        super().__init__(PassInfo("DeadCodeElimination", 1))
-        if isinstance(entry, str):
-            entry = (entry,)
-        self.entry = None if entry is None else tuple(entry)
-        if self.entry is not None and not all(isinstance(e, str) and e for e in self.entry):
-            raise PassError(f"DeadCodeElimination: entry must list function names, got {self.entry!r}")
-        self.remove_functions = bool(remove_functions)
+    name = "DeadCodeElimination"
+    opt_level = 1
+    entry: Optional[tuple] = None
+    remove_functions: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "entry", entry_names(self.entry, "DeadCodeElimination"))
+        object.__setattr__(self, "remove_functions", bool(self.remove_functions))
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
         if self.entry is not None:
             missing = [e for e in self.entry if e not in mod]
             if missing:
                 raise PassError(f"DeadCodeElimination: entry function(s) {', '.join('@' + m for m in missing)} not in the module")
-        roots = set(self.entry) if self.entry is not None else _default_roots(mod)
+        roots = self.entry if self.entry is not None else CallGraph(mod).roots()
         out = rewrite_module(dce_rules(), mod)
         if self.remove_functions:
-            live = _reachable(out, roots)
+            live = CallGraph(out).reachable(roots)
             for name in [n for n in out if n not in live]:
                 out = out.without_function(name)
         return out
 
-
-register_pass("DeadCodeElimination", DeadCodeElimination)
 
 __all__ = ["DeadCodeElimination", "dce_rules"]

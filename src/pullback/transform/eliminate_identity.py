@@ -12,6 +12,7 @@ dtype (``x(3,) * ones((2, 3))``), it becomes ``broadcast_to(x, (2, 3))``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -20,8 +21,8 @@ from ..ir.expr import Call, Constant, Expr
 from ..ir.types import Any, TensorType
 from ..ops.registry import OpDef
 from ..ops.layout import broadcast_to
-from ..pattern import is_op, rewrite_module, wildcard
-from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
+from ..pattern import is_op, wildcard
+from .pass_infra import RewritePass
 
 _FILL_FROM_ATTRS = {"zeros": 0, "ones": 1, "zeros_like": 0, "ones_like": 1}
 _FILL_ARG = {"full": 0, "full_like": 1}
@@ -106,15 +107,14 @@ def identity_rules() -> list:
     return [_identity_rule(*entry) for entry in IDENTITIES]
 
 
-def _eliminate(mod, ctx: PassContext):
-    return rewrite_module(identity_rules(), mod)
-
-
-def EliminateIdentity() -> ModulePass:
+@dataclass(frozen=True)
+class EliminateIdentity(RewritePass):
     """Remove ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` where ``x`` has the result type."""
-    return ModulePass(_eliminate, PassInfo("EliminateIdentity", 0))
 
+    name = "EliminateIdentity"
 
-register_pass("EliminateIdentity", EliminateIdentity)
+    def rules(self) -> list:
+        return identity_rules()
+
 
 __all__ = ["EliminateIdentity", "IDENTITIES", "identity_rules", "keeps_type", "uniform_value"]

@@ -15,18 +15,20 @@ are left alone. The kernels are ``OpDef.compute`` (no runtime import).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from ..analysis.type_infer import _Inferencer, carry_type
-from ..ir.errors import PassError, PullbackError
-from ..ir.expr import Call, Constant, Expr
+from ..analysis.type_infer import infer_module
+from ..ir.errors import PassError
+from ..ir.expr import Call, Constant, Expr, Function
+from ..ir.module import IRModule
 from ..ir.traversal import post_order, rebuild
 from ..ir.types import TensorType
 from ..ops.registry import OpDef
-from ..pattern import typed_module, wildcard
-from .pass_infra import Pass, PassContext, PassInfo, register_pass
+from ..pattern import wildcard
+from .pass_infra import FunctionPass, PassContext
 
 CREATORS = ("zeros", "ones", "full")
 
@@ -84,7 +86,7 @@ def fold_rules(max_new_elements: int = 1024) -> list:
 
 
 class _Folder:
-    """FoldConstant's rule applied in one bottom-up walk, shared by the functions of a module.
+    """FoldConstant's rule applied in one bottom-up walk.
 
     ``res[id(node)]`` is what a visited node became: an expression, or (for a folded
     node) its value, made a Constant only when a node that does not fold uses it. A
@@ -92,9 +94,8 @@ class _Folder:
     result is the fixed point the rule reaches (``fold_rules`` with the rewrite driver).
     """
 
-    def __init__(self, max_new_elements: int, mod):
+    def __init__(self, max_new_elements: int):
         self.max_new = max_new_elements
-        self.inf = _Inferencer(mod)
         self.res: dict[int, object] = {}
 
     def mapped(self, c: Expr) -> Expr:
@@ -102,13 +103,6 @@ class _Folder:
         if type(r) is np.ndarray:
             r = self.res[id(c)] = Constant(r)
         return r
-
-    def typed(self, node: Expr) -> None:
-        if node._checked_type is None and all(k._checked_type is not None for k in node.children()):
-            try:
-                node._checked_type = self.inf.infer_node(node, None)
-            except PullbackError:
-                pass
 
     def value_of(self, node: Call, t) -> Optional[np.ndarray]:
         """The folded value of ``node`` (whose operands are visited), or None when the rule does not fire."""
@@ -137,15 +131,13 @@ class _Folder:
         return out
 
     def run(self, body: Expr) -> Expr:
-        res, mapped, typed = self.res, self.mapped, self.typed
+        res, mapped = self.res, self.mapped
         with np.errstate(all="ignore"):
             for node in post_order(body):
                 k = id(node)
                 if k in res:
                     continue
                 if isinstance(node, Call) and isinstance(node.op, OpDef) and node.args and node.op.name not in CREATORS:
-                    if node._checked_type is None:
-                        typed(node)
                     t = node._checked_type
                     if isinstance(t, TensorType) and t.is_static:
                         v = self.value_of(node, t)
@@ -155,48 +147,34 @@ class _Folder:
                 cur = node
                 for c in node.children():
                     if res[id(c)] is not c:
-                        cur = rebuild(node, mapped)
-                        carry_type(node, cur)
+                        cur = rebuild(node, mapped)  # keeps the type (a fold keeps the type of what it replaces)
                         break
-                if cur._checked_type is None:
-                    typed(cur)
                 res[k] = cur
         return mapped(body)
 
 
-def fold_expr(body: Expr, max_new_elements: int = 1024, mod=None) -> Expr:
-    """``body`` with FoldConstant's rule applied to a fixed point; ``body`` itself if nothing folds."""
-    return _Folder(max_new_elements, mod).run(body)
+def fold_expr(body: Expr, max_new_elements: int = 1024) -> Expr:
+    """``body`` (typed, as after InferType: untyped calls are not folded) with FoldConstant's rule
+    applied to a fixed point; ``body`` itself if nothing folds."""
+    return _Folder(max_new_elements).run(body)
 
 
-class FoldConstant(Pass):
+@dataclass(frozen=True)
+class FoldConstant(FunctionPass):
     """Replace operator calls on constant inputs by their value (see the module docstring for the rule)."""
 
-    def __init__(self, max_new_elements: int = 1024):
-        super().__init__(PassInfo("FoldConstant", 2))
-        if isinstance(max_new_elements, bool) or not isinstance(max_new_elements, int) or max_new_elements < 0:
-            raise PassError(f"FoldConstant: max_new_elements must be a non-negative int, got {max_new_elements!r}")
-        self.max_new_elements = max_new_elements
+    name = "FoldConstant"
+    opt_level = 2
+    max_new_elements: int = 1024
 
-    def transform_module(self, mod, ctx: PassContext):
-        typed_module(mod)
-        folder = _Folder(self.max_new_elements, mod)
-        updates = {}
-        for name, fn in mod.items():
-            if fn.is_primitive:
-                continue
-            body = folder.run(fn.body)
-            if body is not fn.body:
-                new = fn.replace(body=body)
-                if body._checked_type is not None:
-                    try:
-                        new._checked_type = folder.inf.infer_node(new, None)
-                    except PullbackError:
-                        pass
-                updates[name] = new
-        return mod.with_functions(updates) if updates else mod
+    def __post_init__(self):
+        n = self.max_new_elements
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise PassError(f"FoldConstant: max_new_elements must be a non-negative int, got {n!r}")
 
+    def transform_function(self, func: Function, mod: IRModule, ctx: PassContext) -> Function:
+        infer_module(mod)
+        return func.replace(body=fold_expr(func.body, self.max_new_elements))
 
-register_pass("FoldConstant", FoldConstant)
 
 __all__ = ["FoldConstant", "fold_rules", "fold_expr", "CREATORS"]

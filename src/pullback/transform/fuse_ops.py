@@ -18,9 +18,9 @@ from ..ir.errors import PassError
 from ..ir.expr import Call, Constant, Expr, Function, Var
 from ..ir.module import IRModule
 from ..ir.traversal import rebuild
-from ..analysis.type_infer import carry_type
-from .infer_type import ensure_typed
-from .pass_infra import Pass, PassContext, PassInfo, register_pass
+from dataclasses import dataclass
+from ..analysis.type_infer import infer_module
+from .pass_infra import FunctionPass, PassContext
 
 
 def _param_name(node: Expr, k: int) -> str:
@@ -51,9 +51,7 @@ def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAUL
         if r is None:
             for c in node.children():
                 if id(c) in memo:
-                    new = rebuild(node, mapped)
-                    carry_type(node, new)
-                    memo[id(node)] = new
+                    memo[id(node)] = rebuild(node, mapped)
                     break
         elif r == i:
             prim, inputs = _make_group(nodes, groups[r], fn, fused_root, r)
@@ -110,35 +108,26 @@ def _make_group(nodes: list, members: list, fn: Function, fused_root: dict, r: i
     return prim, inputs
 
 
-class _FuseOps(Pass):
-    def __init__(self, fuse_opt_level: int, max_depth: int, max_args: int):
-        super().__init__(PassInfo("FuseOps", 0, ("InferType",)))
-        partition(Constant(0.0), fuse_opt_level, max_depth, max_args)  # validates the settings early
-        self.fuse_opt_level = fuse_opt_level
-        self.max_depth = max_depth
-        self.max_args = max_args
-
-    def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        ensure_typed(mod)
-        updates = {}
-        for name, fn in mod.items():
-            if fn.is_primitive:
-                continue
-            new = fuse_function(fn, self.fuse_opt_level, self.max_depth, self.max_args)
-            if new is not fn:
-                updates[name] = new
-        return mod.with_functions(updates) if updates else mod
-
-
-def FuseOps(fuse_opt_level: int = 2, max_depth: int = DEFAULT_MAX_DEPTH, max_args: int = DEFAULT_MAX_ARGS) -> Pass:
+@dataclass(frozen=True)
+class FuseOps(FunctionPass):
     """Fuse operators into primitive functions by Relay's rules on op patterns.
 
-    ``max_depth``: most nodes per group; ``max_args``: most inputs per group (0: no
-    limit); ``fuse_opt_level=0``: no fusion. Single-op groups stay plain calls.
+    ``fuse_opt_level``: 0 fuses nothing; ``max_depth``: most nodes per group; ``max_args``:
+    most inputs per group (0: no limit). Single-op groups stay plain calls.
     """
-    return _FuseOps(fuse_opt_level, max_depth, max_args)
 
+    name = "FuseOps"
+    required = ("InferType",)
+    fuse_opt_level: int = 2
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_args: int = DEFAULT_MAX_ARGS
 
-register_pass("FuseOps", FuseOps)
+    def __post_init__(self):
+        partition(Constant(0.0), self.fuse_opt_level, self.max_depth, self.max_args)  # validates the settings early
+
+    def transform_function(self, func: Function, mod: IRModule, ctx: PassContext) -> Function:
+        infer_module(mod)
+        return fuse_function(func, self.fuse_opt_level, self.max_depth, self.max_args)
+
 
 __all__ = ["FuseOps", "fuse_function"]

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..analysis import infer_module
 from ..ir.module import IRModule
-from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
+from .pass_infra import ModulePass, PassContext
 
 
-def ensure_typed(mod: IRModule) -> IRModule:
-    """``infer_module(mod)`` unless every function already has its type.
+@dataclass(frozen=True)
+class InferType(ModulePass):
+    """Set ``checked_type`` on every node; returns the same module object.
 
-    Inference types a Function after everything it reaches, so a typed Function
-    node means its whole body is typed (types are a pure function of the node).
-    """
-    if any(fn._checked_type is None for _, fn in mod.items()):
-        infer_module(mod)
-    return mod
+    Only untyped nodes are visited (a typed Function has a typed body), so a typed
+    module costs one check per function."""
 
+    name = "InferType"
 
-def _infer_type(mod: IRModule, ctx: PassContext) -> IRModule:
-    return ensure_typed(mod)
+    def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        return infer_module(mod)
 
 
-def InferType() -> ModulePass:
-    """A pass setting ``checked_type`` on every node; returns the same module object."""
-    return ModulePass(_infer_type, PassInfo("InferType", 0))
-
-
-register_pass("InferType", InferType)
-
-__all__ = ["InferType", "ensure_typed"]
+__all__ = ["InferType"]

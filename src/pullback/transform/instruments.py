@@ -140,11 +140,11 @@ def _check(mod: IRModule, verified=None) -> Optional[str]:
 
     ``verified`` (``analysis.well_formed.VerifiedNodes``) makes the check incremental:
     nodes verified by the previous successful check, and unchanged since, are skipped."""
+    from ..analysis.type_infer import infer_module
     from ..analysis.well_formed import _check_well_formed
-    from .infer_type import ensure_typed
 
     try:
-        ensure_typed(mod)
+        infer_module(mod)
         _check_well_formed(mod, None, verified)
     except PullbackError as e:
         return f"{type(e).__name__}: {e}"

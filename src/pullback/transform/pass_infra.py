@@ -16,17 +16,17 @@ Like TVM's Python API (``tvm.transform``), with these differences:
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Callable, ClassVar, Iterable, Mapping, Optional
 
 from ..ir.errors import PassError
 from ..ir.expr import Function
 from ..ir.module import IRModule
+from ..pattern import rewrite_module
 
 logger = logging.getLogger("pullback.transform")
 
@@ -64,30 +64,66 @@ class PassInfo:
 
 
 class Pass:
-    """A callable ``IRModule -> IRModule`` with ``info``.
+    """A callable ``IRModule -> IRModule`` with ``info`` (name, opt_level, required passes).
 
-    Calling a pass runs it in ``PassContext.current()`` (opt_level, disabled and
-    required checks, instruments). Subclasses implement
-    ``transform_module(mod, ctx)``, which runs the pass unconditionally and
-    returns ``mod`` itself when nothing changed.
+    Write a pass as a frozen dataclass subclassing ``ModulePass`` or ``FunctionPass``: options
+    are dataclass fields, ``name`` (and ``opt_level``, ``required``) class attributes, and a
+    class with a ``name`` is registered for ``get_pass(name)`` by being defined::
+
+        @dataclass(frozen=True)
+        class CancelNegations(ModulePass):
+            name = "CancelNegations"
+            opt_level = 1
+            max_rounds: int = 4  # an option
+
+            def transform_module(self, mod, ctx):
+                ...
+
+    The class keywords ``name=``, ``opt_level=``, ``required=`` say the same (use ``name=`` when
+    an option is itself called ``name``); ``register=False`` keeps a named class out of the
+    registry. A class without a name is not registered (a base for other passes); its passes
+    are named after the class. Calling a pass runs it in ``PassContext.current()``
+    (opt_level, disabled and required checks, instruments).
     """
 
-    info: PassInfo
+    name: ClassVar[str]
+    opt_level: ClassVar[int] = 0
+    required: ClassVar[tuple[str, ...]] = ()
+    _pass_info: ClassVar[PassInfo]
+    _method: ClassVar[str] = "transform_module"  # what a concrete subclass implements
 
-    def __init__(self, info: PassInfo):
-        if not isinstance(info, PassInfo):
-            raise PassError(f"{type(self).__name__}: info must be a PassInfo, got {info!r}")
-        self.info = info
+    def __init_subclass__(cls, *, name: Optional[str] = None, opt_level: Optional[int] = None,
+                          required: Optional[Iterable[str]] = None, register: bool = True, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise PassError(f"pass class {cls.__qualname__}: name must be a non-empty string, got {name!r}")
+        own = cls.__dict__.get("name")
+        explicit = name or (own if isinstance(own, str) else None)
+        cls._pass_info = PassInfo(explicit or cls.__name__,
+                                  cls.opt_level if opt_level is None else opt_level,
+                                  cls.required if required is None else tuple(_names(required, f"pass {cls.__qualname__}: required")))
+        if explicit and register:
+            if getattr(cls, cls._method) is getattr(_ABSTRACT.get(cls._method, Pass), cls._method, None):
+                raise PassError(f"pass class {cls.__qualname__} ({explicit}) must implement {cls._method}(...)")
+            _register_class(explicit, cls)
 
     @property
-    def name(self) -> str:
-        return self.info.name
+    def info(self) -> PassInfo:
+        return type(self)._pass_info
 
     def __call__(self, mod: IRModule) -> IRModule:
         return PassContext.current().run(self, mod)
 
     def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
+        """Run the pass unconditionally; return ``mod`` itself when nothing changed."""
         raise NotImplementedError(f"{type(self).__name__} must implement transform_module(mod, ctx)")
+
+    def __setattr__(self, key, value):
+        raise FrozenInstanceError(f"cannot assign {key!r}: {type(self).__name__} is a pass, and passes are immutable "
+                                  "(options are fields of a @dataclass(frozen=True))")
+
+    def __delattr__(self, key):
+        self.__setattr__(key, None)
 
     def __repr__(self) -> str:
         i = self.info
@@ -96,37 +132,28 @@ class Pass:
 
 
 class ModulePass(Pass):
-    """A pass over the whole module: ``pass_func(mod, ctx) -> IRModule``."""
-
-    def __init__(self, pass_func: Callable[[IRModule, "PassContext"], IRModule], info: PassInfo):
-        super().__init__(info)
-        if not callable(pass_func):
-            raise PassError(f"ModulePass {info.name}: pass_func must be callable, got {pass_func!r}")
-        self.pass_func = pass_func
-
-    def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
-        return self.pass_func(mod, ctx)
+    """A pass over the whole module: subclasses implement ``transform_module(self, mod, ctx)``."""
 
 
 class FunctionPass(Pass):
-    """A pass applying ``pass_func(func, mod, ctx) -> Function`` to every function of the module.
+    """A pass applied to every function of the module: subclasses implement
+    ``transform_function(self, func, mod, ctx) -> Function``.
 
-    Functions with attribute ``Primitive=1`` are left alone; ``mod`` is the module the
-    pass started from. The module object is returned unchanged when no function changed.
+    Functions with attribute ``Primitive=1`` are left alone; ``mod`` is the module the pass
+    started from. The module object is returned unchanged when no function changed.
     """
 
-    def __init__(self, pass_func: Callable[[Function, IRModule, "PassContext"], Function], info: PassInfo):
-        super().__init__(info)
-        if not callable(pass_func):
-            raise PassError(f"FunctionPass {info.name}: pass_func must be callable, got {pass_func!r}")
-        self.pass_func = pass_func
+    _method = "transform_function"
+
+    def transform_function(self, func: Function, mod: IRModule, ctx: "PassContext") -> Function:
+        raise NotImplementedError(f"{type(self).__name__} must implement transform_function(func, mod, ctx)")
 
     def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
         updates: dict[str, Function] = {}
         for name, fn in mod.items():
             if fn.is_primitive:
                 continue
-            new = self.pass_func(fn, mod, ctx)
+            new = self.transform_function(fn, mod, ctx)
             if not isinstance(new, Function):
                 raise PassError(f"pass {self.info.name} returned {type(new).__name__} for @{name}, expected a Function")
             if new is not fn:
@@ -134,7 +161,25 @@ class FunctionPass(Pass):
         return mod.with_functions(updates) if updates else mod
 
 
-class Sequential(Pass):
+class RewritePass(ModulePass):
+    """A ModulePass applying the rewrite table ``rules()`` to every function to a fixed point
+    (``pattern.rewrite_module``: types are inferred first; nodes shared by functions are rewritten once)."""
+
+    _method = "rules"
+
+    def rules(self) -> list:
+        """The ``(pattern, callback)`` table."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rules()")
+
+    def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
+        return rewrite_module(self.rules(), mod)
+
+
+_ABSTRACT = {"transform_module": Pass, "transform_function": FunctionPass, "rules": RewritePass}
+
+
+@dataclass(frozen=True)
+class Sequential(Pass, register=False):
     """Run ``passes`` in order (each through the context checks and instruments).
 
     Entries may be Pass objects or registered pass names. Before a pass runs, each
@@ -142,9 +187,13 @@ class Sequential(Pass):
     this Sequential is built with ``get_pass`` and run (opt_level does not apply to it).
     """
 
-    def __init__(self, passes: Sequence[Union[Pass, str]] = (), opt_level: int = 0, name: str = "sequential",
-                 required: Iterable[str] = ()):
-        super().__init__(PassInfo(name, opt_level, tuple(_names(required, f"Sequential {name}: required"))))
+    passes: tuple = ()
+    opt_level: int = 0
+    name: str = "sequential"
+    required: tuple = ()
+
+    def __post_init__(self):
+        passes = self.passes
         if isinstance(passes, (Pass, str)):
             passes = [passes]
         resolved = []
@@ -152,9 +201,15 @@ class Sequential(Pass):
             if isinstance(p, str):
                 p = get_pass(p)
             if not isinstance(p, Pass):
-                raise PassError(f"Sequential {name}: entry {i} is not a Pass, got {p!r}")
+                raise PassError(f"Sequential {self.name}: entry {i} is not a Pass, got {p!r}")
             resolved.append(p)
-        self.passes: tuple[Pass, ...] = tuple(resolved)
+        object.__setattr__(self, "passes", tuple(resolved))
+        object.__setattr__(self, "required", _names(self.required, f"Sequential {self.name}: required"))
+        object.__setattr__(self, "_info", PassInfo(self.name, self.opt_level, self.required))
+
+    @property
+    def info(self) -> PassInfo:
+        return self._info
 
     def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
         ran_on: dict[str, IRModule] = {}  # pass name -> module it produced when it last ran
@@ -183,17 +238,16 @@ class Sequential(Pass):
 # ---------------------------------------------------------------- decorators
 
 
-def _make_decorator(kind: str, base: type, method: str):
+def _make_decorator(kind: str, base: type):
     def decorator(pass_arg=None, opt_level: int = 0, name: Optional[str] = None, required: Iterable[str] = ()):
         def create(target):
-            info = PassInfo(name or target.__name__, opt_level, tuple(_names(required, f"{kind} required")))
+            keywords = dict(name=name or getattr(target, "__name__", kind), opt_level=opt_level,
+                            required=tuple(_names(required, f"{kind} required")))
             if inspect.isclass(target):
-                return _pass_class(target, base, method, info)
+                return _pass_class(target, base, keywords)
             if not callable(target):
                 raise PassError(f"@{kind} needs a function or a class, got {target!r}")
-            p = base(target, info)
-            functools.update_wrapper(p, target, updated=())
-            return p
+            return _function_pass_object(target, base, keywords)
 
         return create(pass_arg) if pass_arg is not None else create
 
@@ -201,15 +255,26 @@ def _make_decorator(kind: str, base: type, method: str):
     return decorator
 
 
-def _pass_class(cls: type, base: type, method: str, info: PassInfo) -> type:
-    """A Pass class whose instances wrap ``cls(*args, **kwargs)`` and call its ``method``."""
-    if not callable(getattr(cls, method, None)):
-        raise PassError(f"class {cls.__name__} needs a method {method}(...) to be a pass")
+def _function_pass_object(fn: Callable, base: type, keywords: dict) -> Pass:
+    """An instance of a new (unregistered) ``base`` subclass whose method calls ``fn``."""
+
+    def method(self, *args):
+        return fn(*args)
+
+    ns = {base._method: method, "__doc__": fn.__doc__, "__module__": getattr(fn, "__module__", __name__),
+          "__wrapped__": fn}
+    cls = type(keywords["name"], (base,), ns, register=False, **keywords)
+    return cls()
+
+
+def _pass_class(cls: type, base: type, keywords: dict) -> type:
+    """A registered ``base`` subclass whose instances wrap ``cls(*args, **kwargs)`` and call its method."""
+    name = base._method
+    if not callable(getattr(cls, name, None)):
+        raise PassError(f"class {cls.__name__} needs a method {name}(...) to be a pass")
 
     def __init__(self, *args, **kwargs):
-        inst = cls(*args, **kwargs)
-        self.__dict__["_inst"] = inst
-        base.__init__(self, getattr(inst, method), info)
+        self.__dict__["_inst"] = cls(*args, **kwargs)
 
     def __getattr__(self, attr):
         inst = self.__dict__.get("_inst")
@@ -217,19 +282,23 @@ def _pass_class(cls: type, base: type, method: str, info: PassInfo) -> type:
             raise AttributeError(attr)
         return getattr(inst, attr)
 
-    ns = {"__init__": __init__, "__getattr__": __getattr__, "__doc__": cls.__doc__,
+    def method(self, *args):
+        return getattr(self._inst, name)(*args)
+
+    ns = {"__init__": __init__, "__getattr__": __getattr__, name: method, "__doc__": cls.__doc__,
           "__module__": cls.__module__, "__qualname__": cls.__qualname__, "pass_class": cls}
-    return type(cls.__name__, (base,), ns)
+    return type(cls.__name__, (base,), ns, **keywords)
 
 
-module_pass = _make_decorator("module_pass", ModulePass, "transform_module")
+module_pass = _make_decorator("module_pass", ModulePass)
 module_pass.__doc__ = """Make a ModulePass from ``f(mod, ctx)`` or a class with ``transform_module(self, mod, ctx)``.
 
-Usable bare (``@module_pass``), with options (``@module_pass(opt_level=2, name=..., required=...)``)
-or as a call (``module_pass(f, opt_level=2)``). On a class it returns a Pass class:
-``MyPass(*args)`` constructs the class and wraps it in a pass named after the class."""
+Sugar over subclassing ``ModulePass``. Usable bare (``@module_pass``), with options
+(``@module_pass(opt_level=2, name=..., required=...)``) or as a call
+(``module_pass(f, opt_level=2)``). On a function it returns a pass object (not registered); on a
+class it returns a registered ModulePass subclass whose instances wrap ``cls(*args)`` (TVM's form)."""
 
-function_pass = _make_decorator("function_pass", FunctionPass, "transform_function")
+function_pass = _make_decorator("function_pass", FunctionPass)
 function_pass.__doc__ = """Make a FunctionPass from ``f(func, mod, ctx)`` or a class with
 ``transform_function(self, func, mod, ctx)``; same forms as ``module_pass``."""
 
@@ -398,8 +467,19 @@ class PassContext:
 _REGISTRY: dict[str, Callable[[], Pass]] = {}
 
 
+def _register_class(name: str, cls: type) -> None:
+    old = _REGISTRY.get(name)
+    same = old is not None and (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (cls.__module__, cls.__qualname__)
+    if old is not None and old is not cls and not same:
+        where = f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', old)}"
+        raise PassError(f"a pass named {name} is already registered (by {where}); give {cls.__qualname__} another name")
+    _REGISTRY[name] = cls  # a class defined again (same module and name) replaces the old one
+
+
 def register_pass(name: str, factory: Callable[[], Pass], override: bool = False) -> Callable[[], Pass]:
-    """Register ``factory`` (called with no arguments) under ``name`` for ``get_pass``."""
+    """Register ``factory`` (called with no arguments) under ``name`` for ``get_pass``.
+
+    Pass classes with a ``name`` register themselves; this is for other factories."""
     if not isinstance(name, str) or not name:
         raise PassError(f"register_pass: name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -411,12 +491,17 @@ def register_pass(name: str, factory: Callable[[], Pass], override: bool = False
 
 
 def get_pass(name: str) -> Pass:
-    """A new instance of the pass registered as ``name``."""
+    """A new instance of the pass registered as ``name``, with default options."""
     try:
         factory = _REGISTRY[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise PassError(f"unknown pass {name!r} (registered passes: {known})") from None
+    if inspect.isclass(factory):
+        try:
+            inspect.signature(factory).bind()
+        except TypeError as e:
+            raise PassError(f"pass {name} has options without defaults and cannot be made by name: {e}") from None
     p = factory()
     if not isinstance(p, Pass):
         raise PassError(f"the factory registered for {name} returned {p!r}, not a Pass")
@@ -429,7 +514,7 @@ def list_passes() -> list[str]:
 
 
 __all__ = [
-    "PassInfo", "Pass", "ModulePass", "FunctionPass", "Sequential", "PassContext",
+    "PassInfo", "Pass", "ModulePass", "FunctionPass", "RewritePass", "Sequential", "PassContext",
     "module_pass", "function_pass", "register_pass", "get_pass", "list_passes",
     "set_default_instruments", "get_default_instruments",
 ]

@@ -13,48 +13,77 @@ returns its input when it changes nothing), at most ``max_rounds`` times.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from ..ir.errors import PassError
 from ..ir.module import IRModule
 from .cse import EliminateCommonSubexpr
-from .dead_code import DeadCodeElimination
+from .dead_code import DeadCodeElimination, entry_names
 from .fold_constant import FoldConstant
-from .pass_infra import Pass, PassContext, PassInfo, Sequential, register_pass
+from .pass_infra import ModulePass, Pass, PassContext, PassInfo, Sequential
 from .simplify_expr import SimplifyExpr
 
 
-class FixedPoint(Pass):
+@dataclass(frozen=True)
+class FixedPoint(Pass, register=False):
     """Run ``inner`` (a Sequential) until the module stops changing (identity), at most ``max_rounds`` times."""
 
-    def __init__(self, inner: Sequential, name: str, max_rounds: int = 8):
-        super().__init__(PassInfo(name, inner.info.opt_level))
-        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-            raise PassError(f"{name}: max_rounds must be a positive int, got {max_rounds!r}")
-        self.inner = inner
-        self.passes = inner.passes
-        self.max_rounds = max_rounds
-        self.rounds_run = 0
+    inner: Sequential
+    name: str = "fixed_point"
+    max_rounds: int = 8
+
+    def __post_init__(self):
+        if not isinstance(self.inner, Sequential):
+            raise PassError(f"{self.name}: inner must be a Sequential, got {self.inner!r}")
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 1:
+            raise PassError(f"{self.name}: max_rounds must be a positive int, got {self.max_rounds!r}")
+        object.__setattr__(self, "_info", PassInfo(self.name, self.inner.info.opt_level))
+
+    @property
+    def info(self) -> PassInfo:
+        return self._info
+
+    @property
+    def passes(self) -> tuple:
+        return self.inner.passes
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        for rounds in range(1, self.max_rounds + 1):
+        for _ in range(self.max_rounds):
             new = self.inner.transform_module(mod, ctx)
-            self.rounds_run = rounds
             if new is mod:
                 break
             mod = new
         return mod
 
 
-def standard_cleanup(max_rounds: int = 8, entry: Optional[tuple] = None) -> FixedPoint:
-    """SimplifyExpr, FoldConstant, EliminateCommonSubexpr, DeadCodeElimination to a fixed point.
+@dataclass(frozen=True)
+class StandardCleanup(ModulePass):
+    """SimplifyExpr, FoldConstant, EliminateCommonSubexpr, DeadCodeElimination to a fixed point
+    (``self.fixed_point``: a ``FixedPoint`` of one ``Sequential`` round). ``entry`` is passed to
+    DeadCodeElimination (default: functions nothing references)."""
 
-    ``entry`` is passed to DeadCodeElimination (default: functions nothing references)."""
-    inner = Sequential([SimplifyExpr(), FoldConstant(), EliminateCommonSubexpr(), DeadCodeElimination(entry=entry)],
-                       name="standard_cleanup.round")
-    return FixedPoint(inner, "standard_cleanup", max_rounds)
+    name = "standard_cleanup"
+    max_rounds: int = 8
+    entry: Optional[tuple] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "entry", entry_names(self.entry, self.name))
+        inner = Sequential([SimplifyExpr(), FoldConstant(), EliminateCommonSubexpr(), DeadCodeElimination(entry=self.entry)],
+                           name="standard_cleanup.round")
+        object.__setattr__(self, "fixed_point", FixedPoint(inner, self.name, self.max_rounds))
+
+    @property
+    def passes(self) -> tuple:
+        return self.fixed_point.passes
+
+    def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        return self.fixed_point.transform_module(mod, ctx)
 
 
-register_pass("standard_cleanup", standard_cleanup)
+def standard_cleanup(max_rounds: int = 8, entry: Optional[tuple] = None) -> StandardCleanup:
+    """The clean-up pipeline to run after FirstOrderGradient (see ``StandardCleanup``)."""
+    return StandardCleanup(max_rounds, entry)
 
-__all__ = ["standard_cleanup", "FixedPoint"]
+
+__all__ = ["standard_cleanup", "StandardCleanup", "FixedPoint"]

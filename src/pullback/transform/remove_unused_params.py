@@ -9,27 +9,14 @@ observable).
 
 from __future__ import annotations
 
-from typing import Iterable
+from dataclasses import dataclass
 
-from ..ir.errors import PassError
+from ..analysis.callgraph import CallGraph
 from ..ir.expr import Call, Function, GlobalVar
 from ..ir.module import IRModule
-from ..ir.traversal import free_vars, post_order, transform
-from .pass_infra import PassContext, PassInfo, Pass, register_pass
-
-
-def _value_uses(mod: IRModule) -> set[str]:
-    """Names of functions whose GlobalVar appears other than as a callee."""
-    out: set[str] = set()
-    for _, fn in mod.items():
-        callees: set[int] = set()
-        for n in post_order(fn, into_functions=True):
-            if isinstance(n, Call) and isinstance(n.op, GlobalVar):
-                callees.add(id(n.op))
-        for n in post_order(fn, into_functions=True):
-            if isinstance(n, GlobalVar) and id(n) not in callees:
-                out.add(n.name_hint)
-    return out
+from ..ir.traversal import free_vars, transform
+from .dead_code import entry_names
+from .pass_infra import ModulePass, PassContext
 
 
 def _drop_unused(mod: IRModule, frozen: set[str]) -> IRModule:
@@ -52,7 +39,11 @@ def _drop_unused(mod: IRModule, frozen: set[str]) -> IRModule:
             return new.replace(args=tuple(new.args[i] for i in kept[new.op.name_hint]))
         return None
 
+    calls = CallGraph(mod)
+    callers = {c for name in kept for c in calls.callers(name)}
     for name, fn in mod.items():
+        if name not in callers:
+            continue
         fn = updates.get(name, fn)
         body = transform(fn.body, fix_call, into_functions=True)
         if body is not fn.body:
@@ -60,21 +51,21 @@ def _drop_unused(mod: IRModule, frozen: set[str]) -> IRModule:
     return mod.with_functions(updates)
 
 
-class RemoveUnusedParameters(Pass):
+@dataclass(frozen=True)
+class RemoveUnusedParameters(ModulePass):
     """Drop unused parameters of module functions and rewrite every call site, to a fixed point."""
 
-    def __init__(self, include_entry: bool = False, entry: Iterable[str] = ("main",)):
-        super().__init__(PassInfo("RemoveUnusedParameters", 1))
-        if isinstance(entry, str):
-            entry = (entry,)
-        self.entry = tuple(entry)
-        for e in self.entry:
-            if not isinstance(e, str) or not e:
-                raise PassError(f"RemoveUnusedParameters: entry must list function names, got {e!r}")
-        self.include_entry = bool(include_entry)
+    name = "RemoveUnusedParameters"
+    opt_level = 1
+    include_entry: bool = False
+    entry: tuple = ("main",)
+
+    def __post_init__(self):
+        object.__setattr__(self, "entry", entry_names(self.entry, "RemoveUnusedParameters") or ())
+        object.__setattr__(self, "include_entry", bool(self.include_entry))
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        frozen = _value_uses(mod)
+        frozen = CallGraph(mod).value_uses()
         if not self.include_entry:
             frozen |= set(self.entry)
         while True:
@@ -83,7 +74,5 @@ class RemoveUnusedParameters(Pass):
                 return mod
             mod = new
 
-
-register_pass("RemoveUnusedParameters", RemoveUnusedParameters)
 
 __all__ = ["RemoveUnusedParameters"]

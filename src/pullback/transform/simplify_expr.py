@@ -16,15 +16,16 @@ Rules (one table, applied by the pattern driver until none fires):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops import layout as T
-from ..pattern import is_op, rewrite_module, wildcard
+from ..pattern import is_op, wildcard
 from .concretize_like import concretize_rules
 from .eliminate_identity import identity_rules
-from .pass_infra import ModulePass, PassContext, PassInfo, register_pass
+from .pass_infra import RewritePass
 
 SAME_TYPE_OPS = ("reshape", "broadcast_to", "collapse_sum_to", "reshape_like", "broadcast_to_like", "collapse_sum_like")
 CAST_OPS = ("cast", "cast_like")
@@ -100,15 +101,14 @@ def simplify_rules() -> list:
     return shape_rules() + concretize_rules() + identity_rules()
 
 
-def _simplify(mod, ctx: PassContext):
-    return rewrite_module(simplify_rules(), mod)
-
-
-def SimplifyExpr() -> ModulePass:
+@dataclass(frozen=True)
+class SimplifyExpr(RewritePass):
     """ConcretizeLike, EliminateIdentity and shape-op simplifications applied together to a fixed point."""
-    return ModulePass(_simplify, PassInfo("SimplifyExpr", 0))
 
+    name = "SimplifyExpr"
 
-register_pass("SimplifyExpr", SimplifyExpr)
+    def rules(self) -> list:
+        return simplify_rules()
+
 
 __all__ = ["SimplifyExpr", "simplify_rules", "shape_rules"]
