@@ -25,14 +25,7 @@ from opgrad import case_tables, evaluate, to_target, vars_for
 
 # Operators whose jax/torch kernels are being written (kernels-nn): their tests must fail until then.
 # The lead empties this list when merging.
-PENDING = {
-    "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool2d_grad", "nn.avg_pool2d", "nn.avg_pool2d_grad",
-    "nn.batch_flatten", "nn.batch_norm", "nn.bias_add", "nn.conv2d", "nn.conv2d_backward_weight",
-    "nn.conv2d_transpose", "nn.cross_entropy", "nn.cross_entropy_with_logits", "nn.dense", "nn.dropout", "nn.gelu",
-    "nn.global_avg_pool2d", "nn.layer_norm", "nn.leaky_relu", "nn.log_softmax", "nn.max_pool2d",
-    "nn.max_pool2d_gather", "nn.max_pool2d_grad", "nn.nll_loss", "nn.nll_loss_grad", "nn.pad", "nn.pad_backward",
-    "nn.relu", "nn.silu", "nn.softmax", "nn.softplus",
-}
+PENDING: set = set()  # operators whose jax/torch kernels are not written yet (none)
 PENDING_MARK = pytest.mark.xfail(strict=True, reason="nn kernels pending")
 TARGETS = ("jax", "torch")
 TOLERANCE = {"float64": (1e-11, 1e-13), "float32": (2e-6, 1e-6)}  # (rtol, atol)

@@ -9,6 +9,8 @@ second derivatives work.
 
 from __future__ import annotations
 
+from ..ir.types import FLOAT_DTYPES
+
 import math
 from dataclasses import dataclass
 
@@ -30,14 +32,15 @@ def _sigmoid_kernel(xp, x):
     return xp.exp(-xp.logaddexp(0.0, -x))
 
 
-def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None):
+def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=()):
     """An elementwise activation: ``kernel(xp, x, attrs)`` gives the result in x's dtype."""
 
     def typed(xp, x, attrs=None):
         return as_dtype(xp, kernel(xp, x, attrs), x.dtype)
 
     return defop(name, 1, unary_float_infer(name), kernel=typed, impls=impls, attrs_type=attrs_type, grad=grad,
-                 pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name)
+                 pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name,
+                 elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES)
 
 
 # ------------------------------------------------------------------ leaky_relu
@@ -63,7 +66,7 @@ def _leaky_relu_torch(x, attrs):
 
 
 leaky_relu = activation("nn.leaky_relu", LeakyReluAttrs, lambda xp, x, a: xp.where(x > 0, x, x * a.alpha),
-                        _leaky_grad, 2, "leaky_relu", impls={"torch": _leaky_relu_torch})
+                        _leaky_grad, 2, "leaky_relu", impls={"torch": _leaky_relu_torch}, kinks=(0.0,))
 
 # ------------------------------------------------------------------ gelu
 

@@ -9,6 +9,8 @@ array namespace ``xp`` (``numpy``, ``jax.numpy``, array-api-compat's ``torch``).
 
 from __future__ import annotations
 
+from ..ir.types import FLOAT_DTYPES
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -194,6 +196,9 @@ relu = defop(
     grad=_relu_grad,
     pattern=FusionKind.ELEMWISE,
     torch_name="relu",
+    elementwise=True,
+    kinks=(0.0,),
+    dtypes=FLOAT_DTYPES,
 )
 
 # ------------------------------------------------------------------ dense

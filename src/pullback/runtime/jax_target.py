@@ -27,10 +27,11 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from ..analysis.callgraph import CallGraph
 from ..ir.errors import ExecutionError, PullbackError
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
-from ..ir.traversal import global_calls, post_order
+from ..ir.traversal import post_order
 from ..ir.types import TensorType, TupleType, Type
 from ..ops.registry import OpDef, list_ops
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable, Target, run
@@ -52,19 +53,6 @@ def _load_jax():
     return jax
 
 
-def _jax_impl(op: OpDef) -> Callable:
-    """``op.impl("jax")``; until every operator has its kernel, the legacy lowering table's entry."""
-    try:
-        return op.impl("jax")
-    except PullbackError:
-        from ._jax_lowerings_legacy import JAX_LOWERINGS  # TEMPORARY: deleted once the kernels are merged
-
-        fn = JAX_LOWERINGS.get(op.name)
-        if fn is None:
-            raise
-        return fn
-
-
 class JaxTarget(Target):
     """Kernels on traced jax values; ``If`` through ``lax.cond``; a result of another dtype than its
     node's type (a weakly typed or promoted jax result) is cast to it."""
@@ -77,13 +65,13 @@ class JaxTarget(Target):
 
     def has_kernel(self, op: OpDef) -> bool:
         try:
-            _jax_impl(op)
+            op.impl("jax")
         except PullbackError:
             return False
         return True
 
     def kernel(self, call: Call) -> Callable:
-        fn = _jax_impl(call.op)
+        fn = call.op.impl("jax")
         t = call._checked_type
         if not isinstance(t, TensorType):
             return fn
@@ -132,26 +120,16 @@ def _uses_64bit(mod: IRModule) -> bool:
 
 def _check_no_recursion(mod: IRModule, name: str) -> None:
     """Calls are inlined: a cycle of module functions reachable from ``name`` cannot be."""
-    state: dict[str, int] = {}
-    stack = [(name, False)]
-    while stack:
-        f, done = stack.pop()
-        if done:
-            state[f] = 2
-            continue
-        if state.get(f) == 2:
-            continue
-        state[f] = 1
-        stack.append((f, True))
-        for g in global_calls(mod[f]):
-            if g.name_hint not in mod:
-                raise ExecutionError(f"@{f} references @{g.name_hint}, which is not in the module")
-            s = state.get(g.name_hint)
-            if s == 1:  # entered and not finished: on the current path
-                raise ExecutionError(f"target 'jax': @{g.name_hint} is recursive (through @{f}); the jax target "
-                                     "inlines module functions and cannot run recursion")
-            if s is None:
-                stack.append((g.name_hint, False))
+    graph = CallGraph(mod)
+    for f in graph.callees_first([name]):
+        missing = graph.unknown(f)
+        if missing:
+            raise ExecutionError(f"@{f} references @{missing[0]}, which is not in the module")
+    cycles = graph.cycles([name])
+    if cycles:
+        path = cycles[0]
+        raise ExecutionError(f"target 'jax': @{path[-1]} is recursive (through @{path[-2]}); the jax target "
+                             "inlines module functions and cannot run recursion")
 
 
 class _Scoped64:

@@ -119,21 +119,6 @@ def _sigmoid(x):
 
 DOMAIN_MARGIN = 0.2  # distance kept from the finite ends of an operator's domain
 
-# OpDef metadata that the definitions in ops/nn.py and ops/activation.py (converted to kernels by another
-# change of this renovation) do not declare yet; each entry moves into its operator's defop(...) call.
-_UNDECLARED: dict[str, dict] = {
-    "nn.relu": {"elementwise": True, "kinks": (0.0,)},
-    "nn.leaky_relu": {"elementwise": True, "kinks": (0.0,)},
-    "nn.gelu": {"elementwise": True},
-    "nn.silu": {"elementwise": True},
-    "nn.softplus": {"elementwise": True},
-}
-
-
-def _meta(op: OpDef, field: str):
-    return _UNDECLARED.get(op.name, {}).get(field, getattr(op, field))
-
-
 @dataclasses.dataclass(frozen=True)
 class GenOp:
     """A registered operator as the generator calls it: attributes, the input intervals it is safe
@@ -191,7 +176,7 @@ def _fixable(lo: float, hi: float) -> bool:
 
 
 def _result_dtype(op: OpDef, dtype: str, attrs) -> Optional[str]:
-    if dtype not in _meta(op, "dtypes"):
+    if dtype not in op.dtypes:
         return None
     try:
         t = op.infer([TensorType((), dtype)] * op.num_inputs, attrs)
@@ -208,7 +193,7 @@ def _call_attrs(op: OpDef):
     if op.attrs_type is None:
         return None
     try:
-        return op.make_attrs(**_meta(op, "example_attrs"))
+        return op.make_attrs(**op.example_attrs)
     except PullbackError:
         return _NEEDS_ATTRS
 
@@ -218,13 +203,13 @@ def _gen_op(op: OpDef) -> Optional[GenOp]:
     attrs = _call_attrs(op)
     if attrs is _NEEDS_ATTRS:
         return None
-    kinks = _meta(op, "kinks")
+    kinks = op.kinks
     kinks = tuple(kinks(attrs) if callable(kinks) else kinks)
     domains = tuple(_safe(op.input_domain(i)) for i in range(max(op.num_inputs, 0)))
     if not all(_fixable(*d) for d in domains):
         return None
     ints = _result_dtype(op, "int32", attrs) == "int32" and all(d == (-INF, INF) for d in domains)
-    return GenOp(op.name, attrs, domains, kinks, _meta(op, "smooth"), ints)
+    return GenOp(op.name, attrs, domains, kinks, op.smooth, ints)
 
 
 def _select(pred: Callable[[OpDef], bool]) -> tuple:
@@ -239,7 +224,7 @@ def _select(pred: Callable[[OpDef], bool]) -> tuple:
 
 def _elementwise(op: OpDef, n: int, out: str) -> bool:
     """An elementwise op of ``n`` inputs giving ``out`` (``"same"``: the input's dtype) on float32."""
-    if not (_meta(op, "elementwise") and op.num_inputs == n):
+    if not (op.elementwise and op.num_inputs == n):
         return False
     attrs = _call_attrs(op)
     return attrs is not _NEEDS_ATTRS and _result_dtype(op, "float32", attrs) == ("float32" if out == "same" else out)
@@ -266,7 +251,7 @@ def reductions() -> tuple:
 @functools.cache
 def comparisons() -> tuple:
     """Elementwise comparisons of two numeric tensors (bool result): names, for If/where conditions."""
-    return tuple(op.name for op in list_ops() if _elementwise(op, 2, "bool") and "int32" in _meta(op, "dtypes"))
+    return tuple(op.name for op in list_ops() if _elementwise(op, 2, "bool") and "int32" in op.dtypes)
 
 
 # ------------------------------------------------------------------ the function builder
