@@ -1,15 +1,18 @@
-"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, zeros/ones.
+"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, ones, diagnostics.
 
 A *path* is a tuple of field indices into a (nested) tuple type; ``()`` is the
-value itself. Adjoints of tuple values are kept per tensor leaf path, so no
+value itself. Cotangents of tuple values are kept per tensor leaf path, so no
 tuple of zeros is ever built just to add into it.
+
+Typing new nodes is concentrated here (``typed``, ``typed_as``, ``retyped``,
+``add_typed``): the one place to change when types become lazily computed.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ...analysis.type_infer import _Inferencer
+from ...analysis.type_infer import _Inferencer, carry_type
 from ...ir.errors import PullbackError, TypeInferenceError
 from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
 from ...ir.types import TensorType, TupleType, Type, is_float
@@ -18,7 +21,7 @@ from ...ops.registry import get_op
 Path = tuple
 
 _INFER = _Inferencer(None)
-_zeros, _ones, _zeros_like, _ones_like, _add = (get_op(n) for n in ("zeros", "ones", "zeros_like", "ones_like", "add"))
+_ones, _ones_like, _add = (get_op(n) for n in ("ones", "ones_like", "add"))
 
 
 def typed(root: Expr) -> Expr:
@@ -38,6 +41,22 @@ def typed(root: Expr) -> Expr:
             if c._checked_type is None:
                 stack.append((c, False))
     return root
+
+
+def typed_as(node: Expr, ty: Type) -> Expr:
+    """``node`` given the type ``ty`` it is known to have (the If of a nested residual bundle:
+    inferring it would compare both branches' whole type trees, quadratic in nesting depth)."""
+    node._checked_type = ty
+    return node
+
+
+def retyped(old: Expr, new: Expr) -> Expr:
+    """``new`` (``old`` rebuilt over other operands) typed: ``old``'s type when the operands'
+    types are the same, else inferred."""
+    if new is not old and not carry_type(old, new):
+        new._checked_type = None
+        typed(new)
+    return new
 
 
 def has_float_leaf(ty: Type) -> bool:
@@ -117,11 +136,11 @@ def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
     return out[()]
 
 
-def fill_like(value: float, ty: TensorType, like: Expr) -> Expr:
-    """zeros/ones of tensor type ``ty``: explicit ``zeros(shape, dtype)`` when static, ``zeros_like(like)`` otherwise."""
+def ones(ty: TensorType, like: Optional[Expr]) -> Expr:
+    """Ones of tensor type ``ty``: ``ones(shape, dtype)`` when static, ``ones_like(like)`` otherwise."""
     if ty.is_static:
-        return typed((_zeros if value == 0 else _ones)(ty.shape, ty.dtype))
-    return typed((_zeros_like if value == 0 else _ones_like)(like))
+        return typed(_ones(ty.shape, ty.dtype))
+    return typed(_ones_like(like))
 
 
 def sum_terms(terms: list) -> Expr:
