@@ -783,6 +783,7 @@ def test_one_sided_if_contributions_get_zeros_on_the_other_side():
     assert isinstance(grad_if, If)
     (then_dx, then_dy), (else_dx, else_dy) = grad_if.true_branch.fields, grad_if.false_branch.fields
     assert then_dy.op.name == "zeros" and else_dx.op.name == "zeros"
+    assert then_dx.op.name != "zeros" and else_dy.op.name != "zeros"
     assert then_dy is else_dx  # one zeros node per type
     xv, yv = randn(3), randn(3)
     _, (gx, gy) = run(g, np.array(True), xv, yv)

@@ -10,7 +10,7 @@ Typing new nodes is concentrated here (``typed``, ``typed_as``, ``retyped``,
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from ...analysis.type_infer import _Inferencer, carry_type
 from ...ir.errors import PullbackError, TypeInferenceError
@@ -54,36 +54,43 @@ def retyped(old: Expr, new: Expr) -> Expr:
     """``new`` (``old`` rebuilt over other operands) typed: ``old``'s type when the operands'
     types are the same, else inferred."""
     if new is not old and not carry_type(old, new):
-        new._checked_type = None
         typed(new)
     return new
 
 
-def has_float_leaf(ty: Type) -> bool:
-    """``ty`` is a float tensor or a tuple with at least one float tensor leaf."""
+def type_leaves(ty: Type) -> Iterator[Type]:
+    """The non-tuple types at the leaves of ``ty`` (``ty`` itself if it is not a tuple)."""
     stack = [ty]
     while stack:
         t = stack.pop()
         if isinstance(t, TupleType):
             stack.extend(t.fields)
-        elif isinstance(t, TensorType) and is_float(t.dtype):
-            return True
-    return False
+        else:
+            yield t
+
+
+def _float_tensor(t: Type) -> bool:
+    return isinstance(t, TensorType) and is_float(t.dtype)
+
+
+def has_float_leaf(ty: Type) -> bool:
+    """``ty`` is a float tensor or a tuple with at least one float tensor leaf."""
+    return any(_float_tensor(t) for t in type_leaves(ty))
 
 
 def all_float_leaves(ty: Type) -> bool:
-    """``ty`` is a float tensor or a (nested) tuple whose leaves are all float tensors."""
-    stack = [ty]
+    """``ty`` is a float tensor or a (nested) tuple whose leaves are all float tensors (at least one)."""
     seen = False
-    while stack:
-        t = stack.pop()
-        if isinstance(t, TupleType):
-            stack.extend(t.fields)
-        elif isinstance(t, TensorType) and is_float(t.dtype):
-            seen = True
-        else:
+    for t in type_leaves(ty):
+        if not _float_tensor(t):
             return False
+        seen = True
     return seen
+
+
+def static_type(ty: Type) -> bool:
+    """Every leaf of ``ty`` is a tensor of static shape (zeros can be built without a value)."""
+    return all(isinstance(t, TensorType) and t.is_static for t in type_leaves(ty))
 
 
 def type_at(ty: Type, path: Path) -> Type:

@@ -11,7 +11,7 @@ forward If is widened, JAX-style, into
 where ``RT``/``RE`` are Tuples of the residuals of each side (a side without
 residuals has no field); every use of ``r`` becomes ``F.0`` and the backward
 reads residual ``i`` of the then side as ``F.1.i``. A residual that is the
-branch result, of the If's own type, is read from ``r`` itself.
+branch result is read from ``r`` itself.
 
 Nested Ifs, linear in depth: the side tuples of an inner widened If ``F2`` (in
 a branch of ``r``) are two more forward values of that branch, so ``F`` carries
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Optional
 from ...ir.expr import Expr, If, Tuple, TupleGetItem
 from ...ir.traversal import rebuild
 from ...ir.types import TupleType
-from .common import retyped, typed, typed_as
-from .zeros import ZeroFill, static_type
+from .common import retyped, static_type, typed, typed_as
+from .zeros import ZeroFill
 
 if TYPE_CHECKING:
     from .sweep import Frame
@@ -88,12 +88,11 @@ class Residuals:
                 if id(v) in taken:
                     continue
                 taken.add(id(v))
-                t = v.checked_type
-                if v is results[b] and (t is node.checked_type or t == node.checked_type):
+                if v is results[b]:  # read from the If itself (the rebuild re-types what changes)
                     self.alias[id(v)] = node
                     if nested:
                         frame.reads.append(node)
-                elif static_type(t):
+                elif static_type(v.checked_type):
                     sides[b].append(v)
             sides[b].extend(bf.bundles)
         if not (sides[0] or sides[1]):

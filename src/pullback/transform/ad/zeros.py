@@ -21,7 +21,7 @@ from typing import Optional
 from ...ir.expr import Call, Expr, Tuple
 from ...ir.types import TensorType, TupleType, Type
 from ...ops.registry import get_op
-from .common import Path, at_path, build_struct, typed, typed_as
+from .common import Path, at_path, build_struct, static_type, typed, typed_as
 
 _ZERO_OPS = tuple(get_op(n) for n in ("zeros", "zeros_like"))
 _zeros, _zeros_like = _ZERO_OPS
@@ -42,18 +42,6 @@ class Zero:
 def is_zero(ct) -> bool:
     """``ct`` adds nothing: ``None``, a ``Zero``, or a call to ``zeros``/``zeros_like``."""
     return ct is None or type(ct) is Zero or (type(ct) is Call and ct.op in _ZERO_OPS)
-
-
-def static_type(ty: Type) -> bool:
-    """Every leaf of ``ty`` is a tensor of static shape (zeros can be built without a value)."""
-    stack = [ty]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, TupleType):
-            stack.extend(t.fields)
-        elif not (isinstance(t, TensorType) and t.is_static):
-            return False
-    return True
 
 
 class ZeroFill:
