@@ -12,16 +12,39 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Optional
 
-from ...analysis.type_infer import _Inferencer, carry_type
+from ...analysis.type_infer import _Inferencer, carry_type, types_compatible  # noqa: F401 (for ad.rules: typing in one place)
 from ...ir.errors import PullbackError, TypeInferenceError
 from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
 from ...ir.types import TensorType, TupleType, Type, is_float
-from ...ops.registry import get_op
+from ...ops.registry import OpDef, get_op
 
 Path = tuple
 
 _INFER = _Inferencer(None)
 _ones, _ones_like, _add = (get_op(n) for n in ("ones", "ones_like", "add"))
+
+
+_CALL_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
+_CACHE_MAX = 100_000
+
+
+def _infer(node: Expr) -> Type:
+    """``node``'s type from its typed operands. An operator's type relation is a pure function
+    of the operator, its attrs and its operand types, and the gradient of a deep network
+    repeats a few such signatures thousands of times: each is inferred once."""
+    if type(node) is not Call or not isinstance(node.op, OpDef):
+        return _INFER.infer_node(node, None)
+    try:
+        key = (node.op, node.attrs, *[a._checked_type for a in node.args])
+        t = _CALL_TYPES.get(key)
+    except TypeError:  # attrs that cannot be hashed
+        return _INFER.infer_node(node, None)
+    if t is None:
+        t = _INFER.infer_node(node, None)
+        if len(_CALL_TYPES) >= _CACHE_MAX:
+            _CALL_TYPES.clear()
+        _CALL_TYPES[key] = t
+    return t
 
 
 def typed(root: Expr) -> Expr:
@@ -34,7 +57,7 @@ def typed(root: Expr) -> Expr:
         if node._checked_type is not None:
             continue
         if expanded:
-            node._checked_type = _INFER.infer_node(node, None)
+            node._checked_type = _infer(node)
             continue
         stack.append((node, True))
         for c in node.children():
@@ -160,7 +183,7 @@ def sum_terms(terms: list) -> Expr:
 
 def add_typed(a: Expr, b: Expr) -> Expr:
     node = Call(_add, (a, b))
-    node._checked_type = _INFER.infer_node(node, None)
+    node._checked_type = _infer(node)
     return node
 
 

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...analysis.type_infer import types_compatible
 from ...ir.errors import PullbackError
 from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem
 from ...ir.types import TensorType
 from ...ops.registry import OpDef
-from .common import binding, rule_type_error, sum_terms, typed
+from .common import binding, rule_type_error, sum_terms, typed, types_compatible
 from .zeros import is_zero
 
 if TYPE_CHECKING:
