@@ -155,40 +155,38 @@ class Residuals:
 
     def finish(self, out: Expr) -> Expr:
         """``out`` rebuilt once: uses of a widened If ``r`` become ``F.0``; backward nodes read
-        residuals through their fields."""
+        residuals through their fields. One iterative post-order walk; a node whose operands
+        are unchanged is kept."""
         if not self.widened and not self.alias:
             return out
         reads = self._reads()
         widened, built, scope_of = self.widened, self.built, self.scope_of
-
-        def forward(n: Expr) -> bool:
-            return id(n) in scope_of or id(n) in built
-
-        def kids(n: Expr) -> tuple:
-            w = widened.get(id(n))
-            if w is not None:
-                return (w,)
-            if forward(n):
-                return n.children()
-            return tuple(reads.get(id(c), c) for c in n.children())
-
-        memo: dict[int, Expr] = {}
-        visited: set[int] = set()
-        stack: list = [(out, False)]
+        memo: dict[int, Expr] = {}  # id(node) -> the node in the output
+        stack: list = [(out, None)]
         while stack:
-            n, expanded = stack.pop()
-            if not expanded:
-                if id(n) in visited:
+            n, kids = stack.pop()
+            k = id(n)
+            if kids is None:  # first visit: the operands to rebuild first
+                if k in memo:
                     continue
-                visited.add(id(n))
-                stack.append((n, True))
-                stack.extend((c, False) for c in kids(n) if id(c) not in visited)
+                w = widened.get(k)
+                if w is not None:
+                    kids = (w,)
+                elif k in scope_of or k in built:  # forward: same operands
+                    kids = n.children()
+                else:  # backward: residuals are read through their fields
+                    kids = tuple([reads.get(id(c), c) for c in n.children()])
+                stack.append((n, kids))
+                stack.extend([(c, None) for c in kids if id(c) not in memo])
                 continue
-            w = widened.get(id(n))
-            if w is not None:
-                memo[id(n)] = typed(TupleGetItem(memo[id(w)], 0))
-            elif forward(n):
-                memo[id(n)] = retyped(n, rebuild(n, lambda c: memo[id(c)]))
+            if k in memo:
+                continue
+            new = [memo[id(c)] for c in kids]
+            if k in widened:
+                memo[k] = typed(TupleGetItem(new[0], 0))
+            elif all(a is b for a, b in zip(new, n.children())):
+                memo[k] = n
             else:
-                memo[id(n)] = retyped(n, rebuild(n, lambda c: memo[id(reads.get(id(c), c))]))
+                swap = dict(zip(map(id, n.children()), new))
+                memo[k] = retyped(n, rebuild(n, lambda c: swap[id(c)]))
         return memo[id(out)]
