@@ -187,6 +187,11 @@ class Residuals:
             elif all(a is b for a, b in zip(new, n.children())):
                 memo[k] = n
             else:
-                swap = dict(zip(map(id, n.children()), new))
-                memo[k] = retyped(n, rebuild(n, lambda c: swap[id(c)]))
+                memo[k] = retyped(n, _with_operands(n, new))
         return memo[id(out)]
+
+
+def _with_operands(node: Expr, operands: list) -> Expr:
+    """``node`` rebuilt over ``operands`` (in the order of ``node.children()``)."""
+    swap = dict(zip(map(id, node.children()), operands))
+    return rebuild(node, lambda c: swap[id(c)])

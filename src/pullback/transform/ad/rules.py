@@ -4,8 +4,9 @@ One rule object per node kind, looked up in ``RULES`` by the sweep (as JAX's
 ``backward_pass`` looks up a primitive's transpose, or tinygrad's
 ``compute_gradient`` its gradient patterns). ``transpose(sweep, frame, node,
 cts)`` receives the node's cotangent as ``{leaf path: expression}`` (a missing
-leaf is a symbolic zero) and returns the contributions ``(operand, path,
-cotangent)``; a ``None`` or ``Zero`` cotangent contributes nothing.
+leaf is a symbolic zero; a node whose cotangent is a ``Zero`` is skipped) and
+returns the contributions ``(operand, path, cotangent)``; a ``None`` or
+``Zero`` contribution adds nothing.
 
 - ``OpRule``: a call to an operator, through its ``OpDef.grad`` (Relay's
   FPrimalGradient). A tuple-valued call gets its cotangent with zeros in the
@@ -29,8 +30,8 @@ from ...ir.errors import PullbackError
 from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem
 from ...ir.types import TensorType
 from ...ops.registry import OpDef
-from .common import binding, rule_type_error, sum_terms, typed, types_compatible
-from .zeros import is_zero
+from .common import binding, rule_type_error, sum_terms, type_at, typed, types_compatible
+from .zeros import Zero, is_zero
 
 if TYPE_CHECKING:
     from .sweep import Frame, ReverseSweep
@@ -119,7 +120,7 @@ class IfRule:
                 entry = bf.outside.get(k)
                 if entry is None:  # a symbolic zero on this side; an If branch needs a value
                     target, p, _ = frames[0].outside.get(k) or frames[1].outside[k]
-                    fields.append(sweep.zeros.instantiate(target, {}, p))
+                    fields.append(sweep.zeros.instantiate(target, Zero(type_at(target.checked_type, p)), p))
                 else:
                     fields.append(sum_terms(entry[2]))
             sides.append(typed(Tuple(fields)))

@@ -115,11 +115,11 @@ class ReverseSweep:
         else:
             entry[2].append(v)
 
-    def read(self, frame: Frame, node: Expr) -> Optional[dict[Path, Expr]]:
-        """The summed cotangent of ``node`` per leaf path; None or empty: a symbolic zero."""
+    def read(self, frame: Frame, node: Expr):
+        """The cotangent of ``node``: ``{leaf path: summed expression}``, or ``Zero`` if nothing reached it."""
         entry = frame.cts.pop(id(node), None)
         if not entry:
-            return None
+            return Zero(node.checked_type)
         return {p: sum_terms(terms) for p, terms in entry.items()}
 
     # ------------------------------------------------------------ the sweep
@@ -148,7 +148,7 @@ class ReverseSweep:
             if rule is None:  # a parameter: its cotangent stays in the root frame
                 continue
             cts = self.read(frame, node)
-            if not cts:  # a symbolic zero: nothing flows back
+            if type(cts) is Zero:  # nothing flows back
                 continue
             out = rule.transpose(self, frame, node, cts)
             if type(out) is Branches:
@@ -188,7 +188,7 @@ class ReverseSweep:
     # ------------------------------------------------------------ results
     def param_adjoint(self, param: Var) -> Expr:
         """The gradient of ``param``: its summed cotangent, zeros on every leaf nothing reached."""
-        return self.zeros.instantiate(param, self.read(self.root, param) or {})
+        return self.zeros.instantiate(param, self.read(self.root, param))
 
     def finish(self, out: Expr) -> Expr:
         """``out`` (built from the forward body and the cotangents) with the forward Ifs widened

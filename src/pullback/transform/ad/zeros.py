@@ -78,9 +78,10 @@ class ZeroFill:
             tuples[id(t)] = (t, typed_as(Tuple(fields), t))
         return tuples[id(ty)][1]
 
-    def instantiate(self, node: Expr, leaves: dict[Path, Expr], path: Path = ()) -> Expr:
-        """The cotangent of ``node`` at ``path`` from its per-leaf cotangents ``leaves``
-        (paths relative to ``path``), zeros on every leaf without one."""
+    def instantiate(self, node: Expr, ct, path: Path = ()) -> Expr:
+        """The cotangent ``ct`` of ``node`` at ``path`` as a value: ``ct`` is a ``Zero`` or per-leaf
+        cotangents ``{leaf path (relative to path): expression}``; zeros on every leaf without one."""
+        leaves = {} if type(ct) is Zero else ct
         if () in leaves:
             return leaves[()]
         ty = node.checked_type
