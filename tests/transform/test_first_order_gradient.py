@@ -789,3 +789,47 @@ def test_one_sided_if_contributions_get_zeros_on_the_other_side():
     _, (gx, gy) = run(g, np.array(True), xv, yv)
     np.testing.assert_allclose(gx, np.exp(xv), rtol=1e-6)
     np.testing.assert_array_equal(gy, np.zeros(3))
+
+
+# ------------------------------------------------------------------ nesting shapes (residual bundles)
+
+
+def _nesting_shapes():
+    """Programs of three bool conditions ``a, b, c`` and ``x, y``: ways Ifs nest and residuals cross levels."""
+    a, b, c = (pb.var(n, shape=(), dtype="bool") for n in "abc")
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    ex, ty = op.exp(x), op.tanh(y)  # shared by every level
+
+    def level(h, k):  # a branch body reading residuals: its own and one of the level above
+        return op.add(op.multiply(op.tanh(h), op.exp(op.multiply(h, y))), op.multiply(k, h))
+
+    then_chain = If(a, level(If(b, level(If(c, level(x, ex), ty), ty), op.sin(y)), ex), op.cos(x))
+    else_chain = If(a, op.sin(y), level(If(b, op.cos(x), level(If(c, ty, level(y, ex)), ex)), ty))
+    alternating = If(a, level(If(b, op.sin(x), level(If(c, level(x, ty), y), ex)), ty), op.negative(y))
+    t1 = op.tanh(op.multiply(x, y))  # a value of the outer then-branch read two levels down
+    crossing = If(a, level(If(b, level(If(c, level(t1, t1), t1), t1), op.sin(t1)), t1), ex)
+    both_sides = If(a, level(If(b, level(x, ty), ex), ty), level(If(c, ty, level(y, ex)), ex))
+    tup = If(a, Tuple([level(If(b, level(x, ex), ty), ty), ex]), Tuple([ty, level(If(c, x, ex), y)]))
+    tuple_result = op.add(TupleGetItem(tup, 0), op.multiply(TupleGetItem(tup, 1), TupleGetItem(tup, 0)))
+    shared_inner = If(b, level(x, ty), ex)  # used by both branches: evaluated outside them
+    shared = If(a, level(shared_inner, ex), op.multiply(shared_inner, ty))
+    bodies = {"then chain": then_chain, "else chain": else_chain, "alternating": alternating,
+              "residual crossing levels": crossing, "both sides": both_sides, "tuple results": tuple_result,
+              "inner If shared by both branches": shared}
+    return {k: Function([a, b, c, x, y], op.sum(op.multiply(v, y))) for k, v in bodies.items()}
+
+
+NESTING_SHAPES = _nesting_shapes()
+
+
+@pytest.mark.parametrize("shape", list(NESTING_SHAPES))
+def test_nesting_shapes_match_finite_differences(shape):
+    f = NESTING_SHAPES[shape]
+    g = gradient(f)
+    assert_valid(g)
+    xs = [randn(3) * 0.5, randn(3) * 0.5]
+    for conds in np.ndindex(2, 2, 2):
+        check_grad(f, [np.array(bool(k)) for k in conds] + xs, wrt=["x", "y"])
+    # forward work of a branch stays in a branch: only ex/ty (shared) and the backward are unconditional
+    root_exps = [s for s in _branch_scope_of(g, "exp") if s.if_node is None]
+    assert len(root_exps) <= 1
