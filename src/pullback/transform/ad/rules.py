@@ -137,5 +137,10 @@ RULES: dict[type, object] = {Call: OpRule(), Tuple: TupleRule(), TupleGetItem: T
 
 
 def transpose_rule(node: Expr):
-    """The rule for ``node``'s kind, or None (parameters, constants: leaves of the sweep)."""
-    return RULES.get(type(node))
+    """The rule for ``node``'s kind (a subclass gets its base's), or None: parameters and
+    constants are leaves of the sweep."""
+    for cls in type(node).__mro__:
+        rule = RULES.get(cls)
+        if rule is not None:
+            return rule
+    return None

@@ -29,7 +29,7 @@ from ...ir.scope import Scope, ScopeInfo
 from ...ir.types import TensorType, TupleType, is_float
 from .common import Path, get_item, sum_terms, type_at, typed
 from .residuals import Residuals, fresh_uid
-from .rules import RULES, Branches
+from .rules import RULES, Branches, transpose_rule
 from .zeros import Zero, ZeroFill
 
 
@@ -144,7 +144,7 @@ class ReverseSweep:
             node = frame.nodes[i]
             if id(node) not in active:
                 continue
-            rule = rules.get(type(node))
+            rule = rules.get(type(node)) or transpose_rule(node)
             if rule is None:  # a parameter: its cotangent stays in the root frame
                 continue
             cts = self.read(frame, node)
