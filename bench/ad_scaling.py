@@ -9,8 +9,8 @@ Workloads, batch 8, width 64, loss ``sum(h)``:
 
 For each n: forward op count, seconds for FirstOrderGradient alone (best of
 ``--repeat`` runs, wall clock and CPU time: the machine may be shared) and with
-``standard_cleanup``, microseconds per forward op and its ratio to the first row
-of at least 1,000 layers (flat is linear), gradient program size; in the same
+``standard_cleanup``, CPU microseconds per forward op and its ratio to the first
+row of at least 1,000 layers (flat is linear), gradient program size; in the same
 run ``jax.make_jaxpr(jax.grad(f))`` and TVM Relax's ``relax.transform.Gradient``
 when installed, with ratios.
 
@@ -126,7 +126,7 @@ def relax_available() -> bool:
 def table(workload: str, sizes: list, args) -> None:
     mm = "nn.matmul" if has_op("nn.matmul") else "nn.dense"
     print(f"\n{workload}: n-layer MLP {WORKLOADS[workload].format(mm=mm)}, batch {BATCH}, width {WIDTH}")
-    head = (f"{'n':>8} {'fwd ops':>8} {'AD s':>8} {'AD cpu s':>9} {'us/op':>7} {'flat':>5} {'grad size':>10} "
+    head = (f"{'n':>8} {'fwd ops':>8} {'AD s':>8} {'AD cpu s':>9} {'cpu us/op':>9} {'flat':>5} {'grad size':>10} "
             f"{'AD+clean s':>11} {'jax s':>8} {'jax/AD':>7}")
     print(head)
     print("-" * len(head))
@@ -135,14 +135,14 @@ def table(workload: str, sizes: list, args) -> None:
         repeat = args.repeat if n <= 10_000 else 1
         fwd, t_ad, c_ad, t_clean, size = pullback_row(n, workload, n <= args.cleanup_max, repeat)
         t_jax = jax_seconds(n, workload) if n <= args.jax_max else None
-        per_op = 1e6 * t_ad / fwd
+        per_op = 1e6 * c_ad / fwd
         if base is None and n >= 1000:
             base = per_op
         flat = f"{per_op / base:5.2f}" if base else f"{'-':>5}"
         clean = f"{t_clean:11.3f}" if t_clean is not None else f"{'-':>11}"
         jx = f"{t_jax:8.3f}" if t_jax is not None else f"{'-':>8}"
         ratio = f"{t_jax / t_ad:7.1f}" if t_jax is not None else f"{'-':>7}"
-        print(f"{n:>8} {fwd:>8} {t_ad:8.3f} {c_ad:9.3f} {per_op:7.1f} {flat} {size:>10} {clean} {jx} {ratio}", flush=True)
+        print(f"{n:>8} {fwd:>8} {t_ad:8.3f} {c_ad:9.3f} {per_op:9.1f} {flat} {size:>10} {clean} {jx} {ratio}", flush=True)
 
 
 def main() -> None:
@@ -159,7 +159,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     print("TVM Relax Gradient:", "installed (not measured by this script)" if relax_available() else "not installed")
-    print("flat: us/op relative to the first row of at least 1,000 layers (1.00 everywhere is linear)")
+    print("flat: CPU us/op relative to the first row of at least 1,000 layers (1.00 everywhere is linear)")
     for w in workloads:
         table(w, sizes, args)
 
