@@ -6,9 +6,9 @@ Workload: ``h = If(c, add(h, multiply(exp(tanh(h)), 0.01)), sin(x))`` repeated
 (``exp``, ``tanh`` and the inner If's result), so the If residual scheme is
 exercised at every level.
 
-Columns, seconds for each depth, then microseconds per level and the ratio of
-that per-level time to the previous row's (1.0: linear; 2.0 per doubling of
-the depth: quadratic):
+Columns, CPU seconds for each depth (the machine may be shared), then
+microseconds per level and the ratio of that per-level time to the previous
+row's (1.0: linear; 2.0 per doubling of the depth: quadratic):
 
 - ``AD``: ``FirstOrderGradient`` on the typed module; ``scopes``: of which
   ``ir.scope.ScopeInfo`` on the forward body (AD builds it once);
@@ -50,9 +50,9 @@ def nested(depth: int) -> pb.IRModule:
 
 def seconds(fn):
     gc.collect()
-    t = time.perf_counter()
+    t = time.process_time()
     out = fn()
-    return out, time.perf_counter() - t
+    return out, time.process_time() - t
 
 
 def measure(depth: int, skip: set, errors: list) -> dict:
@@ -92,6 +92,7 @@ def main() -> None:
     depths = [int(d) for d in args.depths.split(",")]
     print(__doc__.split("\n\n")[1].replace("\n", " "))
     head = f"{'depth':>6} " + " ".join(f"{c + ' s':>9} {'us/lvl':>7} {'ratio':>5}" for c in COLUMNS)
+    print("CPU seconds; us/lvl: microseconds per nesting level; ratio: us/lvl over the previous row's")
     print(head)
     print("-" * len(head))
     skip: set = set()
