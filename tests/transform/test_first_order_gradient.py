@@ -472,6 +472,63 @@ def test_bad_arguments():
         gradient("not a function")
 
 
+# ------------------------------------------------------------------ an existing function is never replaced
+
+
+def _with_function(mod: pb.IRModule, name: str) -> pb.IRModule:
+    """``mod`` plus a user function ``@name`` and a ``@caller`` that calls it."""
+    y = pb.var("y", shape=(3,))
+    mod = mod.with_function(name, Function([y], op.negative(y)))
+    z = pb.var("z", shape=(3,))
+    return mod.with_function("caller", Function([z], Call(mod.get_global_var(name), [z])))
+
+
+def _small_module() -> pb.IRModule:
+    x = pb.var("x", shape=(3,))
+    return pb.IRModule.from_expr(Function([x], op.tanh(x)))
+
+
+NAME_CLASHES = {  # how the gradient's name can meet an existing function: (module, pass arguments, name)
+    "a second run on its own output": (lambda: FirstOrderGradient()(_small_module()), {}, "main_grad"),
+    "a user function named main_grad": (lambda: _with_function(_small_module(), "main_grad"), {}, "main_grad"),
+    "name= an unrelated function": (lambda: _with_function(_small_module(), "helper"), {"name": "helper"}, "helper"),
+    "name= a callee of func": (_layer_module, {"name": "layer"}, "layer"),
+    "name= a function calling func": (lambda: _with_function(_small_module(), "helper"), {"name": "caller"}, "caller"),
+    "func's default name exists": (lambda: _with_function(_layer_module(), "layer_grad"), {"func": "layer"}, "layer_grad"),
+}
+
+
+@pytest.mark.parametrize("case", list(NAME_CLASHES))
+def test_an_existing_function_is_never_replaced(case):
+    build, kwargs, clash = NAME_CLASHES[case]
+    mod = build()
+    before = {k: mod[k] for k in mod}
+    with pytest.raises(pb.PassError, match=f"already has a function @{clash}\\b") as err:
+        FirstOrderGradient(**kwargs)(mod)
+    assert "name=" in str(err.value)
+    assert {k: mod[k] for k in mod} == before  # the input module is unchanged
+    other = FirstOrderGradient(**{**kwargs, "name": "fresh_grad"})(mod)  # a free name works
+    assert set(other) == set(mod) | {"fresh_grad"}
+    assert all(other[k] is mod[k] for k in mod)
+
+
+def test_the_gradient_cannot_replace_its_own_function():
+    with pytest.raises(pb.PassError, match="cannot replace @main"):
+        FirstOrderGradient(name="main")
+    with pytest.raises(pb.PassError, match="name must be a function name"):
+        FirstOrderGradient(name=3)
+
+
+def test_existing_main_grad_keeps_its_callers_and_gradient_picks_a_free_name():
+    mod = _with_function(_small_module(), "main_grad")
+    xv = randn(3)
+    np.testing.assert_allclose(run(mod, xv, func="caller"), -xv)  # @caller calls the user's @main_grad
+    g = gradient(mod)  # returns a Function: it needs no name in the module
+    _, (gx,) = run(g, xv)
+    np.testing.assert_allclose(gx, 1 - np.tanh(xv) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(run(mod, xv, func="caller"), -xv)
+
+
 # ------------------------------------------------------------------ If: only the taken branch runs
 
 
@@ -643,13 +700,18 @@ def test_dynamic_shape_residual_stays_shared_and_correct():
         np.testing.assert_allclose(gx, want, rtol=1e-5)
 
 
-def test_deeply_nested_ifs_keep_their_work_nested():
+def _if_chain(depth: int) -> Function:
+    """Each If only in the then-branch of the next: nesting depth ``depth``, residuals at every level."""
     c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
-    depth = 120
     h = x
-    for _ in range(depth):  # each If only in the then-branch of the next: nesting depth 120
+    for _ in range(depth):
         h = If(c, op.add(h, op.multiply(op.exp(op.tanh(h)), pb.const(0.01))), op.sin(x))
-    g = gradient(Function([c, x], h))
+    return Function([c, x], h)
+
+
+def test_deeply_nested_ifs_keep_their_work_nested():
+    depth = 120
+    g = gradient(_if_chain(depth))
     assert_valid(g)
     assert max(s.depth for s in _branch_scope_of(g, "exp")) == depth
     exe = pb.build(pb.IRModule.from_expr(g))
@@ -665,3 +727,109 @@ def test_deeply_nested_ifs_keep_their_work_nested():
             d = d * (1 + 0.01 * np.exp(t) * (1 - t ** 2))
             v = v + 0.01 * np.exp(t)
         np.testing.assert_allclose(gx, d, rtol=1e-4)
+
+
+def test_nested_if_residuals_are_linear_in_depth():
+    """Residuals of inner Ifs travel out as one bundle per level, never re-listed level by level:
+    no tuple grows with the depth, and every level adds the same number of nodes."""
+
+    def size(depth):
+        nodes = post_order(gradient(_if_chain(depth)).body)
+        return len(nodes), max(len(n.fields) for n in nodes if isinstance(n, Tuple))
+
+    (n1, w1), (n2, w2), (n3, w3) = size(20), size(40), size(60)
+    assert w1 == w2 == w3
+    assert n3 - n2 == n2 - n1
+
+
+# ------------------------------------------------------------------ symbolic zeros
+
+
+def test_a_zero_gradient_adds_nothing():
+    x = pb.var("x", shape=(3,))
+    f = Function([x], op.add(op.exp(x), op.floor(x)))  # floor's rule returns zeros_like(g)
+    g = gradient(f)
+    assert count_calls(g, ["zeros", "zeros_like"]) == 0
+    assert count_calls(g, ["add"]) == 1  # the forward add: dx is exp's term alone
+    xv = np.array([0.3, -1.6, 2.2], "float32")
+    _, (gx,) = run(g, xv)
+    np.testing.assert_allclose(gx, np.exp(xv), rtol=1e-6)
+
+
+def test_zeros_are_built_only_where_a_value_is_needed():
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(2,))
+    g = gradient(Function([x, y], op.sum(op.floor(x))))
+    dx, dy = g.body.fields[1].fields
+    pb.assert_structural_equal(dx, op.zeros((3,), "float32"))  # only a zero reached x: a parameter needs a value
+    pb.assert_structural_equal(dy, op.zeros((2,), "float32"))
+
+
+def test_an_if_whose_branches_give_zero_gradients_has_no_gradient_if():
+    c, x = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,))
+    f = Function([c, x], op.add(If(c, op.floor(x), op.sign(x)), op.exp(x)))
+    g = gradient(f)
+    assert [n for n in post_order(g.body) if isinstance(n, If)] == [f.body.args[0]]  # the forward If alone
+    xv = randn(3)
+    for cond in (True, False):
+        _, (gx,) = run(g, np.array(cond), xv)
+        np.testing.assert_allclose(gx, np.exp(xv), rtol=1e-6)
+
+
+def test_one_sided_if_contributions_get_zeros_on_the_other_side():
+    c, x, y = pb.var("c", shape=(), dtype="bool"), pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    f = Function([c, x, y], op.sum(If(c, op.exp(x), op.tanh(y))))
+    g = gradient(f)
+    grad_if = g.body.fields[1].fields[0].tuple_value
+    assert isinstance(grad_if, If)
+    (then_dx, then_dy), (else_dx, else_dy) = grad_if.true_branch.fields, grad_if.false_branch.fields
+    assert then_dy.op.name == "zeros" and else_dx.op.name == "zeros"
+    assert then_dx.op.name != "zeros" and else_dy.op.name != "zeros"
+    assert then_dy is else_dx  # one zeros node per type
+    xv, yv = randn(3), randn(3)
+    _, (gx, gy) = run(g, np.array(True), xv, yv)
+    np.testing.assert_allclose(gx, np.exp(xv), rtol=1e-6)
+    np.testing.assert_array_equal(gy, np.zeros(3))
+
+
+# ------------------------------------------------------------------ nesting shapes (residual bundles)
+
+
+def _nesting_shapes():
+    """Programs of three bool conditions ``a, b, c`` and ``x, y``: ways Ifs nest and residuals cross levels."""
+    a, b, c = (pb.var(n, shape=(), dtype="bool") for n in "abc")
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    ex, ty = op.exp(x), op.tanh(y)  # shared by every level
+
+    def level(h, k):  # a branch body reading residuals: its own and one of the level above
+        return op.add(op.multiply(op.tanh(h), op.exp(op.multiply(h, y))), op.multiply(k, h))
+
+    then_chain = If(a, level(If(b, level(If(c, level(x, ex), ty), ty), op.sin(y)), ex), op.cos(x))
+    else_chain = If(a, op.sin(y), level(If(b, op.cos(x), level(If(c, ty, level(y, ex)), ex)), ty))
+    alternating = If(a, level(If(b, op.sin(x), level(If(c, level(x, ty), y), ex)), ty), op.negative(y))
+    t1 = op.tanh(op.multiply(x, y))  # a value of the outer then-branch read two levels down
+    crossing = If(a, level(If(b, level(If(c, level(t1, t1), t1), t1), op.sin(t1)), t1), ex)
+    both_sides = If(a, level(If(b, level(x, ty), ex), ty), level(If(c, ty, level(y, ex)), ex))
+    tup = If(a, Tuple([level(If(b, level(x, ex), ty), ty), ex]), Tuple([ty, level(If(c, x, ex), y)]))
+    tuple_result = op.add(TupleGetItem(tup, 0), op.multiply(TupleGetItem(tup, 1), TupleGetItem(tup, 0)))
+    shared_inner = If(b, level(x, ty), ex)  # used by both branches: evaluated outside them
+    shared = If(a, level(shared_inner, ex), op.multiply(shared_inner, ty))
+    bodies = {"then chain": then_chain, "else chain": else_chain, "alternating": alternating,
+              "residual crossing levels": crossing, "both sides": both_sides, "tuple results": tuple_result,
+              "inner If shared by both branches": shared}
+    return {k: Function([a, b, c, x, y], op.sum(op.multiply(v, y))) for k, v in bodies.items()}
+
+
+NESTING_SHAPES = _nesting_shapes()
+
+
+@pytest.mark.parametrize("shape", list(NESTING_SHAPES))
+def test_nesting_shapes_match_finite_differences(shape):
+    f = NESTING_SHAPES[shape]
+    g = gradient(f)
+    assert_valid(g)
+    xs = [randn(3) * 0.5, randn(3) * 0.5]
+    for conds in np.ndindex(2, 2, 2):
+        check_grad(f, [np.array(bool(k)) for k in conds] + xs, wrt=["x", "y"])
+    # forward work of a branch stays in a branch: only ex/ty (shared) and the backward are unconditional
+    root_exps = [s for s in _branch_scope_of(g, "exp") if s.if_node is None]
+    assert len(root_exps) <= 1

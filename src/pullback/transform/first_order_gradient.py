@@ -1,17 +1,20 @@
 """FirstOrderGradient: first-order reverse-mode AD as a module pass.
 
 For ``@main(x0..xn) -> r`` it adds ``@main_grad(x0..xn) -> (r, (dx0..dxn))``
-(``mode="vjp"``: one more parameter, the cotangent of ``r``). Steps:
+(``mode="vjp"``: one more parameter, the cotangent of ``r``); an existing
+function is never replaced. Steps:
 
 1. type inference; the call graph reachable from the function (recursion is a
    problem); one scan of every reachable body collecting *every* problem
    (operators without gradient whose output needs one, closures, recursion,
    integer parameters in ``wrt``) into one ``DiagnosticError``;
 2. calls to global and primitive functions are inlined (callees first);
-3. one reverse sweep (``ad.sweep``) over the body in reverse post order,
-   linear in the program size, iterative (no recursion on depth or nesting);
-   a forward If whose backward needs branch-local values is widened to return
-   them too (``ad.residuals``), so only the taken branch runs.
+3. one reverse sweep (``ad.sweep``) over the body in reverse post order
+   applying one transpose rule per node (``ad.rules``: operators, Tuple,
+   TupleGetItem, If), with symbolic zeros (``ad.zeros``); linear in the
+   program size and in If nesting depth, iterative (no recursion on depth or
+   nesting); a forward If whose backward needs branch-local values is widened
+   to return them too (``ad.residuals``), so only the taken branch runs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..ir.expr import Expr, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import FuncType, TupleType
-from .ad.common import all_float_leaves, build_struct, fill_like, has_float_leaf, typed
+from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typed
 from .ad.inline import inline_calls
 from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
@@ -77,7 +80,7 @@ def _seed(body: Expr, mode: str) -> tuple[Expr, Optional[Var]]:
     if mode == "vjp":
         ct = Var("ct", body.checked_type)
         return typed(ct), ct
-    return build_struct(body.checked_type, lambda p, t: fill_like(1.0, t, None if t.is_static else _at(body, p))), None
+    return build_struct(body.checked_type, lambda p, t: ones(t, None if t.is_static else _at(body, p))), None
 
 
 def _at(e: Expr, path) -> Expr:
@@ -133,6 +136,9 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
 class FirstOrderGradient:
     """Reverse-mode AD: adds ``@{func}_grad`` (or ``name``) returning ``(result, (gradients...))``.
 
+    An existing function is never replaced: when the module already has one of that name
+    (a second run, a user function), a ``PassError`` names it; choose another ``name``.
+
     ``wrt``: parameter names or Vars (default: every floating-point parameter, tuple
     parameters whose leaves are all float included); the gradient tuple follows its
     order. ``mode="grad"`` seeds ones for every tensor of the result (the gradient of
@@ -147,6 +153,8 @@ class FirstOrderGradient:
             raise PassError(f"FirstOrderGradient: func must be a function name, got {func!r}")
         if mode not in MODES:
             raise PassError(f"FirstOrderGradient: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        if name is not None and not isinstance(name, str):
+            raise PassError(f"FirstOrderGradient: name must be a function name, got {name!r}")
         self.func = func
         self.wrt = wrt
         self.mode = mode
@@ -155,6 +163,12 @@ class FirstOrderGradient:
             raise PassError(f"FirstOrderGradient: the gradient function cannot replace @{func}")
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
+        if self.name in mod:  # never replace a function: its callers would silently change behaviour
+            raise PassError(
+                f"FirstOrderGradient: the module already has a function @{self.name}, and the gradient of "
+                f"@{self.func} never replaces one; pass name= a new name "
+                f"(functions: {', '.join('@' + k for k in mod)})"
+            )
         return mod.with_function(self.name, differentiate(mod, self.func, self.wrt, self.mode))
 
 
@@ -169,7 +183,10 @@ def gradient(fn_or_mod: Union[Function, IRModule], wrt: WrtSpec = None, mode: st
         mod = IRModule.from_expr(fn_or_mod)
     else:
         raise PassError(f"gradient expects a Function or an IRModule, got {type(fn_or_mod).__name__}")
-    name = f"{func}_grad"
+    name, k = f"{func}_grad", 0
+    while name in mod:  # the Function is returned, not the module: any free name will do
+        k += 1
+        name = f"{func}_grad_{k}"
     return FirstOrderGradient(func, wrt, mode, name)(mod)[name]
 
 

@@ -1,24 +1,50 @@
-"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, zeros/ones.
+"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, ones, diagnostics.
 
 A *path* is a tuple of field indices into a (nested) tuple type; ``()`` is the
-value itself. Adjoints of tuple values are kept per tensor leaf path, so no
+value itself. Cotangents of tuple values are kept per tensor leaf path, so no
 tuple of zeros is ever built just to add into it.
+
+Typing new nodes is concentrated here (``typed``, ``typed_as``, ``retyped``,
+``add_typed``): the one place to change when types become lazily computed.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
-from ...analysis.type_infer import _Inferencer
+from ...analysis.type_infer import _Inferencer, carry_type, types_compatible  # noqa: F401 (for ad.rules: typing in one place)
 from ...ir.errors import PullbackError, TypeInferenceError
 from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
 from ...ir.types import TensorType, TupleType, Type, is_float
-from ...ops.registry import get_op
+from ...ops.registry import OpDef, get_op
 
 Path = tuple
 
 _INFER = _Inferencer(None)
-_zeros, _ones, _zeros_like, _ones_like, _add = (get_op(n) for n in ("zeros", "ones", "zeros_like", "ones_like", "add"))
+_ones, _ones_like, _add = (get_op(n) for n in ("ones", "ones_like", "add"))
+
+
+_CALL_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
+_CACHE_MAX = 100_000
+
+
+def _infer(node: Expr) -> Type:
+    """``node``'s type from its typed operands. An operator's type relation is a pure function
+    of the operator, its attrs and its operand types, and the gradient of a deep network
+    repeats a few such signatures thousands of times: each is inferred once."""
+    if type(node) is not Call or not isinstance(node.op, OpDef):
+        return _INFER.infer_node(node, None)
+    try:
+        key = (node.op, node.attrs, *[a._checked_type for a in node.args])
+        t = _CALL_TYPES.get(key)
+    except TypeError:  # attrs that cannot be hashed
+        return _INFER.infer_node(node, None)
+    if t is None:
+        t = _INFER.infer_node(node, None)
+        if len(_CALL_TYPES) >= _CACHE_MAX:
+            _CALL_TYPES.clear()
+        _CALL_TYPES[key] = t
+    return t
 
 
 def typed(root: Expr) -> Expr:
@@ -31,7 +57,7 @@ def typed(root: Expr) -> Expr:
         if node._checked_type is not None:
             continue
         if expanded:
-            node._checked_type = _INFER.infer_node(node, None)
+            node._checked_type = _infer(node)
             continue
         stack.append((node, True))
         for c in node.children():
@@ -40,31 +66,54 @@ def typed(root: Expr) -> Expr:
     return root
 
 
-def has_float_leaf(ty: Type) -> bool:
-    """``ty`` is a float tensor or a tuple with at least one float tensor leaf."""
+def typed_as(node: Expr, ty: Type) -> Expr:
+    """``node`` given the type ``ty`` it is known to have (the If of a nested residual bundle:
+    inferring it would compare both branches' whole type trees, quadratic in nesting depth)."""
+    node._checked_type = ty
+    return node
+
+
+def retyped(old: Expr, new: Expr) -> Expr:
+    """``new`` (``old`` rebuilt over other operands) typed: ``old``'s type when the operands'
+    types are the same, else inferred."""
+    if new is not old and not carry_type(old, new):
+        typed(new)
+    return new
+
+
+def type_leaves(ty: Type) -> Iterator[Type]:
+    """The non-tuple types at the leaves of ``ty`` (``ty`` itself if it is not a tuple)."""
     stack = [ty]
     while stack:
         t = stack.pop()
         if isinstance(t, TupleType):
             stack.extend(t.fields)
-        elif isinstance(t, TensorType) and is_float(t.dtype):
-            return True
-    return False
+        else:
+            yield t
+
+
+def _float_tensor(t: Type) -> bool:
+    return isinstance(t, TensorType) and is_float(t.dtype)
+
+
+def has_float_leaf(ty: Type) -> bool:
+    """``ty`` is a float tensor or a tuple with at least one float tensor leaf."""
+    return any(_float_tensor(t) for t in type_leaves(ty))
 
 
 def all_float_leaves(ty: Type) -> bool:
-    """``ty`` is a float tensor or a (nested) tuple whose leaves are all float tensors."""
-    stack = [ty]
+    """``ty`` is a float tensor or a (nested) tuple whose leaves are all float tensors (at least one)."""
     seen = False
-    while stack:
-        t = stack.pop()
-        if isinstance(t, TupleType):
-            stack.extend(t.fields)
-        elif isinstance(t, TensorType) and is_float(t.dtype):
-            seen = True
-        else:
+    for t in type_leaves(ty):
+        if not _float_tensor(t):
             return False
+        seen = True
     return seen
+
+
+def static_type(ty: Type) -> bool:
+    """Every leaf of ``ty`` is a tensor of static shape (zeros can be built without a value)."""
+    return all(isinstance(t, TensorType) and t.is_static for t in type_leaves(ty))
 
 
 def type_at(ty: Type, path: Path) -> Type:
@@ -117,11 +166,11 @@ def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
     return out[()]
 
 
-def fill_like(value: float, ty: TensorType, like: Expr) -> Expr:
-    """zeros/ones of tensor type ``ty``: explicit ``zeros(shape, dtype)`` when static, ``zeros_like(like)`` otherwise."""
+def ones(ty: TensorType, like: Optional[Expr]) -> Expr:
+    """Ones of tensor type ``ty``: ``ones(shape, dtype)`` when static, ``ones_like(like)`` otherwise."""
     if ty.is_static:
-        return typed((_zeros if value == 0 else _ones)(ty.shape, ty.dtype))
-    return typed((_zeros_like if value == 0 else _ones_like)(like))
+        return typed(_ones(ty.shape, ty.dtype))
+    return typed(_ones_like(like))
 
 
 def sum_terms(terms: list) -> Expr:
@@ -134,7 +183,7 @@ def sum_terms(terms: list) -> Expr:
 
 def add_typed(a: Expr, b: Expr) -> Expr:
     node = Call(_add, (a, b))
-    node._checked_type = _INFER.infer_node(node, None)
+    node._checked_type = _infer(node)
     return node
 
 

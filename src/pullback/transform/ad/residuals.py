@@ -1,42 +1,51 @@
-"""Residuals of an If: the branch-local forward values its backward branch needs.
+"""Residuals of an If: the branch-local forward values its backward branch reads.
 
-The reverse sweep differentiates ``r = If(c, T, E)`` into a gradient If on the
-same condition. Forward nodes of a branch that the backward branch reads (the
+The sweep differentiates ``r = If(c, T, E)`` into a gradient If on the same
+condition. Forward nodes of a branch that the backward branch reads (the
 *residuals*) must not be shared between the two Ifs: scope analysis would hoist
 them out of the branch and evaluate both branches unconditionally. Instead the
 forward If is widened, JAX-style, into
 
-    F = If(c, (T, resT..., zeros for resE...), (E, zeros for resT..., resE...))
+    F = If(c, (T, RT, zeros(RE)), (E, zeros(RT), RE))
 
-every use of ``r`` becomes ``F.0`` and the backward reads ``F.i``. A residual
-that is the branch result is read from ``r`` itself (no field needed).
+where ``RT``/``RE`` are Tuples of the residuals of each side (a side without
+residuals has no field); every use of ``r`` becomes ``F.0`` and the backward
+reads residual ``i`` of the then side as ``F.1.i``. A residual that is the
+branch result is read from ``r`` itself.
 
-Nested Ifs: a residual of an inner If ``r2`` (in a branch of ``r``) is read by
-the backward from the outermost widened If: ``F`` carries ``F2.j`` as one of its
-own fields (tuples stay flat however deep Ifs nest). ``Residuals`` records, per
-If, how each residual is reached from the If's enclosing scope (``expose``); the
-backward reads of residuals under a top-level If are resolved in one final
-rebuild (``finish``) that also replaces the uses of every widened If.
+Nested Ifs, linear in depth: the side tuples of an inner widened If ``F2`` (in
+a branch of ``r``) are two more forward values of that branch, so ``F`` carries
+each as one residual (a *bundle*): residuals are never re-listed level by
+level. The backward reads a residual of ``F2`` through ``F``'s field holding
+the bundle, then the bundle's field: one ``TupleGetItem`` per level, shared by
+every read below it. ``ZeroFill`` builds the zeros of a bundle type once and
+reuses them in the zeros of the bundles that contain it, and the types of the
+new Ifs are set, not inferred (inference would compare the whole nested type
+of both branches at each level).
 
 Only residuals whose type is fully static are passed (``zeros(shape)`` fills
 the other side; a ``zeros_like`` of another value could have a different shape
 at run time, which ``lax.cond`` rejects). A residual of dynamic shape stays
 shared, so scope analysis evaluates it (and what it depends on) in the
-enclosing scope, as before.
+enclosing scope.
 
-Everything here is iterative; the walks touch only nodes the branch sweep built
-(``Expr._uid`` is a creation counter: they have a uid >= the sweep's start).
+The backward refers to forward nodes as the rules built it; ``finish`` rebuilds
+the output once, replacing each use of a widened If by ``F.0`` and each
+backward read of a residual by its field. Everything here is iterative.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from ...ir.expr import Constant, Expr, If, Tuple, TupleGetItem, Var
-from ...ir.scope import Scope, ScopeInfo
+from ...ir.expr import Expr, If, Tuple, TupleGetItem
 from ...ir.traversal import rebuild
-from ...ir.types import TensorType, TupleType, Type
-from .common import build_struct, fill_like, typed
+from ...ir.types import TupleType
+from .common import retyped, static_type, typed, typed_as
+from .zeros import ZeroFill
+
+if TYPE_CHECKING:
+    from .sweep import Frame
 
 
 def fresh_uid() -> int:
@@ -44,168 +53,145 @@ def fresh_uid() -> int:
     return Expr()._uid
 
 
-def static_type(ty: Type) -> bool:
-    """Every leaf of ``ty`` is a tensor of static shape (zeros can be built without a value)."""
-    stack = [ty]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, TupleType):
-            stack.extend(t.fields)
-        elif not (isinstance(t, TensorType) and t.is_static):
-            return False
-    return True
+class _Widened:
+    """One widened If ``F``: per side, the bundle ``F.k`` (None: no residuals on that side) and
+    the expression the backward reads it through (set by ``finish``)."""
 
+    __slots__ = ("bundles", "views")
 
-def _intervals(scopes: ScopeInfo) -> dict[int, tuple[int, int]]:
-    """Euler-tour interval of every scope: ``s`` lies in ``b`` iff ``b``'s interval holds ``s``'s."""
-    kids: dict[int, list[Scope]] = {}
-    for pair in scopes.branches.values():
-        for s in pair:
-            kids.setdefault(id(s.parent), []).append(s)
-    span: dict[int, tuple[int, int]] = {}
-    clock = 0
-    stack: list = [(scopes.root, False)]
-    while stack:
-        s, done = stack.pop()
-        if done:
-            span[id(s)] = (span[id(s)][0], clock)
-            continue
-        span[id(s)] = (clock, -1)
-        clock += 1
-        stack.append((s, True))
-        stack.extend((k, False) for k in kids.get(id(s), ()))
-    return span
+    def __init__(self, bundles: list):
+        self.bundles = bundles
+        self.views: list = [None, None]
 
 
 class Residuals:
     """Widening of the forward Ifs of one body, built while the sweep finishes each If."""
 
-    def __init__(self, scopes: ScopeInfo):
-        self.scopes = scopes
-        self.widened: dict[int, Expr] = {}  # id(forward If r) -> F
-        self.expose: dict[int, dict[int, Expr]] = {}  # id(r) -> id(residual) -> its value in r's enclosing scope
-        self.reads: dict[int, Expr] = {}  # id(residual under a top-level If) -> what the backward reads
-        self.built: set[int] = set()  # ids of the nodes of the widened Ifs (forward nodes, not backward)
-        self.exposer: dict[int, If] = {}  # id(residual) -> the outermost If exposing it so far
-        self.span = _intervals(scopes)
+    def __init__(self, scope_of: dict, zeros: ZeroFill):
+        self.scope_of = scope_of
+        self.zeros = zeros
+        self.widened: dict[int, If] = {}  # id(forward If r) -> F
+        self.records: list[_Widened] = []  # inner Ifs first (the order the sweep finishes them)
+        self.field: dict[int, tuple[_Widened, int, int]] = {}  # id(residual) -> (F, side, index in the side bundle)
+        self.alias: dict[int, Expr] = {}  # id(branch result) -> its If, read instead
+        self.built: set[int] = set()  # ids of forward nodes built here (not backward nodes)
 
-    def find(self, root: Expr, branch: Scope, start: int) -> list[Expr]:
-        """Forward nodes of ``branch`` or scopes nested in it that the backward expression
-        ``root`` reads, in first-seen order. Walks only nodes built since ``start``."""
-        scope_of, span = self.scopes.scope_of, self.span
-        lo, hi = span[id(branch)]
-        out: list[Expr] = []
-        seen: set[int] = set()
-        stack = [root]
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            s = scope_of.get(id(n))
-            if s is not None:
-                if lo <= span[id(s)][0] < hi and not isinstance(n, (Var, Constant)):
-                    out.append(n)
-                continue
-            if n._uid >= start:
-                stack.extend(n.children())
-        return out
-
-    def _value_in(self, v: Expr, branch: Scope) -> Optional[Expr]:
-        """``v``'s value as a node of ``branch`` scope: itself, or a field of the inner widened If
-        directly in ``branch`` that exposes it (None if there is none: ``v`` stays shared)."""
-        scope_of = self.scopes.scope_of
-        if scope_of[id(v)] is branch:
-            return v
-        inner = self.exposer.get(id(v))
-        if inner is None or scope_of[id(inner)] is not branch:
-            return None
-        return self.expose[id(inner)][id(v)]
-
-    def widen(self, node: If, sides: list, start: int, top_level: bool) -> None:
-        """Record the residuals of ``node`` read by its backward branches ``sides`` and, when
-        some are not branch results, the widened If (see the module docstring)."""
+    def widen(self, node: If, frame: "Frame", branches: list["Frame"]) -> None:
+        """Make ``node`` (an If of ``frame``'s scope) return the residuals its swept
+        ``branches`` recorded, plus the bundles of the widened Ifs inside them."""
         results = (node.true_branch, node.false_branch)
-        expose: dict[int, Expr] = {}
-        fields: list[list[tuple[Expr, Expr]]] = [[], []]  # per side: (residual, value in the branch)
-        for b, (side, branch) in enumerate(zip(sides, self.scopes.branch_scopes(node))):
-            for v in self.find(side, branch, start):
-                if v is results[b]:
-                    expose[id(v)] = node
+        nested = frame.parent is not None
+        sides: list[list[Expr]] = [[], []]
+        for b, bf in enumerate(branches):
+            taken: set[int] = set()
+            for v in bf.reads:
+                if id(v) in taken:
+                    continue
+                taken.add(id(v))
+                if v is results[b]:  # read from the If itself (the rebuild re-types what changes)
+                    self.alias[id(v)] = node
+                    if nested:
+                        frame.reads.append(node)
                 elif static_type(v.checked_type):
-                    value = self._value_in(v, branch)
-                    if value is not None:
-                        fields[b].append((v, value))
-        if fields[0] or fields[1]:
-            before = fresh_uid()
-            values = [list({id(x): x for _, x in fs}.values()) for fs in fields]  # one field per value
-            zeros_of: dict = {}  # one zeros node per tensor type
-            fill = lambda p, t: zeros_of.get(t) or zeros_of.setdefault(t, fill_like(0.0, t, None))  # noqa: E731
-            zeros = [[build_struct(x.checked_type, fill) for x in xs] for xs in values]
-            then = typed(Tuple([results[0], *values[0], *zeros[1]]))
-            other = typed(Tuple([results[1], *zeros[0], *values[1]]))
-            wide = typed(If(node.cond, then, other))
-            self.widened[id(node)] = wide
-            index = {id(x): typed(TupleGetItem(wide, 1 + k)) for k, x in enumerate(values[0] + values[1])}
-            for fs in fields:
-                expose.update((id(v), index[id(x)]) for v, x in fs)
-            self.built.update(id(n) for n in _new_nodes(wide, before))
-            self.built.update(id(e) for e in expose.values() if e is not node)
-        self.expose[id(node)] = expose
-        self.exposer.update((k, node) for k in expose)
-        if top_level:
-            self.reads.update(expose)
+                    sides[b].append(v)
+            sides[b].extend(bf.bundles)
+        if not (sides[0] or sides[1]):
+            return
+        packs = [typed(Tuple(vs)) if vs else None for vs in sides]
+        then_fields, else_fields = [results[0]], [results[1]]
+        slots: list[Optional[int]] = []
+        for b, pack in enumerate(packs):
+            if pack is None:
+                slots.append(None)
+                continue
+            fill = self.zeros.static(pack.checked_type)
+            then_fields.append(pack if b == 0 else fill)
+            else_fields.append(fill if b == 0 else pack)
+            slots.append(len(then_fields) - 1)
+        then, other = typed(Tuple(then_fields)), typed(Tuple(else_fields))
+        wide = typed_as(If(node.cond, then, other), TupleType((node.checked_type,) + then.checked_type.fields[1:]))
+        self.widened[id(node)] = wide
+        bundles = [None if k is None else typed(TupleGetItem(wide, k)) for k in slots]
+        rec = _Widened(bundles)
+        self.records.append(rec)
+        for b, vs in enumerate(sides):
+            for i, v in enumerate(vs):
+                self.field[id(v)] = (rec, b, i)
+        news = [wide, then, other, *(p for p in packs if p is not None), *(x for x in bundles if x is not None)]
+        self.built.update(id(n) for n in news)
+        if nested:
+            frame.bundles.extend(x for x in bundles if x is not None)
+
+    # ------------------------------------------------------------ the final rebuild
+    def _reads(self) -> dict[int, Expr]:
+        """id(forward node) -> what the backward reads instead (a field of a widened If, or the If)."""
+        memo: dict[int, Expr] = {}
+
+        def at(spec: tuple) -> Expr:
+            rec, b, i = spec
+            return typed(TupleGetItem(rec.views[b], i))
+
+        for rec in reversed(self.records):  # outer Ifs first: a bundle's view uses its parent's
+            for b, bundle in enumerate(rec.bundles):
+                if bundle is not None:
+                    spec = self.field.get(id(bundle))
+                    if spec is not None:
+                        memo[id(bundle)] = at(spec)
+                    rec.views[b] = memo.get(id(bundle), bundle)
+        for key, spec in self.field.items():
+            if key not in memo:
+                memo[key] = at(spec)
+        for start in self.alias:  # a branch result read through its If, maybe itself read through its own If
+            chain, key, node = [], start, None
+            while key not in memo and key in self.alias:
+                chain.append(key)
+                node = self.alias[key]
+                key = id(node)
+            value = memo.get(key, node)
+            for k in chain:
+                memo[k] = value
+        self.built.update(id(n) for n in memo.values())
+        return memo
 
     def finish(self, out: Expr) -> Expr:
         """``out`` rebuilt once: uses of a widened If ``r`` become ``F.0``; backward nodes read
-        residuals through the fields recorded in ``reads``."""
-        if not self.widened and not self.reads:
+        residuals through their fields. One iterative post-order walk; a node whose operands
+        are unchanged is kept."""
+        if not self.widened and not self.alias:
             return out
-        widened, reads, built, scope_of = self.widened, self.reads, self.built, self.scopes.scope_of
-
-        def kids(n: Expr) -> tuple:
-            w = widened.get(id(n))
-            if w is not None:
-                return (w,)
-            if id(n) in scope_of or id(n) in built:  # forward
-                return n.children()
-            return tuple(reads.get(id(c), c) for c in n.children())
-
-        memo: dict[int, Expr] = {}
-        visited: set[int] = set()
-        stack: list = [(out, False)]
+        reads = self._reads()
+        widened, built, scope_of = self.widened, self.built, self.scope_of
+        memo: dict[int, Expr] = {}  # id(node) -> the node in the output
+        stack: list = [(out, None)]
         while stack:
-            n, expanded = stack.pop()
-            if not expanded:
-                if id(n) in visited:
+            n, kids = stack.pop()
+            k = id(n)
+            if kids is None:  # first visit: the operands to rebuild first
+                if k in memo:
                     continue
-                visited.add(id(n))
-                stack.append((n, True))
-                stack.extend((c, False) for c in kids(n) if id(c) not in visited)
+                w = widened.get(k)
+                if w is not None:
+                    kids = (w,)
+                elif k in scope_of or k in built:  # forward: same operands
+                    kids = n.children()
+                else:  # backward: residuals are read through their fields
+                    kids = tuple([reads.get(id(c), c) for c in n.children()])
+                stack.append((n, kids))
+                stack.extend([(c, None) for c in kids if id(c) not in memo])
                 continue
-            w = widened.get(id(n))
-            if w is not None:
-                new = TupleGetItem(memo[id(w)], 0)
-            elif id(n) in scope_of or id(n) in built:
-                new = rebuild(n, lambda c: memo[id(c)])
+            if k in memo:
+                continue
+            new = [memo[id(c)] for c in kids]
+            if k in widened:
+                memo[k] = typed(TupleGetItem(new[0], 0))
+            elif all(a is b for a, b in zip(new, n.children())):
+                memo[k] = n
             else:
-                new = rebuild(n, lambda c: memo[id(reads.get(id(c), c))])
-            if new is not n:
-                typed(new)  # operands may now be less static than before (an If's joined type)
-            memo[id(n)] = new
+                memo[k] = retyped(n, _with_operands(n, new))
         return memo[id(out)]
 
 
-def _new_nodes(root: Expr, start: int) -> list[Expr]:
-    """Nodes under ``root`` built since ``start``."""
-    out: list[Expr] = []
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen or n._uid < start:
-            continue
-        seen.add(id(n))
-        out.append(n)
-        stack.extend(n.children())
-    return out
+def _with_operands(node: Expr, operands: list) -> Expr:
+    """``node`` rebuilt over ``operands`` (in the order of ``node.children()``)."""
+    swap = dict(zip(map(id, node.children()), operands))
+    return rebuild(node, lambda c: swap[id(c)])

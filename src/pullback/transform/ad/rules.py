@@ -1,0 +1,146 @@
+"""Transpose rules: how the cotangent of one node flows back to its operands.
+
+One rule object per node kind, looked up in ``RULES`` by the sweep (as JAX's
+``backward_pass`` looks up a primitive's transpose, or tinygrad's
+``compute_gradient`` its gradient patterns). ``transpose(sweep, frame, node,
+cts)`` receives the node's cotangent as ``{leaf path: expression}`` (a missing
+leaf is a symbolic zero; a node whose cotangent is a ``Zero`` is skipped) and
+returns the contributions ``(operand, path, cotangent)``; a ``None`` or
+``Zero`` contribution adds nothing.
+
+- ``OpRule``: a call to an operator, through its ``OpDef.grad`` (Relay's
+  FPrimalGradient). A tuple-valued call gets its cotangent with zeros in the
+  fields nobody used; an explicit ``zeros``/``zeros_like`` a rule returns is a
+  symbolic zero.
+- ``TupleRule`` / ``TupleGetItemRule``: route leaf cotangents to the field
+  expression / into the operand's field.
+- ``IfRule``: two steps, so nested Ifs need no recursion. ``transpose`` seeds
+  both branch bodies and returns them as ``Branches`` for the sweep to run;
+  ``finish`` then builds the gradient ``If`` on the same condition, whose
+  fields are what each branch contributes to nodes outside it (zeros where
+  only the other branch contributes), and widens the forward If to return the
+  residuals its backward reads (``ad.residuals``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...ir.errors import PullbackError
+from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem
+from ...ir.types import TensorType
+from ...ops.registry import OpDef
+from .common import binding, rule_type_error, sum_terms, type_at, typed, types_compatible
+from .zeros import Zero, is_zero
+
+if TYPE_CHECKING:
+    from .sweep import Frame, ReverseSweep
+
+
+class OpRule:
+    """A call to an operator: ``OpDef.grad(call, g)`` gives one gradient (or None) per argument."""
+
+    def transpose(self, sweep: "ReverseSweep", frame: "Frame", call: Call, cts: dict) -> list:
+        op = call.op
+        if not isinstance(op, OpDef) or op.grad is None:  # the scan reported it if it was needed
+            return []
+        g = cts.get(())
+        if g is None or type(call._checked_type) is not TensorType:
+            g = sweep.zeros.instantiate(call, cts)
+        grads = op.grad(call, g)
+        if len(grads) != len(call.args):
+            raise PullbackError(
+                f"the gradient rule of {op.name} returned {len(grads)} gradients for {len(call.args)} arguments "
+                f"{binding(sweep.fn_name, sweep.fn, call)}"
+            )
+        out = []
+        active = sweep.active
+        for i, (arg, d) in enumerate(zip(call.args, grads)):
+            if d is None or id(arg) not in active:
+                continue
+            dt = d._checked_type or typed(d)._checked_type
+            at = arg._checked_type
+            if dt is not at and dt != at and not types_compatible(at, dt):
+                raise rule_type_error(op.name, i, at, dt, binding(sweep.fn_name, sweep.fn, call))
+            if not is_zero(d):
+                out.append((arg, (), d))
+        return out
+
+
+class TupleRule:
+    """``Tuple(f0..fn)``: the cotangent at path ``(i, *p)`` goes to field ``fi`` at ``p``."""
+
+    def transpose(self, sweep: "ReverseSweep", frame: "Frame", node: Tuple, cts: dict) -> list:
+        fields = node.fields
+        return [(fields[p[0]], p[1:], g) for p, g in cts.items()]
+
+
+class TupleGetItemRule:
+    """``t.i``: the cotangent at path ``p`` goes to ``t`` at ``(i, *p)``."""
+
+    def transpose(self, sweep: "ReverseSweep", frame: "Frame", node: TupleGetItem, cts: dict) -> list:
+        head = (node.index,)
+        return [(node.tuple_value, head + p, g) for p, g in cts.items()]
+
+
+class Branches:
+    """The If rule's first answer: sweep these branch frames, then call ``rule.finish``."""
+
+    __slots__ = ("rule", "node", "frames")
+
+    def __init__(self, rule: "IfRule", node: If, frames: list):
+        self.rule = rule
+        self.node = node
+        self.frames = frames
+
+
+class IfRule:
+    """``If(c, T, E)``: each branch body swept on its own, joined by a gradient If on ``c``."""
+
+    def transpose(self, sweep: "ReverseSweep", frame: "Frame", node: If, cts: dict) -> Branches:
+        frames = []
+        for scope, result in zip(sweep.scopes.branch_scopes(node), (node.true_branch, node.false_branch)):
+            bf = sweep.branch_frame(scope, frame)
+            for p, g in cts.items():
+                sweep.write(bf, result, p, g)
+            frames.append(bf)
+        return Branches(self, node, frames)
+
+    def finish(self, sweep: "ReverseSweep", frame: "Frame", done: Branches) -> list:
+        """The gradient If of ``done.node`` from its swept branches; its fields go to their targets."""
+        node, frames = done.node, done.frames
+        keys = [k for bf in frames for k in bf.outside]
+        keys = list(dict.fromkeys(keys))  # every outside (node, path) either branch contributes to
+        if not keys:
+            return []
+        sides = []
+        for bf in frames:
+            fields = []
+            for k in keys:
+                entry = bf.outside.get(k)
+                if entry is None:  # a symbolic zero on this side; an If branch needs a value
+                    target, p, _ = frames[0].outside.get(k) or frames[1].outside[k]
+                    fields.append(sweep.zeros.instantiate(target, Zero(type_at(target.checked_type, p)), p))
+                else:
+                    fields.append(sum_terms(entry[2]))
+            sides.append(typed(Tuple(fields)))
+        grad_if = typed(If(node.cond, sides[0], sides[1]))
+        sweep.residuals.widen(node, frame, frames)
+        out = []
+        for k, key in enumerate(keys):
+            target, p, _ = frames[0].outside.get(key) or frames[1].outside[key]
+            out.append((target, p, typed(TupleGetItem(grad_if, k))))
+        return out
+
+
+RULES: dict[type, object] = {Call: OpRule(), Tuple: TupleRule(), TupleGetItem: TupleGetItemRule(), If: IfRule()}
+
+
+def transpose_rule(node: Expr):
+    """The rule for ``node``'s kind (a subclass gets its base's), or None: parameters and
+    constants are leaves of the sweep."""
+    for cls in type(node).__mro__:
+        rule = RULES.get(cls)
+        if rule is not None:
+            return rule
+    return None
