@@ -23,6 +23,16 @@ class Scope:
     branch: int = 0  # 0: true branch, 1: false branch
     depth: int = 0
     nodes: list = field(default_factory=list)  # nodes evaluated here, operands first
+    jump: Optional["Scope"] = field(default=None, repr=False)  # skew-binary ancestor pointer (``_lca``)
+
+    def __post_init__(self):
+        p = self.parent
+        if p is None:
+            self.jump = self
+        elif p.depth - p.jump.depth == p.jump.depth - p.jump.jump.depth:
+            self.jump = p.jump.jump
+        else:
+            self.jump = p
 
     def __repr__(self) -> str:
         if self.if_node is None:
@@ -31,13 +41,17 @@ class Scope:
 
 
 def _lca(a: Scope, b: Scope) -> Scope:
+    """The innermost scope holding both ``a`` and ``b``: O(log depth) through the jump pointers
+    (skew-binary ancestors), so deeply nested Ifs stay linear overall."""
+    if a.depth < b.depth:
+        a, b = b, a
     while a.depth > b.depth:
-        a = a.parent
-    while b.depth > a.depth:
-        b = b.parent
+        a = a.jump if a.jump.depth >= b.depth else a.parent
     while a is not b:
-        a = a.parent
-        b = b.parent
+        if a.jump is not b.jump:
+            a, b = a.jump, b.jump
+        else:
+            a, b = a.parent, b.parent
     return a
 
 

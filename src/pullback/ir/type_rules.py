@@ -62,13 +62,35 @@ def _global_var(node: GlobalVar, global_type, fn_name) -> Type:
     return _global(node, node, global_type, fn_name)
 
 
+_OP_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
+_OP_TYPES_MAX = 100_000
+
+
+def _op_type(op: Op, arg_types: list, attrs) -> Type:
+    """``op.infer(arg_types, attrs)``, remembered: a type relation is a pure function of the operator,
+    its attrs and its operand types, and a gradient program repeats a few such signatures thousands
+    of times (an n-layer network's backward), so each is inferred once."""
+    try:
+        key = (op, attrs, *arg_types)
+        t = _OP_TYPES.get(key)
+    except TypeError:  # attrs that cannot be hashed
+        op.check_arity(len(arg_types))
+        return op.infer(arg_types, attrs)
+    if t is None:
+        op.check_arity(len(arg_types))
+        t = op.infer(arg_types, attrs)
+        if len(_OP_TYPES) >= _OP_TYPES_MAX:
+            _OP_TYPES.clear()
+        _OP_TYPES[key] = t
+    return t
+
+
 def _call(node: Call, global_type, fn_name) -> Type:
     arg_types = [_ty(a) for a in node.args]
     op = node.op
     if isinstance(op, Op):
         try:
-            op.check_arity(len(arg_types))
-            return op.infer(arg_types, node.attrs)
+            return _op_type(op, arg_types, node.attrs)
         except TypeInferenceError as e:
             raise TypeInferenceError(f"{e}{where(fn_name, node)}") from None
         except PullbackError as e:

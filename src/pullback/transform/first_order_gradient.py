@@ -20,6 +20,7 @@ function is never replaced. Steps:
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from ..analysis.type_infer import infer_module
@@ -28,11 +29,11 @@ from ..ir.expr import Expr, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import FuncType, TupleType
-from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typed
+from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typed_as
 from .ad.inline import inline_calls
 from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
-from .pass_infra import PassContext, module_pass, register_pass
+from .pass_infra import ModulePass, PassContext
 
 WrtSpec = Optional[Union[str, Var, Sequence[Union[str, Var]]]]
 MODES = ("grad", "vjp")
@@ -79,13 +80,13 @@ def _seed(body: Expr, mode: str) -> tuple[Expr, Optional[Var]]:
     """The adjoint of the result: ones on every float leaf, or a cotangent parameter."""
     if mode == "vjp":
         ct = Var("ct", body.checked_type)
-        return typed(ct), ct
+        return ct, ct
     return build_struct(body.checked_type, lambda p, t: ones(t, None if t.is_static else _at(body, p))), None
 
 
 def _at(e: Expr, path) -> Expr:
     for i in path:
-        e = typed(TupleGetItem(e, i))
+        e = TupleGetItem(e, i)
     return e
 
 
@@ -106,8 +107,7 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
     if not isinstance(mod, IRModule):
         raise PassError(f"FirstOrderGradient expects an IRModule, got {type(mod).__name__}")
     fn = mod[func]  # raises naming the known functions
-    if any(f._checked_type is None for _, f in mod.items()):  # a typed Function has a typed body
-        infer_module(mod)
+    infer_module(mod)  # returns at once when every function is typed
     params, problems = resolve_wrt(fn, wrt, func)
     scans, callees_first, found = scan_module(mod, func, params)
     problems += found
@@ -124,16 +124,14 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
     seed, ct = _seed(body, mode)
     sweep.run(seed)
     grads = [sweep.param_adjoint(p) for p in params]
-    out = sweep.finish(typed(Tuple([body, typed(Tuple(grads))])))
+    out = sweep.finish(Tuple([body, Tuple(grads)]))
     new_params = list(fn.params) + ([ct] if ct is not None else [])
     ret = TupleType((out.fields[0].checked_type, TupleType(tuple(g.checked_type for g in grads))))
-    grad_fn = Function(new_params, out, ret)
-    grad_fn._checked_type = FuncType(tuple(p.type_annotation for p in new_params), ret)
-    return grad_fn
+    return typed_as(Function(new_params, out, ret), FuncType(tuple(p.type_annotation for p in new_params), ret))
 
 
-@module_pass(name="FirstOrderGradient")
-class FirstOrderGradient:
+@dataclass(frozen=True)
+class FirstOrderGradient(ModulePass, name="FirstOrderGradient"):
     """Reverse-mode AD: adds ``@{func}_grad`` (or ``name``) returning ``(result, (gradients...))``.
 
     An existing function is never replaced: when the module already has one of that name
@@ -148,17 +146,22 @@ class FirstOrderGradient:
     ``DiagnosticError`` listing every problem.
     """
 
-    def __init__(self, func: str = "main", wrt: WrtSpec = None, mode: str = "grad", name: Optional[str] = None):
+    func: str = "main"
+    wrt: WrtSpec = None
+    mode: str = "grad"
+    name: Optional[str] = None  # the gradient function's name (default ``{func}_grad``)
+
+    def __post_init__(self):
+        func, name = self.func, self.name
         if not isinstance(func, str) or not func:
             raise PassError(f"FirstOrderGradient: func must be a function name, got {func!r}")
-        if mode not in MODES:
-            raise PassError(f"FirstOrderGradient: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        if self.mode not in MODES:
+            raise PassError(f"FirstOrderGradient: mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
         if name is not None and not isinstance(name, str):
             raise PassError(f"FirstOrderGradient: name must be a function name, got {name!r}")
-        self.func = func
-        self.wrt = wrt
-        self.mode = mode
-        self.name = name or f"{func}_grad"
+        if isinstance(self.wrt, list):  # options stay hashable
+            object.__setattr__(self, "wrt", tuple(self.wrt))
+        object.__setattr__(self, "name", name or f"{func}_grad")
         if self.name == func:
             raise PassError(f"FirstOrderGradient: the gradient function cannot replace @{func}")
 
@@ -170,9 +173,6 @@ class FirstOrderGradient:
                 f"(functions: {', '.join('@' + k for k in mod)})"
             )
         return mod.with_function(self.name, differentiate(mod, self.func, self.wrt, self.mode))
-
-
-register_pass("FirstOrderGradient", FirstOrderGradient)
 
 
 def gradient(fn_or_mod: Union[Function, IRModule], wrt: WrtSpec = None, mode: str = "grad", func: str = "main") -> Function:

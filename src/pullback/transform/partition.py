@@ -23,6 +23,7 @@ Nodes that depend on ``ct`` are backward nodes; nodes that depend on neither
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from ..analysis.liveness import type_bytes
@@ -33,7 +34,7 @@ from ..ir.module import IRModule
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TupleType
 from ..ops.registry import OpDef, FusionKind
-from .pass_infra import PassContext, module_pass, register_pass
+from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
 RECOMPUTABLE = (FusionKind.ELEMWISE, FusionKind.BROADCAST, FusionKind.INJECTIVE)
@@ -145,31 +146,32 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all") -
     return fwd, bwd
 
 
-@module_pass(name="PartitionForwardBackward")
-class PartitionForwardBackward:
+@dataclass(frozen=True)
+class PartitionForwardBackward(ModulePass):
     """Add ``@{base}_fwd`` and ``@{base}_bwd`` for the vjp-mode gradient ``@{func}``
     (``base`` is ``func`` without its ``_grad`` suffix); see the module docstring."""
 
-    def __init__(self, func: str = "main_grad", policy: str = "save_all", names: Optional[tuple] = None):
-        if policy not in POLICIES:
-            raise PassError(f"PartitionForwardBackward: policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
+    name = "PartitionForwardBackward"
+    func: str = "main_grad"
+    policy: str = "save_all"
+    names: Optional[tuple] = None
+
+    def __post_init__(self):
+        func = self.func
+        if self.policy not in POLICIES:
+            raise PassError(f"PartitionForwardBackward: policy must be one of {', '.join(map(repr, POLICIES))}, "
+                            f"got {self.policy!r}")
         if not isinstance(func, str) or not func:
             raise PassError(f"PartitionForwardBackward: func must be a function name, got {func!r}")
         base = func[: -len("_grad")] if func.endswith("_grad") else func
-        self.func = func
-        self.policy = policy
-        self.names = tuple(names) if names else (f"{base}_fwd", f"{base}_bwd")
+        object.__setattr__(self, "names", tuple(self.names) if self.names else (f"{base}_fwd", f"{base}_bwd"))
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
         fn = mod[self.func]
-        if fn._checked_type is None or not fn.body.has_type:
-            infer_module(mod)
+        infer_module(mod)
         fwd, bwd = partition(fn, self.func, self.policy)
         new = mod.with_functions({self.names[0]: fwd, self.names[1]: bwd})
         infer_module(new)
         return new
-
-
-register_pass("PartitionForwardBackward", PartitionForwardBackward)
 
 __all__ = ["PartitionForwardBackward", "partition", "recomputable", "POLICIES"]

@@ -1,69 +1,26 @@
-"""Helpers shared by the AD modules: typing new nodes, tuple-type paths, ones, diagnostics.
+"""Helpers shared by the AD modules: tuple-type paths, ones, sums, diagnostics.
 
 A *path* is a tuple of field indices into a (nested) tuple type; ``()`` is the
 value itself. Cotangents of tuple values are kept per tensor leaf path, so no
 tuple of zeros is ever built just to add into it.
 
-Typing new nodes is concentrated here (``typed``, ``typed_as``, ``retyped``,
-``add_typed``): the one place to change when types become lazily computed.
+New nodes are typed lazily (``Expr.checked_type``); ``typed_as`` records a type
+already known where inferring it would compare deep tuple types again.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterator, Optional
 
-from ...analysis.type_infer import _Inferencer, carry_type, types_compatible  # noqa: F401 (for ad.rules: typing in one place)
+from ...ir.types import types_compatible  # noqa: F401 (re-exported for ad.rules)
 from ...ir.errors import PullbackError, TypeInferenceError
 from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
 from ...ir.types import TensorType, TupleType, Type, is_float
-from ...ops.registry import OpDef, get_op
+from ...ops.registry import get_op
 
 Path = tuple
 
-_INFER = _Inferencer(None)
 _ones, _ones_like, _add = (get_op(n) for n in ("ones", "ones_like", "add"))
-
-
-_CALL_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
-_CACHE_MAX = 100_000
-
-
-def _infer(node: Expr) -> Type:
-    """``node``'s type from its typed operands. An operator's type relation is a pure function
-    of the operator, its attrs and its operand types, and the gradient of a deep network
-    repeats a few such signatures thousands of times: each is inferred once."""
-    if type(node) is not Call or not isinstance(node.op, OpDef):
-        return _INFER.infer_node(node, None)
-    try:
-        key = (node.op, node.attrs, *[a._checked_type for a in node.args])
-        t = _CALL_TYPES.get(key)
-    except TypeError:  # attrs that cannot be hashed
-        return _INFER.infer_node(node, None)
-    if t is None:
-        t = _INFER.infer_node(node, None)
-        if len(_CALL_TYPES) >= _CACHE_MAX:
-            _CALL_TYPES.clear()
-        _CALL_TYPES[key] = t
-    return t
-
-
-def typed(root: Expr) -> Expr:
-    """Infer the types of the not-yet-typed nodes under ``root`` (stops at typed nodes: O(new nodes))."""
-    if root._checked_type is not None:
-        return root
-    stack = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node._checked_type is not None:
-            continue
-        if expanded:
-            node._checked_type = _infer(node)
-            continue
-        stack.append((node, True))
-        for c in node.children():
-            if c._checked_type is None:
-                stack.append((c, False))
-    return root
 
 
 def typed_as(node: Expr, ty: Type) -> Expr:
@@ -71,14 +28,6 @@ def typed_as(node: Expr, ty: Type) -> Expr:
     inferring it would compare both branches' whole type trees, quadratic in nesting depth)."""
     node._checked_type = ty
     return node
-
-
-def retyped(old: Expr, new: Expr) -> Expr:
-    """``new`` (``old`` rebuilt over other operands) typed: ``old``'s type when the operands'
-    types are the same, else inferred."""
-    if new is not old and not carry_type(old, new):
-        typed(new)
-    return new
 
 
 def type_leaves(ty: Type) -> Iterator[Type]:
@@ -140,7 +89,7 @@ def get_item(value: Expr, index: int) -> Expr:
     """Field ``index`` of a tuple-valued expression (a Tuple's field directly), typed."""
     if isinstance(value, Tuple):
         return value.fields[index]
-    return typed(TupleGetItem(value, index))
+    return TupleGetItem(value, index)
 
 
 def at_path(value: Expr, path: Path) -> Expr:
@@ -158,7 +107,7 @@ def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
         if not isinstance(t, TupleType):
             out[path] = leaf(path, t)
         elif done:
-            out[path] = typed(Tuple([out.pop(path + (i,)) for i in range(len(t.fields))]))
+            out[path] = Tuple([out.pop(path + (i,)) for i in range(len(t.fields))])
         else:
             stack.append((path, t, True))
             for i in range(len(t.fields) - 1, -1, -1):
@@ -169,22 +118,16 @@ def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
 def ones(ty: TensorType, like: Optional[Expr]) -> Expr:
     """Ones of tensor type ``ty``: ``ones(shape, dtype)`` when static, ``ones_like(like)`` otherwise."""
     if ty.is_static:
-        return typed(_ones(ty.shape, ty.dtype))
-    return typed(_ones_like(like))
+        return _ones(ty.shape, ty.dtype)
+    return _ones_like(like)
 
 
 def sum_terms(terms: list) -> Expr:
     """One sum of every contribution (a left fold of ``add``), typed."""
     acc = terms[0]
     for t in terms[1:]:
-        acc = add_typed(acc, t)
+        acc = Call(_add, (acc, t))
     return acc
-
-
-def add_typed(a: Expr, b: Expr) -> Expr:
-    node = Call(_add, (a, b))
-    node._checked_type = _infer(node)
-    return node
 
 
 def closure_like(node: Expr) -> bool:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Optional
 from ...ir.expr import Expr, If, Tuple, TupleGetItem
 from ...ir.traversal import rebuild
 from ...ir.types import TupleType
-from .common import retyped, static_type, typed, typed_as
+from .common import static_type, typed_as
 from .zeros import ZeroFill
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Residuals:
             sides[b].extend(bf.bundles)
         if not (sides[0] or sides[1]):
             return
-        packs = [typed(Tuple(vs)) if vs else None for vs in sides]
+        packs = [Tuple(vs) if vs else None for vs in sides]
         then_fields, else_fields = [results[0]], [results[1]]
         slots: list[Optional[int]] = []
         for b, pack in enumerate(packs):
@@ -108,10 +108,10 @@ class Residuals:
             then_fields.append(pack if b == 0 else fill)
             else_fields.append(fill if b == 0 else pack)
             slots.append(len(then_fields) - 1)
-        then, other = typed(Tuple(then_fields)), typed(Tuple(else_fields))
+        then, other = Tuple(then_fields), Tuple(else_fields)
         wide = typed_as(If(node.cond, then, other), TupleType((node.checked_type,) + then.checked_type.fields[1:]))
         self.widened[id(node)] = wide
-        bundles = [None if k is None else typed(TupleGetItem(wide, k)) for k in slots]
+        bundles = [None if k is None else TupleGetItem(wide, k) for k in slots]
         rec = _Widened(bundles)
         self.records.append(rec)
         for b, vs in enumerate(sides):
@@ -129,7 +129,7 @@ class Residuals:
 
         def at(spec: tuple) -> Expr:
             rec, b, i = spec
-            return typed(TupleGetItem(rec.views[b], i))
+            return TupleGetItem(rec.views[b], i)
 
         for rec in reversed(self.records):  # outer Ifs first: a bundle's view uses its parent's
             for b, bundle in enumerate(rec.bundles):
@@ -183,11 +183,11 @@ class Residuals:
                 continue
             new = [memo[id(c)] for c in kids]
             if k in widened:
-                memo[k] = typed(TupleGetItem(new[0], 0))
+                memo[k] = TupleGetItem(new[0], 0)
             elif all(a is b for a, b in zip(new, n.children())):
                 memo[k] = n
             else:
-                memo[k] = retyped(n, _with_operands(n, new))
+                memo[k] = _with_operands(n, new)
         return memo[id(out)]
 
 

@@ -30,7 +30,7 @@ from ...ir.errors import PullbackError
 from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem
 from ...ir.types import TensorType
 from ...ops.registry import OpDef
-from .common import binding, rule_type_error, sum_terms, type_at, typed, types_compatible
+from .common import binding, rule_type_error, sum_terms, type_at, types_compatible
 from .zeros import Zero, is_zero
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class OpRule:
         if not isinstance(op, OpDef) or op.grad is None:  # the scan reported it if it was needed
             return []
         g = cts.get(())
-        if g is None or type(call._checked_type) is not TensorType:
+        if g is None or type(call.checked_type) is not TensorType:
             g = sweep.zeros.instantiate(call, cts)
         grads = op.grad(call, g)
         if len(grads) != len(call.args):
@@ -58,8 +58,8 @@ class OpRule:
         for i, (arg, d) in enumerate(zip(call.args, grads)):
             if d is None or id(arg) not in active:
                 continue
-            dt = d._checked_type or typed(d)._checked_type
-            at = arg._checked_type
+            dt = d.checked_type
+            at = arg.checked_type
             if dt is not at and dt != at and not types_compatible(at, dt):
                 raise rule_type_error(op.name, i, at, dt, binding(sweep.fn_name, sweep.fn, call))
             if not is_zero(d):
@@ -123,13 +123,13 @@ class IfRule:
                     fields.append(sweep.zeros.instantiate(target, Zero(type_at(target.checked_type, p)), p))
                 else:
                     fields.append(sum_terms(entry[2]))
-            sides.append(typed(Tuple(fields)))
-        grad_if = typed(If(node.cond, sides[0], sides[1]))
+            sides.append(Tuple(fields))
+        grad_if = If(node.cond, sides[0], sides[1])
         sweep.residuals.widen(node, frame, frames)
         out = []
         for k, key in enumerate(keys):
             target, p, _ = frames[0].outside.get(key) or frames[1].outside[key]
-            out.append((target, p, typed(TupleGetItem(grad_if, k))))
+            out.append((target, p, TupleGetItem(grad_if, k)))
         return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ...analysis.callgraph import CallGraph
 from ...ir.expr import Call, Constant, Function, GlobalVar, If, Var
 from ...ir.module import IRModule
 from ...ir.types import FLOAT_DTYPES, TensorType
@@ -112,38 +113,15 @@ def scan_module(mod: IRModule, entry: str, params: list[Var]) -> tuple[dict[str,
             psc = FunctionScan(f"{name} (fused function)", pf, float_params(pf))
             problems += psc.problems
             prims += psc.primitives
-    order, cycles = _callees_first(scans, entry)
-    return scans, order, problems + cycles
-
-
-def _callees_first(scans: dict[str, FunctionScan], entry: str) -> tuple[list[str], list[str]]:
-    """Reachable functions callees first (iterative DFS), and one line per recursive cycle."""
-    order: list[str] = []
-    problems: list[str] = []
-    state: dict[str, int] = {entry: 1}  # 1: on the DFS path, 2: done
-    path = [entry]
-    stack = [(entry, 0)]
-    while stack:
-        name, k = stack[-1]
-        out = scans[name].callees
-        if k == len(out):
-            stack.pop()
-            path.pop()
-            state[name] = 2
-            order.append(name)
+    graph = CallGraph(mod)
+    order = [n for n in graph.callees_first([entry]) if n in scans]
+    for path in graph.cycles([entry]):
+        callee, caller = path[-1], path[-2]
+        if caller not in scans or callee not in scans:
             continue
-        stack[-1] = (name, k + 1)
-        callee, site = out[k]
-        if callee not in scans:
-            continue
-        if state.get(callee) == 1:
-            cycle = path[path.index(callee):] + [callee]
-            problems.append(
-                f"recursion: {' -> '.join('@' + c for c in cycle)} cannot be differentiated by first-order AD, "
-                f"{binding(name, scans[name].fn, site)}"
-            )
-        elif state.get(callee) is None:
-            state[callee] = 1
-            path.append(callee)
-            stack.append((callee, 0))
-    return order, problems
+        cycle = path[path.index(callee):]
+        problems.append(
+            f"recursion: {' -> '.join('@' + c for c in cycle)} cannot be differentiated by first-order AD, "
+            f"{binding(caller, scans[caller].fn, graph.site(caller, callee))}"
+        )
+    return scans, order, problems

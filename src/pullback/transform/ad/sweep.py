@@ -27,7 +27,7 @@ from typing import Optional
 from ...ir.expr import Constant, Expr, If, Var
 from ...ir.scope import Scope, ScopeInfo
 from ...ir.types import TensorType, TupleType, is_float
-from .common import Path, get_item, sum_terms, type_at, typed
+from .common import Path, get_item, sum_terms, type_at
 from .residuals import Residuals, fresh_uid
 from .rules import RULES, Branches, transpose_rule
 from .zeros import Zero, ZeroFill
@@ -77,8 +77,6 @@ class ReverseSweep:
         """Add ``value`` (of the type of ``node`` at ``path``) to the cotangent of ``node``."""
         if value is None or type(value) is Zero or id(node) not in self.active:
             return
-        if value._checked_type is None:
-            typed(value)
         local = frame.parent is None
         if not local:
             self.note_reads(value)

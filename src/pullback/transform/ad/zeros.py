@@ -21,7 +21,7 @@ from typing import Optional
 from ...ir.expr import Call, Expr, Tuple
 from ...ir.types import TensorType, TupleType, Type
 from ...ops.registry import get_op
-from .common import Path, at_path, build_struct, static_type, typed, typed_as
+from .common import Path, at_path, build_struct, static_type, typed_as
 
 _ZERO_OPS = tuple(get_op(n) for n in ("zeros", "zeros_like"))
 _zeros, _zeros_like = _ZERO_OPS
@@ -54,10 +54,10 @@ class ZeroFill:
     def tensor(self, ty: TensorType, like: Optional[Expr] = None) -> Expr:
         """Zeros of tensor type ``ty``; ``like`` (a value of that type) is needed when ``ty`` is dynamic."""
         if not ty.is_static:
-            return typed(_zeros_like(like))
+            return _zeros_like(like)
         node = self._tensors.get(ty)
         if node is None:
-            node = self._tensors[ty] = typed(_zeros(ty.shape, ty.dtype))
+            node = self._tensors[ty] = _zeros(ty.shape, ty.dtype)
         return node
 
     def static(self, ty: Type) -> Expr:
