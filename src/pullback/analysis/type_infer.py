@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..ir.errors import PullbackError, TypeInferenceError
+from ..ir.errors import TypeInferenceError
 from ..ir.expr import Expr, Function, GlobalVar
 from ..ir.module import IRModule
-from ..ir.type_rules import infer_types, node_type
+from ..ir.type_rules import infer_types
 from ..ir.types import FuncType, Type, join_types, types_compatible
 from .callgraph import CallGraph
 
@@ -84,30 +84,6 @@ def infer_expr(expr: Expr, mod: Optional[IRModule] = None) -> Type:
 def infer_function(fn: Function, mod: Optional[IRModule] = None) -> Function:
     infer_expr(fn, mod)
     return fn
-
-
-# ---- kept only for ``transform/ad`` until it types nodes with ``checked_type`` (then delete both)
-
-
-def carry_type(old: Expr, new: Expr) -> bool:
-    """Type ``new`` (``old`` rebuilt) if it can be typed without the module; True if it is typed.
-    (``ir.traversal.rebuild`` already keeps ``old``'s type when the operand types are unchanged.)"""
-    if new._checked_type is None:
-        try:
-            infer_types(new)
-        except PullbackError:
-            return False
-    return True
-
-
-class _Inferencer:
-    """The type rule of one node."""
-
-    def __init__(self, mod: Optional[IRModule]):
-        self._types = _ModuleTypes(mod) if mod is not None else None
-
-    def infer_node(self, node: Expr, fn_name: Optional[str]) -> Type:
-        return node_type(node, self._types.global_type if self._types else None, fn_name)
 
 
 __all__ = ["infer_module", "infer_expr", "infer_function", "types_compatible", "join_types"]

@@ -5,7 +5,6 @@ Nothing here recurses on expression depth: a chain of a million nodes is fine.
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Iterable, Optional
 
 from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
@@ -231,40 +230,6 @@ def free_vars(expr: Expr) -> list[Var]:
 
 def all_vars(expr: Expr) -> list[Var]:
     return [n for n in post_order(expr, into_functions=True) if isinstance(n, Var)]
-
-
-_GLOBAL_CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Function -> tuple of GlobalVars
-
-
-def global_calls(expr: Expr) -> list[GlobalVar]:
-    """GlobalVars referenced by ``expr`` (as callees or values), in first-use order.
-
-    Cached per Function object (nodes are immutable), so module-level passes that ask
-    for the call graph repeatedly walk each function once."""
-    if isinstance(expr, Function):
-        got = _GLOBAL_CALLS.get(expr)
-        if got is None:
-            got = _GLOBAL_CALLS[expr] = tuple(_global_calls(expr))
-        return list(got)
-    return _global_calls(expr)
-
-
-def _global_calls(expr: Expr) -> list[GlobalVar]:
-    out: list[GlobalVar] = []
-    seen: set[int] = set()
-    for n in post_order(expr, into_functions=True):
-        if isinstance(n, Call):
-            g = n.op
-            if not isinstance(g, GlobalVar):
-                continue
-        elif isinstance(n, GlobalVar):
-            g = n
-        else:
-            continue
-        if id(g) not in seen:
-            seen.add(id(g))
-            out.append(g)
-    return out
 
 
 def use_counts(root: Expr, into_functions: bool = False) -> dict[int, int]:
