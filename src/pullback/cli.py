@@ -364,7 +364,7 @@ MAX_EXAMPLE_ELEMENTS = 2**31  # --input-shape: a random example input this large
 def _shape(text: str) -> tuple[int, ...]:
     parts = [d.strip() for d in text.split(",") if d.strip()]
     if not all(d.isdigit() and len(d) <= 12 for d in parts):
-        raise argparse.ArgumentTypeError(f"expected a shape like 2,3 (non-negative ints), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a shape like 2,3 (non-negative ints), got {_clip(repr(text), 60)}")
     dims = tuple(int(d) for d in parts)
     if math.prod(dims) > MAX_EXAMPLE_ELEMENTS:
         raise argparse.ArgumentTypeError(f"shape {text!r} has {math.prod(dims)} elements (at most {MAX_EXAMPLE_ELEMENTS})")
@@ -377,7 +377,7 @@ def _int_in(lo: int, hi: Optional[int] = None):
     def parse(text: str) -> int:
         t = text.strip()
         if not (t.lstrip("-").isdigit() and len(t) <= 12):
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected an integer, got {_clip(repr(text), 60)}")
         v = int(t)
         if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi}, got {v}" if hi is not None
@@ -455,7 +455,13 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse with the CLI's error style: one line, exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"pullback: error: {self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"pullback: error: {self.prog}: {_clip(message)} (see {self.prog} --help)\n")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` on one line, its middle cut out when longer than ``limit``."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[: limit - 60]} ... {text[-50:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
