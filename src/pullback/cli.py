@@ -63,8 +63,9 @@ def _read_module(path: str):
 
 
 def _check_output(path: Optional[str], suffix: Optional[str] = None, option: str = "-o") -> None:
-    """Fail before any work if ``path`` cannot be an output file (a directory, a missing folder, a wrong suffix)."""
-    if path is None or path == "-":
+    """Fail before any work if ``path`` cannot be an output file (a directory, a missing folder, a wrong
+    suffix); ``-`` (stdout) is fine for text outputs only (``suffix`` None)."""
+    if path is None or (path == "-" and suffix is None):
         return
     p = Path(path)
     if p.is_dir():

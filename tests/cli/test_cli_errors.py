@@ -111,6 +111,7 @@ CASES = [
     ("run-target", ["run", "m.pb", "--inputs", "in.npz", "--target", "tpu"], ["invalid choice", "tpu"]),
     ("run-out-dir", ["run", "m.pb", "--inputs", "in.npz", "-o", "outdir"], ["outdir is a directory"]),
     ("run-out-suffix", ["run", "m.pb", "--inputs", "in.npz", "-o", "res"], ["-o res", ".npz", "res.npz"]),
+    ("run-out-stdout", ["run", "m.pb", "--inputs", "in.npz", "-o", "-"], ["-o -", ".npz"]),
     ("run-out-folder", ["run", "m.pb", "--inputs", "in.npz", "-o", "nodir/r.npz"], ["nodir", "does not exist"]),
     ("run-ill-typed", ["run", "illtyped.pb", "--inputs", "in.npz"], ["axis 5"]),
     # stats / viz
