@@ -192,8 +192,8 @@ class _Partitioner:
             for ci, epat in outs[1:]:
                 if epat > pat:
                     pat = epat
-                a, b = lca, ci
-                while depth[a] > depth[b]:
+                a, b = (lca, ci) if depth[lca] >= depth[ci] else (ci, lca)
+                while depth[a] > depth[b]:  # lift the deeper one (the combined pattern is symmetric)
                     j = jump[a]
                     if depth[j] >= depth[b]:
                         pat = max(pat, jmax[a])
@@ -201,14 +201,6 @@ class _Partitioner:
                     else:
                         pat = max(pat, dpat[a])
                         a = parent[a]
-                while depth[b] > depth[a]:
-                    j = jump[b]
-                    if depth[j] >= depth[a]:
-                        pat = max(pat, jmax[b])
-                        b = j
-                    else:
-                        pat = max(pat, dpat[b])
-                        b = parent[b]
                 while a != b:  # same depth, so jump[a] and jump[b] are at the same depth too
                     ja, jb = jump[a], jump[b]
                     if ja != jb:
