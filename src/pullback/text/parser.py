@@ -432,7 +432,7 @@ class _Parser:
         pos = self.pos - len(self.val)
         line, line_start = self.line, self.pos - len(self.val) - self.col + 1
         m = _FAST_BIND.match(text, pos)
-        found = False
+        found: Optional[tuple] = None
         set_attr = object.__setattr__  # spans are not structural: skip Expr.__setattr__
         while m is not None:
             name, opname, argtext = m.group(1, 2, 3)
@@ -454,16 +454,16 @@ class _Parser:
             use(map(id, args))
             bound(call)
             bound_at(m.start(1) - 1)
-            found = True
+            found = (line, line_start, m.end())  # where the accepted lines end
             pos = m.end()
             m = _FAST_NEXT.match(text, pos)
-            if m is not None:
+            if m is not None:  # the next line's position (committed only if it is accepted)
                 line += 1
                 line_start = pos + 1
         if found:
-            self.cur_line, self.line_start, self.pos = line, line_start, pos
+            self.cur_line, self.line_start, self.pos = found
             self.advance()
-        return found
+        return bool(found)
 
     # -- expressions
     def run(self, root: _Frame) -> Expr:
