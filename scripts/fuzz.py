@@ -1,8 +1,10 @@
 """Fuzz ``pullback.parse`` for a set time: ``python scripts/fuzz.py --seconds 60``.
 
 Inputs are printed generated programs mutated at the token and byte level
-(delete / duplicate / swap / insert tokens, random bytes, truncation) plus
-deeply nested parentheses, tuples and calls. Every input must either parse or
+(delete / duplicate / swap / insert tokens, random bytes, truncation, numbers
+made huge: thousands of digits, past int64, overflowing floats), programs with
+an unused binding inserted (well- or ill-typed: the parser type-checks it), plus
+deeply nested parentheses, tuples, calls and ifs. Every input must either parse or
 raise ``pullback.ParseError``; anything else (another exception, a
 RecursionError, an input taking more than ``--hang-seconds``) is printed with
 the input saved under ``--out`` and the exit status is 1. Prints the number of
@@ -25,6 +27,9 @@ TOKEN = re.compile(r"%[\w.]+|@[\w.]+|[A-Za-z_][\w.]*|-?\d+(?:\.\d*)?(?:e-?\d+)?|
 NOISE = ["(", ")", ",", "[", "]", "{", "}", "=", ";", "%", "@", "->", ":", "?", ".", "0", "-1", "1e999", "nan",
          "if", "else", "def", "fn", "Tensor", "float32", "int32", "bool", "const", "add", "nn.dense", "\"", "#",
          "\n", "\x00", "\u00e9", "%0", "%x", "@main", "axis=", "Primitive=1", "meta[relay.Constant][0]"]
+HUGE = ["9" * 5000, "-" + "9" * 5000, "1" + "0" * 23, str(2**63), str(2**63 - 1), str(-(2**63) - 1), "1e999",
+        "9" * 400 + ".5", "1e-99999", "0" * 5000 + "7", "1e" + "9" * 5000]
+NUMBER = re.compile(r"-?\d")
 NEST = [("(", "%x", ")"), ("(%x, ", "%x", ")"), ("tanh(", "%x", ")"), ("add(%x, ", "%x", ")"),
         ("if (%c) { ", "%x", " } else { %x }"), ("(", "%x", ",)")]
 
@@ -47,7 +52,7 @@ def mutate(rng: random.Random, text: str) -> str:
     """``text`` with 1..8 token- or byte-level mutations."""
     toks = TOKEN.findall(text)
     for _ in range(rng.randint(1, 8)):
-        k = rng.randrange(7)
+        k = rng.randrange(8)
         i = rng.randrange(len(toks)) if toks else 0
         if k == 0 and toks:
             del toks[i]
@@ -62,9 +67,41 @@ def mutate(rng: random.Random, text: str) -> str:
             toks.insert(i, bytes(rng.randrange(256) for _ in range(rng.randint(1, 4))).decode("latin-1"))
         elif k == 5 and toks:
             toks = toks[: i]
+        elif k == 7:
+            _enlarge(rng, toks)
         elif toks:
             toks[i] = rng.choice(NOISE)
     return "".join(toks)
+
+
+def _enlarge(rng: random.Random, toks: list) -> None:
+    numbers = [j for j, t in enumerate(toks) if NUMBER.match(t)]
+    if numbers:
+        toks[rng.choice(numbers)] = rng.choice(HUGE)
+
+
+def huge_numbers(rng: random.Random, text: str) -> str:
+    """``text`` with one to three of its numbers (dims, indices, literals) made huge."""
+    toks = TOKEN.findall(text)
+    for _ in range(rng.randint(1, 3)):
+        _enlarge(rng, toks)
+    return "".join(toks)
+
+
+BINDING = re.compile(r"^( *)(%\w+) = [^\n]*;$", re.M)
+DEAD = ["tanh({a})", "add({a}, {b})", "nn.dense({a}, {b})", "({a}, {b})", "{a}.1", "sum({a}, axis=1)",
+        "reshape({a}, newshape=(-1,))", "add({a}, const([1.0, 2.0], float32))", "if (const(True)) {{ {a} }} else {{ {b} }}"]
+
+
+def unused_binding(rng: random.Random, text: str) -> str:
+    """``text`` with ``%dead = op(...);`` that nothing uses inserted after one of its bindings."""
+    sites = list(BINDING.finditer(text))
+    if not sites:
+        return text
+    m = rng.choice(sites)
+    names = [x.group(2) for x in sites if x.start() <= m.start() and x.group(1) == m.group(1)]
+    call = rng.choice(DEAD).format(a=m.group(2), b=rng.choice(names))
+    return f"{text[: m.end()]}\n{m.group(1)}%dead = {call};{text[m.end():]}"
 
 
 def fuzz_input(rng: random.Random, corpus: list[str], max_depth: int = 100_000) -> str:
@@ -73,6 +110,9 @@ def fuzz_input(rng: random.Random, corpus: list[str], max_depth: int = 100_000) 
         return nested(rng, max_depth)
     if r < 0.08:
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 200))).decode("latin-1")
+    if r < 0.16:
+        text = unused_binding(rng, rng.choice(corpus))
+        return text if rng.random() < 0.5 else mutate(rng, text)
     return mutate(rng, rng.choice(corpus))
 
 

@@ -8,6 +8,8 @@ node identities).
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,47 @@ def _closure_call():
     y = pb.var("y", shape=(2, 3))
     inner = pb.Function([y], op.multiply(y, X))
     return pb.IRModule.from_expr(pb.Function([X], pb.Call(inner, [X])))
+
+
+def _parse_type(dims: str):
+    return lambda: pb.parse(f"def @f(%x: Tensor[({dims},), float32]) {{ %x }}")
+
+
+def _parse_body(body: str):
+    return lambda: pb.parse(PARSE_HEAD + "  " + body + "\n}")
+
+
+def _parse_meta(line: str):
+    return lambda: pb.parse(PARSE_HEAD + "  meta[0]\n}\n#[metadata]\nmeta[0] = " + line + "\n")
+
+
+def _infer_text(body: str):
+    return lambda: T.InferType()(pb.parse(PARSE_HEAD + "  " + body + "\n}"))
+
+
+def _cli_npy_inputs():
+    from pullback import cli
+
+    with tempfile.TemporaryDirectory() as d:
+        np.save(f"{d}/x.npy", F32)
+        cli._load_npz(f"{d}/x.npy")
+
+
+def _cli_check_output(path, suffix=None):
+    from pullback import cli
+
+    cli._check_output(path, suffix)
+
+
+class _FakeXlaError(Exception):  # what a JAX out-of-memory looks like to the CLI
+    __module__ = "jaxlib.xla_extension"
+
+
+def _cli_out_of_memory():
+    from pullback import cli
+
+    with cli._backend_errors("running @main on the jax target"):
+        raise _FakeXlaError("RESOURCE_EXHAUSTED: Out of memory allocating 1099511627776 bytes.")
 
 
 B = pb.var("b", shape=(4,))
@@ -88,6 +131,28 @@ CATALOGUE = [
     ("unknown-op-text", lambda: pb.parse(PARSE_HEAD + "  frobnicate(%x)\n}"), pb.ParseError, ["frobnicate", ":2:"]),
     ("malformed-text", lambda: pb.parse(PARSE_HEAD + "  %0 = tanh(%x;\n  %0\n}"), pb.ParseError, [":2:"]),
     ("unbound-var-text", lambda: pb.parse(PARSE_HEAD + "  tanh(%y)\n}"), pb.ParseError, ["%y", ":2:"]),
+    # text: numbers bounded where they appear, whatever their digit count; unused bindings type-checked
+    ("text-dim-digits", _parse_type("9" * 5000), pb.ParseError, ["1:20:", "dimension", "(5000 characters)", "out of range"]),
+    ("text-dim-int64", _parse_type(str(10**23)), pb.ParseError, ["1:20:", "dimension", "out of range (0 to 9223372036854775807)"]),
+    ("text-type-elements", _parse_type(f"{2**62}, {2**62}"), pb.ParseError, ["1:12:", "elements, more than 9223372036854775807"]),
+    ("text-int-literal", _parse_body("(%x, const(" + "9" * 5000 + ", int64))"), pb.ParseError, [":2:14:", "integer literal", "out of range"]),
+    ("text-float-literal", _parse_body("(%x, const(1e999, float64))"), pb.ParseError, [":2:14:", "1e999 overflows float64"]),
+    ("text-const-overflow", _parse_body("(%x, const(1e10, float16))"), pb.ParseError, [":2:8:", "10000000000.0 overflows float16"]),
+    ("text-tuple-index", _parse_body("%0 = (%x, %x);\n  %0." + "9" * 5000), pb.ParseError, [":3:6:", "tuple index", "out of range"]),
+    ("text-meta-index", _parse_body("meta[" + "9" * 5000 + "]"), pb.ParseError, [":2:8:", "metadata index", "out of range"]),
+    ("text-meta-rank", _parse_meta("float32 (" + ", ".join(["1"] * 100) + ") AAAAAA=="), pb.ParseError, [":5:1:", "100 dimensions", "at most 64"]),
+    ("text-meta-size", _parse_meta(f"float32 (0, {2**62}, {2**62}) "), pb.ParseError, [":5:1:", "too large to exist"]),
+    ("text-unused-ill-typed", _parse_body("%0 = sum(%x, axis=5);\n  %x"), pb.ParseError,
+     [":2:3:", "%0 is never used and does not type-check", "axis 5", "at 2:8"]),
+    # type errors say where (every parsed node has a span)
+    ("tuple-index-where", _infer_text("%0 = (%x, %x);\n  %0.2"), pb.TypeInferenceError, ["index 2", "in @main at 3:5"]),
+    ("if-branches-where", _infer_text("if (const(True)) { %x } else { sum(%x) }"), pb.TypeInferenceError,
+     ["If branches", "in @main at 2:3"]),
+    # the command line (each one line on stderr; argument errors are argparse's, see tests/cli)
+    ("cli-npy-inputs", _cli_npy_inputs, pb.PullbackError, ["holds one array (.npy)", "--inputs takes an .npz"]),
+    ("cli-output-dir", lambda: _cli_check_output("."), pb.PullbackError, ["-o . is a directory"]),
+    ("cli-output-suffix", lambda: _cli_check_output("out", ".npz"), pb.PullbackError, ["-o out", "expected a .npz file name"]),
+    ("cli-out-of-memory", _cli_out_of_memory, pb.PullbackError, ["out of memory running @main on the jax target", "RESOURCE_EXHAUSTED"]),
     # AD
     ("missing-gradient", _grad(op.add(pb.Call(NO_GRAD, [X]), pb.Call(NO_GRAD, [op.tanh(X)]))),
      pb.DiagnosticError, ["test.no_grad", "2 problems"]),
@@ -106,7 +171,57 @@ def _torch_rows():
         from pullback.frontend import from_torch  # noqa: F401
     except ImportError:
         return []
-    return [pytest.param(_torch_unsupported, pb.PullbackError, ["from_torch", "aten._fft_r2c", "forward"], id="torch-unsupported-op")]
+    return [pytest.param(_torch_unsupported, pb.PullbackError, ["from_torch", "aten._fft_r2c", "forward"], id="torch-unsupported-op"),
+            pytest.param(_torch_int_input, pb.PullbackError, ["from_torch: example input 1 is an int (3)", "tensors only"],
+                         id="torch-int-input"),
+            pytest.param(_torch_meta_input, pb.PullbackError, ["example input 0 is on device meta", "CPU tensors with data"],
+                         id="torch-meta-input"),
+            pytest.param(_torch_meta_param, pb.PullbackError, ["parameter weight is on device meta", "load_state_dict"],
+                         id="torch-meta-parameter"),
+            pytest.param(_torch_double_backward, pb.PullbackError, ["gradient is not differentiable", "create_graph=True"],
+                         id="torch-double-backward")]
+
+
+class _Mul:
+    def __new__(cls):
+        import torch
+
+        class Mul(torch.nn.Module):
+            def forward(self, x, k):
+                return x * k
+
+        return Mul()
+
+
+def _torch_int_input():
+    import torch
+    from pullback.frontend import from_torch
+
+    return from_torch(_Mul(), (torch.ones(2), 3))
+
+
+def _torch_meta_input():
+    import torch
+    from pullback.frontend import from_torch
+
+    return from_torch(torch.nn.Linear(3, 2), (torch.ones(2, 3, device="meta"),))
+
+
+def _torch_meta_param():
+    import torch
+    from pullback.frontend import from_torch
+
+    return from_torch(torch.nn.Linear(3, 2, device="meta"), (torch.ones(2, 3),))
+
+
+def _torch_double_backward():
+    import torch
+    from pullback.integrations.torch import compile
+
+    x = torch.ones(2, 3, requires_grad=True)
+    compiled = compile(torch.nn.Linear(3, 1), (x,))
+    (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    g.sum().backward()
 
 
 def _torch_unsupported():

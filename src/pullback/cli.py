@@ -4,11 +4,19 @@ Subcommands: ``grad``, ``opt``, ``run``, ``stats``, ``viz``, ``import-torch``
 and ``demo``; each is one small function
 ``_cmd_NAME(args) -> exit code``, registered in ``build_parser``. Modules are
 read and written in the text format (``.pb``); ``-o`` omitted writes to stdout.
+
+Every failure is one line on stderr and a non-zero exit: bad arguments (exit 2),
+pullback errors, a backend running out of memory (exit 1), and, as a last resort,
+an unexpected exception ("internal error", exit 1; ``--debug`` shows tracebacks).
+Output paths are checked before any work and files are written whole (a
+temporary file renamed into place), so nothing is written when a command fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import warnings
 import zipfile
@@ -54,14 +62,47 @@ def _read_module(path: str):
         return parse(text, source_name=path)
 
 
-def _write_text(text: str, path: Optional[str]) -> None:
-    if path is None or path == "-":
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+def _check_output(path: Optional[str], suffix: Optional[str] = None, option: str = "-o") -> None:
+    """Fail before any work if ``path`` cannot be an output file (a directory, a missing folder, a wrong
+    suffix); ``-`` (stdout) is fine for text outputs only (``suffix`` None)."""
+    if path is None or (path == "-" and suffix is None):
         return
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{option} {path} is a directory; give a file name")
+    if suffix is not None and p.suffix != suffix:
+        raise CLIError(f"{option} {path}: expected a {suffix} file name (e.g. {p.with_suffix(suffix).name})")
+    if not p.parent.is_dir():
+        raise CLIError(f"{option} {path}: the folder {p.parent} does not exist")
+
+
+def _write_file(path: str, write) -> None:
+    """``write(binary_file)`` to ``path`` whole: into a temporary file beside it, then renamed."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
-        Path(path).write_text(text if text.endswith("\n") else text + "\n")
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, p)
     except OSError as e:
         raise CLIError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_text(text: str, path: Optional[str]) -> None:
+    text = text if text.endswith("\n") else text + "\n"
+    if path is None or path == "-":
+        sys.stdout.write(text)
+        return
+    _write_file(path, lambda f: f.write(text.encode()))
+
+
+def _write_npz(arrays: dict, path: str) -> None:
+    import numpy as np
+
+    _write_file(path, lambda f: np.savez(f, **arrays))  # a file object: numpy adds no suffix
 
 
 def _write_module(mod, path: Optional[str]) -> None:
@@ -91,6 +132,7 @@ def _split(value: Optional[str]) -> Optional[list[str]]:
 def _cmd_grad(args: argparse.Namespace) -> int:
     from .transform import FirstOrderGradient
 
+    _check_output(args.output)
     mod = _read_module(args.input)
     _function(mod, args.func)
     with _progress(f"differentiating @{args.func}"):
@@ -108,6 +150,7 @@ PIPELINES = {  # --pipeline NAME -> registered pass names
 def _cmd_opt(args: argparse.Namespace) -> int:
     from .transform import PassContext, PassTiming, PrintIR, Sequential, get_pass
 
+    _check_output(args.output)
     names = PIPELINES[args.pipeline] if args.pipeline else _split(args.passes)
     passes = [get_pass(n) for n in names]  # unknown name: PassError listing the registered passes
     instruments = []
@@ -132,12 +175,16 @@ def _load_npz(path: str) -> dict:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as data:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy file: one array, no names
+            raise CLIError(f"{path} holds one array (.npy); --inputs takes an .npz of arrays named like the "
+                           f"parameters (numpy.savez({Path(path).with_suffix('.npz').name!r}, x=...))")
+        with loaded as data:
             return {k: data[k] for k in data.files}
     except OSError as e:
         raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, zipfile.BadZipFile) as e:
-        raise CLIError(f"{path} is not an .npz file of arrays ({e})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CLIError(f"{path} is not an .npz file of arrays ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
 def _param_leaves(name: str, ty) -> list[tuple[str, object]]:
@@ -193,6 +240,23 @@ def _inputs_for(fn, fn_name: str, data: dict, path: str) -> list:
     return [_pack(p.type_annotation, iter([data[k] for k, _ in leaves])) for p, leaves in wanted]
 
 
+@contextmanager
+def _backend_errors(doing: str) -> Iterator[None]:
+    """Out-of-memory and backend (JAX/XLA) failures while ``doing`` as one-line CLIErrors."""
+    try:
+        yield
+    except MemoryError as e:
+        raise CLIError(f"out of memory {doing}" + (f": {e}" if str(e) else "")) from None
+    except PullbackError:
+        raise
+    except Exception as e:
+        if not type(e).__module__.startswith(("jax", "jaxlib")):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        what = "out of memory" if "RESOURCE_EXHAUSTED" in first or "Out of memory" in first else "the backend failed"
+        raise CLIError(f"{what} {doing}: {first}") from None
+
+
 def _output_leaves(value) -> list[tuple[str, object]]:
     """``(name, array)`` for every leaf of a (nested tuple) result: ``out``, ``out.0``, ``out.1.0``."""
     out, stack = [], [("out", value)]
@@ -211,6 +275,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .analysis.type_infer import infer_module
     from .runtime import build
 
+    _check_output(args.output, ".npz")
     mod = _read_module(args.input)
     fn = _function(mod, args.func)
     infer_module(mod)
@@ -222,21 +287,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"{path}: {', '.join(twice)} also given by an earlier --inputs file")
         data.update(arrays)
     inputs = _inputs_for(fn, args.func, data, " + ".join(args.inputs))
-    with _progress(f"building for {args.target}"):
-        exe = build(mod, target=args.target)
-    if args.profile:
-        if not hasattr(exe, "profile"):
-            raise CLIError(f"--profile is not supported by the {args.target} target (use --target numpy)")
-        prof = exe.profile(*inputs, func=args.func)
-        result = prof.outputs
-    else:
-        result = exe[args.func](*inputs)
-    leaves = [(k, np.asarray(v)) for k, v in _output_leaves(result)]
+    with _backend_errors(f"running @{args.func} on the {args.target} target"):
+        with _progress(f"building for {args.target}"):
+            exe = build(mod, target=args.target)
+        if args.profile:
+            if not hasattr(exe, "profile"):
+                raise CLIError(f"--profile is not supported by the {args.target} target (use --target numpy)")
+            prof = exe.profile(*inputs, func=args.func)
+            result = prof.outputs
+        else:
+            result = exe[args.func](*inputs)
+        leaves = [(k, np.asarray(v)) for k, v in _output_leaves(result)]
     if args.output:
-        try:
-            np.savez(args.output, **dict(leaves))
-        except OSError as e:
-            raise CLIError(f"cannot write {args.output}: {e.strerror or e}") from None
+        _write_npz(dict(leaves), args.output)
     else:
         with np.printoptions(precision=6, suppress=True, threshold=200):
             for k, v in leaves:
@@ -276,6 +339,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_viz(args: argparse.Namespace) -> int:
     from .viz import write_graph
 
+    _check_output(args.output)
     mod = _read_module(args.input)
     _function(mod, args.func)
     with _progress(f"drawing {args.output}"):
@@ -295,24 +359,45 @@ def _torch_frontend():
     return from_torch
 
 
+MAX_EXAMPLE_ELEMENTS = 2**31  # --input-shape: a random example input this large is a typo, not a model
+
+
 def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.split(",") if d.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a shape like 2,3, got {text!r}") from None
-    if any(d < 0 for d in dims):
-        raise argparse.ArgumentTypeError(f"dimensions must be >= 0, got {text!r}")
+    parts = [d.strip() for d in text.split(",") if d.strip()]
+    if not all(d.isdigit() and len(d) <= 12 for d in parts):
+        raise argparse.ArgumentTypeError(f"expected a shape like 2,3 (non-negative ints), got {_clip(repr(text), 60)}")
+    dims = tuple(int(d) for d in parts)
+    if math.prod(dims) > MAX_EXAMPLE_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"shape {text!r} has {math.prod(dims)} elements (at most {MAX_EXAMPLE_ELEMENTS})")
     return dims
+
+
+def _int_in(lo: int, hi: Optional[int] = None):
+    """An argparse type: an int in ``[lo, hi]``."""
+
+    def parse(text: str) -> int:
+        t = text.strip()
+        if not (t.lstrip("-").isdigit() and len(t) <= 12):
+            raise argparse.ArgumentTypeError(f"expected an integer, got {_clip(repr(text), 60)}")
+        v = int(t)
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi}, got {v}" if hi is not None
+                                             else f"expected an integer >= {lo}, got {v}")
+        return v
+
+    return parse
 
 
 def _cmd_import_torch(args: argparse.Namespace) -> int:
     import importlib
 
-    import numpy as np
 
     from_torch = _torch_frontend()
     if from_torch is None:
         raise CLIError("the PyTorch frontend (pullback.frontend.from_torch) is not available")
+    _check_output(args.output)
+    if args.params:
+        _check_output(args.params, ".npz", "--params")
     module_name, sep, factory_name = args.model.partition(":")
     if not sep or not module_name or not factory_name:
         raise CLIError(f"expected MODULE:FACTORY (e.g. mypkg.models:make_model), got {args.model!r}")
@@ -322,6 +407,8 @@ def _cmd_import_torch(args: argparse.Namespace) -> int:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise CLIError(f"cannot import {module_name}: {e}") from None
+    except Exception as e:  # the user's module failed while importing
+        raise CLIError(f"importing {module_name} raised {_one_line(e)}") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise CLIError(f"{module_name} has no callable {factory_name}")
@@ -329,7 +416,10 @@ def _cmd_import_torch(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise CLIError("import-torch needs PyTorch (pip install torch)") from None
-    model = factory()
+    try:
+        model = factory()
+    except Exception as e:  # the user's factory failed
+        raise CLIError(f"{args.model}() raised {_one_line(e)}") from None
     if not isinstance(model, torch.nn.Module):
         raise CLIError(f"{args.model} returned {type(model).__name__}, expected a torch.nn.Module")
     example = tuple(torch.randn(*s) for s in args.input_shape)
@@ -338,12 +428,9 @@ def _cmd_import_torch(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
         mod, params = from_torch(model, example)
-    _write_module(mod, args.output)
     if args.params:
-        try:
-            np.savez(args.params, **params)
-        except OSError as e:
-            raise CLIError(f"cannot write {args.params}: {e.strerror or e}") from None
+        _write_npz(params, args.params)
+    _write_module(mod, args.output)
     return 0
 
 
@@ -365,10 +452,23 @@ def _add_func(p: argparse.ArgumentParser) -> None:
     p.add_argument("--func", default="main", help="function of the module (default: main)")
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse with the CLI's error style: one line, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"pullback: error: {self.prog}: {_clip(message)} (see {self.prog} --help)\n")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` on one line, its middle cut out when longer than ``limit``."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[: limit - 60]} ... {text[-50:]}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pullback", description="pullback: differentiate, optimise and run tensor programs.")
+    p = _ArgumentParser(prog="pullback", description="pullback: differentiate, optimise and run tensor programs.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    common = argparse.ArgumentParser(add_help=False)  # --debug is accepted after the subcommand too
+    common = _ArgumentParser(add_help=False)  # --debug is accepted after the subcommand too
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -386,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--passes", metavar="P1,P2,...", help="comma-separated registered pass names, in order")
     which.add_argument("--pipeline", choices=sorted(PIPELINES),
                        help="standard: standard_cleanup; fuse: standard_cleanup then FuseOps")
-    o.add_argument("--opt-level", type=int, default=2, help="PassContext opt_level (default: 2)")
+    o.add_argument("--opt-level", type=_int_in(0, 3), default=2, help="PassContext opt_level, 0 to 3 (default: 2)")
     o.add_argument("--time-passes", action="store_true", help="print the time of every pass (stderr)")
     o.add_argument("--print-after-all", action="store_true", help="print the module after every pass (stderr)")
     o.set_defaults(func_=_cmd_opt)
@@ -422,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", parents=[common], help="the main job: differentiate, optimise and run a real model")
     d.add_argument("--torch", action="store_true", help="also start from torch.nn models and check against PyTorch autograd")
-    d.add_argument("--steps", type=int, default=3, help="training steps to time")
+    d.add_argument("--steps", type=_int_in(1, 10_000), default=3, help="training steps to time (1 to 10000, default: 3)")
     d.set_defaults(func_=_cmd_demo)
     return p
 
@@ -450,3 +550,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\npullback: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug: still one line (the traceback with --debug)
+        if args.debug:
+            raise
+        print(f"pullback: internal error: {_one_line(e)} (please report it; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1

@@ -42,6 +42,19 @@ def test_mutated_programs(rnd):
 
 
 @SETTINGS
+@given(rnd=st.randoms(use_true_random=False))
+def test_huge_numbers(rnd):
+    parses_or_parse_error(fuzz.huge_numbers(rnd, rnd.choice(CORPUS)))
+
+
+@SETTINGS
+@given(rnd=st.randoms(use_true_random=False))
+def test_unused_bindings(rnd):
+    text = fuzz.unused_binding(rnd, rnd.choice(CORPUS))
+    parses_or_parse_error(text if rnd.random() < 0.5 else fuzz.mutate(rnd, text))
+
+
+@SETTINGS
 @given(text=st.text(max_size=300))
 def test_arbitrary_text(text):
     parses_or_parse_error(text)

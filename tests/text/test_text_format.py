@@ -402,13 +402,47 @@ def test_deep_nested_types_and_ifs():
     e = pb.parse_expr(f"%x: {ty}")
     assert isinstance(e.type_annotation, pb.TupleType)
     assert pb.astext(e).count("(") == depth + 1
-    if_depth = 2_000  # ScopeInfo is quadratic in If depth, the printed text too (indentation)
+    if_depth = 2_000  # ScopeInfo is quadratic in If depth (the printed text is linear)
     text = "if (%c) { " * if_depth + "%x" + " } else { %y }" * if_depth
     e = pb.parse_expr(text)
     assert len(post_order(e)) == if_depth + 3
     assert pb.parse_expr(pb.astext(e)) is not None
     nested_fn = "fn (%a) { " * 1000 + "%a" + " }" * 1000
     assert isinstance(pb.parse_expr(nested_fn), pb.Function)
+
+
+def _nested_ifs(depth: int, fn_every: int = 0) -> pb.IRModule:
+    x, c = f32("x", 2), pb.var("c", shape=(), dtype="bool")
+    h = x
+    for i in range(depth):
+        if fn_every and i % fn_every == 0:
+            p = f32("p", 2)
+            h = pb.Call(pb.Function([p], op.tanh(p), attrs={"Primitive": 1}), [h])
+        h = pb.If(c, op.tanh(h), op.negative(x))
+    return pb.IRModule.from_expr(pb.Function([x, c], h))
+
+
+@pytest.mark.parametrize("fn_every", [0, 7])
+def test_deep_nesting_prints_linear_text_that_round_trips(fn_every):
+    from pullback.text.printer import MAX_INDENT_LEVELS
+
+    sizes = {}
+    for depth in (500, 1000, 2000):
+        m = _nested_ifs(depth, fn_every)
+        text = pb.astext(m)
+        sizes[depth] = len(text)
+        indents = {len(line) - len(line.lstrip(" ")) for line in text.splitlines()}
+        assert max(indents) == 2 * MAX_INDENT_LEVELS  # deeper blocks stay at the cap
+        assert indents == set(range(0, 2 * MAX_INDENT_LEVELS + 1, 2))
+        roundtrip_module(m)
+    # linear: twice the depth, (about) twice the text; quadratic would be four times
+    assert sizes[2000] / sizes[1000] < 2.2 and sizes[1000] / sizes[500] < 2.2
+
+
+def test_normal_nesting_keeps_two_spaces_per_level():
+    lines = pb.astext(_nested_ifs(5)).splitlines()
+    heads = [line for line in lines if line.rstrip().endswith("{") and "if (" in line]
+    assert [len(h) - len(h.lstrip(" ")) for h in heads] == [2, 4, 6, 8, 10]
 
 
 def test_deep_literals_rejected_cleanly():

@@ -164,43 +164,68 @@ class _Partitioner:
 
     # -- 2. post-dominators
     def _post_dominators(self) -> None:
+        """Immediate post-dominators and the combined pattern of the paths to them, in O(E log N).
+
+        Nodes are visited in reverse topological order; a node's post-dominator is the least
+        common ancestor of its consumers in the post-dominator tree built so far (extern nodes
+        and nodes without consumers hang below a virtual exit, index ``n``, meaning "none"). The
+        tree only grows at its leaves, so each node gets a skew-binary jump pointer (Myers 1983)
+        at insertion: ancestors and least common ancestors are found in O(log N) steps instead
+        of walking the tree (which is quadratic when a value feeds many distant consumers, as
+        forward values do in gradient programs). ``jmax[v]`` is the combined pattern of the
+        nodes from ``v`` up to ``jump[v]`` (excluded), so the pattern of the walked paths comes
+        with the jumps: the result is the same as Relay's step-by-step walk.
+        """
         n = len(self.nodes)
-        parent = [-1] * n
-        depth = [0] * n
-        dpat = [OPAQUE] * n
+        exit_ = n
+        parent = [exit_] * (n + 1)
+        depth = [1] * n + [0]
+        jump = [exit_] * (n + 1)
+        dpat = [OPAQUE] * n + [ELEMWISE]
+        jmax = [OPAQUE] * n + [ELEMWISE]
+        outputs, extern = self.outputs, self.extern
         for i in range(n - 1, -1, -1):
-            outs = self.outputs[i]
-            if self.extern[i] or not outs:
-                depth[i] = 1
-                continue
-            pat = ELEMWISE
-            lca = -1
-            for ci, epat in outs:
-                pat = max(pat, epat)
-                if lca == -1:
-                    lca = ci
-                    continue
-                a, b = lca, ci
-                while a != b:
-                    if a == -1 or b == -1:
-                        a = -1
-                        break
-                    if depth[a] < depth[b]:
-                        pat = max(pat, dpat[b])
-                        b = parent[b]
-                    elif depth[b] < depth[a]:
+            outs = outputs[i]
+            if extern[i] or not outs:
+                continue  # a root: below the exit, depth 1, pattern OPAQUE
+            lca, pat = outs[0]
+            for ci, epat in outs[1:]:
+                if epat > pat:
+                    pat = epat
+                a, b = (lca, ci) if depth[lca] >= depth[ci] else (ci, lca)
+                while depth[a] > depth[b]:  # lift the deeper one (the combined pattern is symmetric)
+                    j = jump[a]
+                    if depth[j] >= depth[b]:
+                        pat = max(pat, jmax[a])
+                        a = j
+                    else:
                         pat = max(pat, dpat[a])
                         a = parent[a]
+                while a != b:  # same depth, so jump[a] and jump[b] are at the same depth too
+                    ja, jb = jump[a], jump[b]
+                    if ja != jb:
+                        pat = max(pat, jmax[a], jmax[b])
+                        a, b = ja, jb
                     else:
                         pat = max(pat, dpat[a], dpat[b])
                         a, b = parent[a], parent[b]
                 lca = a
-                if lca == -1:
+                if lca == exit_:
                     break
+            if lca == exit_:
+                continue
             parent[i] = lca
-            depth[i] = depth[lca] + 1 if lca != -1 else 1
-            dpat[i] = pat if lca != -1 else OPAQUE
-        self.ipdom, self.dom_pattern = parent, dpat
+            depth[i] = depth[lca] + 1
+            dpat[i] = pat
+            j = jump[lca]
+            if depth[lca] - depth[j] == depth[j] - depth[jump[j]]:
+                jump[i] = jump[j]
+                jmax[i] = max(pat, jmax[lca], jmax[j])
+            else:
+                jump[i] = lca
+                jmax[i] = pat
+        self.ipdom = [-1 if p == exit_ else p for p in parent[:n]]
+        self.dom_pattern = dpat[:n]
 
     # -- union-find groups
     def _find(self, i: int) -> int:

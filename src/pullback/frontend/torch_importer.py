@@ -39,6 +39,7 @@ from ..ir.expr import Constant, Expr, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import DTYPES, TensorType
 from .aten_table import ATEN_TABLE
+from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 
 # composite ops kept whole by run_decompositions because one pullback op covers them
 PRESERVED = (
@@ -197,7 +198,9 @@ def export(module, example_inputs: Sequence, decompose: bool = True):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions)."""
     import torch
 
-    with warnings.catch_warnings():  # torch.export's internal deprecation notices are not the user's to act on
+    check_module_state(module, "from_torch")
+    check_inputs(example_inputs, "from_torch")
+    with warnings.catch_warnings(), quiet_torch_logs():  # torch.export's internal notices are not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         try:
             ep = torch.export.export(module, tuple(example_inputs))

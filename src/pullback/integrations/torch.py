@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported
 from ..ir.errors import PullbackError
 from ..ir.types import FLOAT_DTYPES, flatten_type
@@ -69,7 +70,6 @@ def _function():
     if _FUNCTION is not None:
         return _FUNCTION
     import torch
-    from torch.autograd.function import once_differentiable
 
     class PullbackFunction(torch.autograd.Function):
         """forward: ``@main_fwd`` (residuals kept on ctx); backward: ``@main_bwd``."""
@@ -88,8 +88,9 @@ def _function():
             return results
 
         @staticmethod
-        @once_differentiable
         def backward(ctx, *grads):
+            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient is asked for
+                raise PullbackError(DOUBLE_BACKWARD)
             tp = ctx.tp
             cts = []
             for g, t in zip(grads, tp.out_types):
@@ -108,6 +109,10 @@ def _function():
 
 
 _FUNCTION = None
+DOUBLE_BACKWARD = (
+    "pullback.integrations.torch: a compiled module's gradient is not differentiable (create_graph=True, "
+    "double backward, gradient penalties): its backward is one pullback program. For higher derivatives, apply "
+    "transform.FirstOrderGradient to the gradient program itself, or differentiate the eager module")
 
 
 def draw_masks(prog: TorchProgram) -> list:
@@ -142,6 +147,7 @@ def _module_class():
             self._program(tuple(example_inputs))
 
         def _program(self, inputs: tuple) -> TrainingProgram:
+            check_inputs(inputs, "pullback.integrations.torch", "input")
             key = (self.module.training,) + tuple((tuple(x.shape), x.dtype) for x in inputs)
             tp = self._programs.get(key)
             if tp is None:

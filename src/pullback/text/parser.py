@@ -36,10 +36,15 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.module import IRModule
 from ..ir.types import DTYPES, Any, FuncType, TensorType, TupleType
 from ..ops import registry
+from .unused import first_ill_typed
 
 __all__ = ["parse", "parse_expr"]
 
 MAX_LITERAL_DEPTH = 32  # nesting of attribute / constant literals (NumPy allows 64 dims)
+INT64_MAX = 2**63 - 1  # bound of dimensions, tuple and metadata indices
+LITERAL_INT_RANGE = (-(2**63), INT64_MAX)  # integer literals: the int64 range (the widest dtype)
+MAX_META_RANK = 64  # NumPy's limit on array dimensions
+_MAX_INT_DIGITS = 20  # longer integers (leading zeros aside) are out of range whatever their value
 
 _SKIP = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*")
 _TOKEN = re.compile(
@@ -101,11 +106,14 @@ class _Block(_Frame):
                 elif p.kind != "eof":
                     p.fail(f"expected end of input but found {p.desc()}")
                 p.unbind(self.names)
+                p.used.add(id(value))
                 return value
             p.expect(";")
             name = self.pending[0]
             self.names[name] = p.env.get(name)
             p.env[name] = value
+            p.bound.append(value)
+            p.bound_at.append(self.pending[1])
             self.pending = None
         while p.kind == "local":
             if p.fast_bind(self.names):
@@ -115,9 +123,10 @@ class _Block(_Frame):
             name, line, col = p.val[1:], p.line, p.col
             if name in self.names or name in p.free:
                 p.fail(f"%{name} is already defined", line, col)
+            start = p.pos - len(p.val)
             p.advance()
             p.advance()
-            self.pending = (name, line, col)
+            self.pending = (name, start)
             return _NEED
         return _NEED
 
@@ -174,6 +183,9 @@ class _Call(_Frame):
             attrs = p.guard(lambda: callee.make_attrs(**self.kwargs), where)
             call = p.guard(lambda: Call(callee, args, attrs), where)
         call.span = f"{self.line}:{self.col}"
+        p.use(args)
+        if isinstance(callee, Expr):
+            p.used.add(id(callee))
         return call
 
 
@@ -190,7 +202,7 @@ class _Tuple(_Frame):
         if value is None:
             if p.kind == ")":
                 p.advance()
-                return Tuple(())
+                return p.at(Tuple(()), self.start)
             return _NEED
         self.fields.append(value)
         if p.kind == ",":
@@ -201,7 +213,10 @@ class _Tuple(_Frame):
         elif p.kind != ")":
             p.fail(f"expected ',' or ')' but found {p.desc()}")
         p.advance()
-        return Tuple(self.fields) if self.comma else value
+        if not self.comma:
+            return value
+        p.use(self.fields)
+        return p.at(Tuple(self.fields), self.start)
 
 
 class _If(_Frame):
@@ -225,7 +240,8 @@ class _If(_Frame):
             p.expect_word("else")
             p.expect("{")
         else:
-            return If(self.cond, self.then, value)
+            p.use((self.cond, self.then, value))
+            return p.at(If(self.cond, self.then, value), self.start)
         self.state += 1
         return _Block("}")
 
@@ -243,7 +259,8 @@ class _Fn(_Frame):
         if value is None:
             return _Block("}")
         p.unbind(self.shadowed)
-        return p.guard(lambda: Function(self.params, value, self.ret, self.attrs), (self.line, self.col))
+        fn = p.guard(lambda: Function(self.params, value, self.ret, self.attrs), (self.line, self.col))
+        return p.at(fn, (self.line, self.col))
 
 
 # ------------------------------------------------------------------ the parser
@@ -266,6 +283,9 @@ class _Parser:
         self.env: dict[str, Expr] = {}
         self.free: dict[str, Var] = {}
         self.globals: dict[str, GlobalVar] = {}
+        self.bound: list[Expr] = []  # the value of every ``%name = ...;`` (flat lists: nothing for the GC to track)
+        self.bound_at: list[int] = []  # and the offset of its ``%name``
+        self.used: set[int] = set()  # ids of nodes used as an operand or a block's result
         self.global_refs: dict[str, tuple] = {}
         self.ops: dict[str, object] = {}
         self.kind = self.val = ""
@@ -331,12 +351,48 @@ class _Parser:
             self.fail(f"expected '{word}' but found {self.desc()}")
         self.advance()
 
-    def expect_int(self, what: str) -> int:
+    def expect_int(self, what: str, noun: str) -> int:
+        """A non-negative int64 (a dimension or an index); ``what`` is expected, ``noun`` names it when out of range."""
         if self.kind != "num" or not self.val.isdigit():
             self.fail(f"expected {what} but found {self.desc()}")
-        v = int(self.val)
+        v = self.to_int(self.val, noun, (0, INT64_MAX))
         self.advance()
         return v
+
+    def to_int(self, text: str, what: str, bounds: tuple, line: Optional[int] = None, col: Optional[int] = None) -> int:
+        """``int(text)`` within ``bounds`` (inclusive), else a ParseError (never Python's digit-limit ValueError)."""
+        v = _bounded_int(text, bounds)
+        if v is None:
+            self.fail(f"{what} {_short(text)} is out of range ({bounds[0]} to {bounds[1]})", line, col)
+        return v
+
+    # -- nodes
+    @staticmethod
+    def at(node: Expr, where: tuple) -> Expr:
+        """``node`` with ``span = "line:column"``."""
+        node.span = f"{where[0]}:{where[1]}"
+        return node
+
+    def use(self, operands) -> None:
+        self.used.update(map(id, operands))
+
+    def check_unused(self, functions: dict) -> None:
+        """Bindings no expression uses are not in the program: they must type-check all the same."""
+        used = self.used
+        roots: dict[int, tuple] = {}
+        for node, at in zip(self.bound, self.bound_at):
+            if id(node) not in used and id(node) not in roots:
+                roots[id(node)] = (at, node)
+        if not roots:
+            return
+        order = sorted(roots.values(), key=lambda r: r[0])  # text order
+        found = first_ill_typed([node for _, node in order], functions)
+        if found is not None:
+            k, error = found
+            at, text = order[k][0], self.text
+            line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+            name = _TOKEN.match(text, at).group()
+            self.fail(f"{name} is never used and does not type-check: {error}", line, col)
 
     # -- names
     def lookup(self, name: str) -> Optional[Expr]:
@@ -355,7 +411,7 @@ class _Parser:
     def global_var(self, name: str, line: int, col: int) -> GlobalVar:
         gv = self.globals.get(name)
         if gv is None:
-            gv = self.globals[name] = GlobalVar(name)
+            gv = self.globals[name] = self.at(GlobalVar(name), (line, col))
             self.global_refs[name] = (line, col)
         return gv
 
@@ -372,10 +428,11 @@ class _Parser:
         """Lines ``%N = op(%a, %b);`` of attr-less operators, read with one regex each (the bulk of
         printed programs); stops at the first line that needs the general parser."""
         text, env, ops = self.text, self.env, self.ops
+        use, bound, bound_at = self.used.update, self.bound.append, self.bound_at.append
         pos = self.pos - len(self.val)
         line, line_start = self.line, self.pos - len(self.val) - self.col + 1
         m = _FAST_BIND.match(text, pos)
-        found = False
+        found: Optional[tuple] = None
         set_attr = object.__setattr__  # spans are not structural: skip Expr.__setattr__
         while m is not None:
             name, opname, argtext = m.group(1, 2, 3)
@@ -394,16 +451,19 @@ class _Parser:
             set_attr(call, "span", f"{line}:{m.start(2) - line_start + 1}")
             env[name] = call
             names[name] = None
-            found = True
+            use(map(id, args))
+            bound(call)
+            bound_at(m.start(1) - 1)
+            found = (line, line_start, m.end())  # where the accepted lines end
             pos = m.end()
             m = _FAST_NEXT.match(text, pos)
-            if m is not None:
+            if m is not None:  # the next line's position (committed only if it is accepted)
                 line += 1
                 line_start = pos + 1
         if found:
-            self.cur_line, self.line_start, self.pos = line, line_start, pos
+            self.cur_line, self.line_start, self.pos = found
             self.advance()
-        return found
+        return bool(found)
 
     # -- expressions
     def run(self, root: _Frame) -> Expr:
@@ -441,9 +501,10 @@ class _Parser:
             if self.kind == ".":
                 where = (self.line, self.col)
                 self.advance(index=True)
-                index = int(self.val)
+                index = self.to_int(self.val, "tuple index", (0, INT64_MAX))
                 self.advance()
-                value = self.guard(lambda v=value, i=index: TupleGetItem(v, i), where)
+                self.used.add(id(value))
+                value = self.at(self.guard(lambda v=value, i=index: TupleGetItem(v, i), where), where)
             elif self.kind == "(":
                 self.advance()
                 call = _Call(value, *start)
@@ -464,11 +525,11 @@ class _Parser:
                 if not self.expr_mode:
                     self.fail(f"undefined variable %{name}", line, col)
                 self.advance()
-                v = self.free[name] = Var(name, self.type())
+                v = self.free[name] = self.at(Var(name, self.type()), (line, col))
             elif v is None:
                 if not self.expr_mode:
                     self.fail(f"undefined variable %{name}", line, col)
-                v = self.free[name] = Var(name)
+                v = self.free[name] = self.at(Var(name), (line, col))
             return v
         if kind == "global":
             self.advance()
@@ -488,11 +549,14 @@ class _Parser:
         if val == "meta":
             self.advance()
             self.expect("[")
-            index = self.expect_int("a metadata index")
+            index = self.expect_int("a metadata index", "metadata index")
             self.expect("]")
             if index not in self.meta:
                 self.fail(f"meta[{index}] is not in the #[metadata] section", line, col)
-            return self.meta[index]
+            const = self.meta[index]
+            if const.span is None:  # shared by every use: the first one
+                const.span = f"{line}:{col}"
+            return const
         if val == "const":
             self.advance()
             return self.const_literal(line, col)
@@ -552,7 +616,7 @@ class _Parser:
             if self.kind == ":":
                 self.advance()
                 ty = self.type()
-            params.append(Var(name, ty))
+            params.append(self.at(Var(name, ty), (pl, pc)))
             if self.kind != ")":
                 self.expect(",", "',' or ')'")
         self.advance()
@@ -591,10 +655,18 @@ class _Parser:
         if dtype[0] in "iu" and any(isinstance(x, float) for x in leaves):
             self.fail(f"bad constant: a float value in an {dtype} constant", line, col)
         try:
-            arr = np.array(value, dtype=dtype)
+            with np.errstate(over="ignore"):
+                arr = np.array(value, dtype=dtype)
         except (ValueError, TypeError, OverflowError) as e:
             self.fail(f"bad constant: {e}", line, col)
-        return Constant(arr)
+        if dtype.startswith("float"):  # a finite literal must stay finite
+            wide = np.array(value, dtype="float64")
+            overflow = np.isinf(arr) & ~np.isinf(wide)
+            if overflow.any():
+                self.fail(f"bad constant: {float(wide[overflow][0])!r} overflows {dtype} (largest finite value {np.finfo(dtype).max})", line, col)
+        const = Constant(arr)
+        const.span = f"{line}:{col}"
+        return const
 
     def read_meta(self, text: str, header: re.Match) -> None:
         first = text.count("\n", 0, header.start()) + 1
@@ -606,21 +678,43 @@ class _Parser:
             m = _META_LINE.match(line)
             if m is None:
                 raise ParseError("expected 'meta[i] = dtype (shape) base64' in the #[metadata] section", lineno, 1, self.source)
-            index, dtype, dims, data = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-            if dtype not in DTYPES:
-                raise ParseError(f"unknown dtype {dtype!r} in meta[{index}]", lineno, 1, self.source)
-            if index in self.meta:
-                raise ParseError(f"meta[{index}] is defined twice", lineno, 1, self.source)
-            shape = tuple(int(d) for d in dims.replace(" ", "").replace("\t", "").split(",") if d)
-            try:
-                raw_bytes = base64.b64decode(data, validate=True)
-            except (binascii.Error, ValueError):
-                raise ParseError(f"meta[{index}]: bad base64 data", lineno, 1, self.source) from None
-            le = np.dtype(dtype).newbyteorder("<")
-            if len(raw_bytes) != math.prod(shape) * le.itemsize:
-                raise ParseError(f"meta[{index}]: {len(raw_bytes)} bytes do not fit {dtype} {shape}", lineno, 1, self.source)
+            self.meta_entry(m, lineno)
+
+    def meta_entry(self, m: re.Match, lineno: int) -> None:
+        """One ``meta[i] = dtype (shape) base64`` line: indices and dims int64, at most 64 dims, a size NumPy can hold."""
+
+        def fail(message: str):
+            raise ParseError(message, lineno, 1, self.source)
+
+        index = _bounded_int(m.group(1), (0, INT64_MAX))
+        if index is None:
+            fail(f"metadata index {_short(m.group(1))} is out of range (0 to {INT64_MAX})")
+        dtype, dim_texts, data = m.group(2), m.group(3).replace(" ", "").replace("\t", "").split(","), m.group(4)
+        if dtype not in DTYPES:
+            fail(f"unknown dtype {dtype!r} in meta[{index}]")
+        if index in self.meta:
+            fail(f"meta[{index}] is defined twice")
+        dim_texts = [d for d in dim_texts if d]
+        if len(dim_texts) > MAX_META_RANK:
+            fail(f"meta[{index}] has {len(dim_texts)} dimensions; an array has at most {MAX_META_RANK}")
+        shape = tuple(_bounded_int(d, (0, INT64_MAX)) for d in dim_texts)
+        if None in shape:
+            bad = dim_texts[shape.index(None)]
+            fail(f"meta[{index}]: dimension {_short(bad)} is out of range (0 to {INT64_MAX})")
+        le = np.dtype(dtype).newbyteorder("<")
+        if math.prod(max(d, 1) for d in shape) * le.itemsize > INT64_MAX:
+            fail(f"meta[{index}]: a {dtype} array of shape {_shape_text(shape)} is too large to exist")
+        try:
+            raw_bytes = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            fail(f"meta[{index}]: bad base64 data")
+        if len(raw_bytes) != math.prod(shape) * le.itemsize:
+            fail(f"meta[{index}]: {len(raw_bytes)} bytes do not fit {dtype} {_shape_text(shape)}")
+        try:
             arr = np.frombuffer(raw_bytes, dtype=le).reshape(shape).astype(dtype)
-            self.meta[index] = Constant(arr)
+        except (ValueError, MemoryError) as e:
+            fail(f"meta[{index}]: cannot make a {dtype} array of shape {_shape_text(shape)} ({e})")
+        self.meta[index] = Constant(arr)
 
     # -- literals (attribute values, constant values) and types, iteratively
     def string(self, tok: str) -> str:
@@ -646,7 +740,7 @@ class _Parser:
                     stack.append([close, [], False])
                     continue
             elif kind == "num":
-                value = float(val) if not val.lstrip("-").isdigit() else int(val)
+                value = self.number(val)
                 self.advance()
             elif kind == "ident" and val in _LITERAL_WORDS:
                 value = _LITERAL_WORDS[val]
@@ -673,6 +767,15 @@ class _Parser:
                 stack.pop()
                 items = top[1]
                 value = items if close == "]" else (tuple(items) if top[2] else items[0])
+
+    def number(self, val: str):
+        """A numeric literal: an int in the 64-bit range, or a float that does not overflow float64."""
+        if val.lstrip("-").isdigit():
+            return self.to_int(val, "integer literal", LITERAL_INT_RANGE)
+        value = float(val)
+        if math.isinf(value) and "inf" not in val:
+            self.fail(f"number {_short(val)} overflows float64 (write inf for infinity)")
+        return value
 
     def type(self):
         """``Tensor[(d, ...), dtype]``, ``dtype`` (scalar), ``(T, ...)``, ``fn (T, ...) -> T``."""
@@ -729,6 +832,7 @@ class _Parser:
                 value = TupleType(tuple(top[1])) if top[2] else top[1][0]
 
     def tensor_type(self) -> TensorType:
+        line, col = self.line, self.col
         self.advance()
         self.expect("[")
         self.expect("(")
@@ -738,7 +842,7 @@ class _Parser:
                 dims.append(Any)
                 self.advance()
             else:
-                dims.append(self.expect_int("a dimension (an int or '?')"))
+                dims.append(self.expect_int("a dimension (an int or '?')", "dimension"))
             if self.kind != ")":
                 self.expect(",", "',' or ')'")
         self.advance()
@@ -748,6 +852,9 @@ class _Parser:
         dtype = self.val
         self.advance()
         self.expect("]")
+        size = math.prod(d for d in dims if d is not Any)
+        if size > INT64_MAX:
+            self.fail(f"a tensor of shape {_shape_text(dims)} has {size} elements, more than {INT64_MAX}", line, col)
         return TensorType(tuple(dims), dtype)
 
     # -- entry points
@@ -768,7 +875,27 @@ class _Parser:
         for name, gv in self.globals.items():
             if gv not in functions:
                 self.fail(f"undefined global @{name}", *self.global_refs[name])
+        self.check_unused(functions)
         return IRModule(functions)
+
+
+def _bounded_int(text: str, bounds: tuple) -> Optional[int]:
+    """``int(text)`` if it lies within ``bounds`` (inclusive), else None; never converts a huge digit string."""
+    digits = text.lstrip("-").lstrip("0")
+    if len(digits) > _MAX_INT_DIGITS:
+        return None
+    v = int(digits or "0")
+    v = -v if text.startswith("-") else v
+    return v if bounds[0] <= v <= bounds[1] else None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
+
+
+def _shape_text(dims) -> str:
+    inner = ", ".join("?" if d is Any else str(d) for d in dims)
+    return f"({inner},)" if len(dims) == 1 else f"({inner})"
 
 
 def _leaves(value):
@@ -812,7 +939,9 @@ def parse_expr(text: str, source_name: str = "<string>") -> Expr:
     """An expression (bindings then a result, or ``fn (...) {...}``); undefined %vars are free."""
     p = _Parser(text, source_name, expr_mode=True)
     try:
-        return p.run(_Block("eof"))
+        expr = p.run(_Block("eof"))
+        p.check_unused({})
+        return expr
     except ParseError:
         raise
     except PullbackError as e:

@@ -38,6 +38,10 @@ Format (reads like Relay; ``text.parser`` reads it back)::
       #[metadata]
       meta[0] = float32 (100, 3) <base64 of the little-endian bytes>
 
+Blocks indent by two spaces per level, up to ``MAX_INDENT_LEVELS`` (32) levels;
+deeper blocks keep that indentation (braces still delimit them), so the text of
+``if`` nested N deep is O(N), not O(N^2), and prints and parses in linear time.
+
 Printing is iterative (nested Ifs and Functions use an explicit stack of
 generators), so a chain of a million nodes prints in a few seconds.
 """
@@ -64,6 +68,7 @@ from ..ir.types import FuncType, TensorType, TupleType, Type
 __all__ = ["astext", "binding_text", "type_text", "value_text", "Namer", "INLINE_CONST_LIMIT"]
 
 INLINE_CONST_LIMIT = 16
+MAX_INDENT_LEVELS = 32  # deeper blocks print at this indentation: text size stays linear in nesting depth
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _GLOBAL_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_]")
@@ -220,6 +225,11 @@ def global_text(gv: GlobalVar) -> str:
 # ------------------------------------------------------------------ the printer
 
 
+def _deeper(indent: str) -> str:
+    """The indentation of a nested block: two more spaces, up to ``MAX_INDENT_LEVELS`` levels."""
+    return indent if len(indent) >= 2 * MAX_INDENT_LEVELS else indent + "  "
+
+
 class _Printer:
     """Prints one top-level unit (a def, a fn or an expression); numbering per unit."""
 
@@ -326,7 +336,7 @@ class _Printer:
         line = f"{bound} = {head}" if bound else head
         self._record(f, line)
         self.lines.append(f"{indent}{line} {{")
-        yield self.block(f.body, indent + "  ")
+        yield self.block(f.body, _deeper(indent))
         self.lines.append(indent + ("};" if bound else "}"))
 
     def block(self, body: Expr, indent: str, nodes=None, info=None) -> Iterator:
@@ -398,9 +408,9 @@ class _Printer:
         self._record(n, head)
         self.lines.append(f"{indent}{head} {{")
         then_s, else_s = info.branch_scopes(n)
-        yield self.block(n.true_branch, indent + "  ", then_s.nodes, info)
+        yield self.block(n.true_branch, _deeper(indent), then_s.nodes, info)
         self.lines.append(indent + "} else {")
-        yield self.block(n.false_branch, indent + "  ", else_s.nodes, info)
+        yield self.block(n.false_branch, _deeper(indent), else_s.nodes, info)
         self.lines.append(indent + ("};" if bound else "}"))
 
     def shared_consts(self, order: list) -> None:

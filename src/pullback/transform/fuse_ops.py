@@ -13,6 +13,8 @@ them are opaque, so running FuseOps twice changes nothing the second time.
 
 from __future__ import annotations
 
+import gc
+
 from ..analysis.fusion import DEFAULT_MAX_ARGS, DEFAULT_MAX_DEPTH, is_inline_constant, num_ops, partition
 from ..ir.errors import PassError
 from ..ir.expr import Call, Constant, Expr, Function, Var
@@ -30,6 +32,16 @@ def _param_name(node: Expr, k: int) -> str:
 def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAULT_MAX_DEPTH,
                   max_args: int = DEFAULT_MAX_ARGS) -> Function:
     """``fn`` (typed) with every group of more than one op made a primitive function; ``fn`` if none."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # many new acyclic nodes and index lists: the cyclic GC would only rescan them
+    try:
+        return _fuse_function(fn, fuse_opt_level, max_depth, max_args)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _fuse_function(fn: Function, fuse_opt_level: int, max_depth: int, max_args: int) -> Function:
     part = partition(fn.body, fuse_opt_level, max_depth, max_args)
     nodes = part.nodes
     groups = {r: m for r, m in part.groups().items() if num_ops(nodes[i] for i in m) > 1}

@@ -1,0 +1,78 @@
+"""What the PyTorch importer accepts, checked before ``torch.export`` runs.
+
+``check_inputs``: every example input is a CPU tensor of a supported dtype (not
+an ``int``, a list, a NumPy array or a meta tensor); ``check_module_state``:
+parameters and buffers hold data on the CPU (not meta tensors). Each failure is
+one ``PullbackError`` that names the value and says what is supported.
+``quiet_torch_logs``: torch's own log lines about a failing export stay quiet
+(the ``PullbackError`` carries torch's reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from ..ir.errors import PullbackError
+from ..ir.types import DTYPES
+
+__all__ = ["check_inputs", "check_module_state", "quiet_torch_logs"]
+
+
+def _describe(value) -> str:
+    name = type(value).__name__
+    text = " ".join(repr(value).split())
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _device_problem(t, meta_hint: str = "") -> str:
+    if t.device.type == "cpu":
+        return ""
+    why = f"meta tensors have a shape but no data{meta_hint}" if t.device.type == "meta" else "move it with .cpu()"
+    return f"is on device {t.device}; pullback needs CPU tensors with data ({why})"
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def check_inputs(values: Sequence, who: str, what: str = "example input") -> None:
+    """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype."""
+    import torch
+
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor):
+            raise PullbackError(
+                f"{who}: {what} {i} is {_describe(v)}; pullback takes tensors only (a number: pass "
+                f"torch.tensor(value); a fixed setting: make it an attribute of the module)")
+        problem = _device_problem(v)
+        if problem:
+            raise PullbackError(f"{who}: {what} {i} {problem}")
+        if _dtype_name(v) not in DTYPES:
+            raise PullbackError(f"{who}: {what} {i} has dtype {v.dtype}; supported: {', '.join(DTYPES)}")
+
+
+def check_module_state(module, who: str) -> None:
+    """Raise ``PullbackError`` if a parameter or buffer of ``module`` is not a CPU tensor with data."""
+    for kind, items in (("parameter", getattr(module, "named_parameters", None)),
+                        ("buffer", getattr(module, "named_buffers", None))):
+        if items is None:
+            continue
+        for name, t in items():
+            problem = _device_problem(t, ": load real values first, e.g. module.to_empty(device='cpu') "
+                                         "then load_state_dict")
+            if problem:
+                raise PullbackError(f"{who}: {kind} {name} {problem}")
+
+
+@contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """torch's loggers at CRITICAL while the block runs (restored afterwards)."""
+    logger = logging.getLogger("torch")
+    old = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

@@ -1,0 +1,92 @@
+"""What the PyTorch importer and the training integration do not take: one PullbackError each,
+naming the value and saying what is supported (never an AttributeError or a torch traceback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+
+torch = pytest.importorskip("torch")
+
+from pullback.frontend import from_torch  # noqa: E402
+from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.register_buffer("shift", torch.zeros(2))
+
+    def forward(self, x, k):
+        return torch.tanh(self.lin(x)) * k + self.shift
+
+
+X = torch.ones(2, 3)
+K = torch.tensor(2.0)
+
+# (id, second example input, words the message must contain)
+BAD_INPUTS = [
+    ("int", 3, ["input 1", "an int (3)", "tensors only", "torch.tensor"]),
+    ("float", 2.5, ["input 1", "a float (2.5)", "tensors only"]),
+    ("bool", True, ["input 1", "a bool", "tensors only"]),
+    ("none", None, ["input 1", "NoneType", "tensors only"]),
+    ("string", "two", ["input 1", "a str", "tensors only"]),
+    ("list", [2.0], ["input 1", "a list", "tensors only"]),
+    ("tuple", (K, K), ["input 1", "a tuple", "tensors only"]),
+    ("numpy", np.float32(2.0), ["input 1", "float32", "tensors only"]),
+    ("meta", torch.tensor(2.0, device="meta"), ["input 1", "device meta", "CPU tensors with data"]),
+    ("complex", torch.tensor(2.0, dtype=torch.complex64), ["input 1", "complex64", "supported: float16"]),
+]
+
+
+@pytest.mark.parametrize("k,words", [pytest.param(k, w, id=i) for i, k, w in BAD_INPUTS])
+def test_importer_rejects_what_it_cannot_take(k, words):
+    with pytest.raises(pb.PullbackError) as ei:
+        from_torch(Scale(), (X, k))
+    msg = str(ei.value)
+    assert msg.startswith("from_torch: ") and all(w in msg for w in words), msg
+
+
+@pytest.mark.parametrize("k,words", [pytest.param(k, w, id=i) for i, k, w in BAD_INPUTS])
+def test_compile_rejects_what_it_cannot_take(k, words):
+    with pytest.raises(pb.PullbackError) as ei:
+        pb_compile(Scale(), (X, k))
+    assert all(w in str(ei.value) for w in words), str(ei.value)
+
+
+@pytest.mark.parametrize("k,words", [pytest.param(k, w, id=i) for i, k, w in BAD_INPUTS])
+def test_compiled_module_called_with_what_it_cannot_take(k, words):
+    compiled = pb_compile(Scale(), (X, K))
+    with pytest.raises(pb.PullbackError) as ei:
+        compiled(X, k)
+    msg = str(ei.value)
+    assert msg.startswith("pullback.integrations.torch: ") and all(w in msg for w in words), msg
+
+
+@pytest.mark.parametrize("what", ["parameter", "buffer"])
+def test_meta_module_state(what):
+    m = Scale()
+    if what == "parameter":
+        m.lin = m.lin.to("meta")
+        name = "lin.weight"
+    else:
+        m.shift = torch.zeros(2, device="meta")
+        name = "shift"
+    with pytest.raises(pb.PullbackError) as ei:
+        from_torch(m, (X, K))
+    msg = str(ei.value)
+    assert f"{what} {name} is on device meta" in msg and "load_state_dict" in msg, msg
+
+
+def test_meta_example_input_and_module():
+    with pytest.raises(pb.PullbackError, match="on device meta"):
+        from_torch(Scale().to("meta"), (X.to("meta"), K.to("meta")))
+
+
+def test_export_failure_is_one_error_without_torch_log_lines(capfd):
+    with pytest.raises(pb.PullbackError, match="torch.export failed"):
+        from_torch(Scale(), (torch.ones(2, 5), K))  # 5 features into Linear(3, 2)
+    assert capfd.readouterr().err == ""
