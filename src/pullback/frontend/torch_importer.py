@@ -182,15 +182,31 @@ class _Names:
 _MISSING = object()
 
 
-def _decomposition_table():
+# core overloads lowered by PyTorch's own decompositions (torch._decomp) although the default table keeps them
+EXTRA_DECOMPOSED: tuple = ()
+
+
+def decomposition_table() -> dict:
+    """The table ``export`` hands to ``run_decompositions``: ``torch.export.default_decompositions()``
+    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED``."""
     import torch
+    from torch._decomp import decomposition_table as registry
 
     table = torch.export.default_decompositions()
     for name in PRESERVED:
-        op = getattr(torch.ops.aten, name.split(".")[0]).default
-        if op in table:
-            del table[op]
+        table.pop(_overload(name), None)
+    for name in EXTRA_DECOMPOSED:
+        op = _overload(name)
+        table[op] = registry[op]
     return table
+
+
+def _overload(name: str):
+    """``"aten.add.Tensor"`` or ``"add.Tensor"`` -> ``torch.ops.aten.add.Tensor``."""
+    import torch
+
+    parts = name.removeprefix("aten.").split(".")
+    return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
 def export(module, example_inputs: Sequence, decompose: bool = True):
@@ -203,7 +219,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True):
             ep = torch.export.export(module, tuple(example_inputs))
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             raise PullbackError(f"from_torch: torch.export failed: {type(e).__name__}: {e}") from e
-        return ep.run_decompositions(_decomposition_table()) if decompose else ep
+        return ep.run_decompositions(decomposition_table()) if decompose else ep
 
 
 def _to_numpy(t) -> np.ndarray:
