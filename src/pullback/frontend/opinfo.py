@@ -120,7 +120,11 @@ def _call_module(fn, sample):
     """An ``nn.Module`` whose inputs are the sample's tensors and whose forward calls ``fn`` on them."""
     import torch
 
+    target = fn
+
     class Call(torch.nn.Module):
+        fn = staticmethod(target)
+
         def forward(self, *tensors):
             ts = list(tensors)
             inp = _replace(sample.input, ts)
@@ -154,7 +158,8 @@ def run_sample(info, sample, dtype: str, index: int = 0, check_grad: bool = True
     except _Skip as e:
         res.status, res.reason = "skipped", str(e)
     except AssertionError as e:
-        res.status, res.reason = "failed", str(e).strip().splitlines()[0][:300] if str(e).strip() else "assertion"
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        res.status, res.reason = "failed", " ".join(lines[:5])[:400] if lines else "assertion"
     except Exception as e:  # noqa: BLE001 - a crash of pullback is a failure, reported with its message
         res.status, res.reason = "failed", "crash: " + _first_line(e, 300)
     return res
@@ -194,8 +199,7 @@ def _check(info, sample, check_grad: bool) -> bool:
     try:
         prog = import_exported(ep)
     except UnsupportedOperatorError as e:
-        missing = sorted({d.split(" ")[0] for d in e.diagnostics})
-        raise _Skip("not converted: " + ", ".join(missing)) from None
+        raise _Skip("not converted: " + "; ".join(sorted({_problem(d) for d in e.diagnostics}))) from None
     if prog.mutations:
         raise _Skip("the sample mutates an input")
     args = [t.numpy() for t in inputs] + list(prog.params.values()) + _masks(prog, module, inputs)
@@ -216,6 +220,14 @@ def _check(info, sample, check_grad: bool) -> bool:
     return _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient)
 
 
+def _problem(diagnostic: str) -> str:
+    """``operator: reason`` of one importer diagnostic (no source lines, no counts)."""
+    lines = diagnostic.splitlines()
+    op = lines[0].split(" (")[0]
+    details = sorted({ln.split("): ", 1)[1] if "): " in ln else "" for ln in lines[1:]} - {""})
+    return op + (f": {details[0][:150]}" if details else "")
+
+
 def _undefined_values(info) -> bool:
     """Operators whose values PyTorch leaves undefined (uninitialised memory)."""
     return info.name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
@@ -229,8 +241,15 @@ def _masks(prog, module, inputs) -> list:
         return []
     from ..integrations.torch import draw_masks
 
-    torch.manual_seed(0)
+    torch.manual_seed(_seed_of(module))
     return [m.numpy() for m in draw_masks(prog)]
+
+
+def _seed_of(module) -> int:
+    """The seed eager's random draws used: OpInfo wraps random operators in ``wrapper_set_seed`` (seed 42)."""
+    fn = module.fn
+    code = getattr(fn, "__code__", None)
+    return 42 if code is not None and "wrapper_set_seed" in code.co_names else 0
 
 
 def _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient) -> bool:
@@ -286,11 +305,20 @@ def samples(info, dtype: str, limit: Optional[int] = None) -> list:
     return [(i, all_[i]) for i in idx]
 
 
-def run(infos: Sequence, dtypes: Sequence[str] = DTYPES_CHECKED, limit: Optional[int] = None) -> list[SampleResult]:
-    """Every (or ``limit`` per operator and dtype) sample of ``infos``."""
+def dtypes_for(info) -> tuple:
+    """float32 and float64; integer and bool for operators defined on those only (bitwise ones)."""
+    import torch
+
+    supported = info.supported_dtypes("cpu")
+    floats = tuple(d for d in DTYPES_CHECKED if getattr(torch, d) in supported)
+    return floats or tuple(d for d in ("int64", "bool") if getattr(torch, d) in supported)
+
+
+def run(infos: Sequence, dtypes: Optional[Sequence[str]] = None, limit: Optional[int] = None) -> list[SampleResult]:
+    """Every (or ``limit`` per operator and dtype) sample of ``infos`` (dtypes: ``dtypes_for``)."""
     out = []
     for info in infos:
-        for dtype in dtypes:
+        for dtype in dtypes or dtypes_for(info):
             for i, s in samples(info, dtype, limit):
                 out.append(run_sample(info, s, dtype, i))
     return out

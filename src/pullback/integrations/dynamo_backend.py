@@ -33,7 +33,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = "numpy", policy
     as_tuple = isinstance(out_node.args[0], (tuple, list))
 
     def compiled(*inputs):
-        tensors = list(inputs) + [state[prog.state_names[n]] for n in prog.params] + draw_masks(prog)
+        tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog)
         results = run(tp, tensors)
         by_input = dict(zip(prog.inputs, inputs))
         with torch.no_grad():

@@ -111,10 +111,9 @@ _FUNCTION = None
 
 
 def draw_masks(prog: TorchProgram) -> list:
-    """Fresh dropout masks for ``prog`` (``bernoulli(1 - rate)``, like PyTorch's CPU dropout)."""
-    import torch
-
-    return [torch.empty(m.shape, dtype=getattr(torch, m.dtype)).bernoulli_(1.0 - m.rate) for m in prog.masks]
+    """Fresh random inputs for ``prog`` in execution order, drawn as eager draws them (``RandomInput.draw``:
+    dropout masks are ``empty_like(x).bernoulli_(1 - rate)``, like PyTorch's CPU dropout)."""
+    return [m.draw() for m in prog.masks]
 
 
 def run(tp: TrainingProgram, tensors: Sequence) -> tuple:
@@ -155,7 +154,7 @@ def _module_class():
             prog = tp.prog
             state = dict(self.module.named_parameters(remove_duplicate=False))
             state.update(self.module.named_buffers(remove_duplicate=False))
-            tensors = list(inputs) + [state[prog.state_names[n]] for n in prog.params] + draw_masks(prog)
+            tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog)
             results = run(tp, tensors)
             by_input = dict(zip(prog.inputs, inputs))
             import torch
