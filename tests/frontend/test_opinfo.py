@@ -23,11 +23,10 @@ with warnings.catch_warnings():
 # OpInfos whose bounded samples may all be skipped, with the reason (everything else must pass at least one)
 ALL_SKIPPED = {
     "fft.rfft": "complex results", "fft.irfft": "complex inputs", "item": "a Python number, not a tensor",
-    "nn.functional.conv_transpose3d": "3-D transposed convolution", "nn.functional.embedding_bag": "not converted yet",
+    "nn.functional.conv_transpose3d": "3-D transposed convolution",
     "_native_batch_norm_legit": "mutates its inputs", "nn.functional.batch_norm": "mutates its inputs",
-    "nn.functional.batch_norm.without_cudnn": "mutates its inputs", "cdist": "not converted yet",
-    "nn.functional.pdist": "not converted yet", "scatter_reduce.prod": "not converted yet",
-    "scatter_reduce.amin": "not converted yet", "scatter_reduce.amax": "not converted yet",
+    "nn.functional.batch_norm.without_cudnn": "mutates its inputs", "scatter_reduce.prod": "reduce='prod'",
+    "scatter_reduce.amin": "reduce='amin'", "scatter_reduce.amax": "reduce='amax'",
     "nn.functional.silu.complex": "complex", "nn.functional.max_pool3d": "3-D indices",
 }
 

@@ -596,3 +596,75 @@ def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=Fals
     return _op("where")(pad, _op("stop_gradient")(out), out)
 
 
+
+
+# ------------------------------------------------------------------ distances and bags of embeddings
+
+
+def _zero_safe(s: Expr, fn, dt: str) -> Expr:
+    """``fn(s)`` with 0 where ``s == 0`` and a zero gradient there (a norm's kink, as PyTorch's cdist backward)."""
+    zero = _op("equal")(s, scalar(0, dt))
+    return _op("where")(zero, scalar(0, dt), fn(_op("where")(zero, scalar(1, dt), s)))
+
+
+def _pnorm_last(cx, d: Expr, p: float, dt: str) -> Expr:
+    if p == 2:
+        return _zero_safe(_op("sum")(_op("multiply")(d, d), (-1,), False), _op("sqrt"), dt)
+    a = _op("abs")(d)
+    if p == 1:
+        return _op("sum")(a, (-1,), False)
+    if p == math.inf:
+        return _op("max")(a, (-1,), False)
+    if p == 0:
+        return _op("sum")(_op("cast")(_op("not_equal")(d, scalar(0, dt)), dt), (-1,), False)
+    s = _op("sum")(_op("power")(a, scalar(p, dt)), (-1,), False)
+    return _zero_safe(s, lambda v: _op("power")(v, scalar(1.0 / p, dt)), dt)
+
+
+@aten("aten._cdist_forward.default")
+def _cdist(cx, x1, x2, p, compute_mode=None):
+    """``(..., P, M), (..., R, M) -> (..., P, R)`` p-norm distances."""
+    d = _op("subtract")(_op("expand_dims")(x1, cx.ndim_of(x1) - 1), _op("expand_dims")(x2, cx.ndim_of(x2) - 2))
+    return _pnorm_last(cx, d, float(p), cx.dtype_of(x1))
+
+
+@aten("aten._pdist_forward.default")
+def _pdist(cx, x, p=2.0):
+    """The upper triangle (i < j, row-major) of the pairwise distances of the rows of ``x``."""
+    n = static(cx, "pdist", cx.shape_of(x))[0]
+    if n < 2:
+        return const(np.zeros((0,), dtype=cx.dtype_of(x)))
+    d = _op("subtract")(_op("expand_dims")(x, 1), _op("expand_dims")(x, 0))
+    full = _op("reshape")(_pnorm_last(cx, d, float(p), cx.dtype_of(x)), (n * n,))
+    pos = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], dtype="int64")
+    return _op("take")(full, const(pos), axis=0)
+
+
+@aten("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
+def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                   include_last_offset=False, padding_idx=-1):
+    """``(output, offset2bag, bag_size, max_indices)`` for ``sum`` and ``mean`` bags (``max`` is not supported)."""
+    if mode not in (0, 1) or scale_grad_by_freq:
+        raise PullbackError("embedding_bag supports mode 'sum' and 'mean' without scale_grad_by_freq")
+    dt, it = cx.dtype_of(weight), cx.dtype_of(indices)
+    n = static(cx, "embedding_bag", cx.shape_of(indices))[0]
+    nb = static(cx, "embedding_bag", cx.shape_of(offsets))[0] - (1 if include_last_offset else 0)
+    starts = _op("strided_slice")(_int64_of(cx, offsets), (1,), (nb,), (1,), (0,))
+    positions = _op("arange")(0, n, 1, "int64")
+    bag = _op("sum")(_op("cast")(_op("less_equal")(_op("expand_dims")(starts, 0), _op("expand_dims")(positions, 1)), "int64"),
+                     (1,), False)
+    rows = _op("take")(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = _op("multiply")(rows, _op("expand_dims")(per_sample_weights, 1))
+    valid = _op("not_equal")(indices, scalar(padding_idx if padding_idx is not None else -1, it))
+    rows = _op("where")(_op("expand_dims")(valid, 1), rows, scalar(0, dt))
+    d = static(cx, "embedding_bag", cx.shape_of(weight))[1]
+    out = _op("index_add")(const(np.zeros((nb, d), dtype=dt)), bag, rows, axis=0)
+    count = _op("index_add")(const(np.zeros((nb,), dtype=dt)), bag, _op("cast")(valid, dt), axis=0)
+    if mode == 1:
+        out = _op("divide")(out, _op("expand_dims")(_op("maximum")(count, scalar(1, dt)), 1))
+    return [out, bag, _op("cast")(count, "int64"), None]
+
+
+def _int64_of(cx, x):
+    return cast(cx, x, "int64")

@@ -252,6 +252,22 @@ for _aten_name, _pb_name in (("add", "add"), ("sub", "subtract"), ("mul", "multi
         ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _arith(_pb_name)
 
 
+ATEN_TABLE["aten.atan2.out"] = lambda cx, x, y, out=None: _arith("atan2")(cx, x, y)
+
+
+@aten("aten.resize_.default", "aten.resize.default")
+def _resize(cx, x, size, memory_format=None):
+    """The first elements of ``x`` in the new shape; elements beyond ``x``'s are zeros (uninitialised in PyTorch)."""
+    size = tuple(int(s) for s in size)
+    n, have = math.prod(size), math.prod(static(cx, "resize_", cx.shape_of(x)))
+    flat = _op("reshape")(x, (have,))
+    if n < have:
+        flat = _op("strided_slice")(flat, (0,), (n,), (1,), (0,))
+    elif n > have:
+        flat = _op("nn.pad")(flat, ((0, n - have),), 0.0, "constant")
+    return _op("reshape")(flat, size) if n else _filled(cx, 0)
+
+
 @aten("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(cx, x, y, alpha=1):
     dt = cx.out_dtype

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 UNSUPPORTED: dict[str, str] = {
     "aten._fft_r2c.default": "complex results: pullback has no complex dtype",
     "aten._fft_c2r.default": "complex inputs: pullback has no complex dtype",
-    "aten.atan2.out": "an out= overload; functional graphs never carry it (atan2.default is converted)",
-    "aten.resize_.default": "in place; functional graphs never carry it",
 }
 
 

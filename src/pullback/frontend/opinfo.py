@@ -283,7 +283,7 @@ def _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient) -> 
     dtype = str(inputs[float_in[0]].dtype).replace("torch.", "")
     rtol, atol = GRAD_TOL.get(dtype, (1e-4, 1e-4))
     for i, g, w in zip(float_in, grads, want):
-        w = np.zeros(tuple(inputs[i].shape), dtype) if w is None else w.numpy()
+        w = np.zeros(tuple(inputs[i].shape), dtype) if w is None else (w.to_dense() if w.is_sparse else w).numpy()
         np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"gradient of input {i}")
     return True
 
