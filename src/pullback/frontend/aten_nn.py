@@ -30,11 +30,11 @@ def _stride(cx, i: int = 0):
 @aten("aten.native_dropout.default")
 def _native_dropout(cx, x, p, train=None):
     """``(out, mask)``: in training, ``out = nn.dropout(x, %dropout_mask_K, rate=p)``; ``train=None`` means training."""
-    shape = static(cx, "dropout", cx.shape_of(x))
+    shape = cx.shape_of(x)
     if train is False or p == 0.0:
-        return [x, const(np.ones(shape, dtype=bool))]
+        return [x, _op("ones_like")(_op("cast")(x, "bool"))]
     if p >= 1.0:
-        return [_op("zeros_like")(x), const(np.zeros(shape, dtype=bool))]
+        return [_op("zeros_like")(x), _op("zeros_like")(_op("cast")(x, "bool"))]
     mask = cx.dropout_mask(shape, p, _stride(cx))
     return [_op("nn.dropout")(x, mask, rate=float(p)), _op("cast")(mask, "bool")]
 
@@ -47,7 +47,7 @@ def _dropout(cx, x, p, train):
 @aten("aten.bernoulli.p")
 def _bernoulli_p(cx, x, p=0.5, generator=None):
     """``torch.empty_like(x).bernoulli_(p)`` (values of ``x`` unused): a random input drawn the same way."""
-    return cx.random_input("bernoulli", static(cx, "bernoulli", cx.out_shape), cx.out_dtype, 1.0 - float(p), _stride(cx))
+    return cx.random_input("bernoulli", cx.out_shape, cx.out_dtype, 1.0 - float(p), _stride(cx))
 
 
 def _random(kind: str):
@@ -517,7 +517,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 def _class_last(cx, x, target):
     """(N*d..., C) predictions and (N*d...,) targets from (N, C, d...) / (N, d...) or (C,) / ()."""
-    shape = static(cx, "nll_loss", cx.shape_of(x))
+    shape = cx.shape_of(x)
+    if len(shape) > 2:
+        shape = static(cx, "nll_loss on (N, C, d...) data", shape)
     if len(shape) == 1:
         return _op("expand_dims")(x, 0), _op("reshape")(target, (1,)), ()
     if len(shape) == 2:

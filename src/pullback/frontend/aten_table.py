@@ -496,6 +496,8 @@ def _reshape(cx, x, *args):
         return x
     if 0 in shape:  # an empty result (reshape's 0 would mean "copy this dim")
         return _op("zeros")(static(cx, "reshape", shape), cx.out_dtype)
+    if sum(d is Any for d in shape) == 1:  # a dynamic (batch) dimension: inferred at run time
+        return _op("reshape")(x, tuple(-1 if d is Any else d for d in shape))
     return _op("reshape")(x, static(cx, "reshape", shape))
 
 
@@ -537,7 +539,16 @@ def _squeeze(cx, x, dims=None):
 
 @aten("aten.expand.default", "aten.expand_as.default", "aten.expand_copy.default")
 def _expand(cx, x, *args):
-    return x if cx.shape_of(x) == cx.out_shape else _op("broadcast_to")(x, static(cx, "expand", cx.out_shape))
+    shape, have = cx.out_shape, cx.shape_of(x)
+    if have == shape:
+        return x
+    if Any in shape:  # a dynamic dim the input already has: broadcast the static ones by adding zeros
+        aligned = (1,) * (len(shape) - len(have)) + tuple(have)
+        if any(d is Any and a is not Any for d, a in zip(shape, aligned)):
+            raise PullbackError(f"expand of {tuple(have)} to a dynamic size needs the input to carry that dimension")
+        zeros = const(np.zeros(tuple(1 if d is Any else d for d in shape), dtype=cx.dtype_of(x)))
+        return _op("add")(x, zeros)
+    return _op("broadcast_to")(x, shape)
 
 
 @aten("aten.select.int")

@@ -35,18 +35,22 @@ class RandomInput:
     kind: str = "bernoulli"
     stride: Optional[tuple] = None
 
-    def draw(self):
-        """A fresh value (a torch tensor, contiguous) consuming PyTorch's RNG as eager does."""
+    def draw(self, batch: Optional[int] = None):
+        """A fresh value (a torch tensor, contiguous) consuming PyTorch's RNG as eager does; ``batch`` gives the
+        size of a dynamic (None) dimension."""
         import torch
 
         dtype = getattr(torch, self.dtype)
+        shape = tuple(batch if d is None else d for d in self.shape)
+        if None in shape:
+            raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
         if self.kind == "randperm":
-            return torch.randperm(self.shape[0], dtype=dtype)
+            return torch.randperm(shape[0], dtype=dtype)
         if self.kind == "uniform":
-            return torch.rand(self.shape, dtype=dtype)
+            return torch.rand(shape, dtype=dtype)
         if self.kind == "normal":
-            return torch.randn(self.shape, dtype=dtype)
-        t = torch.empty_strided(self.shape, self.stride, dtype=dtype) if self.stride else torch.empty(self.shape, dtype=dtype)
+            return torch.randn(shape, dtype=dtype)
+        t = torch.empty_strided(shape, self.stride, dtype=dtype) if self.stride else torch.empty(shape, dtype=dtype)
         return t.bernoulli_(1.0 - self.rate).contiguous()
 
 
@@ -207,10 +211,11 @@ class ConvertContext:
         """A new random input parameter (see ``RandomInput``); ``bernoulli`` ones are named ``%dropout_mask_K``."""
         prefix = "dropout_mask" if kind == "bernoulli" else kind
         name = self._names.fresh(f"{prefix}_{len(self.masks)}")
-        shape = tuple(int(d) for d in shape)
-        stride = tuple(int(s) for s in stride) if stride is not None and _dense_permuted(shape, stride) else None
+        shape = tuple(Any if d is Any else int(d) for d in shape)
+        static = Any not in shape
+        stride = tuple(int(s) for s in stride) if static and stride is not None and _dense_permuted(shape, stride) else None
         v = Var(name, TensorType(shape, dtype))
-        self.masks.append(RandomInput(name, shape, dtype, float(rate), kind, stride))
+        self.masks.append(RandomInput(name, tuple(None if d is Any else d for d in shape), dtype, float(rate), kind, stride))
         self.mask_vars.append(v)
         self.record(v, Shaped(shape, dtype))
         return v

@@ -125,14 +125,24 @@ def _overload(name: str):
     return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
-def export(module, example_inputs: Sequence, decompose: bool = True):
-    """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions)."""
+def batch_dynamic_shapes(example_inputs: Sequence) -> tuple:
+    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input is one symbolic batch size."""
     import torch
 
+    batch = torch.export.Dim("batch")
+    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim else None for x in example_inputs)
+
+
+def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch: bool = False):
+    """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
+    ``dynamic_batch``, dimension 0 of every input is symbolic (the example's batch must be at least 2)."""
+    import torch
+
+    dynamic = batch_dynamic_shapes(example_inputs) if dynamic_batch else None
     with warnings.catch_warnings():  # torch.export's internal deprecation notices are not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         try:
-            ep = torch.export.export(module, tuple(example_inputs))
+            ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             raise PullbackError(f"from_torch: torch.export failed: {type(e).__name__}: {e}") from e
         return ep.run_decompositions(decomposition_table()) if decompose else ep
@@ -335,24 +345,27 @@ def tied_keys(module) -> dict:
     return {k: tuple(keys) for keys in groups.values() if len(keys) > 1 for k in keys}
 
 
-def import_torch(module, example_inputs: Sequence, params_as: str = "inputs", decompose: bool = True) -> TorchProgram:
-    """Export ``module`` (in its current train/eval mode) and convert it; see ``TorchProgram``."""
+def import_torch(module, example_inputs: Sequence, params_as: str = "inputs", decompose: bool = True,
+                 dynamic_batch: bool = False) -> TorchProgram:
+    """Export ``module`` (in its current train/eval mode) and convert it; see ``TorchProgram``. With
+    ``dynamic_batch``, ``@main``'s inputs have a ``?`` batch dimension (one program for every batch size)."""
     if params_as not in PARAMS_AS:
         raise PullbackError(f"from_torch: params_as must be one of {', '.join(map(repr, PARAMS_AS))}, got {params_as!r}")
     if not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
-    return import_exported(export(module, example_inputs, decompose), params_as, tied_keys(module))
+    return import_exported(export(module, example_inputs, decompose, dynamic_batch), params_as, tied_keys(module))
 
 
-def from_torch(module, example_inputs: Sequence, params_as: str = "inputs") -> tuple[IRModule, dict]:
+def from_torch(module, example_inputs: Sequence, params_as: str = "inputs", dynamic_batch: bool = False) -> tuple[IRModule, dict]:
     """``(IRModule, params)`` for a ``torch.nn.Module`` traced with ``torch.export`` on ``example_inputs``.
 
     ``params`` maps each parameter/buffer parameter name of ``@main`` to its NumPy
     value (empty with ``params_as="constants"``, where they become Constants).
+    ``dynamic_batch=True`` gives the inputs of ``@main`` a ``?`` batch dimension.
     Unsupported ATen operators raise one ``UnsupportedOperatorError`` listing
-    each with its source line.
+    each once with its count and source lines.
     """
-    prog = import_torch(module, example_inputs, params_as)
+    prog = import_torch(module, example_inputs, params_as, dynamic_batch=dynamic_batch)
     return prog.mod, prog.params
 
 
