@@ -554,8 +554,11 @@ def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100, l
         if red == "none":
             return loss
         total = _op("sum")(loss)
-        n = cx.shape_of(x)[0] if cx.ndim_of(x) > 1 else 1
-        return _op("divide")(total, scalar(n, dt)) if red == "mean" else total
+        if red == "sum":
+            return total
+        shape = static(cx, "cross_entropy with probabilities", cx.shape_of(x))
+        n = math.prod(shape) // c if cx.ndim_of(x) > 1 else 1  # the mean is over every (sample, position)
+        return _op("divide")(total, scalar(n, dt))
     nll = _nll(cx, logp, target, weight, reduction, ignore_index)
     if not label_smoothing:
         return nll

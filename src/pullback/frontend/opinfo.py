@@ -50,7 +50,7 @@ ALIASES: dict[str, tuple] = {
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
-VALUE_TOL = {"float32": (1e-5, 1e-5), "float64": (1e-7, 1e-7)}
+VALUE_TOL = {"float32": (1e-4, 1e-5), "float64": (1e-7, 1e-7)}  # float32: reductions of many terms (conv3d, attention)
 GRAD_TOL = {"float32": (1e-4, 1e-4), "float64": (1e-6, 1e-6)}
 
 
