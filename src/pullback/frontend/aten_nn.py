@@ -100,6 +100,8 @@ def _bmm(cx, a, b):
 def _matmul(cx, a, b):
     """``torch.matmul`` for every rank: vectors get a unit dim, batch dims broadcast."""
     sa, sb = cx.shape_of(a), cx.shape_of(b)
+    if 0 in sa or 0 in sb:  # an empty operand: zeros (an empty sum) of the result's shape
+        return _op("zeros")(static(cx, "matmul", cx.out_shape), cx.out_dtype)
     if len(sa) == 1 and len(sb) == 1:
         return _op("sum")(_op("multiply")(a, b))
     if len(sa) == 1:
