@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # PyTorch: this machine kind has a CPU build of 2.13.0 on disk; elsewhere any torch>=2.1 works.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test docs fuzz clean
+.PHONY: demo test docs fuzz opinfo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ FUZZ_SECONDS ?= 300
 fuzz: $(VENV)/.test-installed
 	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS)
 	$(BIN)/python -m pytest tests/properties tests/fuzz -q --hypothesis-profile long
+
+# every sample of PyTorch's OpInfo database for the Core ATen operators (make test runs a few per operator);
+# rewrites docs/opinfo.md and fails when a sample gives a wrong value or gradient
+opinfo: $(VENV)/.test-installed
+	$(BIN)/python scripts/opinfo_report.py
 
 docs: $(VENV)/.core-installed
 	$(BIN)/python -m pip install -q mkdocs

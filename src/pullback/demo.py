@@ -146,10 +146,10 @@ def run_torch_demo(steps: int = 3) -> bool:
         with torch.no_grad():
             for n, k in zip(names, arrays):
                 if n in prog.state_names:
-                    state[prog.state_names[n]].copy_(torch.from_numpy(np.asarray(k)))
+                    state[prog.state_key(n)].copy_(torch.from_numpy(np.asarray(k)))
         out = model(torch.from_numpy(np.asarray(arrays[0])), torch.from_numpy(np.asarray(arrays[1])))
         out.backward()
-        return float(out.detach()), [state[prog.state_names[names[i]]].grad.numpy() for i in trained]
+        return float(out.detach()), [state[prog.state_key(names[i])].grad.numpy() for i in trained]
 
     return _pipeline("torch.nn.TransformerEncoderLayer imported with torch.export", prog.mod, inputs, trained,
                      steps, lr=0.05, wrt=[prog.main.params[i] for i in trained], reference=reference)

@@ -141,7 +141,7 @@ def test_names_follow_state_dict_and_constants():
     prog = import_torch(model, args)
     assert list(params) == ["v0_weight", "v0_bias", "v1_weight", "v1_bias", "v4_weight", "v4_bias", "v8_weight", "v8_bias",
                             "v1_running_mean", "v1_running_var", "v1_num_batches_tracked"]
-    assert prog.state_names["v1_running_mean"] == "1.running_mean"
+    assert prog.state_names["v1_running_mean"] == ("1.running_mean",) and prog.state_key("v1_running_mean") == "1.running_mean"
     assert [p.name_hint for p in mod["main"].params] == ["input"] + list(params)
     np.testing.assert_array_equal(params["v0_weight"], model[0].weight.detach().numpy())
     cmod, cparams = from_torch(model, args, params_as="constants")
@@ -160,20 +160,25 @@ def test_bad_params_as():
 
 class Unsupported(nn.Module):
     def forward(self, x):
-        a = torch.cumsum(x, 0)
-        b = torch.sort(x, dim=1).values
-        return a + b
+        a = torch.cumprod(x, 0)
+        b = torch.kthvalue(
+            x, 2, dim=1).values
+        c = torch.cumprod(x + 1, 1)
+        return a + b[:, None] + c
 
 
-def test_unsupported_ops_listed_once_with_source_lines():
+def test_unsupported_ops_listed_once_with_count_and_whole_source_lines():
     with pytest.raises(UnsupportedOperatorError) as info:
         from_torch(Unsupported(), (torch.randn(3, 4),))
     err = info.value
     assert isinstance(err, pullback.PullbackError)
-    assert len(err.diagnostics) == 2
-    assert "aten.cumsum" in err.diagnostics[0] and "aten.sort" in err.diagnostics[1]
+    assert len(err.diagnostics) == 2  # one per missing operator, nothing blamed on the lines that use their results
+    cumprod, kth = err.diagnostics
+    assert cumprod.startswith("aten.cumprod.default (2 uses)") and kth.startswith("aten.kthvalue.default (1 use)")
     assert all("test_torch_importer.py:" in d for d in err.diagnostics)
-    assert "torch.cumsum(x, 0)" in err.diagnostics[0]
+    assert "a = torch.cumprod(x, 0)" in cumprod and "c = torch.cumprod(x + 1, 1)" in cumprod
+    assert "b = torch.kthvalue( x, 2, dim=1).values" in kth  # the whole statement, not cut mid-call
+    assert "2 operators (3 nodes) not supported" in str(err)
 
 
 def _grads_torch(model, args, ct, wrt_inputs):

@@ -4,23 +4,30 @@ A converter is ``fn(cx, *args, **kwargs)``: ``args`` are the FX node's
 arguments with every FX node replaced by its pullback value (an ``Expr``, or a
 Python list of Exprs for tuple-valued ATen ops, read by ``getitem``); plain
 Python values (ints, lists, dtypes) stay as they are. ``cx`` is the importer's
-context (``ConvertContext``): the node being converted, its output shape and
-dtype (from ``node.meta["val"]``), and ``cx.dropout_mask(shape, rate)``, which
-adds an explicit mask parameter (programs stay pure).
+context (``context.ConvertContext``): the node being converted, its output shape and
+dtype (from ``node.meta["val"]``), the torch values of its arguments (for type
+promotion and strides), and ``cx.random_input(...)`` / ``cx.dropout_mask(shape, rate)``,
+which add an explicit random input parameter (programs stay pure).
 
-The table is keyed by the overload's string (``str(torch.ops.aten.relu.default)``
-is ``"aten.relu.default"``), so this module never imports torch.
+This module holds the table, the shared helpers, and the elementwise, creation,
+shape and reduction converters; ``aten_nn`` (convolution, pooling,
+normalisation, attention, losses, dropout) and ``aten_indexing`` (indexing,
+scatter/gather, sorting, scans) register the rest. The table is keyed by the
+overload's string (``str(torch.ops.aten.relu.default)`` is
+``"aten.relu.default"``), so these modules never import torch at import time.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+import operator
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
+from ..ir.types import Any, FLOAT_DTYPES
 from ..ops.registry import get_op
 
 ATEN_TABLE: dict[str, Callable] = {}
@@ -41,8 +48,20 @@ def aten(*names: str):
     return deco
 
 
-def scalar(v, like_dtype: str) -> Expr:
-    return const(np.asarray(v, dtype=like_dtype))
+def scalar(v, dtype: str) -> Expr:
+    return const(np.asarray(v, dtype=dtype))
+
+
+def cast(cx, x: Expr, dtype: str) -> Expr:
+    """``x`` in ``dtype`` (no cast when it already is)."""
+    return x if cx.dtype_of(x) == dtype else _op("cast")(x, dtype)
+
+
+def as_dtype(cx, v, dtype: str) -> Expr:
+    """A tensor operand or a Python number as an expression of ``dtype``."""
+    if isinstance(v, Expr):
+        return cast(cx, v, dtype)
+    return scalar(v, dtype)
 
 
 def operand(cx, v, like: Expr) -> Expr:
@@ -50,25 +69,119 @@ def operand(cx, v, like: Expr) -> Expr:
     return v if isinstance(v, Expr) else scalar(v, cx.dtype_of(like))
 
 
-def _binary(cx, name: str, x, y):
-    like = x if isinstance(x, Expr) else y
-    return _op(name)(operand(cx, x, like), operand(cx, y, like))
+def result_dtype(cx, *positions: int) -> str:
+    """The dtype PyTorch's type promotion gives the node's arguments at ``positions`` (tensors and numbers)."""
+    import torch
+
+    from .context import torch_dtype_name
+
+    vals = []
+    for i in positions:
+        v = cx.arg_val(i)
+        if hasattr(v, "dtype"):
+            vals.append(v)
+        elif isinstance(v, (bool, int, float)):
+            vals.append(v)
+        elif v is not None:  # a SymInt / SymFloat
+            vals.append(float(v) if "Float" in type(v).__name__ else 1)
+    if len(vals) == 1:
+        v = vals[0]
+        return torch_dtype_name(v.dtype) if hasattr(v, "dtype") else torch_dtype_name(torch.tensor(v).dtype)
+    out = torch.result_type(vals[0], vals[1])
+    for v in vals[2:]:
+        out = torch.promote_types(out, v.dtype if hasattr(v, "dtype") else torch.tensor(v).dtype)
+    return torch_dtype_name(out)
 
 
-def _norm_axis(d: int, ndim: int) -> int:
+def norm_axis(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
+
+
+_norm_axis = norm_axis
+
+
+def axes_of(dims, ndim: int) -> Optional[tuple]:
+    """Reduction axes from ATen's ``dim`` (None / [] means every axis), non-negative."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return None
+    dims = [dims] if isinstance(dims, int) else dims
+    return tuple(sorted({norm_axis(d, max(ndim, 1)) for d in dims})) if ndim else None
+
+
+def static(cx, what: str, shape: Sequence) -> tuple:
+    """``shape`` when every dimension is known, else a clear error about ``what``."""
+    if any(d is Any for d in shape):
+        raise PullbackError(f"{what} needs static shapes, got {tuple('?' if d is Any else d for d in shape)}")
+    return tuple(shape)
+
+
+def no_value(cx, *args, **kwargs):
+    """Assertions and other nodes that produce nothing the program uses."""
+    return None
 
 
 # ------------------------------------------------------------------ elementwise
 
-
 _UNARY = {
     "relu": "nn.relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "log": "log", "sqrt": "sqrt",
-    "rsqrt": "rsqrt", "neg": "negative", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos",
-    "silu": "nn.silu", "reciprocal": "reciprocal", "log1p": "log1p", "square": "square",
+    "rsqrt": "rsqrt", "neg": "negative", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos", "tan": "tan",
+    "silu": "nn.silu", "reciprocal": "reciprocal", "log1p": "log1p", "log2": "log2", "log10": "log10", "square": "square",
+    "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "acosh": "acosh", "asinh": "asinh",
+    "atanh": "atanh", "expm1": "expm1", "sign": "sign",
 }
+
+
+def _unary(pb: str):
+    def conv(cx, x):
+        return _op(pb)(cast(cx, x, cx.out_dtype))  # integers -> float where PyTorch promotes
+
+    return conv
+
+
 for _aten_name, _pb_name in _UNARY.items():
-    ATEN_TABLE[f"aten.{_aten_name}.default"] = (lambda pb: lambda cx, x: _op(pb)(x))(_pb_name)
+    ATEN_TABLE[f"aten.{_aten_name}.default"] = _unary(_pb_name)
+
+
+def _rounding(pb: str):
+    def conv(cx, x):
+        return _op(pb)(x) if cx.dtype_of(x) in FLOAT_DTYPES else x  # integers are already whole
+
+    return conv
+
+
+for _aten_name in ("floor", "ceil", "round", "trunc"):
+    ATEN_TABLE[f"aten.{_aten_name}.default"] = _rounding(_aten_name)
+
+
+@aten("aten.round.decimals")
+def _round_decimals(cx, x, decimals=0):
+    """PyTorch's rule: ``round(x * 10**d) / 10**d`` (``round(x / 10**-d) * 10**-d`` for negative ``d``)."""
+    dt = cx.dtype_of(x)
+    p = scalar(10.0 ** abs(decimals), dt)
+    if decimals >= 0:
+        return _op("divide")(_op("round")(_op("multiply")(x, p)), p)
+    return _op("multiply")(_op("round")(_op("divide")(x, p)), p)
+
+
+@aten("aten.isnan.default")
+def _isnan(cx, x):
+    return _op("isnan")(x) if cx.dtype_of(x) in FLOAT_DTYPES else _falses(cx, x)
+
+
+@aten("aten.isinf.default")
+def _isinf(cx, x):
+    if cx.dtype_of(x) not in FLOAT_DTYPES:
+        return _falses(cx, x)
+    return _op("logical_not")(_op("logical_or")(_op("isfinite")(x), _op("isnan")(x)))
+
+
+@aten("aten.isfinite.default")
+def _isfinite(cx, x):
+    return _op("isfinite")(x) if cx.dtype_of(x) in FLOAT_DTYPES else _op("logical_not")(_falses(cx, x))
+
+
+def _falses(cx, x):
+    return _op("not_equal")(x, x)  # False everywhere, of x's shape
 
 
 @aten("aten.gelu.default")
@@ -81,185 +194,400 @@ def _leaky_relu(cx, x, negative_slope=0.01):
     return _op("nn.leaky_relu")(x, alpha=float(negative_slope))
 
 
-@aten("aten.hardtanh.default", "aten.clamp.default")
-def _clamp(cx, x, lo=-1.0, hi=1.0):
+@aten("aten.softplus.default")
+def _softplus(cx, x, beta=1.0, threshold=20.0):
+    return _op("nn.softplus")(x, beta=float(beta), threshold=float(threshold))
+
+
+@aten("aten.elu.default")
+def _elu(cx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``scale * x`` where ``x > 0``, else ``alpha * scale * expm1(input_scale * x)``."""
+    dt = cx.dtype_of(x)
+    neg = _op("multiply")(_op("expm1")(_op("multiply")(x, scalar(input_scale, dt))), scalar(alpha * scale, dt))
+    pos = _op("multiply")(x, scalar(scale, dt)) if scale != 1 else x
+    return _op("where")(_op("greater")(x, scalar(0, dt)), pos, neg)
+
+
+@aten("aten.hardtanh.default")
+def _hardtanh(cx, x, lo=-1.0, hi=1.0):
+    return _clamp(cx, x, lo, hi)
+
+
+@aten("aten.clamp.default")
+def _clamp(cx, x, lo=None, hi=None):
+    x = cast(cx, x, cx.out_dtype)  # an integer tensor clamped to float bounds becomes float
+    if lo is not None and hi is not None and lo > hi:  # PyTorch: every element becomes max
+        return _op("full_like")(x, scalar(hi, cx.dtype_of(x)))
     return _op("clip")(x, -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
 
 
-@aten("aten.add.Tensor", "aten.add.Scalar")
-def _add(cx, x, y, alpha=1):
-    return _binary(cx, "add", x, y if alpha == 1 else _binary(cx, "multiply", y, alpha))
+@aten("aten.clamp.Tensor")
+def _clamp_tensor(cx, x, lo=None, hi=None):
+    dt = cx.out_dtype
+    out = cast(cx, x, dt)
+    if lo is not None:
+        out = _op("maximum")(out, as_dtype(cx, lo, dt))
+    if hi is not None:
+        out = _op("minimum")(out, as_dtype(cx, hi, dt))
+    return out if cx.shape_of(out) == cx.out_shape else _op("broadcast_to")(out, cx.out_shape)
 
 
-@aten("aten.sub.Tensor", "aten.sub.Scalar")
-def _sub(cx, x, y, alpha=1):
-    return _binary(cx, "subtract", x, y if alpha == 1 else _binary(cx, "multiply", y, alpha))
+def _arith(pb: str):
+    """A promoting binary operator: both operands in the node's result dtype (PyTorch's type promotion)."""
+
+    def conv(cx, x, y, alpha=1):
+        dt = cx.out_dtype
+        a, b = as_dtype(cx, x, dt), as_dtype(cx, y, dt)
+        if alpha != 1:
+            b = _op("multiply")(b, scalar(alpha, dt))
+        return _op(pb)(a, b)
+
+    return conv
+
+
+for _aten_name, _pb_name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("div", "divide"), ("pow", "power"),
+                             ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("fmax", "maximum"),
+                             ("fmin", "minimum")):
+    for _ov in ("Tensor", "Scalar", "Tensor_Scalar", "Tensor_Tensor", "default"):
+        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _arith(_pb_name)
+
+
+ATEN_TABLE["aten.atan2.out"] = lambda cx, x, y, out=None: _arith("atan2")(cx, x, y)
+
+
+@aten("aten.resize_.default", "aten.resize.default")
+def _resize(cx, x, size, memory_format=None):
+    """The first elements of ``x`` in the new shape; elements beyond ``x``'s are zeros (uninitialised in PyTorch)."""
+    size = tuple(int(s) for s in size)
+    n, have = math.prod(size), math.prod(static(cx, "resize_", cx.shape_of(x)))
+    flat = _op("reshape")(x, (have,))
+    if n < have:
+        flat = _op("strided_slice")(flat, (0,), (n,), (1,), (0,))
+    elif n > have:
+        flat = _op("nn.pad")(flat, ((0, n - have),), 0.0, "constant")
+    return _op("reshape")(flat, size) if n else _filled(cx, 0)
 
 
 @aten("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(cx, x, y, alpha=1):
-    return _binary(cx, "subtract", y, x if alpha == 1 else _binary(cx, "multiply", x, alpha))
+    dt = cx.out_dtype
+    a = as_dtype(cx, x, dt)
+    if alpha != 1:
+        a = _op("multiply")(a, scalar(alpha, dt))
+    return _op("subtract")(as_dtype(cx, y, dt), a)
 
 
-for _aten_name, _pb_name in (("mul", "multiply"), ("div", "divide"), ("pow", "power"), ("maximum", "maximum"),
-                             ("minimum", "minimum"), ("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"),
-                             ("ge", "greater_equal"), ("lt", "less"), ("le", "less_equal")):
-    for _ov in ("Tensor", "Scalar", "Tensor_Scalar", "Tensor_Tensor", "default"):
-        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = (lambda pb: lambda cx, x, y: _binary(cx, pb, x, y))(_pb_name)
+@aten("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(cx, x, y, rounding_mode=None):
+    dt = cx.out_dtype
+    a, b = as_dtype(cx, x, dt), as_dtype(cx, y, dt)
+    if rounding_mode is None:
+        return _op("divide")(a, b)
+    if dt in FLOAT_DTYPES:
+        return _op("floor" if rounding_mode == "floor" else "trunc")(_op("divide")(a, b))
+    if rounding_mode == "floor":
+        return _op("floor_divide")(a, b)
+    return _op("divide")(_op("subtract")(a, _op("remainder")(a, b, mode="trunc")), b)  # exact: a - fmod(a, b) is a multiple of b
+
+
+@aten("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder.Scalar_Tensor")
+def _remainder(cx, x, y):
+    dt = cx.out_dtype
+    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="floor")
+
+
+@aten("aten.fmod.Tensor", "aten.fmod.Scalar")
+def _fmod(cx, x, y):
+    dt = cx.out_dtype
+    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="trunc")
+
+
+def _compare(pb: str):
+    def conv(cx, x, y):
+        dt = result_dtype(cx, 0, 1)
+        return _op(pb)(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
+
+    return conv
+
+
+for _aten_name, _pb_name in (("eq", "equal"), ("ne", "not_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                             ("lt", "less"), ("le", "less_equal")):
+    for _ov in ("Tensor", "Scalar"):
+        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _compare(_pb_name)
+
+
+def as_bool(cx, x) -> Expr:
+    return x if cx.dtype_of(x) == "bool" else _op("not_equal")(x, scalar(0, cx.dtype_of(x)))
 
 
 @aten("aten.logical_not.default")
 def _logical_not(cx, x):
-    return _op("logical_not")(x)
+    return _op("logical_not")(as_bool(cx, x))
 
 
-@aten("aten.where.self")
+def _logical(pb: str):
+    def conv(cx, x, y):
+        return _op(pb)(as_bool(cx, x), as_bool(cx, y))
+
+    return conv
+
+
+ATEN_TABLE["aten.logical_and.default"] = _logical("logical_and")
+ATEN_TABLE["aten.logical_or.default"] = _logical("logical_or")
+ATEN_TABLE["aten.logical_xor.default"] = _logical("not_equal")
+
+
+def _bitwise(pb: str):
+    def conv(cx, x, y):
+        dt = cx.out_dtype
+        return _op(pb)(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
+
+    return conv
+
+
+for _aten_name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    for _ov in ("Tensor", "Scalar", "Scalar_Tensor"):
+        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _bitwise(_aten_name)
+
+
+@aten("aten.bitwise_not.default")
+def _bitwise_not(cx, x):
+    return _op("bitwise_not")(x)
+
+
+@aten("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
 def _where(cx, c, x, y):
-    like = x if isinstance(x, Expr) else y
-    return _op("where")(c, operand(cx, x, like), operand(cx, y, like))
+    dt = cx.out_dtype
+    return _op("where")(as_bool(cx, c), as_dtype(cx, x, dt), as_dtype(cx, y, dt))
 
 
-@aten("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default")
+@aten("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default", "aten.to.dtype_layout")
 def _to_copy(cx, x, *args, **kwargs):
-    return _op("cast")(x, cx.out_dtype) if cx.dtype_of(x) != cx.out_dtype else x
+    return cast(cx, x, cx.out_dtype)
 
 
-@aten("aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
-      "aten.lift_fresh_copy.default")
+@aten("aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.lift_fresh_copy.default",
+      "aten.lift_fresh.default")
 def _identity(cx, x, *args, **kwargs):
     return x
 
 
-# ------------------------------------------------------------------ dropout
+@aten("aten.detach.default")
+def _detach(cx, x):
+    return _op("stop_gradient")(x)
 
 
-@aten("aten.native_dropout.default")
-def _native_dropout(cx, x, p, train):
-    """``(out, mask)``: in training, ``out = nn.dropout(x, %dropout_mask_k, rate=p)``."""
-    if not train or p == 0.0:
-        return [x, None]
-    return [_op("nn.dropout")(x, cx.dropout_mask(cx.shape_of(x), p), rate=float(p)), None]
+@aten("aten.copy.default")
+def _copy(cx, dst, src, non_blocking=False):
+    """``dst`` overwritten by ``src`` (broadcast to ``dst``'s shape, cast to its dtype)."""
+    out = cast(cx, src, cx.dtype_of(dst))
+    return out if cx.shape_of(out) == cx.shape_of(dst) else _op("broadcast_to")(out, static(cx, "copy", cx.shape_of(dst)))
 
 
-@aten("aten.dropout.default", "aten.feature_dropout.default")
-def _dropout(cx, x, p, train):
-    return _native_dropout(cx, x, p, train)[0]
+# ------------------------------------------------------------------ creation
 
 
-# ------------------------------------------------------------------ linear algebra
+@aten("aten.scalar_tensor.default")
+def _scalar_tensor(cx, value, **kwargs):
+    return as_dtype(cx, value, cx.out_dtype) if isinstance(value, Expr) else scalar(value, cx.out_dtype)
 
 
-@aten("aten.linear.default")
-def _linear(cx, x, w, b=None):
-    y = _op("nn.dense")(x, w)
-    return y if b is None else _op("add")(y, b)
+def _filled(cx, fill) -> Expr:
+    shape = static(cx, str(cx.node.target), cx.out_shape)
+    if isinstance(fill, Expr):  # a value computed in the program (e.g. ``x.item()``)
+        return _op("full")(as_dtype(cx, fill, cx.out_dtype), shape, cx.out_dtype)
+    return const(np.full(shape, fill, dtype=cx.out_dtype))
 
 
-@aten("aten.addmm.default")
-def _addmm(cx, bias, a, b, beta=1, alpha=1):
-    y = _op("nn.matmul")(a, b)
-    if alpha != 1:
-        y = _binary(cx, "multiply", y, alpha)
-    return _op("add")(_binary(cx, "multiply", bias, beta) if beta != 1 else bias, y)
+@aten("aten.full.default", "aten.new_full.default")
+def _full(cx, *args, **kwargs):
+    return _filled(cx, args[-1] if str(cx.node.target) == "aten.full.default" else args[2])
 
 
-@aten("aten.mm.default")
-def _mm(cx, a, b):
-    return _op("nn.matmul")(a, b)
+@aten("aten.zeros.default", "aten.new_zeros.default", "aten.empty.memory_format", "aten.empty_strided.default",
+      "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty_like.default", "aten.zeros_like.default")
+def _zeros(cx, *args, **kwargs):
+    return _filled(cx, 0)  # uninitialised memory in PyTorch (empty*): zeros here
 
 
-@aten("aten.bmm.default")
-def _bmm(cx, a, b):
-    return _op("nn.batch_matmul")(a, b, transpose_b=False)
+@aten("aten.ones.default", "aten.new_ones.default", "aten.ones_like.default")
+def _ones(cx, *args, **kwargs):
+    return _filled(cx, 1)
 
 
-@aten("aten.matmul.default")
-def _matmul(cx, a, b):
-    sa, sb = cx.shape_of(a), cx.shape_of(b)
-    if len(sa) == 2 and len(sb) == 2:
-        return _op("nn.matmul")(a, b)
-    if len(sb) == 2:  # (..., k) @ (k, n): fold the leading dims
-        flat = _op("reshape")(a, (-1, sa[-1]))
-        return _op("reshape")(_op("nn.matmul")(flat, b), cx.out_shape)
-    if len(sa) >= 3 and len(sb) >= 3 and sa[:-2] == sb[:-2]:
-        a3 = _op("reshape")(a, (-1,) + tuple(sa[-2:]))
-        b3 = _op("reshape")(b, (-1,) + tuple(sb[-2:]))
-        return _op("reshape")(_op("nn.batch_matmul")(a3, b3, transpose_b=False), cx.out_shape)
-    raise PullbackError(f"aten.matmul with shapes {sa} and {sb} is not supported (batch dims must match)")
+@aten("aten.full_like.default")
+def _full_like(cx, x, fill, **kwargs):
+    return _filled(cx, fill)
+
+
+@aten("aten.fill.Scalar", "aten.fill.Tensor")
+def _fill(cx, x, value):
+    return _filled(cx, value)
+
+
+@aten("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
+def _arange(cx, *args, **kwargs):
+    nums = [a for a in args if isinstance(a, (int, float))]
+    start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
+    return _op("arange")(start, stop, step, cx.out_dtype)
+
+
+for _name in ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
+              "aten.sym_constrain_range_for_size.default", "aten.sym_constrain_range.default", "aten._assert_async.default"):
+    ATEN_TABLE[_name] = no_value
+
+
+def _python_scalar(fn):
+    """``operator.*`` on shape values: computed when they are numbers; symbolic ones (data-dependent sizes) only
+    feed PyTorch's runtime assertions, which the importer drops."""
+
+    def conv(cx, *args):
+        if all(isinstance(a, (bool, int, float)) for a in args):
+            return fn(*args)
+        return None
+
+    return conv
+
+
+for _fn in (operator.ge, operator.gt, operator.le, operator.lt, operator.eq, operator.ne, operator.add, operator.sub,
+            operator.mul, operator.floordiv, operator.truediv, operator.mod, operator.neg, operator.and_, operator.or_):
+    ATEN_TABLE[str(_fn)] = _python_scalar(_fn)
+
+
+@aten("aten._local_scalar_dense.default", "aten.item.default")
+def _item(cx, x):
+    """``x.item()``: the one element as a rank-0 tensor (later operators take it as an operand)."""
+    return _op("reshape")(x, ())
+
+
+@aten("aten.sym_size.int")
+def _sym_size(cx, x, dim):
+    return cx.arg_val(0).shape[dim]
+
+
+@aten("aten.sym_numel.default")
+def _sym_numel(cx, x):
+    return cx.arg_val(0).numel()
+
+
+@aten("aten.sym_stride.int")
+def _sym_stride(cx, x, dim):
+    return cx.arg_val(0).stride(dim)
+
+
+@aten("aten.sym_storage_offset.default")
+def _sym_storage_offset(cx, x):
+    return 0
+
+
+@aten("aten.sym_is_contiguous.default")
+def _sym_is_contiguous(cx, x, *args):
+    return True
 
 
 # ------------------------------------------------------------------ shapes
 
 
 @aten("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints",
-      "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default")
+      "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default", "aten._reshape_alias.default")
 def _reshape(cx, x, *args):
-    return x if cx.shape_of(x) == cx.out_shape else _op("reshape")(x, cx.out_shape)
+    shape = cx.out_shape
+    if cx.shape_of(x) == shape:
+        return x
+    if 0 in shape:  # an empty result (reshape's 0 would mean "copy this dim")
+        return _op("zeros")(static(cx, "reshape", shape), cx.out_dtype)
+    if sum(d is Any for d in shape) == 1:  # a dynamic (batch) dimension: inferred at run time
+        return _op("reshape")(x, tuple(-1 if d is Any else d for d in shape))
+    return _op("reshape")(x, static(cx, "reshape", shape))
 
 
 @aten("aten.permute.default")
 def _permute(cx, x, dims):
-    n = len(cx.shape_of(x))
-    return _op("transpose")(x, tuple(_norm_axis(d, n) for d in dims))
+    n = cx.ndim_of(x)
+    perm = tuple(norm_axis(d, n) for d in dims)
+    return x if perm == tuple(range(n)) else _op("transpose")(x, perm)
 
 
 @aten("aten.transpose.int")
 def _transpose(cx, x, d0, d1):
-    n = len(cx.shape_of(x))
+    n = cx.ndim_of(x)
+    if n < 2:
+        return x
     perm = list(range(n))
-    d0, d1 = _norm_axis(d0, n), _norm_axis(d1, n)
+    d0, d1 = norm_axis(d0, n), norm_axis(d1, n)
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return _op("transpose")(x, tuple(perm))
+    return x if d0 == d1 else _op("transpose")(x, tuple(perm))
 
 
 @aten("aten.t.default", "aten.numpy_T.default")
 def _t(cx, x):
-    return _op("transpose")(x, (1, 0)) if len(cx.shape_of(x)) == 2 else x
+    return _op("transpose")(x, tuple(reversed(range(cx.ndim_of(x))))) if cx.ndim_of(x) >= 2 else x
 
 
 @aten("aten.unsqueeze.default")
 def _unsqueeze(cx, x, dim):
-    return _op("expand_dims")(x, _norm_axis(dim, len(cx.shape_of(x)) + 1))
+    return _op("expand_dims")(x, norm_axis(dim, cx.ndim_of(x) + 1))
 
 
 @aten("aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default")
 def _squeeze(cx, x, dims=None):
     shape = cx.shape_of(x)
     dims = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
-    axes = tuple(sorted({_norm_axis(d, len(shape)) for d in dims if shape[d] == 1}))
+    axes = tuple(sorted({norm_axis(d, len(shape)) for d in dims if len(shape) and shape[d] == 1}))
     return _op("squeeze")(x, axes) if axes else x
 
 
-@aten("aten.expand.default", "aten.expand_as.default")
+@aten("aten.expand.default", "aten.expand_as.default", "aten.expand_copy.default")
 def _expand(cx, x, *args):
-    return x if cx.shape_of(x) == cx.out_shape else _op("broadcast_to")(x, cx.out_shape)
+    shape, have = cx.out_shape, cx.shape_of(x)
+    if have == shape:
+        return x
+    if Any in shape:  # a dynamic dim the input already has: broadcast the static ones by adding zeros
+        aligned = (1,) * (len(shape) - len(have)) + tuple(have)
+        if any(d is Any and a is not Any for d, a in zip(shape, aligned)):
+            raise PullbackError(f"expand of {tuple(have)} to a dynamic size needs the input to carry that dimension")
+        zeros = const(np.zeros(tuple(1 if d is Any else d for d in shape), dtype=cx.dtype_of(x)))
+        return _op("add")(x, zeros)
+    return _op("broadcast_to")(x, shape)
 
 
 @aten("aten.select.int")
 def _select(cx, x, dim, index):
-    n = len(cx.shape_of(x))
-    dim = _norm_axis(dim, n)
+    n = cx.ndim_of(x)
+    dim = norm_axis(dim, n)
     size = cx.shape_of(x)[dim]
-    index = index + size if index < 0 else index
+    if index < 0:
+        index = index + static(cx, "select with a negative index", (size,))[0]
     part = _op("strided_slice")(x, (index,), (index + 1,), (1,), (dim,))
     return _op("squeeze")(part, (dim,))
 
 
+def slice_bounds(size, start, end, step) -> tuple:
+    """ATen's slice bounds made explicit (None start/end, ends past the size)."""
+    start = 0 if start is None else start
+    big = 2 ** 62
+    end = big if end is None or (size is not Any and end > size) else end
+    return start, end, step
+
+
 @aten("aten.slice.Tensor")
 def _slice(cx, x, dim=0, start=None, end=None, step=1):
+    dim = norm_axis(dim, cx.ndim_of(x))
     size = cx.shape_of(x)[dim]
-    start = 0 if start is None else start
-    end = size if end is None or end > size else end
-    if start == 0 and end == size and step == 1:
+    start, end, step = slice_bounds(size, start, end, step)
+    if start == 0 and end >= (size if size is not Any else 2 ** 62) and step == 1:
         return x
-    return _op("strided_slice")(x, (start,), (end,), (step,), (_norm_axis(dim, len(cx.shape_of(x))),))
+    return _op("strided_slice")(x, (start,), (end,), (step,), (dim,))
 
 
-@aten("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int")
+@aten("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int",
+      "aten.split_with_sizes_copy.default", "aten.unbind_copy.int")
 def _split(cx, x, sizes=None, dim=0):
     """Every piece is a strided_slice (chunk/split/unbind); the sizes come from the node's outputs."""
-    n = len(cx.shape_of(x))
-    dim = _norm_axis(dim, n)
+    if str(cx.node.target).startswith("aten.unbind"):
+        dim = sizes if sizes is not None else 0
+    n = cx.ndim_of(x)
+    dim = norm_axis(dim, n)
     out, start = [], 0
     for shape in cx.out_shapes:
         stop = start + (shape[dim] if len(shape) == n else 1)
@@ -271,234 +599,152 @@ def _split(cx, x, sizes=None, dim=0):
 
 @aten("aten.cat.default")
 def _cat(cx, xs, dim=0):
-    return _op("concatenate")(list(xs), _norm_axis(dim, len(cx.out_shape)))
+    """``concatenate``; PyTorch's legacy empty 1-D tensors (shape ``(0,)``) are skipped, as ``torch.cat`` does."""
+    rank = len(cx.out_shape)
+    parts = [cast(cx, x, cx.out_dtype) for x in xs if not (rank != 1 and cx.shape_of(x) == (0,))]
+    if not parts:
+        return _filled(cx, 0)
+    return parts[0] if len(parts) == 1 else _op("concatenate")(parts, norm_axis(dim, rank))
+
+
+@aten("aten.stack.default")
+def _stack(cx, xs, dim=0):
+    return _op("stack")([cast(cx, x, cx.out_dtype) for x in xs], norm_axis(dim, len(cx.out_shape)))
+
+
+@aten("aten.flip.default")
+def _flip(cx, x, dims):
+    axes = tuple(norm_axis(d, cx.ndim_of(x)) for d in dims)
+    return _op("flip")(x, axes) if axes and cx.ndim_of(x) else x
+
+
+@aten("aten.repeat.default")
+def _repeat(cx, x, repeats):
+    return _op("tile")(x, tuple(int(r) for r in repeats))
+
+
+@aten("aten.constant_pad_nd.default")
+def _constant_pad_nd(cx, x, pad, value=0):
+    """``pad`` holds (before, after) pairs from the last dimension backwards; negative sizes crop."""
+    n = cx.ndim_of(x)
+    widths = [(0, 0)] * n
+    for k in range(len(pad) // 2):
+        widths[n - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    if all(w == (0, 0) for w in widths):
+        return x
+    return _op("nn.pad")(x, tuple(widths), float(value), "constant")
 
 
 # ------------------------------------------------------------------ reductions and softmax
 
 
-def _reduce(name):
-    def conv(cx, x, dims=None, keepdim=False, dtype=None):
-        ndim = len(cx.shape_of(x))
-        axis = None if dims is None or dims == [] else tuple(_norm_axis(d, ndim) for d in ([dims] if isinstance(dims, int) else dims))
-        return _op(name)(x, axis, bool(keepdim))
+def _reduce(pb: str, cast_to_out: bool = True):
+    def conv(cx, x, dims=None, keepdim=False, dtype=None, **kwargs):
+        if cast_to_out:
+            x = cast(cx, x, cx.out_dtype)  # sum of integers/bools is int64, as in PyTorch
+        axis = axes_of(dims, cx.ndim_of(x))
+        if cx.ndim_of(x) == 0:
+            return x
+        return _op(pb)(x, axis, bool(keepdim))
 
     return conv
 
 
 for _aten_name, _pb_name in (("sum", "sum"), ("mean", "mean"), ("amax", "max"), ("amin", "min")):
     for _ov in ("dim_IntList", "dim", "default"):
-        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _reduce(_pb_name)
+        ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _reduce(_pb_name, _aten_name in ("sum", "mean"))
+ATEN_TABLE["aten.max.default"] = _reduce("max", False)
+ATEN_TABLE["aten.min.default"] = _reduce("min", False)
 
 
-@aten("aten._softmax.default", "aten.softmax.int")
+@aten("aten.prod.default", "aten.prod.dim_int")
+def _prod(cx, x, dim=None, keepdim=False, dtype=None):
+    x = cast(cx, x, cx.out_dtype)
+    if cx.ndim_of(x) == 0:
+        return x
+    return _op("prod")(x, None if dim is None else (norm_axis(dim, cx.ndim_of(x)),), bool(keepdim))
+
+
+def _extreme_with_index(pb: str, arg: str):
+    def conv(cx, x, dim, keepdim=False):
+        if cx.ndim_of(x) == 0:
+            return [x, _op("zeros")((), "int64")]
+        axis = (norm_axis(dim, cx.ndim_of(x)),)
+        return [_op(pb)(x, axis, bool(keepdim)), _op("cast")(_op(arg)(x, axis, bool(keepdim)), "int64")]
+
+    return conv
+
+
+ATEN_TABLE["aten.max.dim"] = _extreme_with_index("max", "argmax")
+ATEN_TABLE["aten.min.dim"] = _extreme_with_index("min", "argmin")
+
+
+def _arg_extreme(pb: str):
+    def conv(cx, x, dim=None, keepdim=False):
+        if cx.ndim_of(x) == 0:
+            return _op("zeros")((), "int64")
+        axis = None if dim is None else (norm_axis(dim, cx.ndim_of(x)),)
+        out = _op(pb)(x, axis, bool(keepdim))
+        if dim is None and keepdim:
+            out = _op("reshape")(out, cx.out_shape)
+        return _op("cast")(out, "int64")
+
+    return conv
+
+
+ATEN_TABLE["aten.argmax.default"] = _arg_extreme("argmax")
+ATEN_TABLE["aten.argmin.default"] = _arg_extreme("argmin")
+
+
+@aten("aten.any.default", "aten.any.dim", "aten.any.dims")
+def _any(cx, x, dims=None, keepdim=False):
+    b = _op("cast")(as_bool(cx, x), "int64")
+    if cx.ndim_of(x) == 0:
+        return as_bool(cx, x)
+    return _op("greater")(_op("sum")(b, axes_of(dims, cx.ndim_of(x)), bool(keepdim)), scalar(0, "int64"))
+
+
+@aten("aten.all.default", "aten.all.dim", "aten.all.dims")
+def _all(cx, x, dims=None, keepdim=False):
+    if cx.ndim_of(x) == 0:
+        return as_bool(cx, x)
+    b = _op("cast")(_op("logical_not")(as_bool(cx, x)), "int64")
+    return _op("equal")(_op("sum")(b, axes_of(dims, cx.ndim_of(x)), bool(keepdim)), scalar(0, "int64"))
+
+
+@aten("aten.var.correction", "aten.var.dim")
+def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
+    if str(cx.node.target) == "aten.var.dim" and args:  # var.dim(x, dim, unbiased, keepdim)
+        unbiased = args[0]
+        keepdim = args[1] if len(args) > 1 else keepdim
+    elif args:
+        keepdim = args[0]
+    ddof = (1 if unbiased is None or unbiased else 0) if correction is None else correction
+    x = cast(cx, x, cx.out_dtype)
+    if cx.ndim_of(x) == 0:
+        x = _op("reshape")(x, (1,))
+        dims = None
+    axis = axes_of(dims, cx.ndim_of(x))
+    if ddof in (0, 1):
+        return _op("variance")(x, axis, bool(keepdim), False, bool(ddof))
+    shape = static(cx, "var with a correction other than 0 or 1", cx.shape_of(x))
+    n = math.prod(shape[a] for a in (axis if axis is not None else range(len(shape))))
+    biased = _op("variance")(x, axis, bool(keepdim), False, False)
+    return _op("multiply")(biased, scalar(n / (n - ddof) if n != ddof else math.inf, cx.out_dtype))
+
+
+@aten("aten._softmax.default", "aten.softmax.int", "aten._safe_softmax.default")
 def _softmax(cx, x, dim, *rest):
-    return _op("nn.softmax")(x, axis=dim)
+    x = cast(cx, x, cx.out_dtype)
+    return _op("nn.softmax")(x, axis=dim) if cx.ndim_of(x) else _op("ones_like")(x)
 
 
 @aten("aten._log_softmax.default", "aten.log_softmax.int")
 def _log_softmax(cx, x, dim, *rest):
-    return _op("nn.log_softmax")(x, axis=dim)
+    x = cast(cx, x, cx.out_dtype)
+    return _op("nn.log_softmax")(x, axis=dim) if cx.ndim_of(x) else _op("zeros_like")(x)
 
 
-# ------------------------------------------------------------------ losses and embeddings
+__all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static"]
 
-
-_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
-
-
-def _nll(cx, logp, shape, target, weight, reduction, ignore_index):
-    c = shape[1] if len(shape) > 1 else shape[0]
-    w = weight if weight is not None else const(np.ones((c,), dtype=cx.dtype_of(logp)))
-    return _op("nn.nll_loss")(logp, target, w, reduction=_REDUCTIONS[reduction], ignore_index=int(ignore_index))
-
-
-@aten("aten.cross_entropy_loss.default")
-def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-    if label_smoothing != 0.0:
-        raise PullbackError("cross_entropy with label_smoothing is not supported")
-    if cx.dtype_of(target).startswith("float"):
-        raise PullbackError("cross_entropy with probability targets is not supported (use class indices)")
-    axis = 1 if len(cx.shape_of(x)) > 1 else 0
-    return _nll(cx, _op("nn.log_softmax")(x, axis=axis), cx.shape_of(x), target, weight, reduction, ignore_index)
-
-
-@aten("aten.nll_loss.default", "aten.nll_loss_nd.default", "aten.nll_loss2d.default")
-def _nll_loss(cx, logp, target, weight=None, reduction=1, ignore_index=-100):
-    return _nll(cx, logp, cx.shape_of(logp), target, weight, reduction, ignore_index)
-
-
-@aten("aten.nll_loss_forward.default")
-def _nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
-    return [_nll(cx, logp, cx.shape_of(logp), target, weight, reduction, ignore_index), None]
-
-
-@aten("aten.embedding.default")
-def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    if scale_grad_by_freq:
-        raise PullbackError("embedding with scale_grad_by_freq=True is not supported")
-    return _op("take")(w, idx, axis=0)
-
-
-@aten("aten.gather.default")
-def _gather(cx, x, dim, index, sparse_grad=False):
-    return _op("gather")(x, index, axis=_norm_axis(dim, len(cx.shape_of(x))))
-
-
-# ------------------------------------------------------------------ normalisation
-
-
-def _vec_or(v: Optional[Expr], c: int, fill: float, dtype: str) -> Expr:
-    return v if v is not None else const(np.full((c,), fill, dtype=dtype))
-
-
-@aten("aten.layer_norm.default")
-def _layer_norm(cx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    shape, dt = cx.shape_of(x), cx.dtype_of(x)
-    k = len(normalized_shape)
-    n = int(np.prod(normalized_shape))
-    flat = x if k == 1 else _op("reshape")(x, tuple(shape[:-k]) + (n,))
-    w = _vec_or(weight, n, 1.0, dt) if k == 1 or weight is None else _op("reshape")(weight, (n,))
-    b = _vec_or(bias, n, 0.0, dt) if k == 1 or bias is None else _op("reshape")(bias, (n,))
-    y = _op("nn.layer_norm")(flat, w, b, axis=-1, epsilon=float(eps), scale=weight is not None, center=bias is not None)
-    return y if k == 1 else _op("reshape")(y, tuple(shape))
-
-
-@aten("aten.native_layer_norm.default")
-def _native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
-    return [_layer_norm(cx, x, normalized_shape, weight, bias, eps), None, None]
-
-
-def _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
-    c, dt = cx.shape_of(x)[1], cx.dtype_of(x)
-    if mean is None or var is None:
-        raise PullbackError("batch_norm without running statistics (track_running_stats=False) is not supported")
-    bn = _op("nn.batch_norm")(x, _vec_or(weight, c, 1.0, dt), _vec_or(bias, c, 0.0, dt), mean, var, axis=1,
-                              epsilon=float(eps), scale=weight is not None, center=bias is not None,
-                              training=bool(training), momentum=float(momentum))
-    return [bn[0], bn[1], bn[2]]
-
-
-@aten("aten._native_batch_norm_legit_functional.default")
-def _bn_functional(cx, x, weight, bias, mean, var, training, momentum, eps):
-    out, new_mean, new_var = _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps)
-    return [out, None, None, new_mean, new_var]  # (out, save_mean, save_rstd, running_mean, running_var)
-
-
-@aten("aten._native_batch_norm_legit_no_training.default")
-def _bn_no_training(cx, x, weight, bias, mean, var, momentum, eps):
-    return [_batch_norm(cx, x, weight, bias, mean, var, False, momentum, eps)[0], None, None]
-
-
-# ------------------------------------------------------------------ convolution and pooling
-
-
-def _pair(v, default=None) -> tuple:
-    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
-        return default
-    if isinstance(v, int):
-        return (v, v)
-    return (int(v[0]), int(v[-1])) if len(v) in (1, 2) else tuple(v)
-
-
-def _conv(cx, x, w, b, stride, padding, dilation, groups):
-    if isinstance(padding, str):
-        raise PullbackError(f"conv2d with padding={padding!r} is not supported (give explicit sizes)")
-    if len(cx.shape_of(x)) != 4:
-        raise PullbackError(f"only 2-D convolution on NCHW data is supported, got input shape {cx.shape_of(x)}")
-    y = _op("nn.conv2d")(x, w, strides=_pair(stride), padding=_pair(padding), dilation=_pair(dilation), groups=int(groups))
-    return y if b is None else _op("nn.bias_add")(y, b, axis=1)
-
-
-@aten("aten.conv2d.default")
-def _conv2d(cx, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    return _conv(cx, x, w, b, stride, padding, dilation, groups)
-
-
-@aten("aten.convolution.default")
-def _convolution(cx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise PullbackError("transposed convolution is not supported by the importer")
-    return _conv(cx, x, w, b, stride, padding, dilation, groups)
-
-
-@aten("aten.max_pool2d.default")
-def _max_pool2d(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    k = _pair(kernel_size)
-    return _op("nn.max_pool2d")(x, pool_size=k, strides=_pair(stride, k), padding=_pair(padding),
-                                dilation=_pair(dilation), ceil_mode=bool(ceil_mode))
-
-
-@aten("aten.max_pool2d_with_indices.default")
-def _max_pool2d_with_indices(cx, *args):
-    return [_max_pool2d(cx, *args), None]
-
-
-@aten("aten.avg_pool2d.default")
-def _avg_pool2d(cx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if divisor_override is not None:
-        raise PullbackError("avg_pool2d with divisor_override is not supported")
-    k = _pair(kernel_size)
-    return _op("nn.avg_pool2d")(x, pool_size=k, strides=_pair(stride, k), padding=_pair(padding),
-                                ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
-
-
-@aten("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
-def _adaptive_avg_pool2d(cx, x, output_size):
-    return _op("nn.adaptive_avg_pool2d")(x, output_size=_pair(output_size))
-
-
-# ------------------------------------------------------------------ attention
-
-
-@aten("aten.scaled_dot_product_attention.default")
-def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v on (B*, L, E) batches; dropout gets a mask parameter."""
-    sq, sk, sv = cx.shape_of(q), cx.shape_of(k), cx.shape_of(v)
-    if sq[:-2] != sk[:-2] or sk[:-2] != sv[:-2]:
-        raise PullbackError(f"scaled_dot_product_attention with broadcast batch dims {sq}, {sk}, {sv} is not supported")
-    dt = cx.dtype_of(q)
-    L, S, E = sq[-2], sk[-2], sq[-1]
-    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    q3 = _op("reshape")(q, (-1, L, E))
-    k3 = _op("reshape")(k, (-1, S, E))
-    v3 = _op("reshape")(v, (-1, S, sv[-1]))
-    s = _op("nn.batch_matmul")(_op("multiply")(q3, scalar(scale, dt)), k3, transpose_b=True)
-    if is_causal:
-        causal = np.where(np.tril(np.ones((L, S), dtype=bool)), 0.0, -np.inf).astype(dt)
-        s = _op("add")(s, const(causal))
-    if attn_mask is not None:
-        m = _op("reshape")(attn_mask, (-1, L, S)) if len(cx.shape_of(attn_mask)) > 2 else attn_mask
-        if cx.dtype_of(attn_mask) == "bool":
-            s = _op("where")(m, s, scalar(-np.inf, dt))
-        else:
-            s = _op("add")(s, m)
-    p = _op("nn.softmax")(s, axis=-1)
-    if dropout_p > 0.0:
-        mask = _op("reshape")(cx.dropout_mask(tuple(sq[:-2]) + (L, S), dropout_p), (-1, L, S))
-        p = _op("nn.dropout")(p, mask, rate=float(dropout_p))
-    return _op("reshape")(_op("nn.batch_matmul")(p, v3, transpose_b=False), cx.out_shape)
-
-
-# ------------------------------------------------------------------ creation
-
-
-@aten("aten.scalar_tensor.default")
-def _scalar_tensor(cx, value, **kwargs):
-    return scalar(value, cx.out_dtype)
-
-
-@aten("aten.full.default")
-def _full(cx, size, value, **kwargs):
-    return const(np.full(tuple(size), value, dtype=cx.out_dtype))
-
-
-@aten("aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default")
-def _like(cx, x, *args, **kwargs):
-    fill = {"zeros_like": 0.0, "ones_like": 1.0}.get(str(cx.node.target).split(".")[1])
-    if fill is None:
-        fill = args[0]
-    return const(np.full(cx.out_shape, fill, dtype=cx.out_dtype))
-
-
-__all__ = ["ATEN_TABLE", "aten"]
+from . import aten_indexing, aten_nn  # noqa: E402,F401  (registration)

@@ -12,7 +12,8 @@ the original as ``.module`` and shares its parameters).
 Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 (PyTorch's CPU dropout draws the same way), mutated buffers (batch norm's
 running statistics) are written back, and a new program is compiled for a new
-train/eval mode or input shape (kept in a cache).
+train/eval mode or input shape (kept in a cache; with ``dynamic_batch=True`` one program serves every
+batch size).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..frontend.torch_checks import check_inputs
-from ..frontend.torch_importer import TorchProgram, export, import_exported
+from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
 from ..ir.types import FLOAT_DTYPES, flatten_type
 from ..runtime import build
@@ -80,6 +81,7 @@ def _function():
             ctx.tp = tp
             ctx.residuals = residuals
             outs = [out] if tp.prog.single_output else list(out)
+            ctx.out_shapes = [np.shape(o) for o in outs]  # concrete, also where the program's batch dim is ``?``
             results = tuple(_to_torch(o) for o in outs)
             nondiff = [r for r, t in zip(results, tp.out_types) if t.dtype not in FLOAT_DTYPES]
             nondiff += list(results[tp.prog.num_outputs:])
@@ -93,8 +95,8 @@ def _function():
                 raise PullbackError(DOUBLE_BACKWARD)
             tp = ctx.tp
             cts = []
-            for g, t in zip(grads, tp.out_types):
-                cts.append(np.zeros(t.shape, t.dtype) if g is None or t.dtype not in FLOAT_DTYPES else _to_numpy(g).astype(t.dtype, copy=False))
+            for g, t, shape in zip(grads, tp.out_types, ctx.out_shapes):
+                cts.append(np.zeros(shape, t.dtype) if g is None or t.dtype not in FLOAT_DTYPES else _to_numpy(g).astype(t.dtype, copy=False))
             ct = cts[0] if tp.prog.single_output else tuple(cts)
             gs = tp.bwd(*ctx.residuals, ct)
             ctx.residuals = None
@@ -115,11 +117,12 @@ DOUBLE_BACKWARD = (
     "transform.FirstOrderGradient to the gradient program itself, or differentiate the eager module")
 
 
-def draw_masks(prog: TorchProgram) -> list:
-    """Fresh dropout masks for ``prog`` (``bernoulli(1 - rate)``, like PyTorch's CPU dropout)."""
-    import torch
-
-    return [torch.empty(m.shape, dtype=getattr(torch, m.dtype)).bernoulli_(1.0 - m.rate) for m in prog.masks]
+def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:
+    """Fresh random inputs for ``prog`` in execution order, drawn as eager draws them (``RandomInput.draw``:
+    dropout masks are ``empty_like(x).bernoulli_(1 - rate)``, like PyTorch's CPU dropout); a dynamic batch
+    dimension takes the batch size of ``inputs``."""
+    batch = next((x.shape[0] for x in inputs if getattr(x, "ndim", 0)), None)
+    return [m.draw(batch) for m in prog.masks]
 
 
 def run(tp: TrainingProgram, tensors: Sequence) -> tuple:
@@ -138,20 +141,22 @@ def _module_class():
     class CompiledModule(torch.nn.Module):
         """``module`` trained through pullback; ``.module`` is the original (parameters shared)."""
 
-        def __init__(self, module, example_inputs: Sequence, target: str, policy: str):
+        def __init__(self, module, example_inputs: Sequence, target: str, policy: str, dynamic_batch: bool = False):
             super().__init__()
             self.module = module
             self.target = target
             self.policy = policy
+            self.dynamic_batch = dynamic_batch
             self._programs: dict = {}
             self._program(tuple(example_inputs))
 
         def _program(self, inputs: tuple) -> TrainingProgram:
             check_inputs(inputs, "pullback.integrations.torch", "input")
-            key = (self.module.training,) + tuple((tuple(x.shape), x.dtype) for x in inputs)
+            shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
+            key = (self.module.training,) + shapes
             tp = self._programs.get(key)
             if tp is None:
-                prog = import_exported(export(self.module, inputs))
+                prog = import_exported(export(self.module, inputs, dynamic_batch=self.dynamic_batch), tied=tied_keys(self.module))
                 tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy)
                 self._programs[key] = tp
             return tp
@@ -161,7 +166,7 @@ def _module_class():
             prog = tp.prog
             state = dict(self.module.named_parameters(remove_duplicate=False))
             state.update(self.module.named_buffers(remove_duplicate=False))
-            tensors = list(inputs) + [state[prog.state_names[n]] for n in prog.params] + draw_masks(prog)
+            tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog, inputs)
             results = run(tp, tensors)
             by_input = dict(zip(prog.inputs, inputs))
             import torch
@@ -174,17 +179,19 @@ def _module_class():
     return CompiledModule
 
 
-def compile(module, example_inputs: Sequence, target: str = "numpy", policy: str = "save_all"):
+def compile(module, example_inputs: Sequence, target: str = "numpy", policy: str = "save_all", dynamic_batch: bool = False):
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
 
     ``target``: ``"numpy"`` or ``"jax"`` (the executor of ``@main_fwd``/``@main_bwd``);
-    ``policy``: what the forward saves for the backward (``PartitionForwardBackward``).
+    ``policy``: what the forward saves for the backward (``PartitionForwardBackward``);
+    ``dynamic_batch``: import with a ``?`` batch dimension and compile one program for every batch size
+    (else one per input shape).
     """
     if target not in TARGETS:
         raise PullbackError(f"pullback.integrations.torch.compile: target must be one of {', '.join(TARGETS)}, got {target!r}")
     if not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
-    return _module_class()(module, example_inputs, target, policy)
+    return _module_class()(module, example_inputs, target, policy, dynamic_batch)
 
 
 def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = "numpy",

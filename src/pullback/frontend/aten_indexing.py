@@ -1,0 +1,322 @@
+"""ATen converters for indexing: advanced indexing (``index``, ``index_put``), gather/scatter, slices written
+back (``slice_scatter``, ``select_scatter``), sorting (``sort``, ``topk``), scans (``cumsum``), ``nonzero``,
+``masked_scatter``, ``diagonal`` and ``as_strided``. Registered in ``aten_table.ATEN_TABLE``.
+
+Advanced indexing with several index tensors is linearised: the indexed dimensions move to the front and
+merge into one, the index tensors combine into one flat index (negative indices wrap), and one ``take`` (or
+``scatter`` / ``index_add`` for ``index_put``) does the work, so gradients come from those operators' rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir.errors import PullbackError
+from ..ir.expr import Expr, const
+from ..ops.common import broadcast_shapes
+from .aten_table import _op, aten, cast, norm_axis, scalar, slice_bounds, static
+
+
+def _int64(cx, i: Expr) -> Expr:
+    return cast(cx, i, "int64")
+
+
+@aten("aten.gather.default")
+def _gather(cx, x, dim, index, sparse_grad=False):
+    if cx.ndim_of(x) == 0:
+        return _op("reshape")(x, cx.out_shape)
+    return _op("gather")(x, index, axis=norm_axis(dim, cx.ndim_of(x)))
+
+
+@aten("aten.index_select.default")
+def _index_select(cx, x, dim, index):
+    if cx.ndim_of(x) == 0:
+        return _op("reshape")(x, cx.out_shape)
+    if cx.ndim_of(index) == 0:
+        index = _op("reshape")(index, (1,))
+    return _op("take")(x, index, axis=norm_axis(dim, cx.ndim_of(x)))
+
+
+# ------------------------------------------------------------------ advanced indexing
+
+
+def _expand_bool_indices(cx, indices: list) -> list:
+    """Boolean index tensors become one int64 index per dimension they cover (``nonzero``'s columns)."""
+    out = []
+    for idx in indices:
+        if idx is None or cx.dtype_of(idx) != "bool":
+            out.append(idx)
+            continue
+        nz = _op("nonzero")(idx)
+        for k in range(cx.ndim_of(idx)):
+            out.append(_op("squeeze")(_op("strided_slice")(nz, (k,), (k + 1,), (1,), (1,)), (1,)))
+    return out
+
+
+def _linearized(cx, x, indices: list) -> tuple:
+    """``(flat_x, flat_index, positions, batch_shape, rest_shape, perm)`` for ``x[indices]``: ``flat_x`` has the
+    indexed dims merged first, ``flat_index`` addresses that merged dim (batch_shape: the broadcast index shape)."""
+    shape = static(cx, "advanced indexing", cx.shape_of(x))
+    indices = _expand_bool_indices(cx, list(indices))
+    if len(indices) > len(shape):
+        raise PullbackError(f"too many indices ({len(indices)}) for a tensor of rank {len(shape)}")
+    pos = [i for i, idx in enumerate(indices) if idx is not None]
+    tensors = [_int64(cx, indices[i]) for i in pos]
+    batch = broadcast_shapes("index", (), *[tuple(cx.shape_of(t)) for t in tensors])
+    perm = tuple(pos) + tuple(i for i in range(len(shape)) if i not in pos)
+    xt = x if perm == tuple(range(len(shape))) else _op("transpose")(x, perm)
+    dims = [shape[i] for i in pos]
+    rest = tuple(shape[i] for i in range(len(shape)) if i not in pos)
+    flat_x = _op("reshape")(xt, (math.prod(dims),) + rest) if len(pos) > 1 else xt
+    flat = None
+    stride = 1
+    for t, d in zip(reversed(tensors), reversed(dims)):
+        term = _op("remainder")(t, scalar(d, "int64"), mode="floor") if d else t  # negative indices count from the end
+        term = term if stride == 1 else _op("multiply")(term, scalar(stride, "int64"))
+        flat = term if flat is None else _op("add")(term, flat)
+        stride *= d
+    if tuple(cx.shape_of(flat)) != batch:
+        flat = _op("broadcast_to")(flat, static(cx, "advanced indexing with broadcast indices", batch))
+    return flat_x, flat, pos, batch, rest, shape
+
+
+def _consecutive(pos: list) -> bool:
+    return pos == list(range(pos[0], pos[0] + len(pos)))
+
+
+def _result_layout(pos: list, batch: tuple, rest_rank: int) -> tuple:
+    """The permutation from ``batch + rest`` to PyTorch's layout (index dims in place when consecutive)."""
+    nb = len(batch)
+    if not _consecutive(pos) or pos[0] == 0:
+        return tuple(range(nb + rest_rank))
+    before = tuple(range(nb, nb + pos[0]))
+    return before + tuple(range(nb)) + tuple(range(nb + pos[0], nb + rest_rank))
+
+
+@aten("aten.index.Tensor", "aten._unsafe_index.Tensor")
+def _index(cx, x, indices):
+    pos = [i for i, idx in enumerate(indices) if idx is not None]
+    if len(pos) == 1 and cx.dtype_of(indices[pos[0]]) != "bool":  # one index tensor: take along its axis
+        return _op("take")(x, _int64(cx, indices[pos[0]]), axis=pos[0])
+    flat_x, flat, pos, batch, rest, _ = _linearized(cx, x, indices)
+    out = _op("take")(flat_x, flat, axis=0)
+    layout = _result_layout(pos, batch, len(rest))
+    return out if layout == tuple(range(len(layout))) else _op("transpose")(out, layout)
+
+
+@aten("aten.index_put.default", "aten._unsafe_index_put.default", "aten.index_put_.default")
+def _index_put(cx, x, indices, values, accumulate=False):
+    """``x[indices] = values`` (``+=`` with ``accumulate``); where an index repeats without accumulate, the last
+    write wins."""
+    dt = cx.dtype_of(x)
+    values = cast(cx, values, dt)
+    if len(indices) == 1 and indices[0] is not None and cx.dtype_of(indices[0]) == "bool":  # x[mask] = values
+        mask = indices[0]
+        while cx.ndim_of(mask) < cx.ndim_of(x):
+            mask = _op("expand_dims")(mask, cx.ndim_of(mask))
+        if math.prod(cx.shape_of(values)) == 1 and not accumulate:  # one value: a where
+            return _op("where")(mask, _op("reshape")(values, ()), x)
+        shape = static(cx, "index_put", cx.shape_of(x))
+        if tuple(cx.shape_of(mask)) != shape:
+            mask = _op("broadcast_to")(mask, shape)
+        if accumulate:
+            return _op("add")(x, _masked_fill_from(cx, _op("zeros_like")(x), mask, values, shape))
+        return _masked_fill_from(cx, x, mask, values, shape)
+    flat_x, flat, pos, batch, rest, shape = _linearized(cx, x, indices)
+    layout = _result_layout(pos, batch, len(rest))
+    torch_shape = tuple((batch + rest)[i] for i in layout)
+    vals = values if tuple(cx.shape_of(values)) == torch_shape else _op("broadcast_to")(values, torch_shape)
+    if layout != tuple(range(len(layout))):
+        vals = _op("transpose")(vals, tuple(int(i) for i in np.argsort(layout)))
+    nb = math.prod(batch)
+    vals = _op("reshape")(vals, (nb,) + rest)
+    flat = _op("reshape")(flat, (nb,))
+    if accumulate:
+        out = _op("index_add")(flat_x, flat, vals, axis=0)
+    else:
+        idx = _op("reshape")(flat, (nb,) + (1,) * len(rest))
+        out = _op("scatter")(flat_x, _op("broadcast_to")(idx, (nb,) + rest), vals, axis=0)
+    perm = tuple(pos) + tuple(i for i in range(len(shape)) if i not in pos)
+    out = _op("reshape")(out, tuple(shape[i] for i in perm))
+    return out if perm == tuple(range(len(shape))) else _op("transpose")(out, tuple(int(i) for i in np.argsort(perm)))
+
+
+# ------------------------------------------------------------------ scatter
+
+
+def _fit(cx, src, index) -> Expr:
+    """``src`` cut to ``index``'s shape (PyTorch reads only that corner of a larger ``src``)."""
+    s, i = cx.shape_of(src), static(cx, "scatter", cx.shape_of(index))
+    if tuple(s) == tuple(i):
+        return src
+    return _op("strided_slice")(src, (0,) * len(i), i, None, tuple(range(len(i))))
+
+
+@aten("aten.scatter.src", "aten.scatter.value")
+def _scatter(cx, x, dim, index, src):
+    if cx.ndim_of(x) == 0:
+        return _scalar_scatter(cx, x, index, src)
+    dt = cx.dtype_of(x)
+    if isinstance(src, Expr):
+        src = _fit(cx, cast(cx, src, dt), index)
+    else:
+        src = const(np.full(static(cx, "scatter", cx.shape_of(index)), src, dtype=dt))
+    return _op("scatter")(x, _int64(cx, index), src, axis=norm_axis(dim, cx.ndim_of(x)))
+
+
+def _scalar_scatter(cx, x, index, src):
+    if math.prod(cx.shape_of(index)) == 0:
+        return x
+    return cast(cx, _op("reshape")(src, ()) if isinstance(src, Expr) else scalar(src, cx.dtype_of(x)), cx.dtype_of(x))
+
+
+@aten("aten.scatter_add.default")
+def _scatter_add(cx, x, dim, index, src):
+    if cx.ndim_of(x) == 0:
+        return x if math.prod(cx.shape_of(index)) == 0 else _op("add")(x, _op("reshape")(src, ()))
+    return _op("scatter_add")(x, _int64(cx, index), _fit(cx, src, index), axis=norm_axis(dim, cx.ndim_of(x)))
+
+
+@aten("aten.scatter_reduce.two")
+def _scatter_reduce(cx, x, dim, index, src, reduce, include_self=True):
+    """``sum`` and ``mean`` (PyTorch's rule: the mean counts ``x`` itself when ``include_self``)."""
+    if reduce not in ("sum", "mean") or cx.ndim_of(x) == 0:
+        raise PullbackError(f"scatter_reduce with reduce={reduce!r} is not supported (sum and mean are)")
+    dt, axis = cx.dtype_of(x), norm_axis(dim, cx.ndim_of(x))
+    index, src = _int64(cx, index), _fit(cx, src, index)
+    ones = _op("ones_like")(src)
+    base = x
+    if not include_self:
+        touched = _op("greater")(_op("scatter_add")(_op("zeros_like")(x), index, ones, axis=axis), scalar(0, dt))
+        base = _op("where")(touched, scalar(0, dt), x)
+    total = _op("scatter_add")(base, index, src, axis=axis)
+    if reduce == "sum":
+        return total
+    count = _op("scatter_add")(_op("ones_like")(x) if include_self else _op("zeros_like")(x), index, ones, axis=axis)
+    count = _op("maximum")(count, scalar(1, dt))
+    return _op("divide")(total, count) if dt.startswith("float") else _op("floor_divide")(total, count)
+
+
+# ------------------------------------------------------------------ slices written back
+
+
+@aten("aten.slice_scatter.default")
+def _slice_scatter(cx, x, src, dim=0, start=None, end=None, step=1):
+    dim = norm_axis(dim, cx.ndim_of(x))
+    start, end, step = slice_bounds(cx.shape_of(x)[dim], start, end, step)
+    return _op("strided_set")(x, cast(cx, src, cx.dtype_of(x)), (start,), (end,), (step,), (dim,))
+
+
+@aten("aten.select_scatter.default")
+def _select_scatter(cx, x, src, dim, index):
+    dim = norm_axis(dim, cx.ndim_of(x))
+    if index < 0:
+        index += static(cx, "select_scatter", cx.shape_of(x))[dim]
+    v = _op("expand_dims")(cast(cx, src, cx.dtype_of(x)), dim)
+    return _op("strided_set")(x, v, (index,), (index + 1,), (1,), (dim,))
+
+
+# ------------------------------------------------------------------ sorting and scans
+
+
+def _sorted(cx, x, dim, descending) -> list:
+    if cx.ndim_of(x) == 0:
+        return [x, _op("zeros")((), "int64")]
+    axis = norm_axis(dim, cx.ndim_of(x))
+    idx = _op("argsort")(x, axis, bool(descending))
+    return [_op("gather")(x, idx, axis=axis), idx]
+
+
+@aten("aten.sort.default")
+def _sort(cx, x, dim=-1, descending=False):
+    return _sorted(cx, x, dim, descending)
+
+
+@aten("aten.sort.stable")
+def _sort_stable(cx, x, stable=None, dim=-1, descending=False):
+    return _sorted(cx, x, dim, descending)
+
+
+@aten("aten.argsort.default", "aten.argsort.stable")
+def _argsort(cx, x, *args, dim=-1, descending=False, stable=False):
+    if args and isinstance(args[0], bool):  # argsort.stable(x, stable, dim, descending)
+        args = args[1:]
+    dim = args[0] if args else dim
+    descending = args[1] if len(args) > 1 else descending
+    return _sorted(cx, x, dim, descending)[1]
+
+
+@aten("aten.topk.default")
+def _topk(cx, x, k, dim=-1, largest=True, sorted=True):
+    if cx.ndim_of(x) == 0:
+        return [x, _op("zeros")((), "int64")]
+    axis = norm_axis(dim, cx.ndim_of(x))
+    idx = _op("strided_slice")(_op("argsort")(x, axis, bool(largest)), (0,), (int(k),), (1,), (axis,))
+    return [_op("gather")(x, idx, axis=axis), idx]
+
+
+@aten("aten.cumsum.default")
+def _cumsum(cx, x, dim, dtype=None):
+    x = cast(cx, x, cx.out_dtype)  # integers and bools sum in int64, as in PyTorch
+    return _op("cumsum")(x, norm_axis(dim, max(cx.ndim_of(x), 1))) if cx.ndim_of(x) else x
+
+
+@aten("aten.nonzero.default")
+def _nonzero(cx, x):
+    return _op("nonzero")(x)
+
+
+@aten("aten.masked_scatter.default")
+def _masked_scatter(cx, x, mask, source):
+    """``x`` with the positions where ``mask`` holds filled, in order, by the leading elements of ``source``."""
+    shape = static(cx, "masked_scatter", cx.out_shape)
+    m = mask if tuple(cx.shape_of(mask)) == shape else _op("broadcast_to")(mask, shape)
+    return _masked_fill_from(cx, x, m, source, shape)
+
+
+def _masked_fill_from(cx, x, m, source, shape):
+    n = math.prod(shape)
+    m = _op("reshape")(m, (n,))
+    pos = _op("subtract")(_op("cumsum")(_op("cast")(m, "int64"), 0), scalar(1, "int64"))
+    src = _op("reshape")(cast(cx, source, cx.dtype_of(x)), (-1,))
+    picked = _op("take")(src, pos, axis=0, mode="clip")
+    xx = x if tuple(cx.shape_of(x)) == shape else _op("broadcast_to")(x, shape)
+    return _op("reshape")(_op("where")(m, picked, _op("reshape")(xx, (n,))), shape)
+
+
+# ------------------------------------------------------------------ views by index arithmetic
+
+
+@aten("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(cx, x, offset=0, dim1=0, dim2=1):
+    shape = static(cx, "diagonal", cx.shape_of(x))
+    n = len(shape)
+    d1, d2 = norm_axis(dim1, n), norm_axis(dim2, n)
+    others = [i for i in range(n) if i not in (d1, d2)]
+    n1, n2 = shape[d1], shape[d2]
+    rows = range(max(0, -offset), max(0, min(n1, n2 - offset)))
+    pos = np.array([i * n2 + i + offset for i in rows], dtype="int64")
+    if pos.size == 0:
+        return const(np.zeros(cx.out_shape, dtype=cx.out_dtype))
+    xt = _op("transpose")(x, tuple(others) + (d1, d2))
+    flat = _op("reshape")(xt, tuple(shape[i] for i in others) + (n1 * n2,))
+    return _op("take")(flat, const(pos), axis=len(others))
+
+
+@aten("aten.as_strided.default", "aten.as_strided_copy.default")
+def _as_strided(cx, x, size, stride, storage_offset=None):
+    """A strided view of ``x``'s (contiguous) elements: one ``take`` with the element positions."""
+    size = tuple(int(s) for s in size)
+    pos = np.full(size, int(storage_offset or 0), dtype="int64")
+    for k, (n, st) in enumerate(zip(size, stride)):
+        pos = pos + (np.arange(n, dtype="int64") * int(st)).reshape((1,) * k + (n,) + (1,) * (len(size) - k - 1))
+    if pos.size == 0:
+        return const(np.zeros(size, dtype=cx.dtype_of(x)))
+    numel = math.prod(static(cx, "as_strided", cx.shape_of(x)))
+    if pos.max() >= numel:
+        raise PullbackError(f"as_strided reads element {int(pos.max())} of a tensor of {numel} elements")
+    return _op("take")(_op("reshape")(x, (-1,)), const(pos))
+
+

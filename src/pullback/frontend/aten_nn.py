@@ -1,0 +1,677 @@
+"""ATen converters for neural-network operators: dropout and random draws, linear algebra, normalisation,
+convolution (1-D, 2-D, 3-D, transposed), pooling (1-D to 3-D), attention, losses, embeddings, and the
+``*_backward`` operators (through pullback's own gradient rules). Registered in ``aten_table.ATEN_TABLE``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..analysis.type_infer import infer_expr
+from ..ir.errors import PullbackError
+from ..ir.expr import Expr, const
+from ..ir.types import FLOAT_DTYPES
+from .aten_table import _op, aten, cast, scalar, static
+
+# ------------------------------------------------------------------ dropout and random draws
+
+
+def _stride(cx, i: int = 0):
+    v = cx.arg_val(i)
+    try:
+        return tuple(int(s) for s in v.stride())
+    except Exception:  # noqa: BLE001 - symbolic strides: contiguous
+        return None
+
+
+@aten("aten.native_dropout.default")
+def _native_dropout(cx, x, p, train=None):
+    """``(out, mask)``: in training, ``out = nn.dropout(x, %dropout_mask_K, rate=p)``; ``train=None`` means training."""
+    shape = cx.shape_of(x)
+    if train is False or p == 0.0:
+        return [x, _op("ones_like")(_op("cast")(x, "bool"))]
+    if p >= 1.0:
+        return [_op("zeros_like")(x), _op("zeros_like")(_op("cast")(x, "bool"))]
+    mask = cx.dropout_mask(shape, p, _stride(cx))
+    return [_op("nn.dropout")(x, mask, rate=float(p)), _op("cast")(mask, "bool")]
+
+
+@aten("aten.dropout.default", "aten.feature_dropout.default")
+def _dropout(cx, x, p, train):
+    return _native_dropout(cx, x, p, train)[0]
+
+
+@aten("aten.bernoulli.p")
+def _bernoulli_p(cx, x, p=0.5, generator=None):
+    """``torch.empty_like(x).bernoulli_(p)`` (values of ``x`` unused): a random input drawn the same way."""
+    return cx.random_input("bernoulli", cx.out_shape, cx.out_dtype, 1.0 - float(p), _stride(cx))
+
+
+def _random(kind: str):
+    def conv(cx, *args, **kwargs):
+        return cx.random_input(kind, static(cx, kind, cx.out_shape), cx.out_dtype)
+
+    return conv
+
+
+for _name, _kind in (("rand.default", "uniform"), ("rand_like.default", "uniform"), ("randn.default", "normal"),
+                     ("randn_like.default", "normal"), ("randperm.default", "randperm")):
+    aten(f"aten.{_name}")(_random(_kind))
+
+# ------------------------------------------------------------------ linear algebra
+
+
+@aten("aten.linear.default")
+def _linear(cx, x, w, b=None):
+    if cx.ndim_of(w) == 1:  # a vector weight: x @ w
+        y = _matmul(cx, x, w)
+    elif cx.ndim_of(x) == 1:
+        y = _op("squeeze")(_op("nn.dense")(_op("expand_dims")(x, 0), w), (0,))
+    else:
+        y = _op("nn.dense")(x, w)
+    return y if b is None else _op("add")(y, b)
+
+
+@aten("aten.addmm.default")
+def _addmm(cx, bias, a, b, beta=1, alpha=1):
+    dt = cx.out_dtype
+    y = _op("nn.matmul")(a, b)
+    if alpha != 1:
+        y = _op("multiply")(y, scalar(alpha, dt))
+    if beta == 0:
+        return y
+    return _op("add")(_op("multiply")(bias, scalar(beta, dt)) if beta != 1 else bias, y)
+
+
+@aten("aten.mm.default")
+def _mm(cx, a, b):
+    return _op("nn.matmul")(a, b)
+
+
+@aten("aten.bmm.default")
+def _bmm(cx, a, b):
+    return _op("nn.batch_matmul")(a, b, transpose_b=False)
+
+
+@aten("aten.matmul.default")
+def _matmul(cx, a, b):
+    """``torch.matmul`` for every rank: vectors get a unit dim, batch dims broadcast."""
+    sa, sb = cx.shape_of(a), cx.shape_of(b)
+    if 0 in sa or 0 in sb:  # an empty operand: zeros (an empty sum) of the result's shape
+        return _op("zeros")(static(cx, "matmul", cx.out_shape), cx.out_dtype)
+    if len(sa) == 1 and len(sb) == 1:
+        return _op("sum")(_op("multiply")(a, b))
+    if len(sa) == 1:
+        return _op("squeeze")(_matmul(cx, _op("expand_dims")(a, 0), b), (max(2, len(sb)) - 2,))
+    if len(sb) == 1:
+        return _op("squeeze")(_matmul(cx, a, _op("expand_dims")(b, 1)), (len(sa) - 1,))
+    if len(sa) == 2 and len(sb) == 2:
+        return _op("nn.matmul")(a, b)
+    if len(sb) == 2:  # (..., m, k) @ (k, n): fold the leading dims
+        m, k = static(cx, "matmul", sa[-2:])
+        flat = _op("reshape")(a, (-1, k))
+        return _op("reshape")(_op("nn.matmul")(flat, b), tuple(sa[:-1]) + (static(cx, "matmul", sb)[1],))
+    batch = tuple(np.broadcast_shapes(static(cx, "matmul", sa[:-2]), static(cx, "matmul", sb[:-2])))
+    a3 = _batched(cx, a, batch)
+    b3 = _batched(cx, b, batch)
+    out = _op("nn.batch_matmul")(a3, b3, transpose_b=False)
+    return _op("reshape")(out, batch + (sa[-2], sb[-1]))
+
+
+def _batched(cx, x, batch: tuple) -> Expr:
+    """``x`` broadcast to ``batch + x.shape[-2:]`` and flattened to rank 3."""
+    s = cx.shape_of(x)
+    full = batch + tuple(s[-2:])
+    if tuple(s) != full:
+        x = _op("broadcast_to")(x, full)
+    return _op("reshape")(x, (-1,) + tuple(s[-2:])) if len(full) != 3 else x
+
+
+# ------------------------------------------------------------------ normalisation
+
+
+def _vec_or(v: Optional[Expr], c: int, fill: float, dtype: str) -> Expr:
+    return v if v is not None else const(np.full((c,), fill, dtype=dtype))
+
+
+def _stats(cx, x, axes: tuple, eps: float, differentiable: bool = False) -> list:
+    """``[mean, rstd]`` over ``axes`` with the axes kept (PyTorch's saved statistics; layer and batch norm
+    pass no gradient back through them, as in PyTorch's derivatives, group norm does)."""
+    mean = _op("mean")(x, axes, True)
+    rstd = _op("rsqrt")(_op("add")(_op("variance")(x, axes, True), scalar(eps, cx.dtype_of(x))))
+    return [mean, rstd] if differentiable else [_op("stop_gradient")(mean), _op("stop_gradient")(rstd)]
+
+
+@aten("aten.layer_norm.default")
+def _layer_norm(cx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    shape, dt = cx.shape_of(x), cx.dtype_of(x)
+    k = len(normalized_shape)
+    n = int(np.prod(normalized_shape))
+    flat = x if k == 1 else _op("reshape")(x, tuple(static(cx, "layer_norm", shape[:-k])) + (n,))
+    w = _vec_or(weight, n, 1.0, dt) if k == 1 or weight is None else _op("reshape")(weight, (n,))
+    b = _vec_or(bias, n, 0.0, dt) if k == 1 or bias is None else _op("reshape")(bias, (n,))
+    y = _op("nn.layer_norm")(flat, w, b, axis=-1, epsilon=float(eps), scale=weight is not None, center=bias is not None)
+    return y if k == 1 else _op("reshape")(y, tuple(shape))
+
+
+@aten("aten.native_layer_norm.default")
+def _native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
+    n = cx.ndim_of(x)
+    axes = tuple(range(n - len(normalized_shape), n))
+    return [_layer_norm(cx, x, normalized_shape, weight, bias, eps)] + _stats(cx, x, axes, float(eps))
+
+
+def _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
+    shape, dt = cx.shape_of(x), cx.dtype_of(x)
+    c = shape[1]
+    no_stats = mean is None or var is None
+    if no_stats:  # track_running_stats=False: batch statistics, nothing to update
+        mean, var, training = const(np.zeros((c,), dt)), const(np.ones((c,), dt)), True
+    bn = _op("nn.batch_norm")(x, _vec_or(weight, c, 1.0, dt), _vec_or(bias, c, 0.0, dt), mean, var, axis=1,
+                              epsilon=float(eps), scale=weight is not None, center=bias is not None,
+                              training=bool(training), momentum=float(momentum))
+    axes = (0,) + tuple(range(2, len(shape)))
+    saved = [_op("reshape")(s, (c,)) for s in _stats(cx, x, axes, float(eps))] if training else [None, None]
+    return [bn[0], bn[1], bn[2]], saved
+
+
+@aten("aten._native_batch_norm_legit_functional.default")
+def _bn_functional(cx, x, weight, bias, mean, var, training, momentum, eps):
+    (out, new_mean, new_var), saved = _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps)
+    return [out] + saved + [new_mean, new_var]  # (out, save_mean, save_rstd, running_mean, running_var)
+
+
+@aten("aten._native_batch_norm_legit.default")
+def _bn_legit(cx, x, weight, bias, mean, var, training, momentum, eps):
+    (out, _, _), saved = _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps)
+    return [out] + saved
+
+
+@aten("aten._native_batch_norm_legit.no_stats")
+def _bn_no_stats(cx, x, weight, bias, training, momentum, eps):
+    (out, _, _), saved = _batch_norm(cx, x, weight, bias, None, None, True, momentum, eps)
+    return [out] + saved
+
+
+@aten("aten._native_batch_norm_legit_no_training.default")
+def _bn_no_training(cx, x, weight, bias, mean, var, momentum, eps):
+    return [_batch_norm(cx, x, weight, bias, mean, var, False, momentum, eps)[0][0], None, None]
+
+
+@aten("aten.native_batch_norm.default")
+def _native_batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
+    (out, _, _), saved = _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps)
+    return [out] + saved
+
+
+@aten("aten.native_group_norm.default")
+def _group_norm(cx, x, weight, bias, n, c, hxw, groups, eps):
+    """``(out, mean, rstd)``: layer norm over each group's channels and positions, then the per-channel affine."""
+    shape, dt = static(cx, "group_norm", cx.shape_of(x)), cx.dtype_of(x)
+    n, c, groups = int(shape[0]), int(shape[1]), int(groups)
+    k = int(np.prod(shape[1:])) // groups if groups else 0
+    xr = _op("reshape")(x, (n, groups, k))
+    y = _op("nn.layer_norm")(xr, const(np.ones((k,), dt)), const(np.zeros((k,), dt)), axis=-1, epsilon=float(eps),
+                             scale=False, center=False)
+    y = _op("reshape")(y, shape)
+    affine = (c,) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        y = _op("multiply")(y, _op("reshape")(weight, affine))
+    if bias is not None:
+        y = _op("add")(y, _op("reshape")(bias, affine))
+    mean, rstd = _stats(cx, xr, (2,), float(eps), differentiable=True)  # PyTorch differentiates through them
+    return [y, _op("reshape")(mean, (n, groups)), _op("reshape")(rstd, (n, groups))]
+
+
+# ------------------------------------------------------------------ convolution
+
+
+def _tuple(v, n: int, default=None) -> tuple:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return default if default is not None else (0,) * n
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(int(a) for a in v)
+    return v * n if len(v) == 1 else v
+
+
+def _pair(v, default=None) -> tuple:
+    return _tuple(v, 2, default)
+
+
+def _conv2d_call(cx, x, w, stride, padding, dilation, groups, transposed=False, output_padding=(0, 0)):
+    if transposed:
+        return _op("nn.conv2d_transpose")(x, w, strides=stride, padding=padding, dilation=dilation, groups=int(groups),
+                                          output_padding=output_padding)
+    return _op("nn.conv2d")(x, w, strides=stride, padding=padding, dilation=dilation, groups=int(groups))
+
+
+def _bias(y, b, spatial: int):
+    if b is None:
+        return y
+    return _op("add")(y, _op("reshape")(b, (-1,) + (1,) * spatial))
+
+
+def _convnd(cx, x, w, b, stride, padding, dilation, transposed=False, output_padding=0, groups=1):
+    if isinstance(padding, str):
+        raise PullbackError(f"convolution with padding={padding!r} is not supported (give explicit sizes)")
+    nd = cx.ndim_of(w) - 2
+    if nd not in (1, 2, 3):
+        raise PullbackError(f"convolution with a rank-{cx.ndim_of(w)} weight is not supported (1-D, 2-D and 3-D)")
+    if cx.ndim_of(x) == nd + 1:  # unbatched (C, ...): a batch of one
+        return _op("squeeze")(_convnd(cx, _op("expand_dims")(x, 0), w, b, stride, padding, dilation, transposed,
+                                      output_padding, groups), (0,))
+    if nd == 1:  # (N, C, L) -> (N, C, 1, L)
+        s, p, d, op_ = (_tuple(v, 1) for v in (stride, padding, dilation, output_padding))
+        y = _conv2d_call(cx, _op("expand_dims")(x, 2), _op("expand_dims")(w, 2), (1,) + s, (0,) + p, (1,) + d, groups,
+                         transposed, (0,) + op_)
+        return _bias(_op("squeeze")(y, (2,)), b, 1)
+    if nd == 2:
+        y = _conv2d_call(cx, x, w, _pair(stride), _pair(padding), _pair(dilation), groups, transposed, _pair(output_padding))
+        return _bias(y, b, 2)
+    if transposed:
+        raise PullbackError("3-D transposed convolution is not supported")
+    return _bias(_conv3d(cx, x, w, _tuple(stride, 3), _tuple(padding, 3), _tuple(dilation, 3), int(groups)), b, 3)
+
+
+def _conv3d(cx, x, w, stride, padding, dilation, groups):
+    """A 3-D convolution as one 2-D convolution: the ``kd`` depth taps become input channels and the output
+    depths join the batch (memory ``kd`` times the input)."""
+    n, c, d, h, wd = static(cx, "conv3d", cx.shape_of(x))
+    o, cg, kd, kh, kw = static(cx, "conv3d", cx.shape_of(w))
+    sd, pd, dd = stride[0], padding[0], dilation[0]
+    if pd:
+        x = _op("nn.pad")(x, ((0, 0), (0, 0), (pd, pd), (0, 0), (0, 0)), 0.0, "constant")
+    dp = d + 2 * pd
+    do = (dp - dd * (kd - 1) - 1) // sd + 1
+    taps = [_op("strided_slice")(x, (k * dd,), (k * dd + (do - 1) * sd + 1,), (sd,), (2,)) for k in range(kd)]
+    s = _op("stack")(taps, 2)  # (N, C, kd, Do, H, W)
+    s = _op("reshape")(s, (n, groups, cg, kd, do, h, wd))
+    s = _op("transpose")(s, (0, 4, 1, 3, 2, 5, 6))  # (N, Do, G, kd, Cg, H, W)
+    s = _op("reshape")(s, (n * do, groups * kd * cg, h, wd))
+    w2 = _op("reshape")(_op("transpose")(w, (0, 2, 1, 3, 4)), (o, kd * cg, kh, kw))
+    y = _conv2d_call(cx, s, w2, stride[1:], padding[1:], dilation[1:], groups)
+    ho, wo = static(cx, "conv3d", infer_expr(y).shape[2:])
+    return _op("transpose")(_op("reshape")(y, (n, do, o, ho, wo)), (0, 2, 1, 3, 4))
+
+
+@aten("aten.conv2d.default")
+def _conv2d(cx, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    return _convnd(cx, x, w, b, stride, padding, dilation, groups=groups)
+
+
+@aten("aten.convolution.default")
+def _convolution(cx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    return _convnd(cx, x, w, b, stride, padding, dilation, bool(transposed), output_padding, groups)
+
+
+@aten("aten.convolution_backward.default")
+def _convolution_backward(cx, g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                          output_mask):
+    """``(grad_input, grad_weight, grad_bias)`` of a 2-D convolution, from ``nn.conv2d``'s gradient rule."""
+    if cx.ndim_of(x) != 4:
+        raise PullbackError("convolution_backward is supported for 2-D convolutions only")
+    call = _conv2d_call(cx, x, w, _pair(stride), _pair(padding), _pair(dilation), groups, bool(transposed),
+                        _pair(output_padding))
+    infer_expr(call)
+    gx, gw = call.op.grad(call, g)
+    gb = _op("sum")(g, (0, 2, 3), False) if bias_sizes is not None else None
+    return [gx if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None]
+
+
+# ------------------------------------------------------------------ pooling
+
+
+def _pool_args(nd: int, kernel_size, stride, padding, dilation) -> tuple:
+    k = _tuple(kernel_size, nd)
+    return k, _tuple(stride, nd, k), _tuple(padding, nd), _tuple(dilation, nd, (1,) * nd)
+
+
+def _pool2d(kind: str, x, k, s, p, d, ceil_mode, count_include_pad=True):
+    if kind == "max":
+        return _op("nn.max_pool2d")(x, pool_size=k, strides=s, padding=p, dilation=d, ceil_mode=bool(ceil_mode))
+    return _op("nn.avg_pool2d")(x, pool_size=k, strides=s, padding=p, ceil_mode=bool(ceil_mode),
+                                count_include_pad=bool(count_include_pad))
+
+
+def _pool_nd(cx, kind: str, x, k, s, p, d, ceil_mode, count_include_pad=True):
+    """1-D, 2-D and 3-D max/avg pooling through ``nn.*_pool2d``: a 1-D pool is a 2-D pool with a unit height;
+    a 3-D pool is a pool over (H, W) then one over D (both are separable: windows are boxes)."""
+    nd = len(k)
+    if cx.ndim_of(x) == nd + 1:  # unbatched (C, ...)
+        return _op("squeeze")(_pool_nd(cx, kind, _op("expand_dims")(x, 0), k, s, p, d, ceil_mode, count_include_pad), (0,))
+    if nd == 2:
+        return _pool2d(kind, x, k, s, p, d, ceil_mode, count_include_pad)
+    if nd == 1:
+        y = _pool2d(kind, _op("expand_dims")(x, 2), (1,) + k, (1,) + s, (0,) + p, (1,) + d, ceil_mode, count_include_pad)
+        return _op("squeeze")(y, (2,))
+    n, c, dd, h, w = static(cx, "3-D pooling", cx.shape_of(x))
+    y = _pool2d(kind, _op("reshape")(x, (n, c * dd, h, w)), k[1:], s[1:], p[1:], d[1:], ceil_mode, count_include_pad)
+    ho, wo = static(cx, "3-D pooling", infer_expr(y).shape[2:])
+    y = _pool2d(kind, _op("reshape")(y, (n, c, dd, ho * wo)), (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), ceil_mode,
+                count_include_pad)
+    do = static(cx, "3-D pooling", infer_expr(y).shape)[2]
+    return _op("reshape")(y, (n, c, do, ho, wo))
+
+
+def _max_pool(nd: int):
+    def conv(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        k, s, p, d = _pool_args(nd, kernel_size, stride, padding, dilation)
+        return _pool_nd(cx, "max", x, k, s, p, d, ceil_mode)
+
+    return conv
+
+
+def _with_indices(nd: int):
+    """``(values, indices)``; the indices (flat positions in each channel's plane, PyTorch's convention) read a
+    position map at each window's first maximum (``nn.max_pool2d_gather``); 1-D and 2-D pools only."""
+
+    def conv(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        values = _max_pool(nd)(cx, x, kernel_size, stride, padding, dilation, ceil_mode)
+        if nd == 3 or cx.ndim_of(x) != nd + 2:
+            return [values, None]  # not converted: an error names them if they are used
+        k, s, p, d = _pool_args(nd, kernel_size, stride, padding, dilation)
+        shape = static(cx, "max_pool indices", cx.shape_of(x))
+        plane = math.prod(shape[2:])
+        positions = const(np.broadcast_to(np.arange(plane, dtype=cx.dtype_of(x)).reshape(shape[2:]), shape).copy())
+        x2, pos2 = (x, positions) if nd == 2 else (_op("expand_dims")(x, 2), _op("expand_dims")(positions, 2))
+        k, s, p, d = (k, s, p, d) if nd == 2 else ((1,) + k, (1,) + s, (0,) + p, (1,) + d)
+        idx = _op("nn.max_pool2d_gather")(x2, pos2, pool_size=k, strides=s, padding=p, dilation=d, ceil_mode=bool(ceil_mode))
+        idx = _op("cast")(idx if nd == 2 else _op("squeeze")(idx, (2,)), "int64")
+        return [values, idx]
+
+    return conv
+
+
+for _nd in (1, 2, 3):
+    aten(f"aten.max_pool{_nd}d.default")(_max_pool(_nd))
+    aten(f"aten.max_pool{_nd}d_with_indices.default")(_with_indices(_nd))
+
+
+def _avg_pool(nd: int):
+    def conv(cx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        k, s, p, d = _pool_args(nd, kernel_size, stride, padding, 1)
+        out = _pool_nd(cx, "avg", x, k, s, p, d, ceil_mode, count_include_pad or divisor_override is not None)
+        if divisor_override is None:
+            return out
+        counts = _window_counts(static(cx, "avg_pool with divisor_override", cx.shape_of(x))[-nd:], k, s, p,
+                                static(cx, "avg_pool", infer_expr(out).shape)[-nd:])
+        return _op("multiply")(out, const((counts / float(divisor_override)).astype(cx.dtype_of(x))))
+
+    return conv
+
+
+def _window_counts(size, k, s, p, out) -> np.ndarray:
+    """PyTorch's padded window sizes (windows clipped to the padded input) per output position."""
+    counts = np.ones((), dtype="float64")
+    for n, kk, ss, pp, o in zip(size, k, s, p, out):
+        start = np.arange(o) * ss - pp
+        axis = np.minimum(start + kk, n + pp) - start
+        counts = np.multiply.outer(counts, axis.astype("float64"))
+    return counts
+
+
+for _nd in (1, 2, 3):
+    aten(f"aten.avg_pool{_nd}d.default")(_avg_pool(_nd))
+
+
+def _adaptive(nd: int):
+    def conv(cx, x, output_size):
+        out = _tuple(output_size, nd)
+        if cx.ndim_of(x) == nd + 1:
+            return _op("squeeze")(conv(cx, _op("expand_dims")(x, 0), output_size), (0,))
+        if nd == 2:
+            return _op("nn.adaptive_avg_pool2d")(x, output_size=out)
+        if nd == 1:
+            return _op("squeeze")(_op("nn.adaptive_avg_pool2d")(_op("expand_dims")(x, 2), output_size=(1,) + out), (2,))
+        n, c, d, h, w = static(cx, "adaptive 3-D pooling", cx.shape_of(x))
+        y = _op("nn.adaptive_avg_pool2d")(_op("reshape")(x, (n, c * d, h, w)), output_size=out[1:])
+        y = _op("nn.adaptive_avg_pool2d")(_op("reshape")(y, (n, c, d, out[1] * out[2])), output_size=(out[0], out[1] * out[2]))
+        return _op("reshape")(y, (n, c) + out)
+
+    return conv
+
+
+aten("aten.adaptive_avg_pool1d.default")(_adaptive(1))
+aten("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")(_adaptive(2))
+aten("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")(_adaptive(3))
+
+
+def _grad_of(call: Expr, g: Expr) -> Expr:
+    """The gradient of ``call``'s first argument for the cotangent ``g`` (its operator's rule)."""
+    infer_expr(call)
+    return call.op.grad(call, g)[0]
+
+
+@aten("aten.avg_pool2d_backward.default")
+def _avg_pool2d_backward(cx, g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+    if divisor_override is not None:
+        raise PullbackError("avg_pool2d_backward with divisor_override is not supported")
+    k, s, p, d = _pool_args(2, kernel_size, stride, padding, 1)
+    return _grad_of(_pool2d("avg", x, k, s, p, d, ceil_mode, count_include_pad), g)
+
+
+@aten("aten.max_pool2d_with_indices_backward.default")
+def _max_pool2d_backward(cx, g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    k, s, p, d = _pool_args(2, kernel_size, stride, padding, dilation)
+    return _grad_of(_pool2d("max", x, k, s, p, d, ceil_mode), g)
+
+
+@aten("aten._adaptive_avg_pool2d_backward.default")
+def _adaptive_backward(cx, g, x):
+    return _grad_of(_op("nn.adaptive_avg_pool2d")(x, output_size=tuple(cx.shape_of(g)[-2:])), g)
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _broadcast(cx, x, shape: tuple) -> Expr:
+    return x if tuple(cx.shape_of(x)) == shape else _op("broadcast_to")(x, shape)
+
+
+@aten("aten.scaled_dot_product_attention.default")
+def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``softmax(q k^T * scale + mask) v`` over (B..., L, E) batches that broadcast; a boolean mask keeps where
+    True, a float mask is added, ``is_causal`` keeps the lower triangle; rows with every position masked give 0
+    (PyTorch's safe softmax); dropout gets a mask parameter."""
+    sq, sk, sv = (static(cx, "scaled_dot_product_attention", cx.shape_of(t)) for t in (q, k, v))
+    dt = cx.dtype_of(q)
+    if enable_gqa and len(sq) >= 3 and sk[-3] != sq[-3]:
+        rep = sq[-3] // sk[-3]
+        k, v = _op("repeat")(k, rep, len(sk) - 3), _op("repeat")(v, rep, len(sv) - 3)
+        sk, sv = sk[:-3] + (sq[-3],) + sk[-2:], sv[:-3] + (sq[-3],) + sv[-2:]
+    L, S, E, Ev = sq[-2], sk[-2], sq[-1], sv[-1]
+    mshape = () if attn_mask is None else static(cx, "attention mask", cx.shape_of(attn_mask))
+    batch = tuple(np.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2], tuple(mshape[:-2])))
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    q3 = _op("reshape")(_broadcast(cx, q, batch + (L, E)), (-1, L, E))
+    k3 = _op("reshape")(_broadcast(cx, k, batch + (S, E)), (-1, S, E))
+    v3 = _op("reshape")(_broadcast(cx, v, batch + (S, Ev)), (-1, S, Ev))
+    s = _op("nn.batch_matmul")(_op("multiply")(q3, scalar(scale, dt)), k3, transpose_b=True)
+    s = _op("reshape")(s, batch + (L, S))
+    keep = None
+    if is_causal:
+        keep = const(np.tril(np.ones((L, S), dtype=bool)))
+    if attn_mask is not None:
+        if cx.dtype_of(attn_mask) == "bool":
+            keep = attn_mask if keep is None else _op("logical_and")(keep, attn_mask)
+        else:
+            s = _op("add")(s, cast(cx, attn_mask, dt))
+    if keep is not None:
+        s = _op("where")(keep, s, scalar(-np.inf, dt))
+    p = _op("nn.softmax")(s, axis=-1)
+    if attn_mask is not None:  # a row masked everywhere: 0, not NaN
+        empty = _op("equal")(_op("max")(s, (len(batch) + 1,), True), scalar(-np.inf, dt))
+        p = _op("where")(empty, scalar(0.0, dt), p)
+    if dropout_p > 0.0:
+        p = _op("nn.dropout")(p, cx.dropout_mask(batch + (L, S), dropout_p), rate=float(dropout_p))
+    out = _op("nn.batch_matmul")(_op("reshape")(p, (-1, L, S)), v3, transpose_b=False)
+    return _op("reshape")(out, batch + (L, Ev))
+
+
+# ------------------------------------------------------------------ losses and embeddings
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _class_last(cx, x, target):
+    """(N*d..., C) predictions and (N*d...,) targets from (N, C, d...) / (N, d...) or (C,) / ()."""
+    shape = cx.shape_of(x)
+    if len(shape) > 2:
+        shape = static(cx, "nll_loss on (N, C, d...) data", shape)
+    if len(shape) == 1:
+        return _op("expand_dims")(x, 0), _op("reshape")(target, (1,)), ()
+    if len(shape) == 2:
+        return x, target, (shape[0],)
+    perm = (0,) + tuple(range(2, len(shape))) + (1,)
+    flat = _op("reshape")(_op("transpose")(x, perm), (-1, shape[1]))
+    return flat, _op("reshape")(target, (-1,)), (shape[0],) + tuple(shape[2:])
+
+
+def _nll(cx, logp, target, weight, reduction, ignore_index):
+    shape = cx.shape_of(logp)
+    c = shape[1] if len(shape) > 1 else shape[0]
+    w = weight if weight is not None else const(np.ones((c,), dtype=cx.dtype_of(logp)))
+    p2, t1, out_shape = _class_last(cx, logp, target)
+    red = _REDUCTIONS[reduction] if isinstance(reduction, int) else reduction
+    loss = _op("nn.nll_loss")(p2, t1, w, reduction=red, ignore_index=int(ignore_index))
+    return _op("reshape")(loss, out_shape) if red == "none" and len(out_shape) != 1 else loss
+
+
+@aten("aten.cross_entropy_loss.default")
+def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    axis = 1 if cx.ndim_of(x) > 1 else 0
+    logp = _op("nn.log_softmax")(x, axis=axis)
+    dt = cx.dtype_of(x)
+    c = cx.shape_of(x)[axis]
+    red = _REDUCTIONS[reduction]
+    if cx.dtype_of(target) in FLOAT_DTYPES:  # class probabilities
+        if label_smoothing:
+            target = _op("add")(_op("multiply")(target, scalar(1 - label_smoothing, dt)), scalar(label_smoothing / c, dt))
+        wl = _op("multiply")(logp, _op("reshape")(weight, (c,) + (1,) * (cx.ndim_of(x) - axis - 1))) if weight is not None else logp
+        loss = _op("negative")(_op("sum")(_op("multiply")(wl, target), (axis,), False))
+        if red == "none":
+            return loss
+        total = _op("sum")(loss)
+        if red == "sum":
+            return total
+        shape = static(cx, "cross_entropy with probabilities", cx.shape_of(x))
+        n = math.prod(shape) // c if cx.ndim_of(x) > 1 else 1  # the mean is over every (sample, position)
+        return _op("divide")(total, scalar(n, dt))
+    nll = _nll(cx, logp, target, weight, reduction, ignore_index)
+    if not label_smoothing:
+        return nll
+    # PyTorch: (1 - eps) * nll + eps / C * smooth, smooth = -sum_c w_c logp_c (ignored targets give 0)
+    wl = logp if weight is None else _op("multiply")(logp, _op("reshape")(weight, (c,) + (1,) * (cx.ndim_of(x) - axis - 1)))
+    smooth = _op("negative")(_op("sum")(wl, (axis,), False))
+    valid = _op("not_equal")(target, scalar(ignore_index, cx.dtype_of(target)))
+    smooth = _op("where")(valid, smooth, scalar(0.0, dt))
+    if red == "sum":
+        smooth = _op("sum")(smooth)
+    elif red == "mean":
+        if weight is None:
+            denom = _op("sum")(_op("cast")(valid, dt))
+        else:
+            picked = _op("take")(weight, _op("where")(valid, target, scalar(0, cx.dtype_of(target))), axis=0)
+            denom = _op("sum")(_op("where")(valid, picked, scalar(0.0, dt)))
+        smooth = _op("divide")(_op("sum")(smooth), denom)
+    return _op("add")(_op("multiply")(nll, scalar(1 - label_smoothing, dt)), _op("multiply")(smooth, scalar(label_smoothing / c, dt)))
+
+
+@aten("aten.nll_loss.default", "aten.nll_loss_nd.default", "aten.nll_loss2d.default")
+def _nll_loss(cx, logp, target, weight=None, reduction=1, ignore_index=-100):
+    return _nll(cx, logp, target, weight, reduction, ignore_index)
+
+
+@aten("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
+def _nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
+    return [_nll(cx, logp, target, weight, reduction, ignore_index), None]
+
+
+@aten("aten.embedding.default")
+def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight (PyTorch's rule)."""
+    if scale_grad_by_freq:
+        raise PullbackError("embedding with scale_grad_by_freq=True is not supported")
+    out = _op("take")(w, idx, axis=0)
+    if padding_idx is None or padding_idx < 0:
+        return out
+    pad = _op("expand_dims")(_op("equal")(idx, scalar(padding_idx, cx.dtype_of(idx))), cx.ndim_of(idx))
+    return _op("where")(pad, _op("stop_gradient")(out), out)
+
+
+
+
+# ------------------------------------------------------------------ distances and bags of embeddings
+
+
+def _zero_safe(s: Expr, fn, dt: str) -> Expr:
+    """``fn(s)`` with 0 where ``s == 0`` and a zero gradient there (a norm's kink, as PyTorch's cdist backward)."""
+    zero = _op("equal")(s, scalar(0, dt))
+    return _op("where")(zero, scalar(0, dt), fn(_op("where")(zero, scalar(1, dt), s)))
+
+
+def _pnorm_last(cx, d: Expr, p: float, dt: str) -> Expr:
+    if p == 2:
+        return _zero_safe(_op("sum")(_op("multiply")(d, d), (-1,), False), _op("sqrt"), dt)
+    a = _op("abs")(d)
+    if p == 1:
+        return _op("sum")(a, (-1,), False)
+    if p == math.inf:
+        return _op("max")(a, (-1,), False)
+    if p == 0:
+        return _op("sum")(_op("cast")(_op("not_equal")(d, scalar(0, dt)), dt), (-1,), False)
+    s = _op("sum")(_op("power")(a, scalar(p, dt)), (-1,), False)
+    return _zero_safe(s, lambda v: _op("power")(v, scalar(1.0 / p, dt)), dt)
+
+
+@aten("aten._cdist_forward.default")
+def _cdist(cx, x1, x2, p, compute_mode=None):
+    """``(..., P, M), (..., R, M) -> (..., P, R)`` p-norm distances."""
+    d = _op("subtract")(_op("expand_dims")(x1, cx.ndim_of(x1) - 1), _op("expand_dims")(x2, cx.ndim_of(x2) - 2))
+    return _pnorm_last(cx, d, float(p), cx.dtype_of(x1))
+
+
+@aten("aten._pdist_forward.default")
+def _pdist(cx, x, p=2.0):
+    """The upper triangle (i < j, row-major) of the pairwise distances of the rows of ``x``."""
+    n = static(cx, "pdist", cx.shape_of(x))[0]
+    if n < 2:
+        return const(np.zeros((0,), dtype=cx.dtype_of(x)))
+    d = _op("subtract")(_op("expand_dims")(x, 1), _op("expand_dims")(x, 0))
+    full = _op("reshape")(_pnorm_last(cx, d, float(p), cx.dtype_of(x)), (n * n,))
+    pos = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], dtype="int64")
+    return _op("take")(full, const(pos), axis=0)
+
+
+@aten("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
+def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                   include_last_offset=False, padding_idx=-1):
+    """``(output, offset2bag, bag_size, max_indices)`` for ``sum`` and ``mean`` bags (``max`` is not supported)."""
+    if mode not in (0, 1) or scale_grad_by_freq:
+        raise PullbackError("embedding_bag supports mode 'sum' and 'mean' without scale_grad_by_freq")
+    dt, it = cx.dtype_of(weight), cx.dtype_of(indices)
+    n = static(cx, "embedding_bag", cx.shape_of(indices))[0]
+    nb = static(cx, "embedding_bag", cx.shape_of(offsets))[0] - (1 if include_last_offset else 0)
+    starts = _op("strided_slice")(_int64_of(cx, offsets), (1,), (nb,), (1,), (0,))
+    positions = _op("arange")(0, n, 1, "int64")
+    bag = _op("sum")(_op("cast")(_op("less_equal")(_op("expand_dims")(starts, 0), _op("expand_dims")(positions, 1)), "int64"),
+                     (1,), False)
+    rows = _op("take")(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = _op("multiply")(rows, _op("expand_dims")(per_sample_weights, 1))
+    valid = _op("not_equal")(indices, scalar(padding_idx if padding_idx is not None else -1, it))
+    rows = _op("where")(_op("expand_dims")(valid, 1), rows, scalar(0, dt))
+    d = static(cx, "embedding_bag", cx.shape_of(weight))[1]
+    out = _op("index_add")(const(np.zeros((nb, d), dtype=dt)), bag, rows, axis=0)
+    count = _op("index_add")(const(np.zeros((nb,), dtype=dt)), bag, _op("cast")(valid, dt), axis=0)
+    if mode == 1:
+        out = _op("divide")(out, _op("expand_dims")(_op("maximum")(count, scalar(1, dt)), 1))
+    return [out, bag, _op("cast")(count, "int64"), None]
+
+
+def _int64_of(cx, x):
+    return cast(cx, x, "int64")

@@ -1,0 +1,242 @@
+"""What an ATen converter may ask while the importer converts one FX node (``ConvertContext``), the random
+inputs that keep imported programs pure (``RandomInput``), and where a node came from in the user's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..analysis.type_infer import infer_expr
+from ..ir.errors import PullbackError
+from ..ir.expr import Expr, Var
+from ..ir.types import DTYPES, Any, TensorType
+
+RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm")
+
+
+@dataclass(frozen=True)
+class RandomInput:
+    """A random input parameter of ``@main``, drawn at each call exactly as eager PyTorch draws it.
+
+    ``kind``: ``bernoulli`` (0/1 values, 1 with probability ``1 - rate``: a dropout mask, ``rate`` being the
+    drop rate), ``uniform`` (``torch.rand``), ``normal`` (``torch.randn``) or ``randperm`` (a permutation of
+    ``shape[0]``). ``stride``: the strides eager fills the tensor in (``empty_like`` of a permuted input is
+    permuted too), or None for contiguous.
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+    rate: float = 0.0
+    kind: str = "bernoulli"
+    stride: Optional[tuple] = None
+
+    def draw(self, batch: Optional[int] = None):
+        """A fresh value (a torch tensor, contiguous) consuming PyTorch's RNG as eager does; ``batch`` gives the
+        size of a dynamic (None) dimension."""
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        shape = tuple(batch if d is None else d for d in self.shape)
+        if None in shape:
+            raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
+        if self.kind == "randperm":
+            return torch.randperm(shape[0], dtype=dtype)
+        if self.kind == "uniform":
+            return torch.rand(shape, dtype=dtype)
+        if self.kind == "normal":
+            return torch.randn(shape, dtype=dtype)
+        t = torch.empty_strided(shape, self.stride, dtype=dtype) if self.stride else torch.empty(shape, dtype=dtype)
+        return t.bernoulli_(1.0 - self.rate).contiguous()
+
+
+DropoutMask = RandomInput  # the name of earlier releases (a dropout mask is a bernoulli random input)
+
+
+def torch_dtype_name(dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise PullbackError(f"from_torch: dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
+    return name
+
+
+def static_dim(d):
+    """An int for a static torch dimension, ``Any`` for a symbolic one (a ``SymInt`` without a constant value)."""
+    if isinstance(d, int):
+        return d
+    node = getattr(d, "node", None)
+    value = node.maybe_as_int() if node is not None and hasattr(node, "maybe_as_int") else None
+    return int(value) if value is not None else Any
+
+
+def torch_shape(shape) -> tuple:
+    """A pullback shape from a torch size: ints, ``Any`` where symbolic."""
+    return tuple(static_dim(d) for d in shape)
+
+
+# ------------------------------------------------------------------ source lines
+
+
+def _statement(path: str, lineno: int) -> str:
+    """The whole statement of ``path`` that contains line ``lineno`` (all its lines, stripped and joined)."""
+    lines = linecache.getlines(path)
+    if not lines or lineno > len(lines):
+        return ""
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return lines[lineno - 1].strip()
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While,
+                                     ast.With, ast.Try)) or node.lineno == lineno:
+                if best is None or node.lineno >= best.lineno:
+                    best = node
+    if best is None:
+        return lines[lineno - 1].strip()
+    end = best.end_lineno or best.lineno
+    if isinstance(best, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)):
+        end = best.lineno
+    return " ".join(line.strip() for line in lines[best.lineno - 1:end])
+
+
+def source_line(node) -> str:
+    """Where ``node`` came from: ``file:line in function: <the whole statement>`` (the innermost user frame of
+    ``node.meta["stack_trace"]``), or the node's name when torch recorded no trace."""
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    for i in range(len(trace) - 1, -1, -1):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', trace[i])
+        if m:
+            path, lineno, fn = m.group(1), int(m.group(2)), m.group(3)
+            code = _statement(path, lineno) or (trace[i + 1].strip() if i + 1 < len(trace) else "")
+            return f"{path}:{lineno} in {fn}" + (f" ({code})" if code else "")
+    return f"node %{node.name} (no stack trace)"
+
+
+# ------------------------------------------------------------------ the converter's context
+
+
+class Names:
+    """Fresh ``%name``s: a suffix ``_1``, ``_2``... when a name is taken."""
+
+    def __init__(self):
+        self.used: set[str] = set()
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            name, k = f"{base}_{k}", k + 1
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class Shaped:
+    """A value's shape and dtype when there is no torch value to read them from."""
+
+    shape: tuple
+    dtype_name: str
+
+    @property
+    def dtype(self):
+        return self.dtype_name
+
+
+class ConvertContext:
+    """What a converter may ask about the node it converts (see ``aten_table``)."""
+
+    def __init__(self, names: Names):
+        self.node = None
+        self._meta: dict[int, tuple] = {}
+        self._names = names
+        self.masks: list[RandomInput] = []
+        self.mask_vars: list[Var] = []
+
+    def record(self, expr: Expr, val) -> None:
+        if isinstance(expr, Expr) and hasattr(val, "shape") and hasattr(val, "dtype"):
+            self._meta[id(expr)] = (torch_shape(val.shape), torch_dtype_name(val.dtype))
+
+    def _info(self, e: Expr) -> tuple:
+        info = self._meta.get(id(e))
+        if info is None:
+            t = infer_expr(e)  # an expression a converter built (its operands are typed Vars/recorded)
+            if not isinstance(t, TensorType):
+                raise PullbackError(f"from_torch: an operand of %{self.node.name} is not a tensor ({t!r})")
+            info = self._meta[id(e)] = (tuple(t.shape), t.dtype)
+        return info
+
+    def shape_of(self, e: Expr) -> tuple:
+        return self._info(e)[0]
+
+    def dtype_of(self, e: Expr) -> str:
+        return self._info(e)[1]
+
+    def ndim_of(self, e: Expr) -> int:
+        return len(self._info(e)[0])
+
+    @property
+    def val(self):
+        """The torch (fake) value of the node's result."""
+        return self.node.meta.get("val")
+
+    def arg_val(self, i: int):
+        """The torch value of the node's argument ``i`` (a fake tensor, a Python value, or None)."""
+        args = self.node.args
+        if i >= len(args):
+            return None
+        a = args[i]
+        return a.meta.get("val") if hasattr(a, "meta") else a
+
+    @property
+    def out_shape(self) -> tuple:
+        return torch_shape(self.val.shape)
+
+    @property
+    def out_shapes(self) -> list:
+        return [torch_shape(v.shape) if v is not None else None for v in self.val]
+
+    @property
+    def out_dtype(self) -> str:
+        v = self.val
+        if isinstance(v, (list, tuple)):
+            v = next(x for x in v if hasattr(x, "dtype"))
+        return torch_dtype_name(v.dtype)
+
+    def random_input(self, kind: str, shape: Sequence, dtype: str, rate: float = 0.0, stride=None) -> Var:
+        """A new random input parameter (see ``RandomInput``); ``bernoulli`` ones are named ``%dropout_mask_K``."""
+        prefix = "dropout_mask" if kind == "bernoulli" else kind
+        name = self._names.fresh(f"{prefix}_{len(self.masks)}")
+        shape = tuple(Any if d is Any else int(d) for d in shape)
+        static = Any not in shape
+        stride = tuple(int(s) for s in stride) if static and stride is not None and _dense_permuted(shape, stride) else None
+        v = Var(name, TensorType(shape, dtype))
+        self.masks.append(RandomInput(name, tuple(None if d is Any else d for d in shape), dtype, float(rate), kind, stride))
+        self.mask_vars.append(v)
+        self.record(v, Shaped(shape, dtype))
+        return v
+
+    def dropout_mask(self, shape: Sequence[int], rate: float, stride=None) -> Var:
+        """A dropout mask parameter ``%dropout_mask_K``: 0/1 values in the data's dtype, 1 with probability
+        ``1 - rate``, filled in ``stride`` order as eager's ``empty_like(x).bernoulli_(1 - rate)``."""
+        return self.random_input("bernoulli", shape, self.out_dtype, rate, stride)
+
+
+def _dense_permuted(shape: tuple, stride: tuple) -> bool:
+    """``stride`` is a permutation of a contiguous layout other than the contiguous one itself."""
+    order = sorted(range(len(shape)), key=lambda i: (stride[i], -i), reverse=True)
+    expect, ok = 1, True
+    for i in reversed(order):
+        if shape[i] != 1 and stride[i] != expect:
+            ok = False
+        expect *= max(shape[i], 1)
+    contiguous = all(stride[i] >= stride[i + 1] for i in range(len(stride) - 1))
+    return ok and not contiguous
+
+
+__all__ = ["ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
+           "torch_shape", "static_dim", "RANDOM_KINDS"]

@@ -1,0 +1,373 @@
+"""The importer checked against PyTorch's own operator tests (OpInfo, ``op_db``).
+
+For every OpInfo that exercises a Core ATen operator (``OPINFOS``), each sample
+input (float32 and float64) goes through ``torch.export`` -> ``import_exported``
+-> the numpy target, and its values and gradients (``FirstOrderGradient`` in
+``vjp`` mode, a random cotangent) are compared with eager PyTorch and autograd.
+Each sample ends ``passed``, ``skipped`` (with the reason: torch.export refused
+it, a dtype pullback lacks, a limit the importer reports) or ``failed`` (a wrong
+value or gradient, or a crash). ``scripts/opinfo_report.py`` runs every sample
+and writes ``docs/opinfo.md``; the test suite runs a few samples per operator.
+
+A developer tool: needs torch (and ``expecttest``, which ``op_db`` imports).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from ..ir.errors import PullbackError
+from ..ir.types import DTYPES
+
+# core packet (or converted composite) -> OpInfo names (``name`` or ``name.variant``) beyond the ones whose
+# ``aten_name`` already names it
+ALIASES: dict[str, tuple] = {
+    "_softmax": ("softmax",), "_log_softmax": ("log_softmax",),
+    "convolution": ("nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d", "nn.functional.conv_transpose1d",
+                    "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d"),
+    "embedding": ("nn.functional.embedding",), "native_dropout": ("nn.functional.dropout",),
+    "upsample_nearest2d": ("nn.functional.interpolate.nearest", "nn.functional.upsample_nearest"),
+    "upsample_bilinear2d": ("nn.functional.interpolate.bilinear", "nn.functional.upsample_bilinear"),
+    "_adaptive_avg_pool2d": ("nn.functional.adaptive_avg_pool2d",), "_adaptive_avg_pool3d": ("nn.functional.adaptive_avg_pool3d",),
+    "adaptive_avg_pool1d": ("nn.functional.adaptive_avg_pool1d",),
+    "max_pool2d_with_indices": ("nn.functional.max_pool2d", "nn.functional.max_pool1d"),
+    "max_pool3d_with_indices": ("nn.functional.max_pool3d",), "elu": ("nn.functional.elu",),
+    "reflection_pad2d": ("nn.functional.pad.reflect",), "replication_pad2d": ("nn.functional.pad.replicate",),
+    "_cdist_forward": ("cdist",), "_pdist_forward": ("nn.functional.pdist",), "_embedding_bag": ("nn.functional.embedding_bag",),
+    "_fft_r2c": ("fft.rfft",), "_fft_c2r": ("fft.irfft",), "col2im": ("nn.functional.fold",),
+    "native_group_norm": ("nn.functional.group_norm",), "native_layer_norm": ("nn.functional.layer_norm",),
+    "_native_batch_norm_legit_no_training": ("nn.functional.batch_norm",), "index": ("__getitem__",),
+    "_local_scalar_dense": ("item",), "avg_pool2d": ("nn.functional.avg_pool2d",),
+    "scaled_dot_product_attention": ("nn.functional.scaled_dot_product_attention",),
+    "linear": ("nn.functional.linear",), "cross_entropy_loss": ("nn.functional.cross_entropy",),
+    "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
+}
+DTYPES_CHECKED = ("float32", "float64")
+# value / gradient tolerances (rtol, atol) per dtype
+VALUE_TOL = {"float32": (1e-4, 1e-5), "float64": (1e-7, 1e-7)}  # float32: reductions of many terms (conv3d, attention)
+GRAD_TOL = {"float32": (1e-4, 1e-4), "float64": (1e-6, 1e-6)}
+
+
+@dataclass
+class SampleResult:
+    """The outcome of one sample: ``status`` is passed | skipped | failed."""
+
+    opinfo: str
+    dtype: str
+    index: int
+    status: str
+    reason: str = ""
+    grad_checked: bool = False
+
+
+def full_name(info) -> str:
+    return info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+
+
+def opinfos(names: Optional[Iterable[str]] = None) -> list:
+    """The OpInfos of ``op_db`` that exercise a Core ATen operator or a converted composite, by full name."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from .core_aten import core_overloads
+
+    packets = {str(o).split(".")[1] for o in core_overloads()}
+    wanted = {n for names_ in ALIASES.values() for n in names_}
+    picked = [o for o in op_db if o.aten_name in packets or full_name(o) in wanted or o.name in wanted]
+    seen, out = set(), []
+    for o in picked:
+        if full_name(o) not in seen and (names is None or full_name(o) in names):
+            seen.add(full_name(o))
+            out.append(o)
+    return out
+
+
+def _leaves(value) -> list:
+    """The tensors inside ``value`` (nested lists/tuples/dicts), in a fixed order."""
+    import torch
+
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+    return out
+
+
+def _replace(value, tensors: list):
+    """``value`` with its tensors replaced, in ``_leaves`` order, by ``tensors`` (consumed from the front)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return tensors.pop(0)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_replace(v, tensors) for v in value)
+    if isinstance(value, dict):
+        return {k: _replace(v, tensors) for k, v in value.items()}
+    return value
+
+
+def _call_module(fn, sample):
+    """An ``nn.Module`` whose inputs are the sample's tensors and whose forward calls ``fn`` on them."""
+    import torch
+
+    target = fn
+
+    class Call(torch.nn.Module):
+        fn = staticmethod(target)
+
+        def forward(self, *tensors):
+            ts = list(tensors)
+            inp = _replace(sample.input, ts)
+            args = _replace(sample.args, ts)
+            kwargs = _replace(sample.kwargs, ts)
+            out = fn(inp, *args, **kwargs)
+            return tuple(out) if isinstance(out, (tuple, list)) else out
+
+    return Call()
+
+
+def _outputs(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+    text = re.sub(r"0x[0-9a-f]+", "0x..", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Skip(Exception):
+    pass
+
+
+def run_sample(info, sample, dtype: str, index: int = 0, check_grad: bool = True) -> SampleResult:
+    """Export, import and run one OpInfo sample; compare values (and gradients) with PyTorch."""
+    res = SampleResult(full_name(info), dtype, index, "passed")
+    try:
+        res.grad_checked = _check(info, sample, check_grad)
+    except _Skip as e:
+        res.status, res.reason = "skipped", str(e)
+    except AssertionError as e:
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        res.status, res.reason = "failed", " ".join(lines[:5])[:400] if lines else "assertion"
+    except Exception as e:  # noqa: BLE001 - a crash of pullback is a failure, reported with its message
+        res.status, res.reason = "failed", "crash: " + _first_line(e, 300)
+    return res
+
+
+def _check(info, sample, check_grad: bool) -> bool:
+    import torch
+
+    from ..runtime import build
+    from ..transform import FirstOrderGradient
+    from .torch_importer import UnsupportedOperatorError, export, import_exported
+
+    leaves = _leaves([sample.input, sample.args, sample.kwargs])
+    for t in leaves:
+        name = str(t.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise _Skip(f"input dtype {name} is not a pullback dtype")
+    inputs = [t.detach().clone() for t in leaves]
+    module = _call_module(info.op, sample)
+    torch.manual_seed(0)
+    try:
+        expected = module(*inputs)
+    except Exception as e:  # noqa: BLE001
+        raise _Skip(f"eager PyTorch raises: {_first_line(e)}") from None
+    outs = _outputs(expected)
+    if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise _Skip("the result is not a tensor (or tuple of tensors)")
+    for o in outs:
+        if str(o.dtype).replace("torch.", "") not in DTYPES:
+            raise _Skip(f"result dtype {o.dtype} is not a pullback dtype")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = export(module, [t.clone() for t in inputs])
+    except PullbackError as e:
+        raise _Skip(str(e).replace("from_torch: ", "")[:200]) from None
+    try:
+        prog = import_exported(ep)
+    except UnsupportedOperatorError as e:
+        raise _Skip("not converted: " + "; ".join(sorted({_problem(d) for d in e.diagnostics}))) from None
+    if prog.mutations:
+        raise _Skip("the sample mutates an input")
+    args = [t.numpy() for t in inputs] + list(prog.params.values()) + _masks(prog, module, inputs)
+    got = _outputs(build(prog.mod)["main"](*args)) if not prog.single_output else [build(prog.mod)["main"](*args)]
+    assert len(got) == len(outs), f"{len(got)} results, PyTorch gives {len(outs)}"
+    dtype = str(outs[0].dtype).replace("torch.", "")
+    rtol, atol = VALUE_TOL.get(dtype, (1e-5, 1e-5))
+    for k, (g, o) in enumerate(zip(got, outs)):
+        g = np.asarray(g)
+        want = o.detach().numpy()
+        assert g.dtype == want.dtype, f"result {k}: dtype {g.dtype}, PyTorch {want.dtype}"
+        assert g.shape == want.shape, f"result {k}: shape {g.shape}, PyTorch {want.shape}"
+        if _undefined_values(info):
+            continue
+        np.testing.assert_allclose(g, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"result {k}")
+    if not check_grad or not info.supports_autograd:
+        return False
+    return _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient)
+
+
+def _problem(diagnostic: str) -> str:
+    """``operator: reason`` of one importer diagnostic (no source lines, no counts)."""
+    lines = diagnostic.splitlines()
+    op = lines[0].split(" (")[0]
+    details = sorted({ln.split("): ", 1)[1] if "): " in ln else "" for ln in lines[1:]} - {""})
+    return op + (f": {details[0][:150]}" if details else "")
+
+
+def _undefined_values(info) -> bool:
+    """Operators whose values PyTorch leaves undefined (uninitialised memory)."""
+    return info.name in ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
+
+def _masks(prog, module, inputs) -> list:
+    """Random inputs drawn as eager draws them (the sample ran eagerly after ``manual_seed(0)``)."""
+    import torch
+
+    if not prog.masks:
+        return []
+    from ..integrations.torch import draw_masks
+
+    torch.manual_seed(_seed_of(module))
+    return [m.numpy() for m in draw_masks(prog)]
+
+
+def _seed_of(module) -> int:
+    """The seed eager's random draws used: OpInfo wraps random operators in ``wrapper_set_seed`` (seed 42)."""
+    fn = module.fn
+    code = getattr(fn, "__code__", None)
+    return 42 if code is not None and "wrapper_set_seed" in code.co_names else 0
+
+
+def _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient) -> bool:
+    import torch
+
+    float_in = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+    float_out = [k for k, o in enumerate(outs) if o.is_floating_point()]
+    if not float_in or not float_out:
+        return False
+    leaves = [t.clone().requires_grad_(i in float_in) for i, t in enumerate(inputs)]
+    torch.manual_seed(0)
+    try:
+        eager = _outputs(module(*leaves))
+        rng = np.random.default_rng(0)
+        cts = [rng.standard_normal(tuple(o.shape)).astype(str(o.dtype).replace("torch.", "")) if o.is_floating_point()
+               else np.zeros(tuple(o.shape), str(o.dtype).replace("torch.", "")) for o in outs]
+        pairs = [(eager[k], torch.from_numpy(cts[k])) for k in float_out if eager[k].requires_grad]
+        if not pairs:
+            return False
+        want = torch.autograd.grad([p[0] for p in pairs], [leaves[i] for i in float_in], [p[1] for p in pairs],
+                                   allow_unused=True)
+    except Exception as e:  # noqa: BLE001
+        raise _Skip(f"values equal; PyTorch autograd raises: {_first_line(e)}") from None
+    wrt = [prog.inputs[i] for i in float_in]
+    try:
+        mod = FirstOrderGradient("main", wrt=wrt, mode="vjp")(prog.mod)
+    except PullbackError as e:
+        raise _Skip(f"values equal; no gradient: {_first_line(e)}") from None
+    ct = cts[0] if prog.single_output else tuple(cts)
+    _, grads = build(mod)["main_grad"](*args, ct)
+    dtype = str(inputs[float_in[0]].dtype).replace("torch.", "")
+    rtol, atol = GRAD_TOL.get(dtype, (1e-4, 1e-4))
+    for i, g, w in zip(float_in, grads, want):
+        w = np.zeros(tuple(inputs[i].shape), dtype) if w is None else (w.to_dense() if w.is_sparse else w).numpy()
+        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"gradient of input {i}")
+    return True
+
+
+def samples(info, dtype: str, limit: Optional[int] = None) -> list:
+    """``(index, sample)`` pairs of ``info`` for ``dtype``; with ``limit``, that many spread over the list."""
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    if tdtype not in info.supported_dtypes("cpu"):
+        return []
+    try:
+        all_ = list(info.sample_inputs("cpu", tdtype, requires_grad=False))
+    except Exception:  # noqa: BLE001 - a sample generator that fails here has nothing to run
+        return []
+    idx = list(range(len(all_)))
+    if limit is not None and len(idx) > limit:
+        idx = sorted({round(k * (len(all_) - 1) / max(limit - 1, 1)) for k in range(limit)})
+    return [(i, all_[i]) for i in idx]
+
+
+def dtypes_for(info) -> tuple:
+    """float32 and float64; integer and bool for operators defined on those only (bitwise ones)."""
+    import torch
+
+    supported = info.supported_dtypes("cpu")
+    floats = tuple(d for d in DTYPES_CHECKED if getattr(torch, d) in supported)
+    return floats or tuple(d for d in ("int64", "bool") if getattr(torch, d) in supported)
+
+
+def run(infos: Sequence, dtypes: Optional[Sequence[str]] = None, limit: Optional[int] = None) -> list[SampleResult]:
+    """Every (or ``limit`` per operator and dtype) sample of ``infos`` (dtypes: ``dtypes_for``)."""
+    out = []
+    for info in infos:
+        for dtype in dtypes or dtypes_for(info):
+            for i, s in samples(info, dtype, limit):
+                out.append(run_sample(info, s, dtype, i))
+    return out
+
+
+def summary(results: Sequence[SampleResult]) -> dict:
+    """Counts: operators, samples, passed, skipped, failed, gradient-checked, and skip reasons with counts."""
+    c = collections.Counter(r.status for r in results)
+    reasons = collections.Counter(r.reason for r in results if r.status == "skipped")
+    return {"operators": len({r.opinfo for r in results}), "samples": len(results), "passed": c["passed"],
+            "skipped": c["skipped"], "failed": c["failed"], "grad_checked": sum(r.grad_checked for r in results),
+            "skip_reasons": reasons}
+
+
+def report(results: Sequence[SampleResult], command: str) -> str:
+    """The markdown page ``docs/opinfo.md``."""
+    s = summary(results)
+    lines = [
+        "# OpInfo results", "",
+        f"<!-- generated by `{command}`: do not edit by hand -->", "",
+        "Every sample input of PyTorch's OpInfo database (`op_db`) for the operators of the Core ATen table "
+        "(float32 and float64) is exported with `torch.export`, imported by `pullback.frontend`, run on the numpy "
+        "target and compared with eager PyTorch; where PyTorch has a gradient, `FirstOrderGradient` is compared "
+        "with autograd on a random cotangent. `make opinfo` regenerates this page; `make test` runs a few samples "
+        "per operator (`tests/frontend/test_opinfo.py`).", "",
+        "| operators | samples | passed | gradient checked | skipped | failed |", "|---|---|---|---|---|---|",
+        f"| {s['operators']} | {s['samples']} | {s['passed']} | {s['grad_checked']} | {s['skipped']} | {s['failed']} |", "",
+        "## Skip reasons", "", "| samples | reason |", "|---|---|",
+    ]
+    for reason, n in sorted(s["skip_reasons"].items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {n} | {_cell(reason)} |")
+    lines += ["", "## Per operator", "", "| OpInfo | samples | passed | gradient checked | skipped | failed |",
+              "|---|---|---|---|---|---|"]
+    per: dict = collections.defaultdict(list)
+    for r in results:
+        per[r.opinfo].append(r)
+    for name in sorted(per):
+        rs = per[name]
+        c = collections.Counter(r.status for r in rs)
+        lines.append(f"| `{name}` | {len(rs)} | {c['passed']} | {sum(r.grad_checked for r in rs)} | {c['skipped']} | {c['failed']} |")
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        lines += ["", "## Failures", "", "| OpInfo | dtype | sample | reason |", "|---|---|---|---|"]
+        lines += [f"| `{r.opinfo}` | {r.dtype} | {r.index} | {_cell(r.reason)} |" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+__all__ = ["ALIASES", "SampleResult", "opinfos", "run", "run_sample", "samples", "summary", "report"]

@@ -1,0 +1,52 @@
+"""Bitwise operators on integer and bool tensors (``&``, ``|``, ``^``, ``~``; on bools the logical ones).
+
+They carry no gradient: their operands are integers or booleans.
+"""
+
+from __future__ import annotations
+
+from ..ir.types import INT_DTYPES, TensorType
+from .common import broadcast_shapes, numel, same_dtype, tensor_arg
+from .registry import FusionKind, defop, type_error
+
+_NO_GRAD = "integer and boolean operands carry no gradient"
+_KINDS = set(INT_DTYPES) | {"bool"}
+
+
+def _check(name: str, arg_types, i: int) -> TensorType:
+    t = tensor_arg(name, arg_types, i)
+    if t.dtype not in _KINDS:
+        raise type_error(name, arg_types, f"argument {i} must be an integer or bool tensor, got {t.dtype}")
+    return t
+
+
+def _flops(arg_types, out_type, attrs):
+    return numel(out_type.shape)
+
+
+def _binary(name: str, fn_name: str):
+    def infer(arg_types, attrs):
+        a, b = _check(name, arg_types, 0), _check(name, arg_types, 1)
+        return TensorType(broadcast_shapes(name, arg_types, a.shape, b.shape), same_dtype(name, arg_types))
+
+    def kernel(xp, a, b, attrs=None):
+        return getattr(xp, fn_name)(a, b)
+
+    return defop(name, 2, infer, kernel=kernel, differentiable=False, nondiff_reason=_NO_GRAD, pattern=FusionKind.BROADCAST,
+                 flops=_flops, torch_name=name, doc=f"Elementwise ``{name}`` of integer or bool tensors (broadcasting).")
+
+
+bitwise_and = _binary("bitwise_and", "bitwise_and")
+bitwise_or = _binary("bitwise_or", "bitwise_or")
+bitwise_xor = _binary("bitwise_xor", "bitwise_xor")
+
+
+def _not_infer(arg_types, attrs):
+    return _check("bitwise_not", arg_types, 0)
+
+
+bitwise_not = defop("bitwise_not", 1, _not_infer, kernel=lambda xp, x, attrs=None: xp.bitwise_invert(x), differentiable=False,
+                    nondiff_reason=_NO_GRAD, pattern=FusionKind.ELEMWISE, flops=_flops, torch_name="bitwise_not",
+                    doc="``~x`` of an integer or bool tensor (logical not on bools).")
+
+__all__ = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"]

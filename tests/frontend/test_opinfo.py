@@ -1,0 +1,62 @@
+"""PyTorch's OpInfo samples through export -> import -> numpy target, against eager PyTorch and autograd.
+
+A bounded subset: per operator of the Core ATen table, the first float32 sample and the last float64 one
+(integer/bool samples for bitwise operators). ``make opinfo`` runs every sample and writes docs/opinfo.md,
+where every skipped sample is listed with its reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # torch's op_db imports it
+
+from pullback.frontend import opinfo  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    INFOS = opinfo.opinfos()
+
+# OpInfos whose bounded samples may all be skipped, with the reason (everything else must pass at least one)
+ALL_SKIPPED = {
+    "fft.rfft": "complex results", "fft.irfft": "complex inputs", "item": "a Python number, not a tensor",
+    "nn.functional.conv_transpose3d": "3-D transposed convolution",
+    "_native_batch_norm_legit": "mutates its inputs", "nn.functional.batch_norm": "mutates its inputs",
+    "nn.functional.batch_norm.without_cudnn": "mutates its inputs", "scatter_reduce.prod": "reduce='prod'",
+    "scatter_reduce.amin": "reduce='amin'", "scatter_reduce.amax": "reduce='amax'",
+    "nn.functional.silu.complex": "complex", "nn.functional.max_pool3d": "3-D indices",
+}
+
+
+def _bounded(info) -> list:
+    out = []
+    for dtype in opinfo.dtypes_for(info):
+        pairs = opinfo.samples(info, dtype)
+        if pairs:
+            out.append((dtype, *(pairs[0] if dtype in ("float32", "int64") else pairs[-1])))
+    return out
+
+
+@pytest.mark.parametrize("info", INFOS, ids=opinfo.full_name)
+def test_opinfo_samples_match_pytorch(info):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = [opinfo.run_sample(info, s, dtype, i) for dtype, i, s in _bounded(info)]
+    failed = [r for r in results if r.status == "failed"]
+    assert not failed, "\n".join(f"{r.dtype} sample {r.index}: {r.reason}" for r in failed)
+    for r in results:
+        if r.status == "skipped":
+            print(f"skipped {r.opinfo} {r.dtype} sample {r.index}: {r.reason}")
+    name = opinfo.full_name(info)
+    if results and name not in ALL_SKIPPED:
+        assert any(r.status == "passed" for r in results), "every sample skipped: " + "; ".join(r.reason for r in results)
+
+
+def test_the_table_covers_every_core_operator_with_opinfo_samples():
+    covered = {info.aten_name for info in INFOS} | {k for k, names in opinfo.ALIASES.items()
+                                                      if any(opinfo.full_name(i) in names or i.name in names for i in INFOS)}
+    for packet in ("add", "convolution", "scaled_dot_product_attention", "index", "cumsum", "sort", "upsample_bilinear2d"):
+        assert packet in covered

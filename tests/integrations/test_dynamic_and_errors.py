@@ -1,0 +1,116 @@
+"""Dynamic batch (``dynamic_batch=True``, ``torch.compile(dynamic=True)``) and the one error for missing operators."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import pullback as pb  # noqa: E402
+from pullback.frontend import UnsupportedOperatorError, from_torch, import_torch, main_inputs  # noqa: E402
+from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                 nn.Dropout(0.2), nn.Linear(4 * 4 * 4, 3))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+def _data(b):
+    return torch.randn(b, 3, 8, 8), torch.randint(0, 3, (b,))
+
+
+def test_from_torch_dynamic_batch_gives_main_a_dynamic_batch_dimension():
+    torch.manual_seed(0)
+    model = CNN().eval()
+    mod, params = from_torch(model, _data(4), dynamic_batch=True)
+    assert [p.type_annotation.shape[0] for p in mod["main"].params[:2]] == [pb.Any, pb.Any]
+    exe = pb.build(mod)["main"]
+    prog = import_torch(model, _data(4), dynamic_batch=True)
+    for b in (2, 3, 7):
+        x, y = _data(b)
+        np.testing.assert_allclose(exe(*main_inputs(prog, [x, y])), model(x, y).item(), rtol=1e-5)
+
+
+def test_compile_with_dynamic_batch_builds_one_program_for_every_batch_size():
+    torch.manual_seed(0)
+    model = CNN()
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, _data(4), dynamic_batch=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, cm)]
+    for step, b in enumerate((4, 2, 6, 3)):
+        x, y = _data(b)
+        losses = []
+        for m, opt in zip((eager, cm), opts):
+            torch.manual_seed(step)
+            loss = m(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    assert len(cm._programs) == 1
+    for a, b in zip(eager.state_dict().values(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_dynamic_true_works():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="pullback", dynamic=True)
+    for b in (3, 5, 4):
+        x = torch.randn(b, 5)
+        out = compiled(x)
+        out.sum().backward()
+        ref = eager(x)
+        ref.sum().backward()
+        torch.testing.assert_close(out, ref)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+class Missing(nn.Module):
+    def forward(self, x):
+        a = torch.cumprod(x, 0)
+        b = torch.cumprod(x.exp(),
+                          1)
+        return (a + b).sum()
+
+
+def test_one_error_lists_each_missing_operator_with_count_and_whole_lines():
+    with pytest.raises(UnsupportedOperatorError) as info:
+        from_torch(Missing(), (torch.randn(3, 3),))
+    (diag,) = info.value.diagnostics
+    assert diag.startswith("aten.cumprod.default (2 uses)")
+    assert "a = torch.cumprod(x, 0)" in diag and "b = torch.cumprod(x.exp(), 1)" in diag
+
+
+def test_torch_compile_reports_the_same_text():
+    import torch._dynamo
+
+    with pytest.raises(UnsupportedOperatorError) as direct:
+        from_torch(Missing(), (torch.randn(3, 3),))
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(Missing(), backend="pullback", dynamic=False)(torch.randn(3, 3))
+    torch._dynamo.reset()
+    err = getattr(info.value, "inner_exception", info.value)  # Dynamo's BackendCompilerFailed wraps it
+    assert isinstance(err, UnsupportedOperatorError)
+    assert err.diagnostics[0].splitlines()[0] == direct.value.diagnostics[0].splitlines()[0]
+    assert str(direct.value).split("(1 problem):")[1].splitlines()[1] in str(info.value)  # the same lines
+    assert "a = torch.cumprod(x, 0)" in str(info.value)

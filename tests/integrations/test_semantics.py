@@ -1,0 +1,182 @@
+"""Semantics a user's training depends on: padding_idx, tied weights, dropout masks drawn as eager, buffers
+mutated in forward, train()/eval(), detach. Through the importer and through ``integrations.torch.compile``."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import pullback as pb  # noqa: E402
+from pullback.frontend import import_torch, main_inputs  # noqa: E402
+from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+from pullback.integrations.torch import draw_masks  # noqa: E402
+
+
+class TiedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, padding_idx=0)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, ids, y):
+        return F.cross_entropy(self.out(torch.tanh(self.emb(ids))).reshape(-1, 10), y.reshape(-1))
+
+
+def _tied():
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 4], [5, 0, 0]])
+    return TiedLM(), (ids, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+
+
+def test_tied_weights_are_one_parameter_listing_every_key():
+    model, inputs = _tied()
+    prog = import_torch(model, inputs)
+    assert prog.trainable == ["emb_weight"]
+    assert prog.state_names["emb_weight"] == ("emb.weight", "out.weight")
+    assert len(prog.main.params) == 3
+
+
+def test_padding_row_gets_no_gradient_and_tied_gradients_sum():
+    model, inputs = _tied()
+    model = model.double()
+    prog = import_torch(model, inputs)
+    gmod = pb.transform.FirstOrderGradient(wrt=prog.trainable)(prog.mod)
+    loss, (g,) = pb.build(gmod)["main_grad"](*main_inputs(prog, inputs))
+    ref = model(*inputs)
+    ref.backward()
+    np.testing.assert_allclose(loss, ref.item(), rtol=1e-12)
+    np.testing.assert_allclose(g, model.emb.weight.grad.numpy(), rtol=1e-10, atol=1e-12)
+    # the padding row: only the output layer's use reaches it (PyTorch's rule), the lookups do not
+    eager_lookup_only = torch.autograd.grad(F.embedding(inputs[0], model.emb.weight, padding_idx=0).sum(), model.emb.weight)[0]
+    assert not eager_lookup_only[0].any()
+
+
+def test_hand_training_recipe_on_a_tied_model():
+    """docs/torch.md's recipe: parameters by state_names, updated in place; the tied tensor is updated once."""
+    model, inputs = _tied()
+    prog = import_torch(model, inputs)
+    gmod = pb.transform.standard_cleanup()(pb.transform.FirstOrderGradient(wrt=prog.trainable)(prog.mod))
+    step = pb.build(gmod)["main_grad"]
+    state = model.state_dict(keep_vars=True)
+    before = model(*inputs).item()
+    with torch.no_grad():
+        for _ in range(10):
+            values = [state[prog.state_names[n][0]].numpy() for n in prog.trainable]
+            _, grads = step(*[x.numpy() for x in inputs], *values)
+            for n, g in zip(prog.trainable, grads):
+                state[prog.state_names[n][0]] -= 0.5 * torch.from_numpy(np.asarray(g))
+    assert model.out.weight is model.emb.weight and model(*inputs).item() < before
+
+
+def test_compile_trains_a_tied_model_like_eager():
+    model, inputs = _tied()
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, inputs)
+    for m in (eager, cm):
+        opt = torch.optim.SGD(m.parameters(), lr=0.3)
+        for _ in range(3):
+            loss = m(*inputs)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch.testing.assert_close(model.emb.weight, eager.emb.weight)
+    assert model.out.weight is model.emb.weight
+
+
+class PermutedDropout(nn.Module):
+    def forward(self, x):
+        return F.dropout(x.transpose(0, 1), 0.5, self.training) * 2 + F.dropout2d(x[None], 0.3, self.training)[0].sum()
+
+
+def test_dropout_masks_drawn_exactly_as_eager_also_for_permuted_inputs():
+    x = torch.randn(3, 5, 4)
+    prog = import_torch(PermutedDropout(), (x,))
+    assert [m.kind for m in prog.masks] == ["bernoulli", "bernoulli"] and prog.masks[0].stride is not None
+    torch.manual_seed(3)
+    masks = [m.numpy() for m in draw_masks(prog)]
+    out = pb.build(prog.mod)["main"](*main_inputs(prog, [x], masks))
+    torch.manual_seed(3)
+    np.testing.assert_allclose(out, PermutedDropout()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class RandomInForward(nn.Module):
+    def forward(self, x):
+        return x * torch.rand(x.shape) + torch.randn_like(x) + torch.randperm(x.shape[1]).float()
+
+
+def test_random_draws_in_forward_become_inputs_drawn_in_order():
+    x = torch.randn(2, 4)
+    prog = import_torch(RandomInForward(), (x,))
+    assert [m.kind for m in prog.masks] == ["uniform", "normal", "randperm"]
+    torch.manual_seed(11)
+    out = pb.build(prog.mod)["main"](*main_inputs(prog, [x], [m.numpy() for m in draw_masks(prog)]))
+    torch.manual_seed(11)
+    np.testing.assert_allclose(out, RandomInForward()(x).numpy(), rtol=1e-6)
+
+
+class Counter(nn.Module):
+    """A buffer mutated in forward (a step counter and a running mean of the inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(3))
+
+    def forward(self, x):
+        self.steps += 1
+        self.ema.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.lin(x - self.ema).sum()
+
+
+def test_buffers_mutated_in_forward_are_written_back():
+    torch.manual_seed(0)
+    model, x = Counter(), torch.randn(4, 3)
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,))
+    for _ in range(3):
+        torch.testing.assert_close(cm(x), eager(x))
+    assert int(model.steps) == 3
+    torch.testing.assert_close(model.ema, eager.ema)
+
+
+def test_train_and_eval_modes_are_respected():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 2))
+    x = torch.randn(8, 4)
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,))
+    torch.manual_seed(1)
+    a = cm(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(a, eager(x))
+    cm.eval()
+    eager.eval()
+    torch.testing.assert_close(cm(x), eager(x))  # running statistics, no dropout
+    torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)
+
+
+class Detached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return (x * self.w.detach() * self.w).sum()
+
+
+def test_detach_blocks_the_gradient():
+    torch.manual_seed(0)
+    model, x = Detached(), torch.randn(3)
+    prog = import_torch(model, (x,))
+    gmod = pb.transform.FirstOrderGradient(wrt=prog.trainable)(prog.mod)
+    _, (g,) = pb.build(gmod)["main_grad"](*main_inputs(prog, [x]))
+    model(x).backward()
+    np.testing.assert_allclose(g, model.w.grad.numpy(), rtol=1e-6)

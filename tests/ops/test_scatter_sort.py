@@ -1,0 +1,115 @@
+"""cumsum, argsort, nonzero and scatter: forward vs PyTorch, kernels on every namespace, gradient rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback
+from pullback import op
+from pullback.analysis import infer_expr
+from pullback.ir.errors import AttrError, ExecutionError, TypeInferenceError
+
+from namespaces import check_namespaces
+from opgrad import Case, case, check_ad, check_rule, check_second, dtype_check, forward, torch_check
+
+RNG = np.random.default_rng(11)
+X = RNG.standard_normal((3, 4))
+TIES = np.array([[3.0, 1.0, 3.0, 2.0, 1.0], [0.5, 0.5, np.nan, -1.0, 0.5]])
+IDX = np.array([[2, 0, 1], [1, 2, 0]], dtype="int64")  # a permutation per row: no repeated writes
+UPD = RNG.standard_normal((2, 3))
+
+
+def torch():
+    import torch as t
+
+    return t
+
+
+CASES = [
+    case("cumsum", X, attrs=dict(axis=1), torch=lambda x: torch().cumsum(x, 1)),
+    case("cumsum", X, attrs=dict(axis=0, reverse=True), torch=lambda x: torch().cumsum(x.flip(0), 0).flip(0)),
+    case("cumsum", np.array(2.5), torch=lambda x: torch().cumsum(x, 0)),
+    case("scatter", X, IDX, UPD, attrs=dict(axis=1), torch=lambda x, i, u: torch().scatter(x, 1, i, u)),
+    case("scatter", X, IDX.T.copy()[:2], UPD.T.copy()[:2], attrs=dict(axis=0),
+         torch=lambda x, i, u: torch().scatter(x, 0, i, u)),
+]
+NONDIFF = [
+    case("cumsum", np.array([[1, 2, 3], [4, 5, 6]], dtype="int32"), attrs=dict(axis=-1), torch=lambda x: torch().cumsum(x, -1, dtype=x.dtype)),
+    case("argsort", X, torch=lambda x: torch().argsort(x, stable=True)),
+    case("argsort", TIES, attrs=dict(axis=1), torch=lambda x: torch().argsort(x, dim=1, stable=True)),
+    case("argsort", TIES, attrs=dict(axis=1, descending=True), torch=lambda x: torch().argsort(x, dim=1, descending=True, stable=True)),
+    case("argsort", TIES, attrs=dict(axis=0, descending=True), torch=lambda x: torch().argsort(x, dim=0, descending=True, stable=True)),
+    case("nonzero", np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]]), torch=lambda x: torch().nonzero(x)),
+    case("nonzero", np.array([True, False, True]), torch=lambda x: torch().nonzero(x)),
+    case("nonzero", np.array(0.0), torch=lambda x: torch().nonzero(x)),
+]
+ALL = CASES + NONDIFF
+
+
+@pytest.mark.parametrize("c", ALL, ids=repr)
+def test_forward_and_vjp_match_torch(c):
+    pytest.importorskip("torch")
+    torch_check(c)
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_gradient_rule_matches_finite_differences(c):
+    check_rule(c)
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_ad_pass_gradient(c):
+    check_ad(c)
+
+
+@pytest.mark.parametrize("c", CASES, ids=repr)
+def test_second_order(c):
+    sq = Case(c.op, c.inputs, lambda *xs: op.multiply(c.build(*xs), c.build(*xs)), wrt=c.wrt)
+    check_second(sq)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("c", ALL, ids=repr)
+def test_kernel_returns_inferred_dtype(c, dtype):
+    dtype_check(c, dtype)
+
+
+@pytest.mark.parametrize("c", [c for c in ALL if c.op != "nonzero" or c.inputs[0].ndim], ids=repr)
+def test_kernel_on_every_namespace(c):
+    check_namespaces(c, ("torch",) if c.op == "nonzero" else ("jax", "torch"))
+
+
+def test_scatter_last_write_wins_and_zeroes_the_written_gradient():
+    x = np.zeros((1, 3))
+    c = case("scatter", x, np.array([[1, 1]]), np.array([[5.0, 7.0]]), attrs=dict(axis=1))
+    got, _ = forward(c)
+    np.testing.assert_array_equal(got, [[0.0, 7.0, 0.0]])
+    from opgrad import rule_vjp
+
+    gx, _, gu = rule_vjp(c, np.array([[1.0, 2.0, 3.0]]))
+    np.testing.assert_array_equal(gx, [[1.0, 0.0, 3.0]])
+    np.testing.assert_array_equal(gu, [[2.0, 2.0]])  # torch's rule: gather(g, index)
+
+
+def test_nonzero_has_a_dynamic_first_dimension():
+    x = pullback.var("x", shape=(2, 3))
+    assert infer_expr(op.nonzero(x)).shape == (pullback.Any, 2)
+
+
+def test_errors_name_the_op():
+    x = pullback.var("x", shape=(2, 3))
+    i = pullback.var("i", shape=(2, 3), dtype="int64")
+    bad = [(op.cumsum(x, 2), "cumsum.*axis 2"), (op.cumsum(pullback.var("b", shape=(2,), dtype="bool")), "cumsum.*bool"),
+           (op.argsort(x, 3), "argsort.*axis 3"), (op.scatter(x, x, x), "scatter.*integer"),
+           (op.scatter(x, i, pullback.var("u", shape=(2, 2))), "scatter.*updates"),
+           (op.scatter(x, pullback.var("j", shape=(3, 3), dtype="int64"), pullback.var("u", shape=(3, 3)), 1), "scatter.*exceeds")]
+    for e, pattern in bad:
+        with pytest.raises(TypeInferenceError, match=pattern):
+            infer_expr(e)
+    for make, pattern in [(lambda: op.cumsum(x, 1.5), "cumsum.*axis"), (lambda: op.argsort(x, 0, "yes"), "argsort.*descending"),
+                          (lambda: op.scatter(x, i, x, axis=None), "scatter.*axis")]:
+        with pytest.raises(AttrError, match=pattern):
+            make()
+    with pytest.raises(ExecutionError, match="scatter.*out of range"):
+        forward(case("scatter", X, IDX + 3, UPD, attrs=dict(axis=1)))

@@ -1,0 +1,274 @@
+"""The model zoo: popular architectures with tiny configs and random weights, each returning its training loss.
+
+``ZOO[name]()`` gives ``(module, inputs)``: ``module(*inputs)`` is a scalar loss. HF models are built from their
+config classes (no downloads); the ResNet follows torchvision's layout, written out (torchvision's wheel does not
+match torch 2.13 here).
+"""
+
+from __future__ import annotations
+
+
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, SEQ, BATCH = 40, 6, 2
+
+
+class LossOf(nn.Module):
+    """A HF model called with keyword inputs; ``forward(*inputs)`` returns ``.loss``."""
+
+    def __init__(self, model, keys):
+        super().__init__()
+        self.model = model
+        self.keys = keys
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.keys, inputs))).loss
+
+
+def _ids(*shape, low=1):
+    return torch.randint(low, VOCAB, shape)
+
+
+def bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                     max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, 4:] = 0
+    return LossOf(BertForSequenceClassification(cfg), ("input_ids", "attention_mask", "labels")), (
+        _ids(BATCH, SEQ), mask, torch.tensor([0, 2]))
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
+                     resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    ids = _ids(BATCH, SEQ)
+    return LossOf(GPT2LMHeadModel(cfg), ("input_ids", "labels")), (ids, ids.clone())
+
+
+def vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=32, num_labels=3, hidden_dropout_prob=0.1)
+    return LossOf(ViTForImageClassification(cfg), ("pixel_values", "labels")), (torch.randn(BATCH, 3, 8, 8), torch.tensor([0, 2]))
+
+
+def t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                   relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.1)
+    return LossOf(T5ForConditionalGeneration(cfg), ("input_ids", "labels")), (_ids(BATCH, SEQ), _ids(BATCH, 4))
+
+
+def bart():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.1)
+    return LossOf(BartForConditionalGeneration(cfg), ("input_ids", "labels")), (_ids(BATCH, SEQ, low=3), _ids(BATCH, 4, low=3))
+
+
+# ------------------------------------------------------------------ ResNet (torchvision's layout)
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    """torchvision.models.resnet.ResNet with BasicBlock (stem, maxpool, four stages, avgpool, fc), narrow."""
+
+    def __init__(self, layers=(1, 1, 1, 1), widths=(4, 8, 8, 8), num_classes=3):
+        super().__init__()
+        self.inplanes = widths[0]
+        self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._make_layer(widths[0], layers[0])
+        self.layer2 = self._make_layer(widths[1], layers[1], 2)
+        self.layer3 = self._make_layer(widths[2], layers[2], 2)
+        self.layer4 = self._make_layer(widths[3], layers[3], 2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(widths[3], num_classes)
+
+    def _make_layer(self, planes, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        layers += [BasicBlock(planes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x, y):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return F.cross_entropy(self.fc(torch.flatten(self.avgpool(x), 1)), y)
+
+
+def resnet():
+    return ResNet(), (torch.randn(4, 3, 64, 64), torch.tensor([1, 2, 0, 1]))
+
+
+# ------------------------------------------------------------------ U-Nets
+
+
+def _double_conv(cin, cout):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                         nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """Two down steps, two up steps with skip connections joined by ``torch.cat``; ``up`` is a transposed
+    convolution or ``nn.Upsample`` (bilinear) followed by a 1x1 convolution. Loss: per-pixel cross-entropy."""
+
+    def __init__(self, upsample: bool, c=4, classes=3):
+        super().__init__()
+        self.inc = _double_conv(3, c)
+        self.down1 = nn.Sequential(nn.MaxPool2d(2), _double_conv(c, 2 * c))
+        self.down2 = nn.Sequential(nn.MaxPool2d(2), _double_conv(2 * c, 4 * c))
+
+        def up(cin, cout):
+            if upsample:
+                return nn.Sequential(nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), nn.Conv2d(cin, cout, 1))
+            return nn.ConvTranspose2d(cin, cout, 2, stride=2)
+
+        self.up1, self.conv1 = up(4 * c, 2 * c), _double_conv(4 * c, 2 * c)
+        self.up2, self.conv2 = up(2 * c, c), _double_conv(2 * c, c)
+        self.out = nn.Conv2d(c, classes, 1)
+
+    def forward(self, x, y):
+        x1 = self.inc(x)
+        x2 = self.down1(x1)
+        x3 = self.down2(x2)
+        u = self.conv1(torch.cat([x2, self.up1(x3)], dim=1))
+        u = self.conv2(torch.cat([x1, self.up2(u)], dim=1))
+        return F.cross_entropy(self.out(u), y)
+
+
+def unet_transpose():
+    return UNet(upsample=False), (torch.randn(BATCH, 3, 8, 8), torch.randint(0, 3, (BATCH, 8, 8)))
+
+
+def unet_upsample():
+    return UNet(upsample=True), (torch.randn(BATCH, 3, 8, 8), torch.randint(0, 3, (BATCH, 8, 8)))
+
+
+# ------------------------------------------------------------------ RNN classifiers
+
+
+class RNNClassifier(nn.Module):
+    def __init__(self, cell: str, hidden=8, classes=3):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8, padding_idx=0)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(8, hidden, num_layers=1, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, ids, y):
+        out, _ = self.rnn(self.emb(ids))
+        return F.cross_entropy(self.fc(out[:, -1]), y)
+
+
+def lstm():
+    ids = _ids(BATCH, SEQ)
+    ids[0, :2] = 0  # padding rows: no gradient for the padding embedding
+    return RNNClassifier("lstm"), (ids, torch.tensor([0, 2]))
+
+
+def gru():
+    ids = _ids(BATCH, SEQ)
+    ids[1, :1] = 0
+    return RNNClassifier("gru"), (ids, torch.tensor([1, 0]))
+
+
+# ------------------------------------------------------------------ causal LMs that build positions and masks in forward
+
+
+class CausalLM(nn.Module):
+    """A one-block causal LM: positions from ``torch.arange`` in forward; attention through
+    ``F.scaled_dot_product_attention`` with ``is_causal=True`` or with a ``tril`` mask built in forward."""
+
+    def __init__(self, masking: str, d=16, heads=2):
+        super().__init__()
+        self.masking, self.heads = masking, heads
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(16, d)
+        self.ln1, self.ln2, self.lnf = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(0.1))
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.tok.weight  # tied
+
+    def forward(self, ids, targets):
+        b, t = ids.shape
+        pos = torch.arange(t, device=ids.device)
+        x = self.tok(ids) + self.pos(pos)[None]
+        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        if self.masking == "is_causal":
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1 if self.training else 0.0)
+        else:
+            mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=ids.device))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.mlp(self.ln2(x))
+        logits = self.head(self.lnf(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def causal_sdpa():
+    ids = _ids(BATCH, SEQ)
+    return CausalLM("is_causal"), (ids, torch.roll(ids, -1, 1))
+
+
+def causal_tril():
+    ids = _ids(BATCH, SEQ)
+    return CausalLM("tril"), (ids, torch.roll(ids, -1, 1))
+
+
+# ------------------------------------------------------------------ MLP
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(5, 16), nn.GELU(approximate="tanh"), nn.Dropout(0.2), nn.Linear(16, 16), nn.SiLU(),
+                                 nn.Linear(16, 8), nn.LeakyReLU(0.1), nn.Linear(8, 2))
+
+    def forward(self, x, y):
+        return F.mse_loss(self.net(x), y)
+
+
+def mlp():
+    return MLP(), (torch.randn(8, 5), torch.randn(8, 2))
+
+
+ZOO = {f.__name__: f for f in (bert, gpt2, vit, t5, bart, resnet, unet_transpose, unet_upsample, lstm, gru, causal_sdpa,
+                               causal_tril, mlp)}
+

@@ -1,0 +1,126 @@
+"""The model zoo (tests/zoo/models.py): each model imports, differentiates and trains exactly like eager PyTorch.
+
+For every model: the loss and every parameter gradient of the imported program (``FirstOrderGradient``) equal
+eager autograd in float64 with dropout active (masks drawn as eager draws them); five SGD steps through
+``pullback.integrations.torch.compile`` and through ``torch.compile(backend="pullback")`` track eager (float32).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import pullback as pb  # noqa: E402
+from pullback.frontend import import_torch, main_inputs  # noqa: E402
+from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+from pullback.integrations.torch import draw_masks  # noqa: E402
+
+from models import ZOO  # noqa: E402
+
+RNNS = ("lstm", "gru")
+# models that compute part of a float64 forward in float32 on purpose (their float64 check has float32's tolerance)
+FLOAT32_INSIDE = {"t5": "T5LayerNorm computes the variance in float32", "gpt2": "the LM loss upcasts logits to float32",
+                  "bart": "the LM loss upcasts logits to float32"}
+STEPS, LR = 5, 0.05
+
+
+def make(name, dtype=torch.float32):
+    torch.manual_seed(0)
+    model, inputs = ZOO[name]()
+    model = model.to(dtype).train()
+    return model, tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+
+
+def eager_params(model) -> dict:
+    return dict(model.named_parameters())
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_loss_and_every_gradient_equal_eager_float64(name):
+    model, inputs = make(name, torch.float64)
+    prog = import_torch(model, inputs)
+    mod = pb.transform.FirstOrderGradient(wrt=prog.trainable, mode="vjp")(prog.mod)
+    out_type = prog.main.body.checked_type
+    ct = np.ones((), out_type.dtype) if prog.single_output else tuple(
+        np.ones(t.shape, t.dtype) if i == 0 else np.zeros(t.shape, t.dtype) for i, t in enumerate(out_type.fields))
+    # tight in float64; HF's causal-LM and seq2seq losses upcast the logits to float32 (then float32's tolerance)
+    loss_dtype = out_type.dtype if prog.single_output else out_type.fields[0].dtype
+    rtol, atol = (1e-10, 1e-12) if loss_dtype == "float64" and name not in FLOAT32_INSIDE else (2e-6, 1e-7)
+    torch.manual_seed(7)
+    masks = [m.numpy() for m in draw_masks(prog)]
+    out, grads = pb.build(mod)["main_grad"](*main_inputs(prog, inputs, masks), ct)
+    torch.manual_seed(7)
+    loss = model(*inputs)
+    loss.backward()
+    got_loss = out if prog.single_output else out[0]
+    np.testing.assert_allclose(got_loss, loss.item(), rtol=rtol)
+    params = eager_params(model)
+    covered = set()
+    for name_, g in zip(prog.trainable, grads):
+        keys = prog.state_names[name_]
+        p = model.get_parameter(keys[0])
+        covered.update(keys)
+        want = np.zeros(p.shape) if p.grad is None else p.grad.numpy()
+        np.testing.assert_allclose(g, want, rtol=max(rtol, 1e-8) * 100, atol=atol * 100, err_msg=f"{name}: gradient of {keys}")
+    missing = [k for k, p in params.items() if p.grad is not None and k not in covered]
+    assert not missing, f"parameters with an eager gradient but no pullback parameter: {missing}"
+
+
+def _train(model, inputs, steps=STEPS):
+    """Per-step losses, the first step's gradients, and the final state, with SGD and seeded dropout."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses, first = [], None
+    for step in range(steps):
+        torch.manual_seed(100 + step)
+        loss = model(*inputs)
+        opt.zero_grad()
+        loss.backward()
+        if first is None:
+            first = {k: (None if p.grad is None else p.grad.clone()) for k, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    return losses, first
+
+
+def _compare(name, eager, trained, ref, got):
+    (ref_losses, ref_grads), (losses, grads) = ref, got
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4, atol=1e-6, err_msg=f"{name}: losses")
+    for k, g in ref_grads.items():
+        if g is None:
+            assert grads[k] is None or not grads[k].abs().max() > 0, f"{name}: {k} has a gradient only through pullback"
+            continue
+        torch.testing.assert_close(grads[k], g, rtol=1e-3, atol=2e-5, msg=lambda m, k=k: f"{name}: gradient of {k}: {m}")
+    for k, v in eager.state_dict().items():
+        w = trained.state_dict()[k]
+        if v.is_floating_point():
+            torch.testing.assert_close(w, v, rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{name}: final {k}: {m}")
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_five_sgd_steps_through_compile_track_eager(name):
+    model, inputs = make(name)
+    eager = copy.deepcopy(model)
+    ref = _train(eager, inputs)
+    cm = pb_compile(model, inputs)
+    got = _train(cm, inputs)
+    _compare(name, eager, model, ref, (got[0], {k.removeprefix("module."): v for k, v in got[1].items()}))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_five_sgd_steps_through_torch_compile_track_eager(name):
+    import torch._dynamo
+
+    model, inputs = make(name)
+    eager = copy.deepcopy(model)
+    ref = _train(eager, inputs)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=name in RNNS):
+        compiled = torch.compile(model, backend="pullback", dynamic=False)
+        got = _train(compiled, inputs)
+    torch._dynamo.reset()
+    _compare(name, eager, model, ref, (got[0], {k.removeprefix("_orig_mod."): v for k, v in got[1].items()}))
