@@ -20,7 +20,7 @@ from typing import Optional
 from ..ir.errors import PullbackError
 from ..ir.expr import Call, Expr, Function, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
-from ..ir.traversal import children, global_calls, post_order
+from ..ir.traversal import children, post_order
 
 __all__ = ["first_ill_typed"]
 
@@ -69,7 +69,7 @@ def _typed_callees(order: list, functions: dict, infer_module) -> Optional[IRMod
             continue
         fn = functions[gv]
         seen[gv.name_hint] = (gv, fn)
-        stack.extend(global_calls(fn))
+        stack.extend(g for n in post_order(fn, into_functions=True) for g in _globals_of(n))
     if not seen or any(p.type_annotation is None for _, fn in seen.values() for p in fn.params):
         return None
     mod = IRModule(dict(seen.values()))
