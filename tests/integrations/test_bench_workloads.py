@@ -10,17 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pullback.frontend.torch_importer import UnsupportedOperatorError  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 from pullback.ir.errors import PullbackError  # noqa: E402
 from pullback.runtime.build import TARGETS  # noqa: E402
 from pullback.testing.torch_models import WORKLOADS, make_workload  # noqa: E402
 
 # workloads the importer cannot import yet: name -> (exception, reason)
-NOT_IMPORTED = {
-    "gpt2": (UnsupportedOperatorError, "the importer lacks aten.arange.start_step (position ids, causal mask) and "
-                                       "aten.constant_pad_nd (the shifted LM labels): issue 13"),
-}
+NOT_IMPORTED: dict = {}
 STEPS = 5
 
 

@@ -25,6 +25,9 @@ from pullback.ops import get_op
 
 FLOAT = "float64"
 
+# (op, target) pairs a target cannot run, with the error it must give instead of a result
+UNSUPPORTED = {("nonzero", "jax"): "the result's shape depends on the data"}
+
 
 @dataclass
 class Case:

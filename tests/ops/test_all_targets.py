@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pullback.ir.errors import ExecutionError
+
 from pullback.analysis import infer_expr
 from pullback.ir.errors import TypeInferenceError
 from pullback.ir.expr import Call
@@ -21,7 +23,7 @@ from pullback.ir.traversal import post_order
 from pullback.ir.types import DTYPES, TensorType
 from pullback.ops import list_ops
 
-from opgrad import case_tables, evaluate, to_target, vars_for
+from opgrad import UNSUPPORTED, case_tables, evaluate, to_target, vars_for
 
 # Operators whose jax/torch kernels are being written (kernels-nn): their tests must fail until then.
 # The lead empties this list when merging.
@@ -95,6 +97,11 @@ def test_op_gives_numpy_result_on_target(c, target, dt):
     infer_expr(expr)
     calls = [n for n in post_order(expr) if isinstance(n, Call)]
     want = _run("numpy", expr, xs, inputs)
+    unsupported = [UNSUPPORTED[(n.op.name, target)] for n in calls if (n.op.name, target) in UNSUPPORTED]
+    if unsupported:
+        with pytest.raises(ExecutionError, match=unsupported[0]):
+            _run(target, expr, xs, inputs)
+        return
     if target == "jax":
         import jax
 

@@ -1,6 +1,6 @@
 """The JAX target: every op runs, results equal to the numpy target.
 
-Programs are grouped (one jit compile per group, tuple results, ``op_cases``) to keep the suite fast.
+The operator table runs as one program per op test module (``op_table``: one jit compile each).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import pullback as pb
-from op_cases import CASES
+from op_table import covered_ops, table_programs, unsupported_cases
 from pullback import Function, If, IRModule, Tuple, op, transform, var
-from pullback.ir.traversal import post_order
 from pullback.ops import list_ops
 
 pytest.importorskip("jax")
@@ -31,19 +30,19 @@ def assert_same(want, got):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=f"output {k}")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
-def test_ops_match_numpy(case):
-    fn, inputs = case()
-    mod = IRModule.from_expr(fn)
+@pytest.mark.parametrize("mod, inputs", [pytest.param(m, i, id=name) for name, m, i in table_programs("jax")])
+def test_op_table_matches_numpy(mod, inputs):
     assert_same(pb.build(mod)["main"](*inputs), pb.build(mod, target="jax")["main"](*inputs))
 
 
-def test_cases_cover_every_registered_op():
-    used = set()
-    for case in CASES:
-        fn, _ = case()
-        used |= {n.op.name for n in post_order(fn.body) if isinstance(n, pb.Call) and isinstance(n.op, pb.ops.OpDef)}
-    assert sorted(o.name for o in list_ops() if o.name not in used) == []
+@pytest.mark.parametrize("mod, inputs, error", [pytest.param(m, i, e, id=c) for c, m, i, e in unsupported_cases("jax")])
+def test_what_jax_cannot_run_is_a_clear_error(mod, inputs, error):
+    with pytest.raises(pb.ExecutionError, match=error):
+        pb.build(mod, target="jax")["main"](*inputs)
+
+
+def test_op_table_covers_every_registered_op():
+    assert sorted(o.name for o in list_ops() if o.name not in covered_ops()) == []
 
 
 def test_every_registered_op_has_a_jax_kernel():

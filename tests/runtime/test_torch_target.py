@@ -1,8 +1,7 @@
 """The torch target: every operator's ``op.impl("torch")`` run on tensors equals the numpy target.
 
-The operator table is run output by output (one program per call of ``op_cases``), so each
-operator passes or fails on its own. A program using an operator without a torch kernel yet is
-an expected failure (strict: it must fail), so the table becomes complete as kernels land.
+The operator table runs as one program per op test module (``op_table``), every result compared
+with the numpy target's.
 """
 
 from __future__ import annotations
@@ -11,39 +10,13 @@ import numpy as np
 import pytest
 
 import pullback as pb
-from op_cases import CASES
-from pullback import Call, Function, IRModule, var
-from pullback.ir.traversal import post_order
+from op_table import table_programs
+from pullback import Call, Function, var
 from pullback.ops.registry import OpDef
 from xp_ops import mul, neg
 
 torch = pytest.importorskip("torch")
 
-from pullback.runtime.torch_target import TorchTarget  # noqa: E402
-
-
-def _ops(expr) -> list[OpDef]:
-    return sorted({n.op for n in post_order(expr) if isinstance(n, Call) and isinstance(n.op, OpDef)},
-                  key=lambda o: o.name)
-
-
-def missing_torch_kernels(ops) -> list[str]:
-    target = TorchTarget()
-    return [o.name for o in ops if not target.has_kernel(o)]
-
-
-def _table():
-    params = []
-    for case in CASES:
-        fn, inputs = case()
-        for k, out in enumerate(fn.body.fields):
-            ops = _ops(out)
-            missing = missing_torch_kernels(ops)
-            marks = [pytest.mark.xfail(strict=True, raises=pb.ExecutionError,
-                                       reason=f"no torch kernel yet for {', '.join(missing)}")] if missing else []
-            ident = f"{case.__name__[5:]}{k}-{'+'.join(o.name for o in ops)}"
-            params.append(pytest.param(Function(fn.params, out), inputs, id=ident, marks=marks))
-    return params
 
 
 def to_numpy(value):
@@ -58,24 +31,19 @@ def assert_same(want, got):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=f"output {k}")
 
 
-@pytest.mark.parametrize("fn, inputs", _table())
-def test_op_matches_numpy(fn, inputs):
-    mod = IRModule.from_expr(fn)
+@pytest.mark.parametrize("mod, inputs", [pytest.param(m, i, id=name) for name, m, i in table_programs("torch")])
+def test_op_table_matches_numpy(mod, inputs):
     got = pb.build(mod, target="torch", check_outputs=True)["main"](*inputs)
     for leaf in pb.runtime.values.leaves(got):
         assert isinstance(leaf, torch.Tensor), type(leaf)
     assert_same(pb.build(mod)["main"](*inputs), got)
 
 
-def test_missing_kernels_are_refused_at_build():
-    for case in CASES:
-        fn, _ = case()
-        missing = missing_torch_kernels(_ops(fn.body))
-        if missing:
-            with pytest.raises(pb.ExecutionError, match=rf"^target 'torch': no kernel for {', '.join(missing)}$"):
-                pb.build(fn, target="torch")
-            return
-    pytest.skip("every registered operator has a torch kernel")
+def test_an_operator_without_a_torch_kernel_is_refused_at_build():
+    numpy_only = OpDef("numpy_only", 1, lambda ts, attrs: ts[0], compute=lambda x, attrs=None: -x)
+    x = var("x", shape=(2,))
+    with pytest.raises(pb.ExecutionError, match=r"^target 'torch': no kernel for numpy_only$"):
+        pb.build(Function([x], Call(numpy_only, [x])), target="torch")
 
 
 def test_tensors_in_and_out_without_copies():

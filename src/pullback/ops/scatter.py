@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.errors import AttrError, ExecutionError
+from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import INT_DTYPES, is_float
 from . import layout as T
 from .common import normalize_axis, numel, tensor_arg
+from .kernels import check_range, grid, set_at
 from .registry import FusionKind, defop, get_op, type_error
 
 
@@ -49,33 +50,12 @@ def _infer(arg_types, attrs):
     return x
 
 
-def _positions(xp, x, idx, axis: int) -> tuple:
-    """The advanced index addressing ``x`` at gather's positions for ``idx`` (checked to be in range)."""
-    n = x.shape[axis]
-    if math.prod(idx.shape) and (int(xp.min(idx)) < 0 or int(xp.max(idx)) >= n):
-        raise ExecutionError(f"scatter: index out of range [0, {n}) along axis {axis}")
-    grid = []
-    for d in range(idx.ndim):
-        shape = [1] * idx.ndim
-        shape[d] = idx.shape[d]
-        grid.append(idx if d == axis else xp.reshape(xp.arange(idx.shape[d]), tuple(shape)))
-    return tuple(grid)
-
-
 def _kernel(xp, x, idx, u, attrs):
     if x.ndim == 0:
         return xp.reshape(u, ()) if math.prod(u.shape) else x
-    out = xp.asarray(x, copy=True)
-    out[_positions(xp, x, idx, attrs.axis % x.ndim)] = u
-    return out
-
-
-def _jax_impl(x, idx, u, attrs):
-    import jax.numpy as jnp
-
-    if x.ndim == 0:
-        return jnp.reshape(u, ()) if math.prod(u.shape) else x
-    return x.at[_positions(jnp, x, idx, attrs.axis % x.ndim)].set(u)
+    axis = attrs.axis % x.ndim
+    check_range("scatter", idx, 0, x.shape[axis], f"[0, {x.shape[axis]}) along axis {axis}")
+    return set_at(x, grid(xp, idx, axis), u)
 
 
 def _grad(call: Call, g: Expr):
@@ -85,7 +65,7 @@ def _grad(call: Call, g: Expr):
     return [scatter(g, idx, T.zeros_like(u), call.attrs.axis), None, get_op("gather")(g, call.attrs.axis, idx)]
 
 
-scatter = defop("scatter", 3, _infer, kernel=_kernel, impls={"jax": _jax_impl}, attrs_type=ScatterAttrs, grad=_grad,
+scatter = defop("scatter", 3, _infer, kernel=_kernel, attrs_type=ScatterAttrs, grad=_grad,
                 pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(ts[1].shape), torch_name="scatter",
                 doc="``scatter(data, indices, updates, axis)``: data with updates written at gather's positions.")
 

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.errors import AttrError
+from ..ir.errors import AttrError, ExecutionError
 from ..ir.types import Any, TensorType
 from .common import normalize_axis, numel, tensor_arg
-from .registry import FusionKind, defop
+from .kernels import is_traced
+from .registry import FusionKind, array_namespace, defop
 
 _NO_GRAD = "the result is integer indices: it carries no gradient"
 
@@ -67,7 +68,14 @@ def _nonzero_kernel(xp, x, attrs=None):
     return xp.astype(xp.stack(xp.nonzero(x), axis=-1), xp.int64)
 
 
-nonzero = defop("nonzero", 1, _nonzero_infer, kernel=_nonzero_kernel, differentiable=False, nondiff_reason=_NO_GRAD,
+def _nonzero_jax(x, attrs=None):
+    if is_traced(x):
+        raise ExecutionError("nonzero: the result's shape depends on the data, and the jax target compiles "
+                             "programs with jax.jit (static shapes); run this program on the numpy or torch target")
+    return _nonzero_kernel(array_namespace("jax"), x, attrs)
+
+
+nonzero = defop("nonzero", 1, _nonzero_infer, kernel=_nonzero_kernel, impls={"jax": _nonzero_jax}, differentiable=False, nondiff_reason=_NO_GRAD,
                 pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 0, torch_name="nonzero",
                 doc="``(n, ndim)`` int64 coordinates of the non-zero elements, in row-major order (``n`` is known at run time).")
 
