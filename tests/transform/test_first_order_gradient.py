@@ -17,6 +17,15 @@ from pullback.testing import check_grad, check_second_order
 from pullback.transform import FirstOrderGradient, InferType, gradient
 
 RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _reseed():
+    """Each test draws the same inputs whichever tests ran before it (pytest-xdist reorders them)."""
+    global RNG
+    RNG = np.random.default_rng(0)
+
+
 T23 = TensorType((2, 3), "float32")
 
 
@@ -682,7 +691,9 @@ def test_if_results_feeding_later_computation_with_shared_values(c1, c2):
     g = gradient(f)
     assert all(s.if_node is not None for s in _branch_scope_of(g, "sigmoid"))
     assert_valid(g)
-    check_grad(f, [np.array(c1), np.array(c2), randn(2, 3), randn(2, 3)])
+    # moderate inputs: exp(exp(y) * tanh(x) * y) reaches 1e5 at |y| ~ 2, where central differences
+    # in float64 lose six digits to rounding
+    check_grad(f, [np.array(c1), np.array(c2), 0.5 * randn(2, 3), 0.5 * randn(2, 3)])
 
 
 def test_dynamic_shape_residual_stays_shared_and_correct():
