@@ -185,12 +185,8 @@ def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = F
     return fn(node, mapped, into_functions)
 
 
-def transform(
-    root: Expr,
-    fn: Optional[Callable[[Expr, Expr], Optional[Expr]]] = None,
-    into_functions: bool = False,
-    memo: Optional[dict] = None,
-) -> Expr:
+def transform(root: Expr, fn: Optional[Callable[[Expr, Expr], Optional[Expr]]] = None, into_functions: bool = False,
+              memo: Optional[dict] = None) -> Expr:
     """Rebuild ``root`` bottom-up (an iterative ExprMutator).
 
     For each node, operands are rebuilt first; then ``fn(old, rebuilt)`` may
@@ -228,10 +224,6 @@ def free_vars(expr: Expr) -> list[Var]:
     return [v for v in seen if id(v) not in bound]
 
 
-def all_vars(expr: Expr) -> list[Var]:
-    return [n for n in post_order(expr, into_functions=True) if isinstance(n, Var)]
-
-
 def use_counts(root: Expr, into_functions: bool = False) -> dict[int, int]:
     """``id(node) -> number of operand slots that reference it`` (the root counts one use)."""
     counts: dict[int, int] = {id(root): 1}
@@ -265,7 +257,3 @@ def count_calls(root: Expr, names: Optional[Iterable[str]] = None, into_function
             if wanted is None or node.op.name in wanted:
                 n += 1
     return n
-
-
-def is_leaf(node: Expr) -> bool:
-    return isinstance(node, (Var, Constant, GlobalVar))

@@ -231,17 +231,8 @@ def _label(param: Var, path: tuple, index: tuple) -> str:
 # ------------------------------------------------------------------ checks
 
 
-def check_grad(
-    fn_or_mod: Union[Function, IRModule],
-    inputs: Sequence,
-    wrt=None,
-    eps: float = 1e-6,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    seed: int = 0,
-    func: str = "main",
-    max_coords: int = 30,
-) -> float:
+def check_grad(fn_or_mod: Union[Function, IRModule], inputs: Sequence, wrt=None, eps: float = 1e-6, rtol: float = 1e-5,
+               atol: float = 1e-6, seed: int = 0, func: str = "main", max_coords: int = 30) -> float:
     """Check ``FirstOrderGradient`` on ``fn_or_mod`` at ``inputs`` against central finite differences.
 
     The program is converted to float64; the vjp with a random cotangent ``ct`` is
@@ -285,16 +276,8 @@ def check_grad(
     return worst.check(f"check_grad of @{func}")
 
 
-def check_second_order(
-    fn_or_mod: Union[Function, IRModule],
-    inputs: Sequence,
-    wrt=None,
-    eps: float = 1e-6,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    seed: int = 0,
-    func: str = "main",
-) -> float:
+def check_second_order(fn_or_mod: Union[Function, IRModule], inputs: Sequence, wrt=None, eps: float = 1e-6,
+                       rtol: float = 1e-5, atol: float = 1e-6, seed: int = 0, func: str = "main") -> float:
     """Check second derivatives: the Hessian-vector product ``H v`` of ``s(x) = <ct, f(x)>``
     obtained by ``FirstOrderGradient`` applied to ``x -> grad(s)(x) . v`` (built from the
     generated ``@..._grad``) versus ``(grad s(x + eps v) - grad s(x - eps v)) / (2 eps)``.
