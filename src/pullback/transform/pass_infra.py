@@ -42,6 +42,7 @@ def gc_paused() -> Iterator[None]:
         if was_enabled:
             gc.enable()
 
+
 logger = logging.getLogger("pullback.transform")
 
 
