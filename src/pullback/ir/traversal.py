@@ -25,8 +25,6 @@ _MARK = object()  # post-order marker: the node below it on the stack is finishe
 
 def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
     """Every node reachable from ``root`` once, operands before users (explicit stack)."""
-    if into_functions:
-        return _post_order_into(root)
     visited: set[int] = set()
     add = visited.add
     order: list[Expr] = []
@@ -46,7 +44,7 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
         add(nid)
         push(node)
         push(mark)
-        kids = node.children()
+        kids = children(node, True) if into_functions else node.children()
         if len(kids) == 1:
             c = kids[0]
             if id(c) not in visited:
@@ -56,32 +54,6 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
                 c = kids[i]
                 if id(c) not in visited:
                     push(c)
-    return order
-
-
-def _post_order_into(root: Expr) -> list[Expr]:
-    visited: set[int] = set()
-    order: list[Expr] = []
-    stack: list = [root]
-    push = stack.append
-    pop = stack.pop
-    mark = _MARK
-    while stack:
-        node = pop()
-        if node is mark:
-            order.append(pop())
-            continue
-        nid = id(node)
-        if nid in visited:
-            continue
-        visited.add(nid)
-        push(node)
-        push(mark)
-        kids = children(node, True)
-        for i in range(len(kids) - 1, -1, -1):
-            c = kids[i]
-            if id(c) not in visited:
-                push(c)
     return order
 
 
