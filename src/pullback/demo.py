@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .analysis import program_stats
+from .analysis.fusion import fusion_report
 from .ir.module import IRModule
 from .runtime import build
 from .testing import check_grad
@@ -27,12 +28,6 @@ DATA_PARAMS = ("x", "y")  # model inputs that are data, not trained parameters
 
 def _section(title: str) -> None:
     print(f"\n== {title} " + "=" * max(0, 74 - len(title)))
-
-
-def _fusion_groups(mod: IRModule, func: str) -> int:
-    from .analysis.fusion import fusion_report
-
-    return fusion_report(mod, func).num_groups
 
 
 def _row(label: str, mod: IRModule, func: str, groups) -> list:
@@ -49,6 +44,12 @@ def _print_table(rows: list) -> None:
         print(fmt.format(*[str(c) for c in r]))
 
 
+def _timed(f: Callable, *args) -> tuple:
+    """``(f(*args), seconds it took)``."""
+    t0 = time.perf_counter()
+    return f(*args), time.perf_counter() - t0
+
+
 def _pipeline(title: str, mod: IRModule, inputs: list, trained: list, steps: int, lr: float,
               wrt=None, reference: Optional[Callable] = None) -> bool:
     """AD, clean-up and fusion of ``@main``, the before/after table, gradient checks, SGD steps.
@@ -59,21 +60,15 @@ def _pipeline(title: str, mod: IRModule, inputs: list, trained: list, steps: int
     """
     fwd_ops = program_stats(mod, "main")["calls"]
     _section(f"{title}: {fwd_ops} forward ops")
-    t0 = time.perf_counter()
-    grad_mod = FirstOrderGradient("main", wrt=wrt, mode="grad")(mod)
-    t_ad = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    clean = standard_cleanup()(grad_mod)
-    t_clean = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fused = FuseOps()(clean)
-    t_fuse = time.perf_counter() - t0
+    grad_mod, t_ad = _timed(FirstOrderGradient("main", wrt=wrt, mode="grad"), mod)
+    clean, t_clean = _timed(standard_cleanup(), grad_mod)
+    fused, t_fuse = _timed(FuseOps(), clean)
     print(f"FirstOrderGradient {t_ad * 1e3:.0f} ms, standard_cleanup {t_clean * 1e3:.0f} ms, FuseOps {t_fuse * 1e3:.0f} ms")
     _print_table([
         _row("forward @main", mod, "main", "-"),
         _row("gradient, as AD wrote it", grad_mod, "main_grad", "-"),
         _row("after standard_cleanup", clean, "main_grad", "-"),
-        _row("after FuseOps", fused, "main_grad", _fusion_groups(fused, "main_grad")),
+        _row("after FuseOps", fused, "main_grad", fusion_report(fused, "main_grad").num_groups),
     ])
 
     worst = check_grad(mod, inputs, wrt=wrt, max_coords=3, rtol=1e-5, atol=1e-6)

@@ -74,15 +74,7 @@ def _forward_set(fn: Function, name: str) -> Optional[set]:
     body = fn.body
     if not (name.endswith("_grad") and isinstance(body, Tuple) and len(body.fields) == 2):
         return None
-    seen: set[int] = set()
-    stack = [body.fields[0]]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.extend(n.children())
-    return seen
+    return {id(n) for n in post_order(body.fields[0])}
 
 
 def _is_group(n: Expr) -> bool:

@@ -28,6 +28,7 @@ Function. The algorithm, all loops flat (a chain of a million nodes is fine):
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -101,14 +102,10 @@ class Partition:
         """``(producer_index, consumer_index)`` for every dataflow edge between graph nodes."""
         index = self.index
         for ci, n in enumerate(self.nodes):
-            for c in _operands(n):
+            for c in n.children():
                 pi = index.get(id(c))
                 if pi is not None:
                     yield pi, ci
-
-
-def _operands(n: Expr) -> tuple:
-    return n.children()
 
 
 def num_ops(nodes) -> int:
@@ -152,7 +149,7 @@ class _Partitioner:
                         self.extern[pi] = True
                         self.extern_reason[pi] = self.extern_reason[pi] or f"used as {what}"
                 continue
-            for a in _operands(c):
+            for a in c.children():
                 pi = index.get(id(a))
                 if pi is None:
                     continue
@@ -246,7 +243,7 @@ class _Partitioner:
             return [sink]
         seen = {src}
         out = []
-        stack = [ci for ci, _ in self.outputs[src]]
+        stack = [ci for ci, _ in outs]
         while stack:
             i = stack.pop()
             if i in seen:
@@ -302,7 +299,7 @@ class _Partitioner:
         self.size = [1] * n
         self.gpattern = list(self.pattern)
         self.anchor = [p == OUT_EWISE for p in self.pattern]
-        self.args = [{id(a) for a in _operands(x) if not is_inline_constant(a)} for x in self.nodes]
+        self.args = [{id(a) for a in x.children() if not is_inline_constant(a)} for x in self.nodes]
         self._post_dominators()
         if self.fuse_opt_level > 0:
             reasons: list = [None] * n
@@ -436,9 +433,7 @@ class FusionReport:
                  f"({self.num_fused} fused, {self.num_groups - self.num_fused} single)"]
         if self.existing_primitives:
             lines.append(f"  ({self.existing_primitives} groups were primitive functions already)")
-        hist: dict[int, int] = {}
-        for s in self.group_sizes:
-            hist[s] = hist.get(s, 0) + 1
+        hist = Counter(self.group_sizes)
         lines.append("  ops per group: " + ", ".join(f"{k} op{'s' if k != 1 else ''} x {v}" for k, v in sorted(hist.items())))
         if self.blocked:
             lines.append(f"  edges that prevented fusion ({len(self.blocked)}):")

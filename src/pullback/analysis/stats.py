@@ -96,17 +96,8 @@ def count_identity_arith(target: Target, func: Optional[str] = None) -> int:
 
 
 def _count_identity(calls: list[Call]) -> int:
-    n = 0
-    for c in calls:
-        rule = _IDENTITY.get(c.op.name)
-        if rule is not None and any(_is_fill(c.args[i], rule[1]) for i in rule[0]):
-            n += 1
-    return n
-
-
-def _call_flops(call: Call) -> int:
-    op = call.op
-    return int(op.flops([a.checked_type for a in call.args], call.checked_type, call.attrs))
+    return sum(1 for c in calls if (rule := _IDENTITY.get(c.op.name)) is not None
+               and any(_is_fill(c.args[i], rule[1]) for i in rule[0]))
 
 
 def flops(target: Union[IRModule, Function], func: str = "main") -> int:
@@ -123,7 +114,7 @@ def flops(target: Union[IRModule, Function], func: str = "main") -> int:
             if not isinstance(n, Call):
                 continue
             if isinstance(n.op, OpDef):
-                total += _call_flops(n)
+                total += int(n.op.flops([a.checked_type for a in n.args], n.checked_type, n.attrs))
             elif isinstance(n.op, GlobalVar):
                 callees[n.op.name_hint] += 1
             else:
@@ -158,17 +149,10 @@ def program_stats(target: Union[IRModule, Function], func: str = "main") -> dict
     ``peak_bytes_no_reuse`` of ``func`` and the functions it calls."""
     fn, mod = resolve_function(target, func)
     calls = _calls(mod, func) if mod is not None else _calls(fn)
-    hist = _histogram(calls)
     peak, peak_no_reuse = peak_memories(fn)
-    return {
-        "ops": hist,
-        "calls": len(calls),
-        "like_ops": _count_like(calls),
-        "identity_arith": _count_identity(calls),
-        "flops": flops(target, func),
-        "peak_bytes": peak,
-        "peak_bytes_no_reuse": peak_no_reuse,
-    }
+    return {"ops": _histogram(calls), "calls": len(calls), "like_ops": _count_like(calls),
+            "identity_arith": _count_identity(calls), "flops": flops(target, func), "peak_bytes": peak,
+            "peak_bytes_no_reuse": peak_no_reuse}
 
 
 __all__ = ["LIKE_OPS", "op_histogram", "count_like_ops", "count_identity_arith", "flops", "program_stats"]

@@ -46,10 +46,8 @@ class RandomInput:
             raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
         if self.kind == "randperm":
             return torch.randperm(shape[0], dtype=dtype)
-        if self.kind == "uniform":
-            return torch.rand(shape, dtype=dtype)
-        if self.kind == "normal":
-            return torch.randn(shape, dtype=dtype)
+        if self.kind in ("uniform", "normal"):
+            return (torch.rand if self.kind == "uniform" else torch.randn)(shape, dtype=dtype)
         t = torch.empty_strided(shape, self.stride, dtype=dtype) if self.stride else torch.empty(shape, dtype=dtype)
         return t.bernoulli_(1.0 - self.rate).contiguous()
 

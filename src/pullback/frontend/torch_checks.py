@@ -33,10 +33,6 @@ def _device_problem(t, meta_hint: str = "") -> str:
     return f"is on device {t.device}; pullback needs CPU tensors with data ({why})"
 
 
-def _dtype_name(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def check_inputs(values: Sequence, who: str, what: str = "example input") -> None:
     """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype."""
     import torch
@@ -49,7 +45,7 @@ def check_inputs(values: Sequence, who: str, what: str = "example input") -> Non
         problem = _device_problem(v)
         if problem:
             raise PullbackError(f"{who}: {what} {i} {problem}")
-        if _dtype_name(v) not in DTYPES:
+        if str(v.dtype).removeprefix("torch.") not in DTYPES:
             raise PullbackError(f"{who}: {what} {i} has dtype {v.dtype}; supported: {', '.join(DTYPES)}")
 
 

@@ -85,14 +85,7 @@ class IRModule:
         if key in self._funcs and self._funcs[key] is fn:
             return self
         gv = self._gvars.get(key) or (name if isinstance(name, GlobalVar) else GlobalVar(key))
-        new = IRModule.__new__(IRModule)
-        funcs = dict(self._funcs)
-        gvars = dict(self._gvars)
-        funcs[key] = fn
-        gvars[key] = gv
-        new._funcs = funcs
-        new._gvars = gvars
-        return new
+        return _module({**self._funcs, key: fn}, {**self._gvars, key: gv})
 
     def with_functions(self, updates: Mapping[str, Function]) -> "IRModule":
         mod = self
@@ -101,11 +94,8 @@ class IRModule:
         return mod
 
     def without_function(self, name: str) -> "IRModule":
-        self[name]
-        new = IRModule.__new__(IRModule)
-        new._funcs = {k: f for k, f in self._funcs.items() if k != name}
-        new._gvars = {k: g for k, g in self._gvars.items() if k != name}
-        return new
+        self[name]  # raises the standard message
+        return _module({k: f for k, f in self._funcs.items() if k != name}, {k: g for k, g in self._gvars.items() if k != name})
 
     def astext(self) -> str:
         if not _PRINTER:
@@ -117,6 +107,13 @@ class IRModule:
 
     def __repr__(self) -> str:
         return f"IRModule({', '.join('@' + k for k in self._funcs)})"
+
+
+def _module(funcs: dict, gvars: dict) -> IRModule:
+    """A module over these (fresh) dicts, unchecked."""
+    new = IRModule.__new__(IRModule)
+    new._funcs, new._gvars = funcs, gvars
+    return new
 
 
 def _check_name(name) -> str:

@@ -25,8 +25,6 @@ _MARK = object()  # post-order marker: the node below it on the stack is finishe
 
 def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
     """Every node reachable from ``root`` once, operands before users (explicit stack)."""
-    if into_functions:
-        return _post_order_into(root)
     visited: set[int] = set()
     add = visited.add
     order: list[Expr] = []
@@ -46,7 +44,7 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
         add(nid)
         push(node)
         push(mark)
-        kids = node.children()
+        kids = children(node, True) if into_functions else node.children()
         if len(kids) == 1:
             c = kids[0]
             if id(c) not in visited:
@@ -56,32 +54,6 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
                 c = kids[i]
                 if id(c) not in visited:
                     push(c)
-    return order
-
-
-def _post_order_into(root: Expr) -> list[Expr]:
-    visited: set[int] = set()
-    order: list[Expr] = []
-    stack: list = [root]
-    push = stack.append
-    pop = stack.pop
-    mark = _MARK
-    while stack:
-        node = pop()
-        if node is mark:
-            order.append(pop())
-            continue
-        nid = id(node)
-        if nid in visited:
-            continue
-        visited.add(nid)
-        push(node)
-        push(mark)
-        kids = children(node, True)
-        for i in range(len(kids) - 1, -1, -1):
-            c = kids[i]
-            if id(c) not in visited:
-                push(c)
     return order
 
 
@@ -185,12 +157,8 @@ def rebuild(node: Expr, mapped: Callable[[Expr], Expr], into_functions: bool = F
     return fn(node, mapped, into_functions)
 
 
-def transform(
-    root: Expr,
-    fn: Optional[Callable[[Expr, Expr], Optional[Expr]]] = None,
-    into_functions: bool = False,
-    memo: Optional[dict] = None,
-) -> Expr:
+def transform(root: Expr, fn: Optional[Callable[[Expr, Expr], Optional[Expr]]] = None, into_functions: bool = False,
+              memo: Optional[dict] = None) -> Expr:
     """Rebuild ``root`` bottom-up (an iterative ExprMutator).
 
     For each node, operands are rebuilt first; then ``fn(old, rebuilt)`` may
@@ -228,10 +196,6 @@ def free_vars(expr: Expr) -> list[Var]:
     return [v for v in seen if id(v) not in bound]
 
 
-def all_vars(expr: Expr) -> list[Var]:
-    return [n for n in post_order(expr, into_functions=True) if isinstance(n, Var)]
-
-
 def use_counts(root: Expr, into_functions: bool = False) -> dict[int, int]:
     """``id(node) -> number of operand slots that reference it`` (the root counts one use)."""
     counts: dict[int, int] = {id(root): 1}
@@ -265,7 +229,3 @@ def count_calls(root: Expr, names: Optional[Iterable[str]] = None, into_function
             if wanted is None or node.op.name in wanted:
                 n += 1
     return n
-
-
-def is_leaf(node: Expr) -> bool:
-    return isinstance(node, (Var, Constant, GlobalVar))

@@ -6,13 +6,19 @@ from ..ops.registry import get_op as _get_op
 from ..ops.registry import list_ops as _list_ops
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    try:
-        return _get_op("nn." + name)
-    except Exception:
-        raise AttributeError(f"pullback.op.nn has no operator {name!r}") from None
+def _op_getattr(prefix: str, where: str):
+    """A module ``__getattr__`` (PEP 562) giving the operator named ``prefix + name``."""
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return _get_op(prefix + name)
+        except Exception:
+            raise AttributeError(f"{where} has no operator {name!r}") from None
+    return __getattr__
+
+
+__getattr__ = _op_getattr("nn.", "pullback.op.nn")
 
 
 def __dir__():

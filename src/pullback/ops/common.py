@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
-
 from ..ir.errors import AttrError
 from ..ir.types import Any, TensorType, Type, is_float
 from .registry import type_error
@@ -99,7 +97,3 @@ def check_shape_attr(shape, what: str = "shape") -> tuple:
         if d < 0:
             raise AttrError(f"{what} must not contain negative sizes, got {shape}")
     return shape
-
-
-def np_dtype(dtype: str):
-    return np.dtype(dtype)

@@ -235,9 +235,11 @@ def _mismatch(a, b) -> bool:
 
 
 def _conv_out_hw(attrs, hw, k):
-    p = attrs.padding
-    return (conv_out(hw[0], k[0], attrs.strides[0], attrs.dilation[0], p[0], p[2]),
-            conv_out(hw[1], k[1], attrs.strides[1], attrs.dilation[1], p[1], p[3]))
+    return _out_hw(hw, k, attrs.strides, attrs.dilation, attrs.padding)
+
+
+def _out_hw(hw, k, s, d, p) -> tuple:
+    return tuple(conv_out(hw[i], k[i], s[i], d[i], p[i], p[i + 2]) for i in range(2))
 
 
 def _check_out_hw(op, arg_types, out_hw, hw, k):
@@ -245,17 +247,29 @@ def _check_out_hw(op, arg_types, out_hw, hw, k):
         raise type_error(op, arg_types, f"the (dilated) kernel {k} does not fit the padded input {hw}")
 
 
+def _rank4(op: str, arg_types, what: str):
+    """The two same-dtype rank-4 tensor arguments of a convolution."""
+    a, b = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
+    same_dtype(op, arg_types)
+    if a.ndim != 4 or b.ndim != 4:
+        raise type_error(op, arg_types, f"expects {what} (rank 4)")
+    return a, b
+
+
+def _data_weight(op: str, arg_types, attrs, layout: str, dim0: str):
+    """Data and a static ``layout`` weight whose dim 0 (the ``dim0`` channels) splits into ``attrs.groups``."""
+    x, w = _rank4(op, arg_types, f"NCHW data and an {layout} weight")
+    _static(op, arg_types, "the weight shape", w.shape)
+    if w.shape[0] % attrs.groups:
+        raise type_error(op, arg_types, f"{dim0} channels {w.shape[0]} are not divisible by groups={attrs.groups}")
+    return x, w
+
+
 def _conv2d_infer(arg_types, attrs):
     op = "nn.conv2d"
-    x, w = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
-    same_dtype(op, arg_types)
-    if x.ndim != 4 or w.ndim != 4:
-        raise type_error(op, arg_types, "expects NCHW data and an OIHW weight (rank 4)")
-    _static(op, arg_types, "the weight shape", w.shape)
+    x, w = _data_weight(op, arg_types, attrs, "OIHW", "output")
     o, cg, kh, kw = w.shape
     g = attrs.groups
-    if o % g:
-        raise type_error(op, arg_types, f"output channels {o} are not divisible by groups={g}")
     if _mismatch(x.shape[1], cg * g):
         raise type_error(op, arg_types, f"data has {x.shape[1]} channels but the weight expects {cg} x groups={g} = {cg * g}")
     if attrs.channels is not None and attrs.channels != o:
@@ -271,8 +285,7 @@ def conv2d_nchw(x, w, strides: tuple, padding: tuple, dilation: tuple, groups: i
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     g = groups
-    out_hw = (conv_out(h, kh, strides[0], dilation[0], padding[0], padding[2]),
-              conv_out(wd, kw, strides[1], dilation[1], padding[1], padding[3]))
+    out_hw = _out_hw((h, wd), (kh, kw), strides, dilation, padding)
     win = windows(pad_spatial(np, x, padding), (kh, kw), strides, dilation, out_hw)
     if g == 1:  # im2col: one (C*KH*KW, N*OH*OW) copy, one BLAS matmul
         out = (w.reshape(o, -1) @ im2col_t(win)).reshape(o, n, *out_hw).transpose(1, 0, 2, 3)
@@ -361,22 +374,15 @@ conv2d = defop("nn.conv2d", 2, _conv2d_infer, kernel=_conv2d_kernel,
 
 
 def _convT_out_hw(attrs, hw, k):
-    p, op = attrs.padding, attrs.output_padding
-    return (convT_out(hw[0], k[0], attrs.strides[0], attrs.dilation[0], p[0], p[2], op[0]),
-            convT_out(hw[1], k[1], attrs.strides[1], attrs.dilation[1], p[1], p[3], op[1]))
+    a, p = attrs, attrs.padding
+    return tuple(convT_out(hw[i], k[i], a.strides[i], a.dilation[i], p[i], p[i + 2], a.output_padding[i]) for i in range(2))
 
 
 def _conv2d_transpose_infer(arg_types, attrs):
     op = "nn.conv2d_transpose"
-    x, w = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
-    same_dtype(op, arg_types)
-    if x.ndim != 4 or w.ndim != 4:
-        raise type_error(op, arg_types, "expects NCHW data and an IOHW weight (rank 4)")
-    _static(op, arg_types, "the weight shape", w.shape)
+    x, w = _data_weight(op, arg_types, attrs, "IOHW", "input")
     ci, og, kh, kw = w.shape
     g = attrs.groups
-    if ci % g:
-        raise type_error(op, arg_types, f"input channels {ci} are not divisible by groups={g}")
     if _mismatch(x.shape[1], ci):
         raise type_error(op, arg_types, f"data has {x.shape[1]} channels but the weight expects {ci}")
     if attrs.channels is not None and attrs.channels != og * g:
@@ -438,14 +444,18 @@ def _conv2d_transpose_as_conv(x, w, attrs):
     return conv2d_nchw(x, wf, (1, 1), pads, d, g)
 
 
-def _conv2d_transpose_jax(x, w, attrs):
-    """The adjoint of XLA's convolution (``jax.vjp``; the forward at zeros is dead code XLA removes)."""
+def _jax_adjoint(f, shape: tuple, ct):
+    """The adjoint of the linear ``f`` at ``ct`` (``jax.vjp``; the forward at zeros is dead code XLA removes)."""
     import jax
     import jax.numpy as jnp
 
+    return jax.vjp(f, jnp.zeros(shape, ct.dtype))[1](ct)[0]
+
+
+def _conv2d_transpose_jax(x, w, attrs):
+    """The adjoint of XLA's convolution w.r.t. its data."""
     out_shape = (x.shape[0], w.shape[1] * attrs.groups) + _convT_out_hw(attrs, x.shape[2:], w.shape[2:])
-    _, vjp = jax.vjp(lambda z: _conv2d_jax(z, w, attrs), jnp.zeros(out_shape, x.dtype))
-    return vjp(x)[0]
+    return _jax_adjoint(lambda z: _conv2d_jax(z, w, attrs), out_shape, x)
 
 
 def _conv2d_transpose_torch(x, w, attrs):
@@ -481,10 +491,7 @@ conv2d_transpose = defop("nn.conv2d_transpose", 2, _conv2d_transpose_infer, kern
 
 def _backward_weight_infer(arg_types, attrs):
     op = "nn.conv2d_backward_weight"
-    gy, x = tensor_arg(op, arg_types, 0), tensor_arg(op, arg_types, 1)
-    same_dtype(op, arg_types)
-    if gy.ndim != 4 or x.ndim != 4:
-        raise type_error(op, arg_types, "expects an NCHW output gradient and NCHW data (rank 4)")
+    gy, x = _rank4(op, arg_types, "an NCHW output gradient and NCHW data")
     _static(op, arg_types, "the channel dims", (gy.shape[1], x.shape[1]))
     o, c, g = gy.shape[1], x.shape[1], attrs.groups
     if o % g or c % g:
@@ -510,13 +517,9 @@ def _backward_weight_kernel(xp, gy, x, attrs):
 
 
 def _backward_weight_jax(gy, x, attrs):
-    """The adjoint of XLA's convolution w.r.t. the weight (``jax.vjp``)."""
-    import jax
-    import jax.numpy as jnp
-
+    """The adjoint of XLA's convolution w.r.t. the weight."""
     w_shape = (gy.shape[1], x.shape[1] // attrs.groups) + tuple(attrs.kernel_size)
-    _, vjp = jax.vjp(lambda w: _conv2d_jax(x, w, attrs), jnp.zeros(w_shape, x.dtype))
-    return vjp(gy)[0]
+    return _jax_adjoint(lambda w: _conv2d_jax(x, w, attrs), w_shape, gy)
 
 
 def _backward_weight_torch(gy, x, attrs):

@@ -27,18 +27,13 @@ class MatmulAttrs:
 
 
 @dataclass(frozen=True)
-class BatchMatmulAttrs:
-    transpose_a: bool = False
-    transpose_b: bool = True
-
-    def __post_init__(self):
-        check_bool(self, "transpose_a", "transpose_b")
+class BatchMatmulAttrs(MatmulAttrs):
+    transpose_b: bool = True  # Relay's default for batch_matmul
 
 
 def _mk(rank: int, name: str):
     def infer(arg_types, attrs):
-        a = tensor_arg(name, arg_types, 0)
-        b = tensor_arg(name, arg_types, 1)
+        a, b = tensor_arg(name, arg_types, 0), tensor_arg(name, arg_types, 1)
         same_dtype(name, arg_types)
         if a.ndim != rank or b.ndim != rank:
             raise type_error(name, arg_types, f"expects two tensors of rank {rank}, got ranks {a.ndim} and {b.ndim}")
@@ -48,7 +43,6 @@ def _mk(rank: int, name: str):
             raise type_error(name, arg_types, f"contraction sizes differ: {ka} (a, transpose_a={attrs.transpose_a}) vs {kb} (b, transpose_b={attrs.transpose_b})")
         batch = broadcast_shapes(name, arg_types, a.shape[:-2], b.shape[:-2])
         return TensorType(batch + (m, n), a.dtype)
-
 
     def flops(arg_types, out_type, attrs):
         a = arg_types[0]

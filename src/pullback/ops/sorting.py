@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..ir.errors import AttrError, ExecutionError
+from ..ir.errors import ExecutionError
 from ..ir.types import Any, TensorType
 from .common import normalize_axis, numel, tensor_arg
 from .kernels import is_traced
+from .nn import check_bool, check_int
 from .registry import FusionKind, array_namespace, defop
 
 _NO_GRAD = "the result is integer indices: it carries no gradient"
@@ -27,12 +26,8 @@ class ArgsortAttrs:
     descending: bool = False
 
     def __post_init__(self):
-        if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
-            raise AttrError(f"attribute axis must be an int, got {self.axis!r}")
-        if not isinstance(self.descending, (bool, np.bool_)):
-            raise AttrError(f"attribute descending must be a bool, got {self.descending!r}")
-        object.__setattr__(self, "axis", int(self.axis))
-        object.__setattr__(self, "descending", bool(self.descending))
+        check_int(self, "axis")
+        check_bool(self, "descending")
 
 
 def _argsort_infer(arg_types, attrs):

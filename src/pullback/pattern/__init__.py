@@ -7,34 +7,10 @@
 """
 
 from .matcher import captures_of, match, match_captures, match_pattern
-from .patterns import (
-    AltPattern,
-    AttrPattern,
-    CallPattern,
-    ConstantPattern,
-    DFPattern,
-    ExprPattern,
-    IfPattern,
-    OpPattern,
-    PredicatePattern,
-    TupleGetItemPattern,
-    TuplePattern,
-    TypePattern,
-    VarPattern,
-    WildcardPattern,
-    has_attr,
-    has_dtype,
-    has_shape,
-    has_type,
-    is_constant,
-    is_expr,
-    is_if,
-    is_op,
-    is_tuple,
-    is_tuple_get_item,
-    is_var,
-    wildcard,
-)
+from .patterns import (AltPattern, AttrPattern, CallPattern, ConstantPattern, DFPattern, ExprPattern, IfPattern, OpPattern,
+                       PredicatePattern, TupleGetItemPattern, TuplePattern, TypePattern, VarPattern, WildcardPattern, has_attr,
+                       has_dtype, has_shape, has_type, is_constant, is_expr, is_if, is_op, is_tuple, is_tuple_get_item, is_var,
+                       wildcard)
 from .rewrite import DFPatternCallback, rewrite, rewrite_expr, rewrite_module
 
 __all__ = [

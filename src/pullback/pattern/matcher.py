@@ -12,22 +12,8 @@ from typing import Optional
 
 from ..ir.expr import Call, Constant, Expr, Function, If, Tuple, TupleGetItem, Var, known_type
 from ..ir.types import Any, TensorType
-from .patterns import (
-    AltPattern,
-    AttrPattern,
-    CallPattern,
-    ConstantPattern,
-    DFPattern,
-    ExprPattern,
-    IfPattern,
-    OpPattern,
-    PredicatePattern,
-    TupleGetItemPattern,
-    TuplePattern,
-    TypePattern,
-    VarPattern,
-    WildcardPattern,
-)
+from .patterns import (AltPattern, AttrPattern, CallPattern, ConstantPattern, DFPattern, ExprPattern, IfPattern, OpPattern,
+                       PredicatePattern, TupleGetItemPattern, TuplePattern, TypePattern, VarPattern, WildcardPattern)
 
 _MISSING = object()
 
@@ -213,7 +199,7 @@ def _compilable(pattern: DFPattern) -> bool:
     stack = [(pattern, 1)]
     while stack:
         p, d = stack.pop()
-        if id(p) in seen or d > _MAX_COMPILED_DEPTH or type(p) not in _LEAF_MATCHERS and type(p) not in _INNER_KINDS:
+        if id(p) in seen or d > _MAX_COMPILED_DEPTH or type(p) not in _LEAF_TESTS and type(p) not in _INNER_KINDS:
             return False
         seen.add(id(p))
         if p.name is not None:
@@ -224,57 +210,34 @@ def _compilable(pattern: DFPattern) -> bool:
     return True
 
 
-def _m_wildcard(p):
+def _m_leaf(p):
+    """A leaf pattern: its local test (``_LEAF_TESTS``), then the binding."""
+    test = _LEAF_TESTS[type(p)](p)
+    if test is None:
+        def m(e, b):
+            b[p] = e
+            return True
+        return m
+
     def m(e, b):
-        b[p] = e
-        return True
-    return m
-
-
-def _m_expr(p):
-    x = p.expr
-
-    def m(e, b):
-        if e is not x:
+        if not test(e):
             return False
         b[p] = e
         return True
     return m
 
 
-def _m_var(p):
-    name = p.var_name
-
-    def m(e, b):
-        if not isinstance(e, Var) or (name and e.name_hint != name):
-            return False
-        b[p] = e
-        return True
-    return m
+_LEAF_TESTS = {
+    WildcardPattern: lambda p: None,
+    ExprPattern: lambda p: lambda e, x=p.expr: e is x,
+    VarPattern: lambda p: lambda e, n=p.var_name: isinstance(e, Var) and (not n or e.name_hint == n),
+    ConstantPattern: lambda p: lambda e: isinstance(e, Constant),
+    OpPattern: lambda p: _op_test(frozenset(id(o) for o in p.ops)),
+}
 
 
-def _m_constant(p):
-    def m(e, b):
-        if not isinstance(e, Constant):
-            return False
-        b[p] = e
-        return True
-    return m
-
-
-def _m_op(p):
-    ids = frozenset(id(o) for o in p.ops)
-
-    def m(e, b):
-        if not isinstance(e, Call) or id(e.op) not in ids:
-            return False
-        b[p] = e
-        return True
-    return m
-
-
-_LEAF_MATCHERS = {WildcardPattern: _m_wildcard, ExprPattern: _m_expr, VarPattern: _m_var,
-                  ConstantPattern: _m_constant, OpPattern: _m_op}
+def _op_test(ids: frozenset):
+    return lambda e: isinstance(e, Call) and id(e.op) in ids
 
 
 def _m_call(p, kids):
@@ -386,8 +349,8 @@ def compile_pattern(pattern: DFPattern):
             stack.append((p, True))
             stack.extend((c, False) for c in p.children())
             continue
-        leaf = _LEAF_MATCHERS.get(type(p))
-        built[id(p)] = leaf(p) if leaf is not None else _INNER_KINDS[type(p)](p, [built[id(c)] for c in p.children()])
+        kind = _INNER_KINDS.get(type(p))
+        built[id(p)] = _m_leaf(p) if kind is None else kind(p, [built[id(c)] for c in p.children()])
     root = built[id(pattern)]
 
     def run(e):

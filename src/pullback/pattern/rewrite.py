@@ -29,19 +29,8 @@ from ..ir.expr import Call, Constant, Expr, Function, If, Op, Tuple, TupleGetIte
 from ..ir.module import IRModule
 from ..ir.traversal import rebuild
 from .matcher import captures_of, compile_pattern
-from .patterns import (
-    AltPattern,
-    CallPattern,
-    ConstantPattern,
-    DFPattern,
-    ExprPattern,
-    IfPattern,
-    OpPattern,
-    TupleGetItemPattern,
-    TuplePattern,
-    VarPattern,
-    _Constrained,
-)
+from .patterns import (AltPattern, CallPattern, ConstantPattern, DFPattern, ExprPattern, IfPattern, OpPattern,
+                       TupleGetItemPattern, TuplePattern, VarPattern, _Constrained)
 
 Callback = Callable[[Expr, dict], Optional[Expr]]
 
@@ -67,9 +56,6 @@ class DFPatternCallback:
     def rewrite(self, expr):
         """Apply this callback to ``expr`` (an expression or Function) to a fixed point."""
         return rewrite([self], expr)
-
-
-Rule = Union[tuple, DFPatternCallback]
 
 
 class _Rule:

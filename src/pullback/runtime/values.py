@@ -130,10 +130,7 @@ def convert_input(value, ty: Type, name: str, fn_name: str, take: Callable = rea
     while stack:
         item = stack.pop()
         if item[0] == "pack":
-            n = item[1]
-            fields = tuple(out[len(out) - n:])
-            del out[len(out) - n:]
-            out.append(fields)
+            _pack(out, item[1])
             continue
         _, v, t, path = item
         if isinstance(t, TupleType):
@@ -149,6 +146,13 @@ def convert_input(value, ty: Type, name: str, fn_name: str, take: Callable = rea
         else:
             raise ExecutionError(f"@{fn_name}: parameter %{name}{path} has type {t!r}, which the executor cannot take as input")
     return out[0]
+
+
+def _pack(out: list, n: int) -> None:
+    """Replace the last ``n`` items of ``out`` by their tuple."""
+    fields = tuple(out[len(out) - n:])
+    del out[len(out) - n:]
+    out.append(fields)
 
 
 def _input_error(fn_name: str, name: str, expected: Type, given) -> ExecutionError:
@@ -169,10 +173,7 @@ def to_output(value, leaf: Optional[Callable] = None):
     while stack:
         item = stack.pop()
         if item[0] == "pack":
-            n = item[1]
-            fields = tuple(out[len(out) - n:])
-            del out[len(out) - n:]
-            out.append(fields)
+            _pack(out, item[1])
             continue
         v = item[1]
         if isinstance(v, (tuple, list)):

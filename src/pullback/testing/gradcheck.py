@@ -25,6 +25,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, TupleGetItem, V
 from ..ir.module import IRModule
 from ..ir.traversal import transform
 from ..ir.types import FLOAT_DTYPES, TensorType, TupleType, Type
+from ..transform.ad.common import build_struct, leaf_paths
 
 _LOW = tuple(d for d in FLOAT_DTYPES if d != "float64")
 
@@ -91,12 +92,6 @@ def to_float64(fn_or_mod: Union[Function, IRModule]) -> Union[Function, IRModule
 # ------------------------------------------------------------------ values
 
 
-def _leaf_paths(ty: Type) -> list:
-    from ..transform.ad.common import leaf_paths
-
-    return leaf_paths(ty)
-
-
 def _get(value, path: tuple):
     for i in path:
         value = value[i]
@@ -118,49 +113,29 @@ def _set(value, path: tuple, leaf):
     return new
 
 
+def _dtype64(t: TensorType) -> str:
+    return "float64" if t.dtype in FLOAT_DTYPES else t.dtype
+
+
 def _convert64(value, ty: Type):
     """Inputs as arrays, float leaves in float64 (nested tuples kept)."""
-    out = value
-    for path, t in _leaf_paths(ty):
-        leaf = _get(value, path)
-        arr = np.asarray(leaf, dtype="float64" if t.dtype in FLOAT_DTYPES else t.dtype)
-        out = _set(out, path, arr)
-    return out
+    return build_struct(ty, lambda path, t: np.asarray(_get(value, path), dtype=_dtype64(t)), pack=tuple)
 
 
 def _random_like(ty: Type, rng: np.random.Generator, like=None):
     """A random value of type ``ty``: standard normal float leaves, zero int/bool leaves.
 
     Shapes come from ``like`` (a value of type ``ty``, needed when ``ty`` has ``Any`` dims)."""
-    value = None
-    if isinstance(ty, TupleType):
-        value = _zeros_struct(ty)
-    for path, t in _leaf_paths(ty):
+    def leaf(path, t):
         shape = np.shape(_get(like, path)) if like is not None else tuple(int(d) for d in t.shape)
-        leaf = rng.standard_normal(shape) if t.dtype in FLOAT_DTYPES else np.zeros(shape, t.dtype)
-        value = _set(value, path, np.asarray(leaf, dtype="float64" if t.dtype in FLOAT_DTYPES else t.dtype))
-    return value
-
-
-def _zeros_struct(ty: Type):
-    """Nested tuples of None shaped like ``ty`` (filled by ``_set``)."""
-    out: dict = {}
-    stack = [((), ty, False)]
-    while stack:
-        path, t, done = stack.pop()
-        if not isinstance(t, TupleType):
-            out[path] = None
-        elif done:
-            out[path] = tuple(out.pop(path + (i,)) for i in range(len(t.fields)))
-        else:
-            stack.append((path, t, True))
-            stack.extend((path + (i,), f, False) for i, f in enumerate(t.fields))
-    return out[()]
+        value = rng.standard_normal(shape) if t.dtype in FLOAT_DTYPES else np.zeros(shape, t.dtype)
+        return np.asarray(value, dtype=_dtype64(t))
+    return build_struct(ty, leaf, pack=tuple)
 
 
 def _dot(a, b, ty: Type) -> float:
     """Sum over float leaves of ``sum(a * b)``."""
-    return float(sum(np.sum(_get(a, p) * _get(b, p)) for p, t in _leaf_paths(ty) if t.dtype in FLOAT_DTYPES))
+    return float(sum(np.sum(_get(a, p) * _get(b, p)) for p, t in leaf_paths(ty) if t.dtype in FLOAT_DTYPES))
 
 
 def _prepare(fn_or_mod, func: str, wrt, inputs: Sequence):
@@ -231,17 +206,8 @@ def _label(param: Var, path: tuple, index: tuple) -> str:
 # ------------------------------------------------------------------ checks
 
 
-def check_grad(
-    fn_or_mod: Union[Function, IRModule],
-    inputs: Sequence,
-    wrt=None,
-    eps: float = 1e-6,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    seed: int = 0,
-    func: str = "main",
-    max_coords: int = 30,
-) -> float:
+def check_grad(fn_or_mod: Union[Function, IRModule], inputs: Sequence, wrt=None, eps: float = 1e-6, rtol: float = 1e-5,
+               atol: float = 1e-6, seed: int = 0, func: str = "main", max_coords: int = 30) -> float:
     """Check ``FirstOrderGradient`` on ``fn_or_mod`` at ``inputs`` against central finite differences.
 
     The program is converted to float64; the vjp with a random cotangent ``ct`` is
@@ -268,7 +234,7 @@ def check_grad(
 
     worst = _Worst(rtol, atol)
     for k, (pos, param) in enumerate(zip(positions, params)):
-        for path, t in _leaf_paths(param.type_annotation):
+        for path, t in leaf_paths(param.type_annotation):
             if t.dtype not in FLOAT_DTYPES:
                 continue
             base = _get(xs[pos], path)
@@ -285,16 +251,8 @@ def check_grad(
     return worst.check(f"check_grad of @{func}")
 
 
-def check_second_order(
-    fn_or_mod: Union[Function, IRModule],
-    inputs: Sequence,
-    wrt=None,
-    eps: float = 1e-6,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    seed: int = 0,
-    func: str = "main",
-) -> float:
+def check_second_order(fn_or_mod: Union[Function, IRModule], inputs: Sequence, wrt=None, eps: float = 1e-6,
+                       rtol: float = 1e-5, atol: float = 1e-6, seed: int = 0, func: str = "main") -> float:
     """Check second derivatives: the Hessian-vector product ``H v`` of ``s(x) = <ct, f(x)>``
     obtained by ``FirstOrderGradient`` applied to ``x -> grad(s)(x) . v`` (built from the
     generated ``@..._grad``) versus ``(grad s(x + eps v) - grad s(x - eps v)) / (2 eps)``.
@@ -312,7 +270,7 @@ def check_second_order(
 
     def dot_const(value: Expr, ty: Type, const) -> Expr:
         terms = []
-        for path, t in _leaf_paths(ty):
+        for path, t in leaf_paths(ty):
             if t.dtype in FLOAT_DTYPES:
                 leaf = value
                 for i in path:
@@ -342,7 +300,7 @@ def check_second_order(
     def grad_at(sign: float):
         args = list(xs)
         for k, pos in enumerate(positions):
-            for path, t in _leaf_paths(fn.params[pos].type_annotation):
+            for path, t in leaf_paths(fn.params[pos].type_annotation):
                 if t.dtype in FLOAT_DTYPES:
                     leaf = _get(args[pos], path) + sign * eps * _get(v[k], path)
                     args[pos] = _set(args[pos], path, leaf)
@@ -352,7 +310,7 @@ def check_second_order(
     worst = _Worst(rtol, atol)
     for k, pos in enumerate(positions):
         param = fn.params[pos]
-        for path, t in _leaf_paths(param.type_annotation):
+        for path, t in leaf_paths(param.type_annotation):
             if t.dtype not in FLOAT_DTYPES:
                 continue
             numeric = (np.asarray(_get(plus[k], path)) - np.asarray(_get(minus[k], path))) / (2 * eps)

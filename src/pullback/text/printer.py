@@ -95,12 +95,12 @@ def type_text(ty: Optional[Type]) -> str:
             out.append(f"Tensor[{_dims_text(t.shape)}, {t.dtype}]")
         elif isinstance(t, TupleType):
             stack.append(",)" if len(t.fields) == 1 else ")")
-            _push_list(stack, t.fields)
+            _push_list(stack, t.fields, ", ")
             stack.append("(")
         elif isinstance(t, FuncType):
             stack.append(t.ret_type)
             stack.append(") -> ")
-            _push_list(stack, t.arg_types)
+            _push_list(stack, t.arg_types, ", ")
             stack.append("fn (")
         elif t is None:
             out.append("?")
@@ -109,12 +109,12 @@ def type_text(ty: Optional[Type]) -> str:
     return "".join(out)
 
 
-def _push_list(stack: list, items) -> None:
-    """Push ``items`` separated by ', ' so that they pop in order."""
+def _push_list(stack: list, items, sep) -> None:
+    """Push ``items`` separated by ``sep`` so that they pop in order."""
     for i in range(len(items) - 1, -1, -1):
         stack.append(items[i])
         if i:
-            stack.append(", ")
+            stack.append(sep)
 
 
 def _scalar_text(v) -> str:
@@ -139,11 +139,11 @@ def value_text(value) -> str:
             out.append(v.text)
         elif isinstance(v, tuple):
             stack.append(_Lit(",)" if len(v) == 1 else ")"))
-            _push_lits(stack, v)
+            _push_list(stack, v, _COMMA)
             stack.append(_Lit("("))
         elif isinstance(v, list):
             stack.append(_Lit("]"))
-            _push_lits(stack, v)
+            _push_list(stack, v, _COMMA)
             stack.append(_Lit("["))
         else:
             out.append(_scalar_text(v))
@@ -158,13 +158,6 @@ class _Lit:
 
 
 _COMMA = _Lit(", ")
-
-
-def _push_lits(stack: list, items) -> None:
-    for i in range(len(items) - 1, -1, -1):
-        stack.append(items[i])
-        if i:
-            stack.append(_COMMA)
 
 
 def _attrs_text(attrs) -> list[str]:
@@ -380,8 +373,7 @@ class _Printer:
                 yield self.function(n.op, "fn ", indent, self.bind(n.op))
             text = self.expr_text(n)
             name = self.bind(n)
-            if self.record is not None:
-                self.record[id(n)] = f"{name} = {text}"
+            self._record(n, f"{name} = {text}")
             lines.append(f"{indent}{name} = {text};")
         # the block's value, unbound
         if id(body) in names or not isinstance(body, _BOUND):
@@ -437,10 +429,6 @@ class _Printer:
                 stack.pop()
 
 
-def _def_prefix(gv: GlobalVar) -> str:
-    return f"def {global_text(gv)}"
-
-
 def _print_unit(obj: Expr, meta: list, meta_index: dict, prefix: Optional[str] = None, record: bool = False) -> _Printer:
     p = _Printer(meta, meta_index, record)
     if isinstance(obj, Function):
@@ -464,7 +452,7 @@ def astext(obj: Union["IRModule", Expr, Type]) -> str:  # noqa: F821
     if isinstance(obj, IRModule):
         chunks = []
         for gv in obj.get_global_vars():
-            p = _print_unit(obj[gv], meta, meta_index, _def_prefix(gv))
+            p = _print_unit(obj[gv], meta, meta_index, f"def {global_text(gv)}")
             chunks.append("\n".join(p.lines))
         lines = ["\n\n".join(chunks)] if chunks else []
     elif isinstance(obj, Expr):

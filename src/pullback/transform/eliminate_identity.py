@@ -75,14 +75,7 @@ def keeps_type(x: Expr, other: Expr, out: Expr) -> bool:
 
 
 # (operator, position of x, identity value): x op k == x, or k op x == x
-IDENTITIES: tuple = (
-    ("add", 0, 0),
-    ("add", 1, 0),
-    ("subtract", 0, 0),
-    ("multiply", 0, 1),
-    ("multiply", 1, 1),
-    ("divide", 0, 1),
-)
+IDENTITIES: tuple = (("add", 0, 0), ("add", 1, 0), ("subtract", 0, 0), ("multiply", 0, 1), ("multiply", 1, 1), ("divide", 0, 1))
 
 
 def _identity_rule(op_name: str, pos: int, value):

@@ -19,7 +19,6 @@ function is never replaced. Steps:
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -33,7 +32,7 @@ from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typ
 from .ad.inline import inline_calls
 from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
-from .pass_infra import ModulePass, PassContext
+from .pass_infra import ModulePass, PassContext, gc_paused
 
 WrtSpec = Optional[Union[str, Var, Sequence[Union[str, Var]]]]
 MODES = ("grad", "vjp")
@@ -92,13 +91,8 @@ def _at(e: Expr, path) -> Expr:
 
 def differentiate(mod: IRModule, func: str = "main", wrt: WrtSpec = None, mode: str = "grad") -> Function:
     """The gradient function of ``mod[func]`` (see ``FirstOrderGradient``)."""
-    was_enabled = gc.isenabled()
-    gc.disable()  # millions of new acyclic nodes: the cyclic GC would only rescan them
-    try:
+    with gc_paused():
         return _differentiate(mod, func, wrt, mode)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Function:

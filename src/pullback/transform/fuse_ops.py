@@ -13,8 +13,6 @@ them are opaque, so running FuseOps twice changes nothing the second time.
 
 from __future__ import annotations
 
-import gc
-
 from ..analysis.fusion import DEFAULT_MAX_ARGS, DEFAULT_MAX_DEPTH, is_inline_constant, num_ops, partition
 from ..ir.errors import PassError
 from ..ir.expr import Call, Constant, Expr, Function, Var
@@ -22,7 +20,7 @@ from ..ir.module import IRModule
 from ..ir.traversal import rebuild
 from dataclasses import dataclass
 from ..analysis.type_infer import infer_module
-from .pass_infra import FunctionPass, PassContext
+from .pass_infra import FunctionPass, PassContext, gc_paused
 
 
 def _param_name(node: Expr, k: int) -> str:
@@ -32,13 +30,8 @@ def _param_name(node: Expr, k: int) -> str:
 def fuse_function(fn: Function, fuse_opt_level: int = 2, max_depth: int = DEFAULT_MAX_DEPTH,
                   max_args: int = DEFAULT_MAX_ARGS) -> Function:
     """``fn`` (typed) with every group of more than one op made a primitive function; ``fn`` if none."""
-    was_enabled = gc.isenabled()
-    gc.disable()  # many new acyclic nodes and index lists: the cyclic GC would only rescan them
-    try:
+    with gc_paused():
         return _fuse_function(fn, fuse_opt_level, max_depth, max_args)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _fuse_function(fn: Function, fuse_opt_level: int, max_depth: int, max_args: int) -> Function:

@@ -98,8 +98,9 @@ def at_path(value: Expr, path: Path) -> Expr:
     return value
 
 
-def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
-    """The expression of type ``ty`` whose tensor leaves are ``leaf(path, type)`` (nested Tuples)."""
+def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr], pack: Callable = Tuple) -> Expr:
+    """The expression of type ``ty`` whose tensor leaves are ``leaf(path, type)``, called left to right
+    (nested Tuples; ``pack=tuple`` builds a value of nested Python tuples)."""
     out: dict = {}
     stack = [((), ty, False)]
     while stack:
@@ -107,7 +108,7 @@ def build_struct(ty: Type, leaf: Callable[[Path, TensorType], Expr]) -> Expr:
         if not isinstance(t, TupleType):
             out[path] = leaf(path, t)
         elif done:
-            out[path] = Tuple([out.pop(path + (i,)) for i in range(len(t.fields))])
+            out[path] = pack([out.pop(path + (i,)) for i in range(len(t.fields))])
         else:
             stack.append((path, t, True))
             for i in range(len(t.fields) - 1, -1, -1):
