@@ -22,7 +22,7 @@ from . import reduce as R
 from . import special
 from .common import float_arg, normalize_axis
 from .nn import as_dtype, check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer, widen16
-from .registry import FusionKind, defop
+from .registry import FusionKind, Recompute, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
 
@@ -39,7 +39,7 @@ def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: s
         return as_dtype(xp, kernel(xp, x, attrs), x.dtype)
 
     return defop(name, 1, unary_float_infer(name), kernel=typed, impls=impls, attrs_type=attrs_type, grad=grad,
-                 pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name,
+                 pattern=FusionKind.ELEMWISE, recompute=Recompute.SPECIAL, flops=numel_flops(per_elem), torch_name=torch_name,
                  elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES)
 
 
