@@ -156,16 +156,17 @@ class _Split:
         needed.update(id(f) for f in fields if id(f) in on_var and id(f) not in backward)
         self.needed = needed
 
+    def unconditional(self, node: Expr) -> bool:
+        """Is ``node`` available outside every If branch (a parameter, or evaluated in the body's own scope)?"""
+        return isinstance(node, Var) or self.scopes.scope_of.get(id(node)) is self.scopes.root
+
     def forward_values(self) -> list:
-        """Forward values (depending on a parameter, evaluated unconditionally) the backward reaches, in order."""
-        scope_of, root = self.scopes.scope_of, self.scopes.root
-        return [n for n in self.bwd_order
-                if id(n) in self.on_var and id(n) not in self.backward and scope_of[id(n)] is root]
+        """Unconditional forward values (depending on a parameter) the backward reaches, in program order."""
+        return [n for n in self.bwd_order if id(n) in self.on_var and id(n) not in self.backward and self.unconditional(n)]
 
     def operands(self, forward: list) -> dict:
         """``id(node) -> [unconditional forward operands]`` for ``forward``: an If reads what its branches read
         from outside them (through the nodes evaluated inside)."""
-        scope_of, root = self.scopes.scope_of, self.scopes.root
         fwd_ids = {id(n) for n in forward}
         ops: dict[int, list] = {id(n): [] for n in forward}
         for n in forward:
@@ -182,7 +183,7 @@ class _Split:
                 if id(c) in seen:
                     continue
                 seen.add(id(c))
-                if scope_of.get(id(c)) is root:
+                if self.unconditional(c):
                     if id(c) in fwd_ids:
                         reads.append(c)
                     continue
