@@ -39,7 +39,7 @@ def gradient_program(name: str, small: bool):
     state = dict(model.named_parameters(remove_duplicate=False))
     state.update(model.named_buffers(remove_duplicate=False))
     tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog, inputs)
-    return mod, [np.ascontiguousarray(t.detach().numpy()) for t in tensors]
+    return mod, [np.array(t.detach().numpy()) for t in tensors]
 
 
 def _cotangent(out):
