@@ -27,15 +27,22 @@ a parameter (constants) are recomputed where needed. Policies:
   nanosecond. Ops of class ``Recompute.NEVER`` (GEMMs, convolutions, reductions,
   softmax, normalisations, opaque ops) and Ifs are never recomputed. So views
   and one-pass elementwise ops (~0.15 ns per float32 byte) are recomputed where
-  that saves bytes; special functions (erf, gelu, sigmoid: ~3 ns per byte with
-  NumPy, ~0.5 with torch) only on targets where they are cheap. Its residuals
+  that saves bytes, and special functions (erf, gelu, sigmoid: ~3 ns per float32
+  byte with NumPy, ~0.5 with torch) under the default budget
+  (``DEFAULT_NS_PER_BYTE``, 4 ns per byte: on a transformer layer, recomputing the
+  GELU frees a sixth of ``save_all``'s bytes for ~5% of a NumPy step;
+  ``bench/experiments/REPORT.md``), not silu (~6.5 with NumPy). Its residuals
   never take more bytes than ``save_all``'s (that set is a cut, and a cheaper
-  cut is only taken when it saves bytes).
+  cut is only taken when it saves bytes). Before the cut, ops with a ``decompose`` rule
+  (``nn.layer_norm``) are written with simpler ops sharing the statistics their gradient
+  computes (``decompose``): the backward then recomputes a layer norm's output from its
+  input and two per-row statistics instead of keeping it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,6 +55,7 @@ from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TensorType, TupleType
 from ..ops.registry import OpDef, Recompute
+from .cse import cse_expr
 from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
@@ -62,6 +70,8 @@ RECOMPUTE_NS: dict[str, dict[Recompute, float]] = {
     "torch": {Recompute.VIEW: 0.0, Recompute.CHEAP: 0.6, Recompute.SPECIAL: 2.0},
     "jax": {Recompute.VIEW: 0.0, Recompute.CHEAP: 0.6, Recompute.SPECIAL: 2.0},
 }
+# The most recomputation time (ns) one byte of residual is worth by default.
+DEFAULT_NS_PER_BYTE = 4.0
 
 
 def _fields(body: Expr) -> tuple[Expr, Expr]:
@@ -233,11 +243,41 @@ def _min_cut(split: _Split, target: str, ns_per_byte: float) -> list:
     return [n for n in forward if ("in", id(n)) in reach and ("out", id(n)) not in reach]
 
 
+def _never_calls(body: Expr) -> Counter:
+    return Counter(n.op.name for n in post_order(body)
+                   if isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.recompute is Recompute.NEVER)
+
+
+def decompose(fn: Function) -> Function:
+    """``fn`` with the unconditional calls of ops that have a ``decompose`` rule (``nn.layer_norm``) written
+    with simpler ops, merged (CSE) with the statistics their gradient rules compute: the forward then
+    computes them once and the result becomes cheap to recompute from them. ``fn`` itself when that would
+    compute some GEMM, reduction or other ``Recompute.NEVER`` op more often (statistics nothing shares)."""
+    order = post_order(fn.body)
+    scopes = ScopeInfo(fn.body, order)
+
+    def rewrite(old: Expr, new: Expr) -> Optional[Expr]:
+        if (isinstance(new, Call) and isinstance(new.op, OpDef) and new.op.decompose is not None
+                and scopes.scope_of.get(id(old)) is scopes.root):
+            return new.op.decompose(new)
+        return None
+
+    body = transform(fn.body, rewrite)
+    if body is fn.body:
+        return fn
+    body = cse_expr(body)
+    if _never_calls(body) - _never_calls(fn.body):
+        return fn
+    return Function(list(fn.params), body, fn.ret_type)
+
+
 def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", target: str = "numpy",
-              recompute_ns_per_byte: float = 1.0) -> tuple[Function, Function]:
+              recompute_ns_per_byte: float = DEFAULT_NS_PER_BYTE) -> tuple[Function, Function]:
     """``(fwd, bwd)`` Functions for the vjp-mode gradient function ``fn`` (see the module docstring)."""
     _check_options(policy, target, recompute_ns_per_byte)
     _check_vjp(fn, name)
+    if policy == "min_cut":
+        fn = decompose(fn)
     ct = fn.params[-1]
     split = _Split(fn, name)
     if policy == "save_all":
@@ -292,7 +332,7 @@ class PartitionForwardBackward(ModulePass):
     policy: str = "save_all"
     names: Optional[tuple] = None
     target: str = "numpy"
-    recompute_ns_per_byte: float = 1.0
+    recompute_ns_per_byte: float = DEFAULT_NS_PER_BYTE
 
     def __post_init__(self):
         func = self.func
@@ -310,4 +350,5 @@ class PartitionForwardBackward(ModulePass):
         infer_module(new)
         return new
 
-__all__ = ["PartitionForwardBackward", "partition", "recomputable", "recompute_class", "POLICIES", "RECOMPUTE_NS"]
+__all__ = ["PartitionForwardBackward", "partition", "recomputable", "recompute_class", "POLICIES", "RECOMPUTE_NS", "DEFAULT_NS_PER_BYTE",
+           "decompose"]
