@@ -12,8 +12,8 @@ as PyTorch's saved-tensor hooks count storages), ``act`` leaves out the residual
 row is PyTorch's: the storages autograd saves in one forward (saved-tensor hooks, as ``bench/torch_train.py``
 counts them; ``act`` without parameters and inputs), untimed.
 
-    .venv/bin/python bench/experiments/partition_policies.py [--only transformer,bert] [--targets numpy,torch]
-        [--costs numpy,torch] [--budgets 1,4] [--rounds 5] [--reps 5] [--threads 1] [--small]
+    .venv/bin/python bench/experiments/partition_policies.py [--only transformer,bert] [--targets numpy,jax]
+        [--costs numpy] [--budgets 1,4] [--rounds 5] [--reps 3] [--threads 1] [--small]
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ def _cotangent(out):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="transformer,bert,cnn,resnet")
-    ap.add_argument("--targets", default="numpy,torch", help="executors to time")
-    ap.add_argument("--costs", default="numpy,torch", help="RECOMPUTE_NS tables min_cut is run with")
+    ap.add_argument("--only", default="transformer,bert")
+    ap.add_argument("--targets", default="numpy,jax", help="executors to time (numpy, jax, torch)")
+    ap.add_argument("--costs", default="numpy", help="RECOMPUTE_NS tables min_cut is run with")
     ap.add_argument("--budgets", default="1,4", help="recompute_ns_per_byte values min_cut is run with")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="fwd+bwd runs per configuration and round (the round keeps the min)")
@@ -97,10 +97,10 @@ def main() -> None:
             runs = {}
             for key, (pm, _) in parts.items():
                 exe = build(pm, target=target)
-                args_in = inputs if target == "numpy" else [torch.from_numpy(a) for a in inputs]
+                args_in = [torch.from_numpy(a) for a in inputs] if target == "torch" else inputs
                 out, res = exe["main_fwd"](*args_in)
                 ct = _cotangent(out if target == "numpy" else _to_numpy(out))
-                if target != "numpy":
+                if target == "torch":
                     ct = _to_torch(ct)
 
                 def run(exe=exe, args_in=args_in, ct=ct):
@@ -143,7 +143,9 @@ def eager_saved_bytes(name: str, small: bool) -> tuple[int, int]:
 
 
 def _to_numpy(x):
-    return tuple(_to_numpy(v) for v in x) if isinstance(x, tuple) else x.numpy()
+    import numpy as np
+
+    return tuple(_to_numpy(v) for v in x) if isinstance(x, tuple) else np.asarray(x)
 
 
 def _to_torch(x):

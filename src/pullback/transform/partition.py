@@ -30,7 +30,7 @@ a parameter (constants) are recomputed where needed. Policies:
   that saves bytes, and special functions (erf, gelu, sigmoid: ~3 ns per float32
   byte with NumPy, ~0.5 with torch) under the default budget
   (``DEFAULT_NS_PER_BYTE``, 4 ns per byte: on a transformer layer, recomputing the
-  GELU frees a sixth of ``save_all``'s bytes for ~5% of a NumPy step;
+  GELU frees a sixth of ``save_all``'s bytes for 7-10% of a NumPy step;
   ``bench/experiments/REPORT.md``), not silu (~6.5 with NumPy). Its residuals
   never take more bytes than ``save_all``'s (that set is a cut, and a cheaper
   cut is only taken when it saves bytes). Before the cut, ops with a ``decompose`` rule
