@@ -30,13 +30,14 @@ a parameter (constants) are recomputed where needed. Policies:
   that saves bytes, and special functions (erf, gelu, sigmoid: ~3 ns per float32
   byte with NumPy, ~0.5 with torch) under the default budget
   (``DEFAULT_NS_PER_BYTE``, 4 ns per byte: on a transformer layer, recomputing the
-  GELU frees a sixth of ``save_all``'s bytes for 7-10% of a NumPy step;
+  GELU frees a sixth of ``save_all``'s bytes for one erf pass, ~9% of a NumPy step;
   ``bench/experiments/REPORT.md``), not silu (~6.5 with NumPy). Its residuals
   never take more bytes than ``save_all``'s (that set is a cut, and a cheaper
   cut is only taken when it saves bytes). Before the cut, ops with a ``decompose`` rule
-  (``nn.layer_norm``) are written with simpler ops sharing the statistics their gradient
-  computes (``decompose``): the backward then recomputes a layer norm's output from its
-  input and two per-row statistics instead of keeping it.
+  (``nn.layer_norm``, ``nn.gelu``) are written with simpler ops sharing what their gradient
+  computes (``decompose``): the forward computes a layer norm's statistics and a GELU's erf
+  once (``save_all`` computes them twice), and the backward can recompute a layer norm's
+  output from its centred input and one std per row, a GELU from its input with one erf.
 """
 
 from __future__ import annotations
