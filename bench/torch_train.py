@@ -17,9 +17,14 @@ times are comparable. Columns:
   high-water mark is reset then through ``/proc/self/clear_refs``, so import-time peaks do not count);
   ``+MB``: that peak above the resident memory just before compiling (libraries imported, model and batch
   built): what compiling and training added;
-- ``saved MB``: bytes saved for the backward, parameters included: eager and Inductor through
-  ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages), pullback the residuals of
-  ``@main_fwd`` (``analysis.saved_bytes``) under ``--policy``;
+- ``saved MB``: bytes saved for the backward, parameters and inputs included: eager and Inductor through
+  ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages: a weight autograd saves, e.g. as
+  ``w.t()`` for a linear layer, counts once, as does an input batch it saves), pullback the residuals of
+  ``@main_fwd`` (``analysis.saved_bytes``; a parameter or input of the program counts once);
+  ``act MB``: the same without the parameters' and inputs' storages (eager) or the residuals that are
+  parameters of ``@main_fwd`` (pullback): the memory that saving for the backward adds;
+- pullback rows come once per ``--policy`` (``save_all``, ``min_cut``); below the table, per workload and
+  target, min_cut's saved bytes and step time as a share of save_all's;
 - ``cpu ms``: the process's CPU time per step (median; all its threads): with ``--threads 1`` a figure
   of the work done that other processes on the machine barely change;
 - ``others``: the share of all CPUs that other processes used during the timed steps (/proc/stat minus
@@ -31,7 +36,7 @@ A workload the importer cannot import prints the error class in its rows. pullba
 of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
 
     .venv/bin/python bench/torch_train.py [--small] [--only transformer,bert] [--reps 20]
-        [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all|min_cut]
+        [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all,min_cut]
         [--rounds 2] [--quiet 300] [--threads 2] [--json rows.json]
 """
 
@@ -147,7 +152,9 @@ def blas_rates(threads: int, reps: int = 7) -> dict:
     return rates
 
 
-def _saved_bytes_eager(step) -> int:
+def _saved_bytes_eager(step, held) -> tuple[int, int]:
+    """(all, activations): bytes of the distinct storages autograd saves during ``step``; activations leave
+    out the storages of ``held`` (parameters, buffers and inputs: alive anyway)."""
     import torch
 
     storages: dict = {}
@@ -159,7 +166,8 @@ def _saved_bytes_eager(step) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         step()
-    return sum(storages.values())
+    kept = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
+    return sum(storages.values()), sum(v for k, v in storages.items() if k not in kept)
 
 
 def _gemm_flops(model, inputs) -> int:
@@ -232,12 +240,15 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
     if config in ("eager", "inductor"):
-        row["saved_mb"] = _saved_bytes_eager(step) / 2**20
+        held = [*model.parameters(), *model.buffers(), *inputs]
+        total, act = _saved_bytes_eager(step, held)
+        row["saved_mb"], row["act_mb"] = total / 2**20, act / 2**20
     else:
         from pullback.analysis.saved import saved_bytes
 
         (tp,) = m._programs.values()
         row["saved_mb"] = saved_bytes(tp.mod, "main_fwd") / 2**20
+        row["act_mb"] = saved_bytes(tp.mod, "main_fwd", inputs=False) / 2**20
     return row
 
 
@@ -296,9 +307,27 @@ def _f(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def config_name(target: str, policy: str) -> str:
+    """A pullback row's config: the target, with the policy when it is not save_all."""
+    return target if policy == "save_all" else f"{target}/{policy}"
+
+
+def _policy_note(rows: dict, w: str, configs: list) -> str:
+    """Each non-save_all policy's saved bytes and step time as a share of save_all's on the same target."""
+    parts = []
+    for c in configs:
+        target, _, policy = c.partition("/")
+        base, r = rows.get((w, target), {}), rows.get((w, c), {})
+        if policy and "step_ms" in r and "step_ms" in base:
+            parts.append(f"{target} {policy}: saved {r['saved_mb'] / base['saved_mb']:.0%} (act {r['act_mb'] / base['act_mb']:.0%}) "
+                         f"at {r['step_ms'] / base['step_ms']:.2f}x step, {r['cpu_ms'] / base['cpu_ms']:.2f}x cpu")
+    return f"{'':<12s}vs save_all: " + "; ".join(parts) if parts else ""
+
+
 def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
     best = max(rates.values())
-    head = f"{'workload':<12s}{'config':<17s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'cpu ms':>9s}{'others':>8s}"
+    head = (f"{'workload':<12s}{'config':<24s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}"
+            f"{'+MB':>8s}{'saved MB':>10s}{'act MB':>8s}{'cpu ms':>9s}{'others':>8s}")
     print(head)
     print("-" * len(head))
     for w in workloads:
@@ -310,15 +339,18 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             r = rows.get((w, c))
             if r is None:
                 continue
-            label = c if c in ("eager", "inductor") else f"pullback {c}"
+            label = c if c in ("eager", "inductor") else "pullback " + c.replace("/", " ")
             if "error" in r:
-                print(f"{w:<12s}{label:<17s}  {r['error']}: {r['message'][:70]}")
+                print(f"{w:<12s}{label:<24s}  {r['error']}: {r['message'][:70]}")
                 continue
             ms = r["step_ms"]
-            print(f"{w:<12s}{label:<17s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
+            print(f"{w:<12s}{label:<24s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
                   f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{r['first_s']:>9.2f}"
                   f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
-                  f"{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
+                  f"{_f(r.get('act_mb'), '.2f'):>8s}{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
+        note = _policy_note(rows, w, configs)
+        if note:
+            print(note)
         if flops:
             print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
                   f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
@@ -334,7 +366,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="timed steps per row (default 20, 5 with --small)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch threads = BLAS threads")
-    ap.add_argument("--policy", default="save_all", help="pullback's PartitionForwardBackward policy")
+    ap.add_argument("--policy", default="save_all,min_cut",
+                    help="pullback's PartitionForwardBackward policies, comma-separated: one row per target and policy")
     ap.add_argument("--no-tune-malloc", action="store_true",
                     help="leave glibc malloc as it is (default: runtime.tuning.keep_freed_memory() in every row)")
     ap.add_argument("--rounds", type=int, default=1,
@@ -355,7 +388,11 @@ def main() -> None:
     unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOAD_NAMES)}")
-    configs = args.configs.split(",") if args.configs else ["eager", "inductor", *available_targets()]
+    policies = [p for p in args.policy.split(",") if p]
+    configs = []
+    for c in args.configs.split(",") if args.configs else ["eager", "inductor", *available_targets()]:
+        plain = c in ("eager", "inductor") or "/" in c
+        configs += [c] if plain else [config_name(c, p) for p in policies]
     skip = set(WORKLOAD_NAMES) if args.skip_inductor == "all" else set(filter(None, args.skip_inductor.split(",")))
     load0 = _load()
     runs: dict = {}
@@ -367,8 +404,9 @@ def main() -> None:
                 if c == "inductor" and w in skip:
                     runs[(w, c)] = [{"error": "Skipped", "message": "--skip-inductor"}]
                     continue
-                spec = dict(workload=w, config=c, small=args.small, reps=reps, warmup=args.warmup,
-                            threads=args.threads, policy=args.policy, tune_malloc=not args.no_tune_malloc)
+                target, _, policy = c.partition("/")
+                spec = dict(workload=w, config=target, small=args.small, reps=reps, warmup=args.warmup,
+                            threads=args.threads, policy=policy or "save_all", tune_malloc=not args.no_tune_malloc)
                 r = run_child(spec, args.threads, args.timeout, args.quiet)
                 runs.setdefault((w, c), []).append(r)
                 status = f"{r['step_ms']:.2f} ms, others used {100 * r['others']:.0f}% CPU" if "step_ms" in r else r["error"]
@@ -376,7 +414,7 @@ def main() -> None:
     rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch")}
     rows = {k: best_of(v) for k, v in runs.items()}
     print(f"threads {args.threads} (torch and BLAS); sgemm at transformer shapes: NumPy {rates['numpy']:.0f} GFLOP/s, "
-          f"torch {rates['torch']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policy {args.policy}; "
+          f"torch {rates['torch']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policies {args.policy}; "
           f"median of {reps} steps after {args.warmup} warm-up, best of {args.rounds} round(s); "
           f"{'small' if args.small else 'full'} sizes; load average {load0:.1f} at start, {_load():.1f} at end\n")
     print_table(rows, rates, workloads, configs)

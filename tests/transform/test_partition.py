@@ -7,7 +7,9 @@ import pytest
 
 import pullback
 from pullback import analysis, op, transform
-from pullback.ir.traversal import count_calls
+from pullback.ir.expr import If
+from pullback.ir.traversal import count_calls, post_order
+from pullback.ops import Recompute, get_op
 
 HEAVY = ["nn.dense", "nn.matmul", "nn.batch_matmul", "nn.conv2d", "sum", "mean", "nn.softmax", "nn.layer_norm"]
 
@@ -25,15 +27,28 @@ def grad_module(mod):
     return transform.standard_cleanup()(transform.FirstOrderGradient(mode="vjp")(mod))
 
 
+def flat(value) -> list:
+    """The arrays of a value nested in tuples, in order."""
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, tuple):
+            stack.extend(reversed(v))
+        else:
+            out.append(np.asarray(v))
+    return out
+
+
 def check_equal(mod, inputs, ct):
     exe = pullback.build(mod)
     out, grads = exe["main_grad"](*inputs, ct)
     fwd_out, residuals = exe["main_fwd"](*inputs)
     assert len(residuals) == len(mod["main_bwd"].params) - 1
-    np.testing.assert_array_equal(fwd_out, out)
+    for a, b in zip(flat(fwd_out), flat(out), strict=True):
+        np.testing.assert_array_equal(a, b)
     bwd = exe["main_bwd"](*residuals, ct)
     assert len(bwd) == len(grads)
-    for a, b in zip(bwd, grads):
+    for a, b in zip(flat(bwd), flat(grads), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -100,3 +115,273 @@ def test_transformer_layer_min_cut_saves_no_more_than_save_all():
         sizes[policy] = analysis.saved_bytes(pm)
         check_equal(pm, main_inputs(prog, (x,), masks), rng.standard_normal((2, 6, 16)).astype("float32"))
     assert 0 < sizes["min_cut"] <= sizes["save_all"]
+
+
+# ------------------------------------------------------------------ options, metadata, saved bytes
+
+
+def test_bad_options_are_pass_errors():
+    with pytest.raises(pullback.PassError, match="target"):
+        transform.PartitionForwardBackward(policy="min_cut", target="tpu")
+    with pytest.raises(pullback.PassError, match="recompute_ns_per_byte"):
+        transform.PartitionForwardBackward(policy="min_cut", recompute_ns_per_byte=-1.0)
+
+
+def test_heavy_ops_are_never_recomputable():
+    from pullback.ops import FusionKind, list_ops
+
+    heavy = (FusionKind.OUT_ELEMWISE_FUSABLE, FusionKind.COMM_REDUCE, FusionKind.OPAQUE)
+    assert all(o.recompute is Recompute.NEVER for o in list_ops() if o.pattern in heavy)
+    assert {get_op(n).recompute for n in ("reshape", "transpose", "squeeze", "broadcast_to")} == {Recompute.VIEW}
+    assert {get_op(n).recompute for n in ("add", "multiply", "exp", "tanh", "nn.relu", "where")} == {Recompute.CHEAP}
+    assert {get_op(n).recompute for n in ("erf", "nn.gelu", "sigmoid", "nn.silu")} == {Recompute.SPECIAL}
+
+
+def test_saved_bytes_with_and_without_parameters():
+    mod = grad_module(mlp_module())
+    pm = transform.PartitionForwardBackward(policy="min_cut")(mod)
+    fwd = pm["main_fwd"]
+    residuals = fwd.body.fields[1].fields
+    params = [r for r in residuals if r in fwd.params]
+    assert params  # the weights the dense gradients read are saved as they are (free)
+    param_bytes = sum(analysis.type_bytes(p.checked_type) for p in params)
+    assert analysis.saved_bytes(pm) - analysis.saved_bytes(pm, inputs=False) == param_bytes
+
+
+def test_parameters_are_saved_rather_than_their_transposes():
+    mod = grad_module(mlp_module())
+    save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
+    min_cut = transform.PartitionForwardBackward(policy="min_cut")(mod)
+    assert count_calls(save_all["main_fwd"].body.fields[1], ["transpose"]) > 0
+    assert count_calls(min_cut["main_fwd"].body.fields[1], ["transpose"]) == 0
+    assert analysis.saved_bytes(min_cut, inputs=False) < analysis.saved_bytes(save_all, inputs=False)
+
+
+# ------------------------------------------------------------------ If
+
+
+def if_module():
+    c = pullback.var("c", shape=(), dtype="bool")
+    x, w = pullback.var("x", shape=(4, 6)), pullback.var("w", shape=(5, 6))
+    h = op.nn.dense(x, w)
+    e = op.exp(h)
+    y = If(c, op.multiply(op.tanh(e), e), op.sigmoid(op.add(h, h)))
+    return pullback.IRModule.from_expr(pullback.Function([c, x, w], op.multiply(y, op.nn.relu(h))))
+
+
+@pytest.mark.parametrize("opts", [dict(policy="save_all"), dict(policy="min_cut"), dict(policy="min_cut", target="torch"),
+                                  dict(policy="min_cut", recompute_ns_per_byte=float("inf"))])
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_fwd_bwd_equals_grad(opts, cond):
+    mod = grad_module(if_module())
+    assert any(isinstance(n, If) for n in post_order(mod["main_grad"].body))
+    pm = transform.PartitionForwardBackward(**opts)(mod)
+    analysis.check_well_formed(pm)
+    fwd, bwd = pm["main_fwd"], pm["main_bwd"]
+    assert any(isinstance(n, If) for n in post_order(fwd.body)) and any(isinstance(n, If) for n in post_order(bwd.body))
+    assert not {n for n in analysis.recomputed_calls(pm) if n in HEAVY}
+    rng = np.random.default_rng(1)
+    inputs = [np.array(cond), rng.standard_normal((4, 6)).astype("float32"), rng.standard_normal((5, 6)).astype("float32")]
+    check_equal(pm, inputs, rng.standard_normal((4, 5)).astype("float32"))
+
+
+@pytest.mark.parametrize("policy", ["save_all", "min_cut"])
+def test_if_guarded_log_stays_in_its_branch(policy):
+    x = pullback.var("x", shape=(3,))
+    cond = op.greater(op.min(x), pullback.const(0.0))
+    f = pullback.Function([x], op.sum(If(cond, op.multiply(op.log(x), x), op.negative(x))))
+    pm = transform.PartitionForwardBackward(policy=policy)(grad_module(pullback.IRModule.from_expr(f)))
+    exe = pullback.build(pm)
+    neg = -np.abs(np.random.default_rng(0).standard_normal(3)).astype("float32") - 0.5
+    with np.errstate(invalid="raise", divide="raise"):  # log of a negative number would raise
+        out, residuals = exe["main_fwd"](neg)
+        (gx,) = exe["main_bwd"](*residuals, np.float32(1.0))
+    np.testing.assert_allclose(gx, -np.ones(3))
+
+
+# ------------------------------------------------------------------ the bench's model programs
+
+
+def model_gradient(name, small=True):
+    pytest.importorskip("torch")
+    if name == "bert":
+        pytest.importorskip("transformers")
+    from pullback.frontend.torch_importer import export, import_exported, tied_keys
+    from pullback.integrations.torch import draw_masks, float_wrt
+    from pullback.testing.torch_models import make_workload
+
+    wl = make_workload(name, small=small)
+    prog = import_exported(export(wl.model, wl.example_inputs), tied=tied_keys(wl.model))
+    mod = transform.FirstOrderGradient("main", wrt=float_wrt(prog, prog.inputs) + prog.trainable, mode="vjp")(prog.mod)
+    state = dict(wl.model.named_parameters(remove_duplicate=False))
+    state.update(wl.model.named_buffers(remove_duplicate=False))
+    tensors = list(wl.example_inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog, wl.example_inputs)
+    return transform.standard_cleanup()(mod), [t.detach().numpy() for t in tensors]
+
+
+MODELS = ["transformer", "bert", "cnn", "resnet"]
+
+
+def ones_like(value):
+    """A cotangent for ``value``: ones where it is float (nested tuples too)."""
+    if isinstance(value, tuple):
+        return tuple(ones_like(v) for v in value)
+    value = np.asarray(value)
+    return np.ones_like(value) if value.dtype.kind == "f" else np.zeros_like(value)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_min_cut_saves_no_more_and_recomputes_no_heavy_op(name):
+    mod, inputs = model_gradient(name)
+    save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
+    base, base_act = analysis.saved_bytes(save_all), analysis.saved_bytes(save_all, inputs=False)
+    assert not analysis.recomputed_calls(save_all)
+    ct = ones_like(pullback.build(save_all)["main_fwd"](*inputs)[0])
+    for target, budget in (("numpy", 1.0), ("numpy", None), ("torch", None)):
+        opts = {} if budget is None else dict(recompute_ns_per_byte=budget)
+        pm = transform.PartitionForwardBackward(policy="min_cut", target=target, **opts)(mod)
+        assert analysis.saved_bytes(pm) <= base and analysis.saved_bytes(pm, inputs=False) < base_act
+        twice = analysis.recomputed_calls(pm)
+        assert not {op_name for op_name in twice if get_op(op_name).recompute is Recompute.NEVER}, twice
+        if budget == 1.0:  # special functions (erf, gelu) cost more with NumPy than 1 ns per byte they free
+            assert not {op_name for op_name in twice if get_op(op_name).recompute is Recompute.SPECIAL}, twice
+        check_equal(pm, inputs, ct)
+
+
+@pytest.mark.parametrize("name", ["transformer", "bert"])
+def test_transformer_layers_recompute_gelu_within_budget(name):
+    mod, _ = model_gradient(name)
+    base = analysis.saved_bytes(transform.PartitionForwardBackward(policy="save_all")(mod), inputs=False)
+    sizes = {}
+    default = transform.partition.DEFAULT_NS_PER_BYTE
+    for target, budget in (("numpy", 1.0), ("numpy", default), ("torch", default), ("jax", default)):
+        pm = transform.PartitionForwardBackward(policy="min_cut", target=target, recompute_ns_per_byte=budget)(mod)
+        sizes[target, budget] = analysis.saved_bytes(pm, inputs=False)
+        # gelu is decomposed around the erf its gradient shares: recomputing it is one more erf
+        assert analysis.recomputed_calls(pm)["erf"] == (budget > 1)
+        assert count_calls(pm["main_fwd"].body, ["nn.gelu"]) == 0
+    assert sizes["torch", default] == sizes["numpy", default] < sizes["numpy", 1.0] < base
+
+
+@pytest.mark.parametrize("name", ["transformer", "bert"])
+def test_transformer_layers_save_at_most_60_percent(name):
+    """Issue 14's memory target at the bench's sizes: at most 60% of save_all's activation bytes (parameters
+    left out), the layer norms' outputs recomputed from their centred inputs and one statistic per row."""
+    mod, _ = model_gradient(name, small=False)
+    save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
+    for target in ("numpy", "jax"):
+        pm = transform.PartitionForwardBackward(policy="min_cut", target=target)(mod)
+        assert analysis.saved_bytes(pm, inputs=False) <= 0.6 * analysis.saved_bytes(save_all, inputs=False)
+        assert count_calls(pm["main_fwd"].body, ["nn.layer_norm"]) == 0
+        assert not {n for n in analysis.recomputed_calls(pm) if get_op(n).recompute is Recompute.NEVER}
+
+
+# ------------------------------------------------------------------ If programs, table-driven
+
+
+def _bool(name):
+    return pullback.var(name, shape=(), dtype="bool")
+
+
+def nested_if():
+    """An If inside a branch of an If, each branch reading the dense output differently."""
+    c, d = _bool("c"), _bool("d")
+    x, w = pullback.var("x", shape=(4, 6)), pullback.var("w", shape=(5, 6))
+    h = op.nn.dense(x, w)
+    inner = If(d, op.multiply(op.exp(h), h), op.tanh(op.multiply(h, h)))
+    y = If(c, op.sigmoid(inner), op.nn.relu(op.add(h, pullback.const(1.0))))
+    return pullback.IRModule.from_expr(pullback.Function([c, d, x, w], op.multiply(y, op.tanh(h))))
+
+
+def tuple_if():
+    """A tuple-valued If whose fields are used separately (one field by a GEMM)."""
+    c, d = _bool("c"), _bool("d")
+    x, w = pullback.var("x", shape=(4, 6)), pullback.var("w", shape=(6, 6))
+    h = op.exp(op.nn.dense(x, w))
+    t = If(c, pullback.Tuple([op.tanh(h), op.multiply(h, x)]), pullback.Tuple([op.multiply(x, x), op.sigmoid(h)]))
+    a, b = pullback.TupleGetItem(t, 0), pullback.TupleGetItem(t, 1)
+    out = op.add(op.nn.dense(a, w), If(d, b, op.negative(b)))
+    return pullback.IRModule.from_expr(pullback.Function([c, d, x, w], pullback.Tuple([out, op.sum(a)])))
+
+
+def one_branch_residual():
+    """Values only one branch reads: a softmax and a layer norm in the true branch, a GEMM in the false one."""
+    c, d = _bool("c"), _bool("d")
+    x, w = pullback.var("x", shape=(4, 6)), pullback.var("w", shape=(6, 6))
+    g, b = pullback.var("g", shape=(6,)), pullback.var("b", shape=(6,))
+    s = op.nn.softmax(op.nn.dense(x, w))
+    n = op.nn.layer_norm(op.exp(x), g, b)
+    y = If(c, op.multiply(s, n), op.nn.dense(op.tanh(x), w))
+    z = If(d, op.multiply(y, y), y)
+    return pullback.IRModule.from_expr(pullback.Function([c, d, x, w, g, b], op.add(z, x)))
+
+
+IF_PROGRAMS = {"nested": nested_if, "tuple": tuple_if, "one_branch": one_branch_residual}
+PARTITIONS = [dict(policy="save_all"), dict(policy="min_cut"), dict(policy="min_cut", target="jax"),
+              dict(policy="min_cut", recompute_ns_per_byte=1.0),
+              dict(policy="min_cut", recompute_ns_per_byte=float("inf")), dict(policy="min_cut", recompute_ns_per_byte=0)]
+
+
+def _random_args(fn, conds, rng):
+    args, it = [], iter(conds)
+    for p in fn.params:
+        t = p.type_annotation
+        args.append(np.array(next(it)) if t.dtype == "bool" else rng.standard_normal(tuple(t.shape)).astype(t.dtype))
+    return args
+
+
+@pytest.mark.parametrize("opts", PARTITIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("name", sorted(IF_PROGRAMS))
+def test_if_programs_min_cut_equals_save_all(name, opts):
+    """Every partition of a program with Ifs gives @main_grad's outputs and gradients for each branch taken,
+    computes no GEMM, reduction, softmax or normalisation twice, and min_cut saves no more than save_all."""
+    mod = grad_module(IF_PROGRAMS[name]())
+    pm = transform.PartitionForwardBackward(**opts)(mod)
+    analysis.check_well_formed(pm)
+    assert not {n for n in analysis.recomputed_calls(pm) if get_op(n).recompute is Recompute.NEVER}
+    base = transform.PartitionForwardBackward(policy="save_all")(mod)
+    assert analysis.saved_bytes(pm, inputs=False) <= analysis.saved_bytes(base, inputs=False)
+    fn = mod["main"]
+    out_type = fn.body.checked_type
+    rng = np.random.default_rng(3)
+    for conds in ((True, True), (True, False), (False, True), (False, False)):
+        inputs = _random_args(fn, conds, rng)
+        check_equal(pm, inputs, ones_like(pullback.build(mod)["main"](*inputs)))
+    assert out_type == pm["main_fwd"].ret_type.fields[0]
+
+
+# ------------------------------------------------------------------ heavy ops are never recomputed
+
+
+def _heavy_programs():
+    x, w1, w2 = pullback.var("x", shape=(8, 16)), pullback.var("w1", shape=(64, 16)), pullback.var("w2", shape=(4, 64))
+    yield "dense", [x, w1, w2], op.nn.dense(op.nn.relu(op.exp(op.nn.dense(x, w1))), w2)
+    q, k = pullback.var("q", shape=(2, 8, 4)), pullback.var("k", shape=(2, 8, 4))
+    att = op.nn.softmax(op.nn.batch_matmul(q, k, transpose_b=True))
+    yield "batch_matmul_softmax", [q, k], op.nn.batch_matmul(op.multiply(att, att), q, transpose_b=False)
+    img, f1 = pullback.var("img", shape=(1, 2, 8, 8)), pullback.var("f1", shape=(8, 2, 3, 3))
+    f2 = pullback.var("f2", shape=(2, 8, 3, 3))
+    yield "conv2d", [img, f1, f2], op.nn.conv2d(op.tanh(op.nn.conv2d(img, f1, padding=(1, 1))), f2, padding=(1, 1))
+    v = pullback.var("v", shape=(8, 16))
+    s = op.sum(op.exp(v), axis=1, keepdims=True)
+    yield "sum_mean", [v], op.mean(op.multiply(op.tanh(op.multiply(v, s)), op.sigmoid(s)), axis=0)
+    g, b = pullback.var("g", shape=(16,)), pullback.var("b", shape=(16,))
+    yield "layer_norm", [v, g, b], op.nn.gelu(op.nn.layer_norm(op.exp(v), g, b))
+
+
+@pytest.mark.parametrize("budget", [1.0, float("inf")])
+@pytest.mark.parametrize("name, params, body", list(_heavy_programs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_min_cut_never_recomputes_gemms_convolutions_or_reductions(name, params, body, budget):
+    """Even when recomputation is free (``inf``), GEMMs, convolutions, reductions, softmax and normalisations are
+    computed once: their count in @main_fwd + @main_bwd is @main_grad's, and the results are @main_grad's."""
+    mod = grad_module(pullback.IRModule.from_expr(pullback.Function(params, body)))
+    pm = transform.PartitionForwardBackward(policy="min_cut", recompute_ns_per_byte=budget)(mod)
+    heavy = [o.name for o in pullback.ops.list_ops() if o.recompute is Recompute.NEVER]
+    grad_heavy = count_calls(pm["main_grad"].body, heavy)
+    assert grad_heavy > 0
+    # layer_norm is decomposed into its statistics (sums) shared with its gradient: no more heavy calls than before
+    assert count_calls(pm["main_fwd"].body, heavy) + count_calls(pm["main_bwd"].body, heavy) <= grad_heavy
+    assert not {n for n in analysis.recomputed_calls(pm) if get_op(n).recompute is Recompute.NEVER}
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(tuple(p.type_annotation.shape)).astype("float32") for p in params]
+    check_equal(pm, inputs, ones_like(pullback.build(mod)["main"](*inputs)))

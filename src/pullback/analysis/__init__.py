@@ -6,7 +6,7 @@ from .well_formed import check_well_formed, is_well_formed
 from .liveness import Live, liveness, peak_memory, type_bytes
 from .stats import LIKE_OPS, count_identity_arith, count_like_ops, flops, op_histogram, program_stats
 from .fusion import FusionReport, fusion_report
-from .saved import saved_bytes
+from .saved import recomputed_calls, saved_bytes
 
 __all__ = [
     "CallGraph",
@@ -30,4 +30,5 @@ __all__ = [
     "FusionReport",
     "fusion_report",
     "saved_bytes",
+    "recomputed_calls",
 ]

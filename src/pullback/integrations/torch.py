@@ -44,7 +44,7 @@ class TrainingProgram:
         self.wrt_index = [names.index(w) for w in wrt]
         mod = FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod)
         mod = standard_cleanup()(mod)
-        self.mod = PartitionForwardBackward("main_grad", policy=policy)(mod)
+        self.mod = PartitionForwardBackward("main_grad", policy=policy, target=target)(mod)  # min_cut: target's costs
         exe = build(self.mod, target=target)
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
         self.num_inputs = len(params)
@@ -183,7 +183,8 @@ def compile(module, example_inputs: Sequence, target: str = "numpy", policy: str
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
 
     ``target``: ``"numpy"`` or ``"jax"`` (the executor of ``@main_fwd``/``@main_bwd``);
-    ``policy``: what the forward saves for the backward (``PartitionForwardBackward``);
+    ``policy``: what the forward saves for the backward (``PartitionForwardBackward``: ``"save_all"``, or
+    ``"min_cut"`` to recompute cheap ops in the backward and save fewer bytes, priced for ``target``);
     ``dynamic_batch``: import with a ``?`` batch dimension and compile one program for every batch size
     (else one per input shape).
     """

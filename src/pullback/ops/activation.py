@@ -22,7 +22,7 @@ from . import reduce as R
 from . import special
 from .common import float_arg, normalize_axis
 from .nn import as_dtype, check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer, widen16
-from .registry import FusionKind, defop
+from .registry import FusionKind, Recompute, defop
 
 _sigmoid, _erf = lazy("sigmoid"), lazy("erf")
 
@@ -32,15 +32,15 @@ def _sigmoid_kernel(xp, x):
     return xp.exp(-xp.logaddexp(0.0, -x))
 
 
-def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=()):
+def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=(), decompose=None):
     """An elementwise activation: ``kernel(xp, x, attrs)`` gives the result in x's dtype."""
 
     def typed(xp, x, attrs=None):
         return as_dtype(xp, kernel(xp, x, attrs), x.dtype)
 
     return defop(name, 1, unary_float_infer(name), kernel=typed, impls=impls, attrs_type=attrs_type, grad=grad,
-                 pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem), torch_name=torch_name,
-                 elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES)
+                 pattern=FusionKind.ELEMWISE, recompute=Recompute.SPECIAL, flops=numel_flops(per_elem), torch_name=torch_name,
+                 elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES, decompose=decompose)
 
 
 # ------------------------------------------------------------------ leaky_relu
@@ -106,16 +106,33 @@ def _gelu_numpy(x, attrs):
     return np.asarray(inner, dtype=x.dtype)
 
 
+def _gelu_inner(x: Expr, attrs) -> Expr:
+    """The special-function term of gelu: ``tanh(k (x + c x^3))`` or ``erf(x / sqrt 2)``, as the kernels compute it."""
+    s = lambda v: scalar(v, x)  # noqa: E731
+    if attrs.approximate == "tanh":
+        return E.tanh(s(_K_TANH) * (x + s(_C_TANH) * x * x * x))
+    return _erf(x * s(1.0 / math.sqrt(2.0)))
+
+
 def _gelu_grad(call: Call, g: Expr):
     x = call.args[0]
     s = lambda v: scalar(v, x)  # noqa: E731
+    inner = _gelu_inner(x, call.attrs)
     if call.attrs.approximate == "tanh":
-        t = E.tanh(s(_K_TANH) * (x + s(_C_TANH) * x * x * x))
-        dt = (s(1.0) - t * t) * (s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x * x)
-        return [g * (s(0.5) * (s(1.0) + t) + s(0.5) * x * dt)]
-    cdf = s(0.5) * (s(1.0) + _erf(x * s(1.0 / math.sqrt(2.0))))
+        dt = (s(1.0) - inner * inner) * (s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x * x)
+        return [g * (s(0.5) * (s(1.0) + inner) + s(0.5) * x * dt)]
+    cdf = s(0.5) * (s(1.0) + inner)
     pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
     return [g * (cdf + x * pdf)]
+
+
+def _gelu_decompose(call: Call):
+    """``(inner + 1) x / 2`` sharing ``inner`` (the erf or tanh) with ``_gelu_grad``, operation for operation as
+    the NumPy kernel computes it (float32/float64 only: the kernel computes float16 in float32)."""
+    x = call.args[0]
+    if x.checked_type.dtype not in ("float32", "float64"):
+        return None
+    return (_gelu_inner(x, call.attrs) + scalar(1.0, x)) * x * scalar(0.5, x)
 
 
 def _gelu_torch(x, attrs):
@@ -125,7 +142,7 @@ def _gelu_torch(x, attrs):
 
 
 gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, _gelu_grad, 8, "gelu",
-                  impls={"numpy": _gelu_numpy, "torch": _gelu_torch})
+                  impls={"numpy": _gelu_numpy, "torch": _gelu_torch}, decompose=_gelu_decompose)
 
 # ------------------------------------------------------------------ silu
 

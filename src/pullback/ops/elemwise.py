@@ -21,7 +21,7 @@ from . import layout as T
 from . import special
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .kernels import as_array, is_integer, numpy_quiet
-from .registry import FusionKind, defop, type_error
+from .registry import FusionKind, Recompute, defop, type_error
 
 # ------------------------------------------------------------------ helpers
 
@@ -156,10 +156,11 @@ def _erf_jax(x, attrs=None):
 
 
 sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=_sigmoid,
-                flops_per_elem=4, torch_name="sigmoid")
+                flops_per_elem=4, torch_name="sigmoid", recompute=Recompute.SPECIAL)
 erf = unary("erf", lambda c, g: [multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0])))))],
             kernel=lambda xp, x, attrs=None: xp.erf(x),  # torch.erf; NumPy and jax.numpy have none
-            impls={"numpy": lambda x, attrs=None: special.erf(x), "jax": _erf_jax}, flops_per_elem=8, torch_name="erf")
+            impls={"numpy": lambda x, attrs=None: special.erf(x), "jax": _erf_jax}, flops_per_elem=8, torch_name="erf",
+            recompute=Recompute.SPECIAL)
 floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
 ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
 round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001
@@ -285,9 +286,10 @@ minimum = binary("minimum", _minmax_grad(lambda a, b: less(a, b)), kinks=(0.0,),
                  doc="Elementwise min; ties split the gradient evenly (PyTorch's rule).")
 
 _NO_GRAD_STEP = "piecewise constant in its inputs; the gradient is zero or undefined"
-floor_divide = binary("floor_divide", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide")
+floor_divide = binary("floor_divide", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide",
+                      recompute=Recompute.SPECIAL)
 mod = binary("mod", fn="fmod", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="fmod",
-             doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.")
+             doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.", recompute=Recompute.SPECIAL)
 
 _CMP = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
 for _name, _tn in _CMP.items():

@@ -17,7 +17,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, check_dtype, is_float
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
 from .kernels import dtype
-from .registry import FusionKind, defop, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
 
 
 def _set(obj, name, value):
@@ -91,6 +91,7 @@ reshape = defop(
     attrs_type=ReshapeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
     pattern=FusionKind.INJECTIVE,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="reshape",
 )
@@ -140,6 +141,7 @@ transpose = defop(
     attrs_type=TransposeAttrs,
     grad=_transpose_grad,
     pattern=FusionKind.INJECTIVE,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="permute",
 )
@@ -186,6 +188,7 @@ expand_dims = defop(
     attrs_type=ExpandDimsAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0])],
     pattern=FusionKind.BROADCAST,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="unsqueeze",
 )
@@ -227,6 +230,7 @@ broadcast_to = defop(
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [collapse_sum_like(g, c.args[0])],
     pattern=FusionKind.BROADCAST,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="expand",
 )
@@ -392,6 +396,7 @@ reshape_like = defop(
     attrs_type=ReshapeLikeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0]), None],
     pattern=FusionKind.INJECTIVE,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="reshape_as",
 )
@@ -428,6 +433,7 @@ broadcast_to_like = defop(
     kernel=lambda xp, x, like, attrs=None: xp.broadcast_to(x, tuple(like.shape)),
     grad=lambda c, g: [collapse_sum_like(g, c.args[0]), None],
     pattern=FusionKind.BROADCAST,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="expand_as",
 )

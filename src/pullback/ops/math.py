@@ -15,7 +15,7 @@ from ..ir.expr import Call, Expr, as_expr
 from ..ir.types import TensorType, is_float
 from . import layout as T
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
-from .registry import FusionKind, defop, get_op
+from .registry import FusionKind, Recompute, defop, get_op
 
 _NO_GRAD_STEP = "piecewise constant in its input: the gradient is zero"
 
@@ -70,18 +70,19 @@ def _one_minus_sq(x: Expr) -> Expr:
     return _op("subtract")(_c(1.0, x), _mul(x, x))
 
 
-acos = float_unary("acos", "acos", lambda x, y, g: _op("negative")(_div(g, _op("sqrt")(_one_minus_sq(x)))), 4)
-asin = float_unary("asin", "asin", lambda x, y, g: _div(g, _op("sqrt")(_one_minus_sq(x))), 4)
+acos = float_unary("acos", "acos", lambda x, y, g: _op("negative")(_div(g, _op("sqrt")(_one_minus_sq(x)))), 4, recompute=Recompute.SPECIAL)
+asin = float_unary("asin", "asin", lambda x, y, g: _div(g, _op("sqrt")(_one_minus_sq(x))), 4, recompute=Recompute.SPECIAL)
 atan = float_unary("atan", "atan", lambda x, y, g: _div(g, _op("add")(_c(1.0, x), _mul(x, x))), 4)
 sinh = float_unary("sinh", "sinh", lambda x, y, g: _mul(g, _op("cosh")(x)), 4)
 cosh = float_unary("cosh", "cosh", lambda x, y, g: _mul(g, _op("sinh")(x)), 4)
-asinh = float_unary("asinh", "asinh", lambda x, y, g: _div(g, _op("sqrt")(_op("add")(_mul(x, x), _c(1.0, x)))), 4)
+asinh = float_unary("asinh", "asinh", lambda x, y, g: _div(g, _op("sqrt")(_op("add")(_mul(x, x), _c(1.0, x)))), 4,
+                    recompute=Recompute.SPECIAL)
 acosh = float_unary("acosh", "acosh", lambda x, y, g: _div(
-    g, _op("sqrt")(_mul(_op("subtract")(x, _c(1.0, x)), _op("add")(x, _c(1.0, x))))), 4)
-atanh = float_unary("atanh", "atanh", lambda x, y, g: _div(g, _one_minus_sq(x)), 4)
+    g, _op("sqrt")(_mul(_op("subtract")(x, _c(1.0, x)), _op("add")(x, _c(1.0, x))))), 4, recompute=Recompute.SPECIAL)
+atanh = float_unary("atanh", "atanh", lambda x, y, g: _div(g, _one_minus_sq(x)), 4, recompute=Recompute.SPECIAL)
 expm1 = float_unary("expm1", "expm1", lambda x, y, g: _mul(g, _op("add")(y, _c(1.0, y))), 2,
                     doc="``exp(x) - 1``, exact for small ``x``.")
-log10 = float_unary("log10", "log10", lambda x, y, g: _div(g, _mul(x, _c(math.log(10.0), x))), 2)
+log10 = float_unary("log10", "log10", lambda x, y, g: _div(g, _mul(x, _c(math.log(10.0), x))), 2, recompute=Recompute.SPECIAL)
 
 
 trunc = float_unary("trunc", "trunc", lambda x, y, g: T.zeros_like(g), doc="Round toward zero; zero gradient.")
@@ -142,7 +143,8 @@ def _remainder_grad(call: Call, g: Expr):
 
 remainder = defop("remainder", 2, _binary_infer("remainder", False), kernel=_remainder_kernel, attrs_type=RemainderAttrs,
                   grad=_remainder_grad, pattern=FusionKind.BROADCAST, flops=_per_elem(2), torch_name="remainder",
-                  doc="``a - b * floor(a / b)`` (``mode='floor'``) or ``a - b * trunc(a / b)`` (``mode='trunc'``).")
+                  doc="``a - b * floor(a / b)`` (``mode='floor'``) or ``a - b * trunc(a / b)`` (``mode='trunc'``).",
+                  recompute=Recompute.SPECIAL)
 
 __all__ = ["acos", "asin", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log10", "trunc", "atan2",
            "remainder", "RemainderAttrs"]

@@ -23,7 +23,7 @@ from . import elemwise as E
 from . import reduce as R
 from . import layout as T
 from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, tensor_arg
-from .registry import FusionKind, defop, get_op, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, Recompute, defop, get_op, seq_of_int, type_error, zero_flops
 
 # ------------------------------------------------------------------ helpers shared by the nn modules
 
@@ -321,6 +321,7 @@ batch_flatten = defop(
     kernel=lambda xp, x, attrs=None: xp.reshape(x, (x.shape[0], -1)),
     grad=lambda c, g: [T.reshape_like(g, c.args[0])],
     pattern=FusionKind.INJECTIVE,
+    recompute=Recompute.VIEW,
     flops=zero_flops,
     torch_name="flatten",
 )

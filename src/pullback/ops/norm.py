@@ -62,12 +62,18 @@ def _normalize_grad(x: Expr, xhat: Expr, rstd: Expr, gx: Expr, axes: tuple) -> E
     return rstd * (gx - mean_g - xhat * mean_gx)
 
 
-def _stats(x: Expr, axes: tuple, eps: float):
-    """(centred x, rstd) with the biased variance over ``axes`` (keepdims)."""
+def _centred_std(x: Expr, axes: tuple, eps: float):
+    """(centred x, sqrt(biased variance + eps)) over ``axes`` (keepdims)."""
     n = count(x, axes)
     xc = x - R.sum(x, axes, True) / n
     var = R.sum(xc * xc, axes, True) / n
-    return xc, scalar(1.0, x) / _sqrt(var + scalar(eps, x))
+    return xc, _sqrt(var + scalar(eps, x))
+
+
+def _stats(x: Expr, axes: tuple, eps: float):
+    """(centred x, rstd) with the biased variance over ``axes`` (keepdims)."""
+    xc, std = _centred_std(x, axes, eps)
+    return xc, scalar(1.0, x) / std
 
 
 # ------------------------------------------------------------------ layer_norm
@@ -137,9 +143,27 @@ def _layer_norm_grad(call: Call, g: Expr):
     return [_normalize_grad(x, xhat, rstd, gx, (axis,)), dgamma, dbeta]
 
 
+def _layer_norm_decompose(call: Call):
+    """``xc / std * gamma + beta`` with the statistics of ``_layer_norm_grad``, operation for operation as
+    the kernel computes it (float32/float64 only: the kernel computes float16 in float32)."""
+    x, gamma, beta = call.args
+    a = call.attrs
+    if x.checked_type.dtype not in ("float32", "float64"):
+        return None
+    ndim = x.checked_type.ndim
+    axis = a.axis % ndim
+    xc, std = _centred_std(x, (axis,), a.epsilon)
+    out = xc / std
+    if a.scale:
+        out = out * _as_axis_vec(gamma, ndim, axis)
+    if a.center:
+        out = out + _as_axis_vec(beta, ndim, axis)
+    return out
+
+
 layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, kernel=_layer_norm_kernel, impls={"torch": _layer_norm_torch},
                    attrs_type=LayerNormAttrs,
-                   grad=_layer_norm_grad, pattern=FusionKind.OPAQUE,
+                   grad=_layer_norm_grad, pattern=FusionKind.OPAQUE, decompose=_layer_norm_decompose,
                    flops=lambda ts, out, a: 8 * numel(out.shape), torch_name="layer_norm")
 
 # ------------------------------------------------------------------ batch_norm

@@ -37,6 +37,27 @@ class FusionKind(enum.IntEnum):
     OPAQUE = 8
 
 
+class Recompute(enum.IntEnum):
+    """What recomputing an op's result in the backward costs (``PartitionForwardBackward(policy="min_cut")``
+    turns a class into nanoseconds per element per target: ``transform.partition.RECOMPUTE_NS``).
+
+    ``VIEW``: layout only, a view of the input on NumPy and torch (reshape, transpose, squeeze, slices);
+    ``CHEAP``: one pass over memory (arithmetic, comparisons, exp/log/tanh/sqrt, copies: 0.4-1 ns per
+    float32 element on NumPy and torch); ``SPECIAL``: a special function or a kernel of several passes
+    (erf, gelu, sigmoid, silu, inverse trigonometry, mod: 5-40 ns per element on NumPy); ``NEVER``: GEMMs,
+    convolutions, reductions, normalisations, softmax and opaque ops are never recomputed. The default
+    follows ``pattern``: ELEMWISE, BROADCAST and INJECTIVE ops are ``CHEAP``, every other kind ``NEVER``.
+    """
+
+    VIEW = 0
+    CHEAP = 1
+    SPECIAL = 2
+    NEVER = 3
+
+
+_RECOMPUTABLE_KINDS = (FusionKind.ELEMWISE, FusionKind.BROADCAST, FusionKind.INJECTIVE)
+
+
 InferFn = Callable[[list, _Any], Type]
 ComputeFn = Callable[..., _Any]  # fn(*arrays, attrs) on one target's arrays
 KernelFn = Callable[..., _Any]  # kernel(xp, *arrays, attrs) on any array namespace
@@ -94,6 +115,12 @@ class OpDef(Op):
     ``fn(attrs) -> tuple``; ``smooth=False`` when it is not differentiable on
     a set that ``kinks`` cannot describe (steps, ties, constant slices);
     ``example_attrs`` attributes to use where its attrs have no defaults.
+
+    ``pattern`` is its Relay fusion kind; ``recompute`` what recomputing it in the backward costs
+    (a :class:`Recompute` class, by default derived from ``pattern``); ``decompose`` an optional
+    ``fn(call) -> Expr | None``: the call written with simpler ops that share their work (statistics)
+    with its gradient rule, so ``PartitionForwardBackward(policy="min_cut")`` can save the statistics
+    and recompute the result in the backward (None: keep the call).
     """
 
     def __init__(
@@ -117,6 +144,8 @@ class OpDef(Op):
         differentiable: bool = True,
         nondiff_reason: str = "",
         pattern: FusionKind = FusionKind.OPAQUE,
+        recompute: Optional[Recompute] = None,
+        decompose: Optional[Callable] = None,
         flops: FlopsFn = _default_flops,
         torch_name: Optional[str] = None,
         doc: str = "",
@@ -141,6 +170,10 @@ class OpDef(Op):
         self.differentiable = differentiable
         self.nondiff_reason = nondiff_reason
         self.pattern = FusionKind(pattern)
+        if recompute is None:
+            recompute = Recompute.CHEAP if self.pattern in _RECOMPUTABLE_KINDS else Recompute.NEVER
+        self.recompute = Recompute(recompute)
+        self.decompose = decompose
         self.flops = flops
         self.torch_name = torch_name
         self.__doc__ = doc or f"The ``{name}`` operator."

@@ -17,7 +17,7 @@ from ..ir.expr import Call, Expr, Tuple, TupleGetItem
 from ..ir.types import Any, TensorType, TupleType, check_dtype
 from . import layout as T
 from .common import normalize_axes, normalize_axis, same_dtype, tensor_arg, tensor_args
-from .registry import FusionKind, defop, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
 
 
 def _int_attr(obj, name: str, minimum: Optional[int] = None) -> None:
@@ -74,7 +74,7 @@ def _squeeze(xp, x, a):
 
 
 squeeze = defop("squeeze", 1, _squeeze_infer, kernel=_squeeze, attrs_type=SqueezeAttrs,
-                grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE,
+                grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE, recompute=Recompute.VIEW,
                 flops=zero_flops, torch_name="squeeze")
 
 # ------------------------------------------------------------------ concatenate / stack

@@ -10,19 +10,40 @@ Output (added to the module, ``@main_grad`` is kept):
   the same order, named after the parameter they are, else ``%res_i``), then the
   cotangent; the result is the gradient tuple of ``@main_grad``.
 
-Nodes that depend on ``ct`` are backward nodes; nodes that depend on neither
-``ct`` nor a parameter (constants) are recomputed where needed. Policies:
+Backward nodes are those that depend on ``ct`` and everything evaluated inside a
+branch of an If that does (an If whose branches read residuals of a forward If
+through its fields, as ``FirstOrderGradient`` makes them); the residuals are
+forward values evaluated unconditionally. Nodes that depend on neither ``ct`` nor
+a parameter (constants) are recomputed where needed. Policies:
 
 - ``save_all``: the residuals are every forward value a backward node uses;
-- ``min_cut``: like AOTAutograd's partitioner, a minimum cut (networkx max-flow,
-  imported lazily) over the forward nodes, weighted by bytes, chooses what to
-  save; cheap elementwise/broadcast/injective ops may be recomputed in the
-  backward, never matmul/conv (OUT_ELEMWISE_FUSABLE), reductions or opaque ops.
-  Its residuals never take more bytes than ``save_all``'s (that set is a cut).
+- ``min_cut``: as AOTAutograd's partitioner, a minimum cut (networkx max-flow,
+  imported lazily) over the forward values the backward reaches chooses what to
+  save. Saving a value costs its bytes, except the function's parameters (weights
+  and inputs the caller holds anyway: free). Computing a value in the backward
+  instead costs nothing when the forward's output does not need it (it only moves
+  work), else its recomputation time: ``RECOMPUTE_NS[target][op.recompute]``
+  nanoseconds per element, worth ``1 / recompute_ns_per_byte`` bytes per
+  nanosecond. Ops of class ``Recompute.NEVER`` (GEMMs, convolutions, reductions,
+  softmax, normalisations, opaque ops) and Ifs are never recomputed. So views
+  and one-pass elementwise ops (~0.15 ns per float32 byte) are recomputed where
+  that saves bytes, and special functions (erf, gelu, sigmoid: ~3 ns per float32
+  byte with NumPy, ~0.5 with torch) under the default budget
+  (``DEFAULT_NS_PER_BYTE``, 4 ns per byte: on a transformer layer, recomputing the
+  GELU frees a sixth of ``save_all``'s bytes for one erf pass, ~9% of a NumPy step;
+  ``bench/experiments/REPORT.md``), not silu (~6.5 with NumPy). Its residuals
+  never take more bytes than ``save_all``'s (that set is a cut, and a cheaper
+  cut is only taken when it saves bytes). Before the cut, ops with a ``decompose`` rule
+  (``nn.layer_norm``, ``nn.gelu``) are written with simpler ops sharing what their gradient
+  computes (``decompose``): the forward computes a layer norm's statistics and a GELU's erf
+  once (``save_all`` computes them twice), and the backward can recompute a layer norm's
+  output from its centred input and one std per row, a GELU from its input with one erf.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,13 +52,27 @@ from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
 from ..ir.expr import Call, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
+from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
-from ..ir.types import TupleType
-from ..ops.registry import OpDef, FusionKind
+from ..ir.types import TensorType, TupleType
+from ..ops.registry import OpDef, Recompute
+from .cse import cse_expr
 from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
-RECOMPUTABLE = (FusionKind.ELEMWISE, FusionKind.BROADCAST, FusionKind.INJECTIVE)
+
+# Nanoseconds to recompute one element of an op of each class, per target: medians measured by
+# bench/experiments/recompute_cost.py (one thread, 2^20 float32 elements; NumPy 2.4 + SciPy, torch 2.13).
+# NumPy: arithmetic, comparisons, exp/log/tanh/sqrt 0.35-1.0; erf 8-13, gelu 9, sigmoid 10, silu 26.
+# torch (ATen): arithmetic and exp/tanh 0.4-0.6; erf 1.0, gelu 0.6, silu 0.5 (inverse trigonometry 14-22).
+# jax: one jitted XLA program fuses elementwise chains; taken as torch's.
+RECOMPUTE_NS: dict[str, dict[Recompute, float]] = {
+    "numpy": {Recompute.VIEW: 0.0, Recompute.CHEAP: 0.6, Recompute.SPECIAL: 12.0},
+    "torch": {Recompute.VIEW: 0.0, Recompute.CHEAP: 0.6, Recompute.SPECIAL: 2.0},
+    "jax": {Recompute.VIEW: 0.0, Recompute.CHEAP: 0.6, Recompute.SPECIAL: 2.0},
+}
+# The most recomputation time (ns) one byte of residual is worth by default.
+DEFAULT_NS_PER_BYTE = 4.0
 
 
 def _fields(body: Expr) -> tuple[Expr, Expr]:
@@ -56,111 +91,253 @@ def _check_vjp(fn: Function, name: str) -> None:
                         f"cotangent of the output, of type {ret.fields[0]!r}; use FirstOrderGradient(mode=\"vjp\")")
 
 
-def recomputable(node: Expr) -> bool:
-    """May ``node`` be recomputed in the backward (cheap, no matmul/conv/reduction)?"""
+def recompute_class(node: Expr) -> Recompute:
+    """The :class:`Recompute` class of ``node``: its op's, ``VIEW`` for tuple plumbing, ``NEVER`` otherwise
+    (parameters, Ifs, calls of functions)."""
     if isinstance(node, (Tuple, TupleGetItem)):
-        return True
-    return isinstance(node, Call) and isinstance(node.op, OpDef) and node.op.pattern in RECOMPUTABLE
+        return Recompute.VIEW
+    if isinstance(node, Call) and isinstance(node.op, OpDef):
+        return node.op.recompute
+    return Recompute.NEVER
 
 
-def _min_cut(forward: list, needed: list) -> list:
-    """Forward nodes to save: a minimum byte cut between the parameters/non-recomputable nodes and the backward."""
+def recomputable(node: Expr) -> bool:
+    """May ``node`` be recomputed in the backward (no GEMM, convolution, reduction, normalisation, If)?"""
+    return recompute_class(node) is not Recompute.NEVER
+
+
+def _elements(t) -> int:
+    """Elements of a (static) tensor type; 0 for tuples and unknown dims."""
+    if not isinstance(t, TensorType):
+        return 0
+    size = type_bytes(t)
+    return size // max(type_bytes(TensorType((), t.dtype)), 1)
+
+
+class _Split:
+    """Which nodes of a vjp-mode gradient body are backward, and the forward values the backward reads."""
+
+    def __init__(self, fn: Function, name: str):
+        ct = fn.params[-1]
+        self.out, self.grads = _fields(fn.body)
+        order = post_order(fn.body)
+        on_ct: set[int] = {id(ct)}
+        on_var: set[int] = set()
+        for n in order:
+            if isinstance(n, Function) or (isinstance(n, Call) and isinstance(n.op, (GlobalVar, Function))):
+                what = type(n).__name__ if not isinstance(n, Call) else "call to " + n.op_name
+                raise PassError(f"PartitionForwardBackward: @{name} holds a {what}; run it on a gradient function "
+                                "without closures or calls (inline them first)")
+            if isinstance(n, Var):
+                if n is not ct:
+                    on_var.add(id(n))
+                continue
+            kids = n.children()
+            if any(id(c) in on_ct for c in kids):
+                on_ct.add(id(n))
+            elif any(id(c) in on_var for c in kids):
+                on_var.add(id(n))
+        if id(self.out) in on_ct:
+            raise PassError(f"PartitionForwardBackward: the output of @{name} depends on the cotangent %{ct.name_hint}")
+        self.scopes = ScopeInfo(fn.body, order)
+        root = self.scopes.root
+        # everything evaluated in a branch of a backward If is backward too
+        bwd_scope: dict[int, bool] = {id(root): False}
+        for n in order:
+            s = self.scopes.scope_of[id(n)]
+            chain = []
+            while id(s) not in bwd_scope:
+                chain.append(s)
+                s = s.parent
+            flag = bwd_scope[id(s)]
+            for s in reversed(chain):
+                flag = flag or id(s.if_node) in on_ct
+                bwd_scope[id(s)] = flag
+        backward = set(on_ct)
+        backward.update(id(n) for n in order if not isinstance(n, Var) and bwd_scope[id(self.scopes.scope_of[id(n)])])
+        self.backward = backward
+        self.on_var = on_var
+        # forward values the backward reads directly (each unconditional: see the module docstring)
+        self.bwd_order = post_order(self.grads)
+        needed: set[int] = set()
+        for n in self.bwd_order:
+            if id(n) in backward:
+                needed.update(id(c) for c in n.children() if id(c) in on_var and id(c) not in backward)
+        fields = self.grads.fields if isinstance(self.grads, Tuple) else (self.grads,)
+        needed.update(id(f) for f in fields if id(f) in on_var and id(f) not in backward)
+        self.needed = needed
+
+    def unconditional(self, node: Expr) -> bool:
+        """Is ``node`` available outside every If branch (a parameter, or evaluated in the body's own scope)?"""
+        return isinstance(node, Var) or self.scopes.scope_of.get(id(node)) is self.scopes.root
+
+    def forward_values(self) -> list:
+        """Unconditional forward values (depending on a parameter) the backward reaches, in program order."""
+        return [n for n in self.bwd_order if id(n) in self.on_var and id(n) not in self.backward and self.unconditional(n)]
+
+    def operands(self, forward: list) -> dict:
+        """``id(node) -> [unconditional forward operands]`` for ``forward``: an If reads what its branches read
+        from outside them (through the nodes evaluated inside)."""
+        fwd_ids = {id(n) for n in forward}
+        ops: dict[int, list] = {id(n): [] for n in forward}
+        for n in forward:
+            if not isinstance(n, If):
+                ops[id(n)] = [c for c in n.children() if id(c) in fwd_ids]
+        for n in forward:  # nodes inside the branches of each unconditional forward If
+            if not isinstance(n, If):
+                continue
+            seen: set[int] = set()
+            stack = list(n.children())
+            reads = ops[id(n)]
+            while stack:
+                c = stack.pop()
+                if id(c) in seen:
+                    continue
+                seen.add(id(c))
+                if self.unconditional(c):
+                    if id(c) in fwd_ids:
+                        reads.append(c)
+                    continue
+                stack.extend(c.children())
+        return ops
+
+
+def _recompute_bytes(node: Expr, ns: dict, ns_per_byte: float) -> float:
+    """What computing ``node`` a second time is worth in bytes (``inf``: never)."""
+    cls = recompute_class(node)
+    if cls is Recompute.NEVER:
+        return math.inf
+    time = ns[cls] * _elements(node.checked_type)
+    if not time:
+        return 0
+    return math.ceil(time / ns_per_byte) if ns_per_byte > 0 else math.inf
+
+
+def _min_cut(split: _Split, target: str, ns_per_byte: float) -> list:
+    """Forward values to save: a minimum cut of bytes saved plus recomputation time (see the module docstring)."""
     try:
         import networkx as nx
     except ImportError as e:
         raise PassError("PartitionForwardBackward(policy=\"min_cut\") needs networkx (pip install networkx)") from e
+    forward = split.forward_values()
+    operands = split.operands(forward)
+    ns = RECOMPUTE_NS[target]
+    required = {id(n) for n in post_order(split.out)}  # what the forward's output needs: recomputing it is extra work
+    # parameters are free to save, only preferred fewer: one byte of a computed value outweighs them all
+    scale = 1 + sum(type_bytes(n.checked_type) for n in forward if isinstance(n, Var))
     g = nx.DiGraph()
-    fwd_ids = {id(n) for n in forward}
     for n in forward:
         k = id(n)
-        g.add_edge(("in", k), ("out", k), capacity=max(type_bytes(n.checked_type), 1))
-        if not recomputable(n):
-            g.add_edge("source", ("in", k))  # no capacity attribute: infinite
-        for c in n.children():
-            if id(c) in fwd_ids:
-                g.add_edge(("out", id(c)), ("in", k))
-    for n in needed:
-        g.add_edge(("out", id(n)), "sink")
-    if "source" not in g:
-        return []
+        size = type_bytes(n.checked_type)
+        g.add_edge(("in", k), ("out", k), capacity=size if isinstance(n, Var) else max(size, 1) * scale)
+        if isinstance(n, Var) or k in required:  # computing it in the backward means computing it twice
+            cost = _recompute_bytes(n, ns, ns_per_byte)
+            if cost:
+                g.add_edge("source", ("in", k), **({} if math.isinf(cost) else {"capacity": cost * scale}))
+        for c in operands[k]:
+            g.add_edge(("out", id(c)), ("in", k))
+        if k in split.needed:
+            g.add_edge(("out", k), "sink")
+    if "sink" not in g or "source" not in g:
+        return [n for n in forward if id(n) in split.needed]
     _, (reach, _) = nx.minimum_cut(g, "source", "sink")
     return [n for n in forward if ("in", id(n)) in reach and ("out", id(n)) not in reach]
 
 
-def partition(fn: Function, name: str = "main_grad", policy: str = "save_all") -> tuple[Function, Function]:
-    """``(fwd, bwd)`` Functions for the vjp-mode gradient function ``fn`` (see the module docstring)."""
-    if policy not in POLICIES:
-        raise PassError(f"PartitionForwardBackward: policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
-    _check_vjp(fn, name)
-    ct = fn.params[-1]
-    out, grads = _fields(fn.body)
+def _never_calls(body: Expr) -> Counter:
+    return Counter(n.op.name for n in post_order(body)
+                   if isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.recompute is Recompute.NEVER)
+
+
+def decompose(fn: Function) -> Function:
+    """``fn`` with the unconditional calls of ops that have a ``decompose`` rule (``nn.layer_norm``) written
+    with simpler ops, merged (CSE) with the statistics their gradient rules compute: the forward then
+    computes them once and the result becomes cheap to recompute from them. ``fn`` itself when that would
+    compute some GEMM, reduction or other ``Recompute.NEVER`` op more often (statistics nothing shares)."""
     order = post_order(fn.body)
-    on_ct: set[int] = {id(ct)}
-    on_var: set[int] = set()
-    for n in order:
-        if isinstance(n, (If, Function)) or (isinstance(n, Call) and isinstance(n.op, (GlobalVar, Function))):
-            raise PassError(f"PartitionForwardBackward: @{name} holds a {type(n).__name__ if not isinstance(n, Call) else 'call to ' + n.op_name}; "
-                            "run it on a gradient function without If, closures or calls (inline them first)")
-        if isinstance(n, Var):
-            if n is not ct:
-                on_var.add(id(n))
-            continue
-        kids = n.children()
-        if any(id(c) in on_ct for c in kids):
-            on_ct.add(id(n))
-        elif any(id(c) in on_var for c in kids):
-            on_var.add(id(n))
-    if id(out) in on_ct:
-        raise PassError(f"PartitionForwardBackward: the output of @{name} depends on the cotangent %{ct.name_hint}")
+    scopes = ScopeInfo(fn.body, order)
 
-    # forward nodes the backward reads, in program order
-    bwd_order = post_order(grads)
-    fwd_of_bwd = [n for n in bwd_order if id(n) in on_var]
-    fwd_ids = {id(n) for n in fwd_of_bwd}
-    needed_ids: set[int] = set()
-    for n in bwd_order:
-        if id(n) in on_ct:
-            needed_ids.update(id(c) for c in n.children() if id(c) in fwd_ids)
-    if isinstance(grads, Tuple):
-        needed_ids.update(id(f) for f in grads.fields if id(f) in fwd_ids)
-    elif id(grads) in fwd_ids:
-        needed_ids.add(id(grads))
-    needed = [n for n in fwd_of_bwd if id(n) in needed_ids]
-    saved = needed if policy == "save_all" else _min_cut(fwd_of_bwd, needed)
+    def rewrite(old: Expr, new: Expr) -> Optional[Expr]:
+        if (isinstance(new, Call) and isinstance(new.op, OpDef) and new.op.decompose is not None
+                and scopes.scope_of.get(id(old)) is scopes.root):
+            return new.op.decompose(new)
+        return None
 
-    fwd_params = list(fn.params[:-1])
-    res_vars = [Var(n.name_hint if isinstance(n, Var) else f"res_{i}", n.checked_type) for i, n in enumerate(saved)]
-    fwd_ret = TupleType((out.checked_type, TupleType(tuple(n.checked_type for n in saved))))
-    fwd = Function(fwd_params, Tuple([out, Tuple(saved)]), fwd_ret)
+    body = transform(fn.body, rewrite)
+    if body is fn.body:
+        return fn
+    body = cse_expr(body)
+    if _never_calls(body) - _never_calls(fn.body):
+        return fn
+    return Function(list(fn.params), body, fn.ret_type)
+
+
+def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", target: str = "numpy",
+              recompute_ns_per_byte: float = DEFAULT_NS_PER_BYTE) -> tuple[Function, Function]:
+    """``(fwd, bwd)`` Functions for the vjp-mode gradient function ``fn`` (see the module docstring)."""
+    _check_options(policy, target, recompute_ns_per_byte)
+    _check_vjp(fn, name)
+    if policy == "min_cut":
+        fn = decompose(fn)
+    ct = fn.params[-1]
+    split = _Split(fn, name)
+    if policy == "save_all":
+        saved = [n for n in split.forward_values() if id(n) in split.needed]
+    else:
+        saved = _min_cut(split, target, recompute_ns_per_byte)
+    grads = split.grads
     new_ct = Var(ct.name_hint, ct.type_annotation)
+    res_vars = [Var(n.name_hint if isinstance(n, Var) else f"res_{i}", n.checked_type) for i, n in enumerate(saved)]
     memo: dict = {id(n): v for n, v in zip(saved, res_vars)}
     memo[id(ct)] = new_ct
-    bwd_body = transform(grads, memo=memo) if not isinstance(grads, Var) else memo.get(id(grads), grads)
-    bwd_params = res_vars + [new_ct]
-    allowed = {id(v) for v in bwd_params}
-    leaked = [v for v in free_vars(bwd_body) if id(v) not in allowed]
+    bwd_body = transform(grads, memo=memo)
+    reads = free_vars(bwd_body)
+    allowed = {id(v) for v in res_vars + [new_ct]}
+    leaked = [v for v in reads if id(v) not in allowed]
     if leaked:
         raise PassError(f"PartitionForwardBackward: internal error, the backward of @{name} still reads "
                         f"{', '.join('%' + v.name_hint for v in leaked)}")
-    bwd = Function(bwd_params, bwd_body, grads.checked_type)
+    used = {id(v) for v in reads}
+    keep = [i for i, v in enumerate(res_vars) if id(v) in used]  # a cut may list a free parameter nothing reads
+    saved = [saved[i] for i in keep]
+    res_vars = [res_vars[i] for i in keep]
+    fwd_ret = TupleType((split.out.checked_type, TupleType(tuple(n.checked_type for n in saved))))
+    fwd = Function(list(fn.params[:-1]), Tuple([split.out, Tuple(saved)]), fwd_ret)
+    bwd = Function(res_vars + [new_ct], bwd_body, grads.checked_type)
     return fwd, bwd
+
+
+def _check_options(policy: str, target: str, ns_per_byte: float) -> None:
+    if policy not in POLICIES:
+        raise PassError(f"PartitionForwardBackward: policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
+    if target not in RECOMPUTE_NS:
+        raise PassError(f"PartitionForwardBackward: target must be one of {', '.join(map(repr, RECOMPUTE_NS))} "
+                        f"(the recomputation costs of min_cut), got {target!r}")
+    if not isinstance(ns_per_byte, (int, float)) or isinstance(ns_per_byte, bool) or not ns_per_byte >= 0:
+        raise PassError(f"PartitionForwardBackward: recompute_ns_per_byte must be a number >= 0, got {ns_per_byte!r}")
 
 
 @dataclass(frozen=True)
 class PartitionForwardBackward(ModulePass):
     """Add ``@{base}_fwd`` and ``@{base}_bwd`` for the vjp-mode gradient ``@{func}``
-    (``base`` is ``func`` without its ``_grad`` suffix); see the module docstring."""
+    (``base`` is ``func`` without its ``_grad`` suffix); see the module docstring.
+
+    ``policy``: ``"save_all"`` or ``"min_cut"``; for ``min_cut``, ``target`` names the executor whose
+    recomputation costs apply (``RECOMPUTE_NS``) and ``recompute_ns_per_byte`` the most recomputation
+    time (ns) worth one byte of residual (``inf``: recomputation is free, AOTAutograd's assumption;
+    0: only work the forward's output does not need moves to the backward).
+    """
 
     name = "PartitionForwardBackward"
     func: str = "main_grad"
     policy: str = "save_all"
     names: Optional[tuple] = None
+    target: str = "numpy"
+    recompute_ns_per_byte: float = DEFAULT_NS_PER_BYTE
 
     def __post_init__(self):
         func = self.func
-        if self.policy not in POLICIES:
-            raise PassError(f"PartitionForwardBackward: policy must be one of {', '.join(map(repr, POLICIES))}, "
-                            f"got {self.policy!r}")
+        _check_options(self.policy, self.target, self.recompute_ns_per_byte)
         if not isinstance(func, str) or not func:
             raise PassError(f"PartitionForwardBackward: func must be a function name, got {func!r}")
         base = func[: -len("_grad")] if func.endswith("_grad") else func
@@ -169,9 +346,10 @@ class PartitionForwardBackward(ModulePass):
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
         fn = mod[self.func]
         infer_module(mod)
-        fwd, bwd = partition(fn, self.func, self.policy)
+        fwd, bwd = partition(fn, self.func, self.policy, self.target, self.recompute_ns_per_byte)
         new = mod.with_functions({self.names[0]: fwd, self.names[1]: bwd})
         infer_module(new)
         return new
 
-__all__ = ["PartitionForwardBackward", "partition", "recomputable", "POLICIES"]
+__all__ = ["PartitionForwardBackward", "partition", "recomputable", "recompute_class", "POLICIES", "RECOMPUTE_NS", "DEFAULT_NS_PER_BYTE",
+           "decompose"]
