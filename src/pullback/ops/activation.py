@@ -20,11 +20,13 @@ from ..ir.expr import Call, Expr
 from . import elemwise as E
 from . import reduce as R
 from . import special
+from .npfast import dot_along
 from .common import float_arg, normalize_axis
-from .nn import as_dtype, check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer, widen16
+from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
+                 widen16)
 from .registry import FusionKind, defop
 
-_sigmoid, _erf = lazy("sigmoid"), lazy("erf")
+_sigmoid = lazy("sigmoid")
 
 
 def _sigmoid_kernel(xp, x):
@@ -106,26 +108,93 @@ def _gelu_numpy(x, attrs):
     return np.asarray(inner, dtype=x.dtype)
 
 
-def _gelu_grad(call: Call, g: Expr):
-    x = call.args[0]
-    s = lambda v: scalar(v, x)  # noqa: E731
-    if call.attrs.approximate == "tanh":
-        t = E.tanh(s(_K_TANH) * (x + s(_C_TANH) * x * x * x))
-        dt = (s(1.0) - t * t) * (s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x * x)
-        return [g * (s(0.5) * (s(1.0) + t) + s(0.5) * x * dt)]
-    cdf = s(0.5) * (s(1.0) + _erf(x * s(1.0 / math.sqrt(2.0))))
-    pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
-    return [g * (cdf + x * pdf)]
-
-
 def _gelu_torch(x, attrs):
     import torch.nn.functional as F
 
     return F.gelu(x, approximate=attrs.approximate)
 
 
-gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, _gelu_grad, 8, "gelu",
-                  impls={"numpy": _gelu_numpy, "torch": _gelu_torch})
+gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, lambda c, g: [gelu_grad(g, c.args[0], c.attrs.approximate)], 8,
+                  "gelu", impls={"numpy": _gelu_numpy, "torch": _gelu_torch})
+
+# ------------------------------------------------------------------ gelu_grad: g * gelu'(x) in one kernel
+
+
+def _gelu_slope_kernel(xp, x, tanh: bool):
+    """gelu'(x) in x's precision."""
+    if tanh:
+        x2 = x * x
+        t = xp.tanh(x * (_K_TANH + _K_TANH * _C_TANH * x2))
+        return (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * (_K_TANH + 3 * _K_TANH * _C_TANH * x2)
+    cdf = (special.erf_of(xp)(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+    return cdf + x * xp.exp(x * x * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _gelu_grad_kernel(xp, g, x, attrs):
+    w = widen16(xp, x)
+    return as_dtype(xp, widen16(xp, g) * _gelu_slope_kernel(xp, w, attrs.approximate == "tanh"), x.dtype)
+
+
+def _gelu_grad_numpy(g, x, attrs):
+    """``_gelu_grad_kernel`` in place: two buffers over x's size."""
+    w = x.astype(np.float32) if x.dtype == np.float16 else x
+    c = w.dtype.type
+    if attrs.approximate == "tanh":
+        s = np.multiply(w, w)  # x^2, then the slope of the tanh's argument
+        t = np.multiply(s, c(_K_TANH * _C_TANH))
+        t += c(_K_TANH)
+        t *= w
+        np.tanh(t, out=t)
+        s *= c(3 * _K_TANH * _C_TANH)
+        s += c(_K_TANH)
+        d = np.multiply(t, t)  # 0.5 x (1 - t^2) u'
+        np.subtract(c(1.0), d, out=d)
+        d *= s
+        d *= w
+        t += c(1.0)
+        t += d
+        t *= c(0.5)
+        out = t
+    else:
+        out = special.erf(np.multiply(w, c(1.0 / math.sqrt(2.0))))
+        out += c(1.0)
+        out *= c(0.5)
+        e = np.multiply(w, w)  # x pdf(x)
+        e *= c(-0.5)
+        np.exp(e, out=e)
+        e *= w
+        e *= c(1.0 / math.sqrt(2.0 * math.pi))
+        out += e
+    out *= g
+    return np.asarray(out, dtype=x.dtype)
+
+
+def _gelu_grad_torch(g, x, attrs):
+    import torch
+
+    return torch.ops.aten.gelu_backward(g, x, approximate=attrs.approximate)
+
+
+def _gelu_grad_grad(call: Call, h: Expr):
+    """d/dg = gelu_grad(h, x); d/dx = h g gelu''(x)."""
+    g, x = call.args
+    s = lambda v: scalar(v, x)  # noqa: E731
+    if call.attrs.approximate == "tanh":
+        x2 = x * x
+        t = E.tanh(x * (s(_K_TANH) + s(_K_TANH * _C_TANH) * x2))
+        du = s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x2  # d/dx of the tanh's argument
+        curve = (s(1.0) - t * t) * (du + s(3 * _K_TANH * _C_TANH) * x2 - x * t * du * du)
+    else:
+        pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
+        curve = pdf * (s(2.0) - x * x)
+    return [gelu_grad(h, x, call.attrs.approximate), h * g * curve]
+
+
+gelu_grad = defop("nn.gelu_grad", 2, pair_infer("nn.gelu_grad", "the data"), kernel=_gelu_grad_kernel,
+                  impls={"numpy": _gelu_grad_numpy, "torch": _gelu_grad_torch}, attrs_type=GeluAttrs,
+                  grad=_gelu_grad_grad, pattern=FusionKind.ELEMWISE, flops=numel_flops(10), dtypes=FLOAT_DTYPES,
+                  torch_name="gelu_backward",
+                  doc="Gradient of ``nn.gelu``: ``(out_grad, data) -> out_grad * gelu'(data)`` (ATen ``gelu_backward``).")
 
 # ------------------------------------------------------------------ silu
 
@@ -215,18 +284,89 @@ def _log_softmax_torch(x, attrs):
     return torch.log_softmax(x, attrs.axis)
 
 
-def _softmax_grad(call: Call, g: Expr):
-    y = call
-    return [y * (g - R.sum(g * y, call.attrs.axis, True))]
-
-
-def _log_softmax_grad(call: Call, g: Expr):
-    return [g - E.exp(call) * R.sum(g, call.attrs.axis, True)]
-
-
 softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel, impls={"torch": _softmax_torch},
-                attrs_type=SoftmaxAttrs,
-                grad=_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
+                attrs_type=SoftmaxAttrs, grad=lambda c, g: [softmax_grad(g, c, c.attrs.axis)],
+                pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
 log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), kernel=_log_softmax_kernel,
                     impls={"torch": _log_softmax_torch}, attrs_type=SoftmaxAttrs,
-                    grad=_log_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
+                    grad=lambda c, g: [log_softmax_grad(g, c, c.attrs.axis)],
+                    pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
+
+# ------------------------------------------------------------------ softmax_grad / log_softmax_grad
+# (out_grad, forward output) -> input gradient, one kernel each, as ATen's _softmax_backward_data and
+# _log_softmax_backward_data; their own gradients are written in pullback ops.
+
+
+def _softmax_grad_infer(name: str):
+    same = pair_infer(name, "the forward output")
+
+    def infer(arg_types, attrs):
+        y = same(arg_types, attrs)
+        normalize_axis(name, attrs.axis, y.ndim, arg_types)
+        return y
+
+    return infer
+
+
+def _softmax_grad_kernel(xp, g, y, attrs):
+    return as_dtype(xp, y * (g - xp.sum(g * y, axis=attrs.axis, keepdims=True)), y.dtype)
+
+
+def _softmax_grad_numpy(g, y, attrs):
+    """``y * (g - sum(g y))``: one pass for the sum, two in one buffer."""
+    out = np.subtract(g, dot_along(g, y, attrs.axis % y.ndim).astype(y.dtype, copy=False))
+    out *= y
+    return out
+
+
+def _softmax_grad_torch(g, y, attrs):
+    import torch
+
+    return torch._softmax_backward_data(g, y, attrs.axis % y.ndim, y.dtype)
+
+
+def _softmax_grad_grad(call: Call, h: Expr):
+    """dx = y (g - s) with s = sum(g y): d/dg = softmax_grad(h, y) (the Jacobian is symmetric);
+    d/dy = h (g - s) - g sum(h y)."""
+    g, y = call.args
+    axis = call.attrs.axis
+    return [softmax_grad(h, y, axis), h * (g - R.sum(g * y, axis, True)) - g * R.sum(h * y, axis, True)]
+
+
+def _log_softmax_grad_kernel(xp, g, y, attrs):
+    return as_dtype(xp, g - xp.exp(y) * xp.sum(g, axis=attrs.axis, keepdims=True), y.dtype)
+
+
+def _log_softmax_grad_numpy(g, y, attrs):
+    """``g - exp(y) sum(g)`` in one buffer."""
+    e = np.exp(y)
+    e *= np.sum(g, axis=attrs.axis, keepdims=True)
+    np.subtract(g, e, out=e)
+    return e
+
+
+def _log_softmax_grad_torch(g, y, attrs):
+    import torch
+
+    return torch._log_softmax_backward_data(g, y, attrs.axis % y.ndim, y.dtype)
+
+
+def _log_softmax_grad_grad(call: Call, h: Expr):
+    """dx = g - e^y sum(g): d/dg = h - sum(h e^y); d/dy = -h e^y sum(g)."""
+    g, y = call.args
+    axis = call.attrs.axis
+    he = h * E.exp(y)
+    return [h - R.sum(he, axis, True), E.negative(he * R.sum(g, axis, True))]
+
+
+softmax_grad = defop("nn.softmax_grad", 2, _softmax_grad_infer("nn.softmax_grad"), kernel=_softmax_grad_kernel,
+                     impls={"numpy": _softmax_grad_numpy, "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+                     grad=_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
+                     torch_name="_softmax_backward_data",
+                     doc="Gradient of ``nn.softmax``: ``(out_grad, output) -> output * (out_grad - sum(out_grad * output))``.")
+log_softmax_grad = defop(
+    "nn.log_softmax_grad", 2, _softmax_grad_infer("nn.log_softmax_grad"), kernel=_log_softmax_grad_kernel,
+    impls={"numpy": _log_softmax_grad_numpy, "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+    grad=_log_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
+    torch_name="_log_softmax_backward_data",
+    doc="Gradient of ``nn.log_softmax``: ``(out_grad, output) -> out_grad - exp(output) * sum(out_grad)``.")
