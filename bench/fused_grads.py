@@ -4,7 +4,8 @@ Each row is one operator (float32) at a size one of ``bench/torch_train.py``'s w
 pullback rows time ``@main_grad`` of the vjp program of the op (``FirstOrderGradient(mode="vjp")`` +
 ``standard_cleanup``: the forward and the backward in one call) built for a target; ``eager`` times
 PyTorch autograd (forward + ``backward``) of the same op. Times are the process's CPU time
-(``time.process_time``) with one thread everywhere (torch, BLAS, XLA), the median of ``--reps`` calls
+(``time.process_time``) with one thread everywhere (torch, BLAS, XLA) and glibc malloc keeping freed memory
+(``runtime.tuning.keep_freed_memory``, as ``bench/torch_train.py`` does), the median of ``--reps`` calls
 per round and the median over ``--rounds`` interleaved rounds: one worker process per (source tree,
 target) stays alive, and each round asks every worker in turn, so a slow spell of the shared machine
 hits all columns alike.
@@ -125,6 +126,12 @@ def _prepare(target: str, names: list, small: bool) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    try:  # as bench/torch_train.py: freed blocks stay in the process (PyTorch's caching allocator does the same)
+        from pullback.runtime.tuning import keep_freed_memory
+
+        keep_freed_memory()
+    except ImportError:
+        pass
     runs = {}
     for name in names:
         arrays = _inputs(name, small)

@@ -20,7 +20,7 @@ from ..ir.expr import Call, Expr
 from . import elemwise as E
 from . import reduce as R
 from . import special
-from .npfast import dot_along
+from .npfast import as_rows, blockwise, row_blocks, sum_along
 from .common import float_arg, normalize_axis
 from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
                  widen16)
@@ -95,7 +95,11 @@ def _gelu_kernel(xp, x, attrs):
 
 
 def _gelu_numpy(x, attrs):
-    """``_gelu_kernel`` on NumPy in place (two temporaries fewer)."""
+    """``_gelu_kernel`` on NumPy in place (two temporaries fewer), on blocks that stay in the cache."""
+    return blockwise(lambda b: _gelu_block(b, attrs), x)
+
+
+def _gelu_block(x, attrs):
     w = x.astype(np.float32) if x.dtype == np.float16 else x
     c = w.dtype.type
     if attrs.approximate == "tanh":
@@ -136,7 +140,11 @@ def _gelu_grad_kernel(xp, g, x, attrs):
 
 
 def _gelu_grad_numpy(g, x, attrs):
-    """``_gelu_grad_kernel`` in place: two buffers over x's size."""
+    """``_gelu_grad_kernel`` in place (two buffers), on blocks that stay in the cache."""
+    return blockwise(lambda gb, xb: _gelu_grad_block(gb, xb, attrs), g, x)
+
+
+def _gelu_grad_block(g, x, attrs):
     w = x.astype(np.float32) if x.dtype == np.float16 else x
     c = w.dtype.type
     if attrs.approximate == "tanh":
@@ -272,6 +280,36 @@ def _log_softmax_kernel(xp, x, attrs):
     return as_dtype(xp, z - xp.log(xp.sum(xp.exp(z), axis=attrs.axis, keepdims=True)), x.dtype)
 
 
+def numpy_rows(kernel, block):
+    """A NumPy implementation running ``block(out, *arrays, attrs)`` on blocks of rows (in place in ``out``'s rows)
+    when ``attrs.axis`` is the last axis of float32/64 arrays of one shape, else ``kernel`` on NumPy."""
+
+    def run(*args):
+        *arrays, attrs = args
+        x = arrays[-1]
+        if (x.ndim == 0 or attrs.axis % x.ndim != x.ndim - 1 or x.dtype not in (np.float32, np.float64)
+                or any(a.shape != x.shape or a.dtype != x.dtype for a in arrays)):
+            return kernel(np, *arrays, attrs)
+        rows = [as_rows(a) for a in arrays]
+        out = np.empty_like(rows[-1])
+        for r in row_blocks(*out.shape):
+            block(out[r], *(a[r] for a in rows), attrs)
+        return out.reshape(x.shape)
+
+    return run
+
+
+def _softmax_block(out, x, attrs):
+    np.subtract(x, x.max(axis=1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= sum_along(out, 1)
+
+
+def _log_softmax_block(out, x, attrs):
+    np.subtract(x, x.max(axis=1, keepdims=True), out=out)
+    out -= np.log(sum_along(np.exp(out), 1))
+
+
 def _softmax_torch(x, attrs):
     import torch
 
@@ -284,11 +322,13 @@ def _log_softmax_torch(x, attrs):
     return torch.log_softmax(x, attrs.axis)
 
 
-softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel, impls={"torch": _softmax_torch},
+softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel,
+                impls={"numpy": numpy_rows(_softmax_kernel, _softmax_block), "torch": _softmax_torch},
                 attrs_type=SoftmaxAttrs, grad=lambda c, g: [softmax_grad(g, c, c.attrs.axis)],
                 pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
 log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), kernel=_log_softmax_kernel,
-                    impls={"torch": _log_softmax_torch}, attrs_type=SoftmaxAttrs,
+                    impls={"numpy": numpy_rows(_log_softmax_kernel, _log_softmax_block), "torch": _log_softmax_torch},
+                    attrs_type=SoftmaxAttrs,
                     grad=lambda c, g: [log_softmax_grad(g, c, c.attrs.axis)],
                     pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
 
@@ -312,11 +352,10 @@ def _softmax_grad_kernel(xp, g, y, attrs):
     return as_dtype(xp, y * (g - xp.sum(g * y, axis=attrs.axis, keepdims=True)), y.dtype)
 
 
-def _softmax_grad_numpy(g, y, attrs):
-    """``y * (g - sum(g y))``: one pass for the sum, two in one buffer."""
-    out = np.subtract(g, dot_along(g, y, attrs.axis % y.ndim).astype(y.dtype, copy=False))
+def _softmax_grad_block(out, g, y, attrs):
+    """``y * (g - sum(g y))`` on rows: one pass for the sum, two in place."""
+    np.subtract(g, np.vecdot(g, y)[:, None], out=out)
     out *= y
-    return out
 
 
 def _softmax_grad_torch(g, y, attrs):
@@ -337,12 +376,11 @@ def _log_softmax_grad_kernel(xp, g, y, attrs):
     return as_dtype(xp, g - xp.exp(y) * xp.sum(g, axis=attrs.axis, keepdims=True), y.dtype)
 
 
-def _log_softmax_grad_numpy(g, y, attrs):
-    """``g - exp(y) sum(g)`` in one buffer."""
-    e = np.exp(y)
-    e *= np.sum(g, axis=attrs.axis, keepdims=True)
-    np.subtract(g, e, out=e)
-    return e
+def _log_softmax_grad_block(out, g, y, attrs):
+    """``g - exp(y) sum(g)`` on rows, in place."""
+    np.exp(y, out=out)
+    out *= sum_along(g, 1)
+    np.subtract(g, out, out=out)
 
 
 def _log_softmax_grad_torch(g, y, attrs):
@@ -360,13 +398,13 @@ def _log_softmax_grad_grad(call: Call, h: Expr):
 
 
 softmax_grad = defop("nn.softmax_grad", 2, _softmax_grad_infer("nn.softmax_grad"), kernel=_softmax_grad_kernel,
-                     impls={"numpy": _softmax_grad_numpy, "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+                     impls={"numpy": numpy_rows(_softmax_grad_kernel, _softmax_grad_block), "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
                      grad=_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
                      torch_name="_softmax_backward_data",
                      doc="Gradient of ``nn.softmax``: ``(out_grad, output) -> output * (out_grad - sum(out_grad * output))``.")
 log_softmax_grad = defop(
     "nn.log_softmax_grad", 2, _softmax_grad_infer("nn.log_softmax_grad"), kernel=_log_softmax_grad_kernel,
-    impls={"numpy": _log_softmax_grad_numpy, "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+    impls={"numpy": numpy_rows(_log_softmax_grad_kernel, _log_softmax_grad_block), "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
     grad=_log_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
     torch_name="_log_softmax_backward_data",
     doc="Gradient of ``nn.log_softmax``: ``(out_grad, output) -> out_grad - exp(output) * sum(out_grad)``.")

@@ -37,7 +37,7 @@ from . import reduce as R
 from . import layout as T
 from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
 from .nn import as_dtype, check_bool, check_float, check_int, count, field, lazy, nonzero, same_shape, scalar, widen16
-from .npfast import along, dot_along, sum_along, sum_except
+from .npfast import along, as_rows, row_blocks, sum_along, sum_except
 from .registry import FusionKind, array_namespace, defop, type_error
 
 _sqrt = lazy("sqrt")
@@ -116,6 +116,40 @@ def _layer_norm_kernel(xp, x, gamma, beta, a):
     return as_dtype(xp, layer_norm_math(xp, widen16(xp, x), gamma, beta, a), x.dtype)
 
 
+def _rows_ok(x, a) -> bool:
+    """The NumPy row-block kernels apply: normalised axis last, float32/64."""
+    return x.ndim > 0 and a.axis % x.ndim == x.ndim - 1 and x.dtype in (np.float32, np.float64)
+
+
+def _normalized_rows(x, eps: float, out=None) -> tuple:
+    """(xhat (in ``out`` if given), rstd (rows, 1)) of a block of rows."""
+    n = x.dtype.type(x.shape[1])
+    xh = np.subtract(x, sum_along(x, 1) / n, out=out)
+    rstd = np.vecdot(xh, xh)[:, None]
+    rstd /= n
+    rstd += x.dtype.type(eps)
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    xh *= rstd
+    return xh, rstd
+
+
+def _layer_norm_numpy(x, gamma, beta, a):
+    """Row blocks (normalised axis last, float32/64), in place in the result."""
+    if not _rows_ok(x, a):
+        return _layer_norm_kernel(np, x, gamma, beta, a)
+    x2 = as_rows(x)
+    out = np.empty_like(x2)
+    for r in row_blocks(*x2.shape):
+        ob = out[r]
+        _normalized_rows(x2[r], a.epsilon, out=ob)
+        if a.scale:
+            ob *= gamma
+        if a.center:
+            ob += beta
+    return out.reshape(x.shape)
+
+
 def _layer_norm_torch(x, gamma, beta, a):
     """ATen's fused kernel when the normalised axis is the last one."""
     if a.axis % x.ndim != x.ndim - 1:
@@ -136,7 +170,8 @@ def _layer_norm_grad(call: Call, g: Expr):
     return _fields_of(layer_norm_grad(g, x, gamma, a.axis, a.epsilon, a.center, a.scale), a)
 
 
-layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, kernel=_layer_norm_kernel, impls={"torch": _layer_norm_torch},
+layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, kernel=_layer_norm_kernel,
+                   impls={"numpy": _layer_norm_numpy, "torch": _layer_norm_torch},
                    attrs_type=LayerNormAttrs,
                    grad=_layer_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(out.shape), torch_name="layer_norm")
@@ -200,6 +235,37 @@ def _batch_norm_kernel(xp, x, gamma, beta, mm, mv, a):
     return tuple(as_dtype(xp, v, x.dtype) for v in batch_norm_math(xp, widen16(xp, x), gamma, beta, mm, mv, a))
 
 
+def _batch_norm_numpy(x, gamma, beta, mm, mv, a):
+    """Statistics by einsum, then ``x * k + c`` per channel in the result's buffer (float32/64)."""
+    if x.dtype not in (np.float32, np.float64) or x.size == 0:
+        return _batch_norm_kernel(np, x, gamma, beta, mm, mv, a)
+    axis, nd = a.axis % x.ndim, x.ndim
+    if a.training:
+        n = _per_channel(x, axis)
+        mean = sum_except(axis, x) / x.dtype.type(n)
+        out = np.subtract(x, along(mean, nd, axis))
+        var = sum_except(axis, out, out) / x.dtype.type(n)
+        new_mm = (1 - a.momentum) * mm + a.momentum * mean
+        new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
+    else:
+        mean, var, new_mm, new_mv = mm, mv, mm, mv
+        out = None
+    k = 1 / np.sqrt(var + a.epsilon)
+    if a.scale:
+        k = k * gamma
+    if out is None:
+        out = np.multiply(x, along(k.astype(x.dtype, copy=False), nd, axis))
+        shift = -mean * k
+        if a.center:
+            shift = shift + beta
+        out += along(shift.astype(x.dtype, copy=False), nd, axis)
+    else:
+        out *= along(k.astype(x.dtype, copy=False), nd, axis)
+        if a.center:
+            out += along(beta, nd, axis)
+    return out, np.asarray(new_mm, x.dtype), np.asarray(new_mv, x.dtype)
+
+
 def _batch_norm_torch(x, gamma, beta, mm, mv, a):
     """ATen's fused kernel for channels on axis 1 (it updates the moving statistics in place: of copies)."""
     axis = a.axis % x.ndim
@@ -261,7 +327,8 @@ def _batch_norm_training_grad(call: Call, gy, gmm, gmv) -> list:
     return out
 
 
-batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, kernel=_batch_norm_kernel, impls={"torch": _batch_norm_torch},
+batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, kernel=_batch_norm_kernel,
+                   impls={"numpy": _batch_norm_numpy, "torch": _batch_norm_torch},
                    attrs_type=BatchNormAttrs,
                    grad=_batch_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(ts[0].shape), torch_name="batch_norm")
@@ -316,30 +383,32 @@ def _norm_grad_kernel(layer: bool):
 
 
 def _layer_norm_grad_numpy(g, x, gamma, a):
-    """About a dozen passes over x's size in two buffers; BLAS/vecdot/einsum reductions."""
-    if x.dtype == np.float16:
+    """Row blocks (normalised axis last, float32/64): about a dozen in-cache passes in two buffers."""
+    if not _rows_ok(x, a):
         return _norm_grad_kernel(True)(np, g, x, gamma, a)
-    axis, c = a.axis % x.ndim, x.dtype.type
-    n = c(x.shape[axis])
-    xh = np.subtract(x, sum_along(x, axis) / n)
-    rstd = dot_along(xh, xh, axis)
-    rstd /= n
-    rstd += c(a.epsilon)
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    xh *= rstd  # xhat
-    dbeta = sum_except(axis, g) if a.center else np.zeros_like(gamma)
-    dgamma = sum_except(axis, g, xh) if a.scale else np.zeros_like(gamma)
-    gx = np.multiply(g, along(gamma, x.ndim, axis)) if a.scale else np.array(g, copy=True)
-    m1 = sum_along(gx, axis)
-    m1 /= n
-    m2 = dot_along(gx, xh, axis)
-    m2 /= n
-    xh *= m2  # dx = rstd (gx - m1 - xhat m2)
-    xh += m1
-    gx -= xh
-    gx *= rstd
-    return gx, dgamma.astype(x.dtype, copy=False), dbeta.astype(x.dtype, copy=False)
+    g2, x2 = as_rows(g), as_rows(x)
+    n = x.dtype.type(x2.shape[1])
+    dx = np.empty_like(x2)
+    dgamma, dbeta = np.zeros_like(gamma), np.zeros_like(gamma)
+    for r in row_blocks(*x2.shape):
+        gb, out = g2[r], dx[r]
+        xh, rstd = _normalized_rows(x2[r], a.epsilon)
+        if a.center:
+            dbeta += sum_except(1, gb)
+        if a.scale:
+            dgamma += sum_except(1, gb, xh)
+            np.multiply(gb, gamma, out=out)
+        else:
+            np.copyto(out, gb)
+        m1 = sum_along(out, 1)
+        m1 /= n
+        m2 = np.vecdot(out, xh)[:, None]
+        m2 /= n
+        xh *= m2  # dx = rstd (gx - m1 - xhat m2)
+        xh += m1
+        out -= xh
+        out *= rstd
+    return dx.reshape(x.shape), dgamma, dbeta
 
 
 def _batch_norm_grad_numpy(g, x, gamma, a):
@@ -369,13 +438,12 @@ def _aten_results(res, gamma, a) -> tuple:
 
 
 def _layer_norm_grad_torch(g, x, gamma, a):
-    """ATen's native_layer_norm_backward (normalised axis last; float32/64), mean/rstd by one var_mean."""
+    """ATen's native_layer_norm_backward (normalised axis last; float32/64); mean and rstd from ATen's forward."""
     import torch
 
     if a.axis % x.ndim != x.ndim - 1 or x.dtype not in (torch.float32, torch.float64):
         return _norm_grad_kernel(True)(array_namespace("torch"), g, x, gamma, a)
-    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
-    rstd = torch.rsqrt(var + a.epsilon)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean is 10x slower
     res = torch.ops.aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, gamma if a.scale else None,
                                                     gamma if a.center else None,  # (its values are not read)
                                                     [True, a.scale, a.center])
@@ -388,7 +456,7 @@ def _batch_norm_grad_torch(g, x, gamma, a):
 
     if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64):
         return _norm_grad_kernel(False)(array_namespace("torch"), g, x, gamma, a)
-    var, mean = torch.var_mean(x, dim=[0] + list(range(2, x.ndim)), correction=0)
+    mean, var = torch.ops.aten.batch_norm_update_stats(x, None, None, 0.0)  # biased variance; var_mean is 5x slower
     res = torch.ops.aten.native_batch_norm_backward(g, x, gamma if a.scale else None, None, None, mean,
                                                     torch.rsqrt(var + a.epsilon), True, a.epsilon,
                                                     [True, a.scale, a.center])

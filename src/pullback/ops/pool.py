@@ -312,11 +312,18 @@ def _crop_torch(y, x, a):
     return y[:, :, a.padding[0]: a.padding[0] + x.shape[2], a.padding[1]: a.padding[1] + x.shape[3]]
 
 
+def _channels_last(x):
+    """``x`` in channels-last memory order: ATen's CPU max pooling is 2-5x faster on it than on NCHW."""
+    import torch
+
+    return x.contiguous(memory_format=torch.channels_last)
+
+
 def _max_pool_torch(x, a):
     import torch.nn.functional as F
 
     xin, pad, ceil = _torch_input(x, a, -np.inf)
-    return F.max_pool2d(xin, a.pool_size, a.strides, pad, a.dilation, ceil)
+    return F.max_pool2d(_channels_last(xin), a.pool_size, a.strides, pad, a.dilation, ceil).contiguous()
 
 
 def _max_pool_grad_torch(g, x, a):
@@ -401,11 +408,14 @@ def _with_indices_torch(x, a):
     """ATen's max_pool2d_with_indices; on a pre-padded input its indices are mapped back to the data."""
     import torch
 
-    aten = torch.ops.aten.max_pool2d_with_indices
+    def aten(v, pad, ceil):
+        y, idx = torch.ops.aten.max_pool2d_with_indices(_channels_last(v), a.pool_size, a.strides, pad, a.dilation, ceil)
+        return y.contiguous(), idx.contiguous()
+
     if _torch_native(a):
-        return aten(x, a.pool_size, a.strides, a.padding[:2], a.dilation, a.ceil_mode)
+        return aten(x, a.padding[:2], a.ceil_mode)
     xin = _torch_input(x, a, -np.inf)[0]
-    y, idx = aten(xin, a.pool_size, a.strides, (0, 0), a.dilation, False)
+    y, idx = aten(xin, (0, 0), False)
     h, w = x.shape[2:]
     row = (idx // xin.shape[3] - a.padding[0]).clamp_(0, h - 1)
     col = (idx % xin.shape[3] - a.padding[1]).clamp_(0, w - 1)
