@@ -276,6 +276,8 @@ FUSED_GRADS = [
     case("nn.gelu_grad", normal(3, 4), normal(3, 4) * 2, attrs=dict(approximate="tanh"), torch=aten("gelu_backward", approximate="tanh"),
          id="gelu_grad-tanh"),
     case("nn.threshold_grad", normal(3, 4), normal(3, 4), torch=aten("threshold_backward", 0.0), wrt=[0]),
+    case("nn.gelu_grad", normal(), normal(), torch=aten("gelu_backward"), id="gelu_grad-rank0"),
+    case("nn.threshold_grad", normal(), positive(), torch=aten("threshold_backward", 0.0), wrt=[0], id="threshold_grad-rank0"),
     case("nn.threshold_grad", normal(2, 5), normal(2, 5), attrs=dict(threshold=0.5), torch=aten("threshold_backward", 0.5),
          wrt=[0], id="threshold_grad-0.5"),
     norm_grad_case("layer", (3, 5), -1),

@@ -234,7 +234,7 @@ class ThresholdAttrs:
 
 def _threshold_grad_numpy(g, v, attrs):
     """Zero where ``v <= threshold`` as a bitwise AND with a mask (NaN and inf in ``g`` pass unchanged)."""
-    keep = np.less_equal(v, v.dtype.type(attrs.threshold))
+    keep = np.asarray(np.less_equal(v, v.dtype.type(attrs.threshold)))
     return E.select_or_zero(np.logical_not(keep, out=keep), g)
 
 

@@ -24,6 +24,8 @@ def blockwise(fn, *arrays: np.ndarray) -> np.ndarray:
     """``fn(*arrays)`` for an elementwise ``fn`` of arrays of one shape, run on flat blocks of ``BLOCK`` elements
     (``fn`` of the whole arrays when they are small or of different shapes)."""
     shape, size = arrays[0].shape, arrays[0].size
+    if not shape:  # NumPy ufuncs give scalars for 0-d arrays, and in-place steps need arrays
+        return fn(*(np.reshape(a, (1,)) if a.shape == shape else a for a in arrays)).reshape(())
     if size <= 2 * BLOCK or any(a.shape != shape for a in arrays):
         return fn(*arrays)
     flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
