@@ -68,6 +68,7 @@ PROGRAMS = {  # name -> (function, second order?)
                                                    op.nn.cross_entropy_with_logits(op.nn.log_softmax(a), t)), True),
     "nll_loss": (lambda: Function([a := V("a", 4, 3), t := V("t", 4, dtype="int64"), w := V("w", 3)],
                                   op.nn.nll_loss(op.nn.log_softmax(a), t, w)), True),
+    "fused_grad_block": (lambda: _fused_grad_block(), True),
 }
 
 
@@ -327,3 +328,34 @@ def test_kernels_do_not_mutate_inputs():
     np.testing.assert_array_equal(x, keep[0])
     np.testing.assert_array_equal(w, keep[1])
 
+
+
+def _fused_grad_block():
+    """dense -> gelu -> layer_norm -> softmax, a BN-conv-relu-maxpool branch: every fused gradient op in one program."""
+    x, w, g, b = V("x", 6, 8), V("w", 8, 8), V("g", 8), V("b", 8)
+    h = op.nn.softmax(op.nn.layer_norm(op.nn.gelu(op.nn.dense(x, w)), g, b))
+    img, k, c, s, m, v = V("img", 2, 3, 6, 6), V("k", 4, 3, 3, 3), V("c", 4), V("s", 4), V("m", 4), V("v", 4)
+    f = op.nn.batch_norm(op.nn.conv2d(img, k, padding=(1, 1)), c, s, m, v, training=True)[0]
+    p = op.nn.max_pool2d(op.nn.relu(f), (2, 2), (2, 2))
+    loss = op.sum(op.nn.log_softmax(h)) + op.sum(op.tanh(p))
+    return Function([x, w, g, b, img, k, c, s, m, v], loss)
+
+
+def test_fuse_ops_keeps_fused_gradients_whole_and_the_result_unchanged():
+    """FuseOps on a gradient program: the elementwise gradients (gelu_grad, threshold_grad) may join groups,
+    the reducing ones stay single calls (OPAQUE); the fused program computes the same gradients."""
+    from pullback import transform
+    from pullback.ir.expr import Call, Function as Fn
+    from pullback.ir.traversal import post_order
+
+    fn = _fused_grad_block()
+    mod = transform.standard_cleanup()(transform.FirstOrderGradient()(pullback.IRModule.from_expr(fn)))
+    fused = transform.FuseOps()(mod)
+    body = fused["main_grad"].body
+    top = {n.op.name for n in post_order(body) if isinstance(n, Call) and not isinstance(n.op, Fn)}
+    assert {"nn.softmax_grad", "nn.log_softmax_grad", "nn.layer_norm_grad", "nn.batch_norm_grad"} <= top
+    grouped = {n.op.name for n in post_order(body, into_functions=True) if isinstance(n, Call) and hasattr(n.op, "pattern")}
+    assert {"nn.gelu_grad", "nn.threshold_grad", "nn.max_pool2d_grad"} <= grouped
+    args = _inputs(fn)
+    for a, b in zip(pullback.build(mod)["main_grad"](*args)[1], pullback.build(fused)["main_grad"](*args)[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
