@@ -79,7 +79,7 @@ def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, c
 
 @pytest.mark.parametrize("strides,k,pad,dil,groups,out_pad,ci,og", [
     c for c in itertools.product([(1, 1), (2, 2), (2, 1)], [(3, 3), (2, 3)], [(0, 0), (1, 1)], [(1, 1), (2, 1)],
-                                 [1, 2], [(0, 0), (1, 0)], [4], [2, 6])
+                                 [1, 2], [(0, 0), (1, 0)], [4], [2, 4, 6])
     if c[5][0] < c[0][0] and c[5][1] < c[0][1]])
 def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_pad, ci, og):
     torch = pytest.importorskip("torch")
@@ -91,6 +91,21 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
                                                 dilation=dil, groups=groups, output_padding=out_pad).numpy()
     assert got.shape == want.shape and got.dtype == x.dtype and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 2, 3, 5), "C"), ((2, 2, 3, 5), "T"),
+                                         ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
+def test_dense_numpy_flattens_contiguous_leading_dims(shape, order):
+    from pullback.ops import get_op
+
+    x = RNG.standard_normal(shape)
+    if order == "T":  # leading dims that do not collapse into one: the batched matmul
+        x = np.swapaxes(RNG.standard_normal(shape[1::-1] + shape[2:]), 0, 1)
+    w = RNG.standard_normal((4, shape[-1]))
+    got = get_op("nn.dense").impl("numpy")(x, w, None)
+    want = np.einsum("...k,uk->...u", x, w)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_conv2d_transpose_with_padding_wider_than_the_kernel():

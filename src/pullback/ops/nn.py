@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..ir.types import FLOAT_DTYPES
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -300,11 +301,21 @@ def _dense_flops(arg_types, out_type, attrs):
     return 2 * numel(out_type.shape) * (k if isinstance(k, int) else 0)
 
 
+def _dense_numpy(x, w, attrs=None):
+    """``x @ w.T`` as one 2-D GEMM where x's leading dims collapse without a copy: NumPy's matmul of a
+    (B, M, K) array runs B smaller GEMMs (20-30% slower at the transformer's sizes); a copy would cost more."""
+    lead = x.shape[:-1]
+    if x.ndim <= 2 or any(x.strides[i] != x.shape[i + 1] * x.strides[i + 1] for i in range(x.ndim - 2)):
+        return np.matmul(x, w.T)
+    return np.matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(lead + (w.shape[0],))
+
+
 dense = defop(
     "nn.dense",
     2,
     _dense_infer,
     kernel=lambda xp, x, w, attrs=None: xp.matmul(x, w.T),
+    impls={"numpy": _dense_numpy},
     grad=_dense_grad,
     pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,
