@@ -93,14 +93,16 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 2, 3, 5), "C"), ((2, 2, 3, 5), "T"),
-                                         ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
-def test_dense_numpy_flattens_contiguous_leading_dims(shape, order):
+@pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 3, 5), "S"), ((2, 2, 3, 5), "C"),
+                                         ((2, 2, 3, 5), "T"), ((2, 2, 3, 5), "S"), ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
+def test_dense_numpy_gemm_over_rows_in_memory_order(shape, order):
     from pullback.ops import get_op
 
     x = RNG.standard_normal(shape)
-    if order == "T":  # leading dims that do not collapse into one: the batched matmul
+    if order == "T":  # a transposed view (sequence-first over batch-first data): one GEMM, a view of the result
         x = np.swapaxes(RNG.standard_normal(shape[1::-1] + shape[2:]), 0, 1)
+    elif order == "S":  # rows that do not collapse into one index: the batched matmul
+        x = RNG.standard_normal((shape[0], 2 * shape[1]) + shape[2:])[:, ::2]
     w = RNG.standard_normal((4, shape[-1]))
     got = get_op("nn.dense").impl("numpy")(x, w, None)
     want = np.einsum("...k,uk->...u", x, w)
