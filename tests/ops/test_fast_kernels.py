@@ -69,6 +69,10 @@ def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, c
         x.flat[RNG.integers(0, x.size, 6)] = np.nan
     y = P._max_pool_numpy(x, a)
     assert np.array_equal(y, P._max_scan(P._slices(np, x, a, -np.inf)[0])[0], equal_nan=True)
+    best, k = P._max_scan(P._slices(np, x, a, -np.inf)[0])
+    yi, idx = P._with_indices_numpy(x, a)  # offsets by bit masks, positions from a table
+    assert np.array_equal(yi, best, equal_nan=True) and idx.dtype == np.int64
+    assert np.array_equal(idx, P._flat_index(np, k, a, x.shape[2:], y.shape[2:], x))
     g = _specials(np.float32, y.shape)
     for gg in (g, np.broadcast_to(g[:, :, :1, :1], g.shape)):
         with np.errstate(invalid="ignore"):  # inf + -inf where overlapping windows add up
