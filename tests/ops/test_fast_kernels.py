@@ -114,6 +114,23 @@ def test_dense_numpy_gemm_over_rows_in_memory_order(shape, order):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("e", [2.0, 3.0, 2.5, -1.0])
+def test_power_by_a_scalar_2_or_3_multiplies(dtype, e):
+    from pullback.ops import get_op
+
+    fn = get_op("power").impl("numpy")
+    x = _specials(dtype, (3, 7))
+    for b in (np.array(e, dtype), np.full((1, 1), e, dtype)):
+        got = fn(x, b, None)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want = np.power(x, b)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
+        assert np.array_equal(np.signbit(got), np.signbit(want))  # -0.0 ** 3 = -0.0
+    assert fn(np.array(2.0, dtype), np.array(e, dtype), None).shape == ()  # a 0-d base: np.power
+
+
 def test_conv2d_transpose_with_padding_wider_than_the_kernel():
     torch = pytest.importorskip("torch")
     x, w = RNG.standard_normal((1, 2, 7, 7)), RNG.standard_normal((2, 3, 3, 3))
