@@ -54,18 +54,21 @@ def erf(x: np.ndarray) -> np.ndarray:
     return blockwise(_erf32, x)
 
 
+def _horner(coefs: tuple, v: np.ndarray) -> np.ndarray:
+    """``coefs[0] v^n + ... + coefs[n]`` in a new array, two in-place passes per coefficient after the first two."""
+    p = np.multiply(v, coefs[0])
+    p += coefs[1]
+    for c in coefs[2:]:
+        p *= v
+        p += c
+    return p
+
+
 def _erf32(x: np.ndarray) -> np.ndarray:
     x32 = np.clip(x, np.float32(-4.0), np.float32(4.0), dtype=np.float32)
     x2 = np.multiply(x32, x32)
-    p = np.full_like(x2, _ERF_P[0])
-    for c in _ERF_P[1:]:
-        p *= x2
-        p += c
+    p, q = _horner(_ERF_P, x2), _horner(_ERF_Q, x2)
     p *= x32
-    q = np.full_like(x2, _ERF_Q[0])
-    for c in _ERF_Q[1:]:
-        q *= x2
-        q += c
     p /= q
     return p.astype(x.dtype, copy=False)
 
