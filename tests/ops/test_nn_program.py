@@ -334,7 +334,8 @@ def _fused_grad_block():
     """dense -> gelu -> layer_norm -> softmax, a BN-conv-relu-maxpool branch: every fused gradient op in one program."""
     x, w, g, b = V("x", 6, 8), V("w", 8, 8), V("g", 8), V("b", 8)
     h = op.nn.softmax(op.nn.layer_norm(op.nn.gelu(op.nn.dense(x, w)), g, b))
-    img, k, c, s, m, v = V("img", 2, 3, 6, 6), V("k", 4, 3, 3, 3), V("c", 4), V("s", 4), V("m", 4), V("v", 4)
+    # one input channel: a float32 conv2d of 27 standard-normal taps differs between targets by ~2e-6 (summation order)
+    img, k, c, s, m, v = V("img", 2, 1, 6, 6), V("k", 4, 1, 3, 3), V("c", 4), V("s", 4), V("m", 4), V("v", 4)
     f = op.nn.batch_norm(op.nn.conv2d(img, k, padding=(1, 1)), c, s, m, v, training=True)[0]
     p = op.nn.max_pool2d(op.nn.relu(f), (2, 2), (2, 2))
     loss = op.sum(op.nn.log_softmax(h)) + op.sum(op.tanh(p))
