@@ -227,3 +227,27 @@ def test_gradients_with_dropout_masks_match_torch():
 def test_import_pullback_does_not_import_torch():
     code = "import sys, pullback, pullback.frontend, pullback.integrations.torch; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("shape,kw", [((2, 3, 8, 8), dict(kernel_size=2)),
+                                      ((1, 2, 7, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+                                      ((2, 7, 8), dict(kernel_size=(2, 3), stride=(1, 2), dilation=(2, 1)))])
+def test_max_pool2d_backward_adds_at_the_given_indices(shape, kw):
+    """aten.max_pool2d_with_indices_backward imports as nn.max_pool2d_with_indices_grad of its own indices."""
+
+    class PoolBackward(torch.nn.Module):
+        def forward(self, g, x, idx):
+            k = kw["kernel_size"]
+            return torch.ops.aten.max_pool2d_with_indices_backward(g, x, k, kw.get("stride", k), kw.get("padding", 0),
+                                                                    kw.get("dilation", 1), kw.get("ceil_mode", False), idx)
+
+    x = torch.randn(shape)
+    y, idx = torch.nn.functional.max_pool2d(x, return_indices=True, **kw)
+    g = torch.randn(y.shape)
+    prog = import_torch(PoolBackward(), (g, x, idx))
+    from pullback.ir.expr import Call
+    from pullback.ir.traversal import post_order
+
+    ops = {getattr(n.op, "name", None) for n in post_order(prog.mod["main"].body) if isinstance(n, Call)}
+    assert "nn.max_pool2d_with_indices_grad" in ops and "nn.max_pool2d_grad" not in ops
+    np.testing.assert_allclose(first(run_main(prog, (g, x, idx)), prog), PoolBackward()(g, x, idx).numpy(), rtol=1e-6, atol=1e-6)

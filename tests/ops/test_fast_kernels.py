@@ -69,6 +69,10 @@ def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, c
         x.flat[RNG.integers(0, x.size, 6)] = np.nan
     y = P._max_pool_numpy(x, a)
     assert np.array_equal(y, P._max_scan(P._slices(np, x, a, -np.inf)[0])[0], equal_nan=True)
+    best, k = P._max_scan(P._slices(np, x, a, -np.inf)[0])
+    yi, idx = P._with_indices_numpy(x, a)  # offsets by bit masks, positions from a table
+    assert np.array_equal(yi, best, equal_nan=True) and idx.dtype == np.int64
+    assert np.array_equal(idx, P._flat_index(np, k, a, x.shape[2:], y.shape[2:], x))
     g = _specials(np.float32, y.shape)
     for gg in (g, np.broadcast_to(g[:, :, :1, :1], g.shape)):
         with np.errstate(invalid="ignore"):  # inf + -inf where overlapping windows add up
@@ -79,7 +83,7 @@ def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, c
 
 @pytest.mark.parametrize("strides,k,pad,dil,groups,out_pad,ci,og", [
     c for c in itertools.product([(1, 1), (2, 2), (2, 1)], [(3, 3), (2, 3)], [(0, 0), (1, 1)], [(1, 1), (2, 1)],
-                                 [1, 2], [(0, 0), (1, 0)], [4], [2, 6])
+                                 [1, 2], [(0, 0), (1, 0)], [4], [2, 4, 6])
     if c[5][0] < c[0][0] and c[5][1] < c[0][1]])
 def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_pad, ci, og):
     torch = pytest.importorskip("torch")
@@ -91,6 +95,40 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
                                                 dilation=dil, groups=groups, output_padding=out_pad).numpy()
     assert got.shape == want.shape and got.dtype == x.dtype and got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 3, 5), "S"), ((2, 2, 3, 5), "C"),
+                                         ((2, 2, 3, 5), "T"), ((2, 2, 3, 5), "S"), ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
+def test_dense_numpy_gemm_over_rows_in_memory_order(shape, order):
+    from pullback.ops import get_op
+
+    x = RNG.standard_normal(shape)
+    if order == "T":  # a transposed view (sequence-first over batch-first data): one GEMM, a view of the result
+        x = np.swapaxes(RNG.standard_normal(shape[1::-1] + shape[2:]), 0, 1)
+    elif order == "S":  # rows that do not collapse into one index: the batched matmul
+        x = RNG.standard_normal((shape[0], 2 * shape[1]) + shape[2:])[:, ::2]
+    w = RNG.standard_normal((4, shape[-1]))
+    got = get_op("nn.dense").impl("numpy")(x, w, None)
+    want = np.einsum("...k,uk->...u", x, w)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("e", [2.0, 3.0, 2.5, -1.0])
+def test_power_by_a_scalar_2_or_3_multiplies(dtype, e):
+    from pullback.ops import get_op
+
+    fn = get_op("power").impl("numpy")
+    x = _specials(dtype, (3, 7))
+    for b in (np.array(e, dtype), np.full((1, 1), e, dtype)):
+        got = fn(x, b, None)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want = np.power(x, b)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
+        assert np.array_equal(np.signbit(got), np.signbit(want))  # -0.0 ** 3 = -0.0
+    assert fn(np.array(2.0, dtype), np.array(e, dtype), None).shape == ()  # a 0-d base: np.power
 
 
 def test_conv2d_transpose_with_padding_wider_than_the_kernel():
@@ -128,3 +166,55 @@ def test_executor_options():
         np.testing.assert_allclose(Executable(mod, blas_threads=threads)["main"](a), a @ a.T)
     np.testing.assert_allclose(Executable(mod, tune_malloc=True)["main"](a), a @ a.T)
     assert isinstance(keep_freed_memory(), bool)
+
+
+# ------------------------------------------------------------------ fused NumPy kernels on several cache blocks
+
+
+def _fused_cases():
+    """(op name, inputs, attrs) at sizes spanning several blocks (``npfast.BLOCK``) with a partial last one."""
+    big = (301, 257)  # 77357 elements: three flat blocks, rows of 257 (127 rows per row block)
+    x, g, y = (RNG.standard_normal(big) for _ in range(3))
+    gam, bet = RNG.standard_normal(257), RNG.standard_normal(257)
+    xb, gb = RNG.standard_normal((6, 5, 41, 67)), RNG.standard_normal((6, 5, 41, 67))
+    cb, mb, vb = RNG.standard_normal(5), RNG.standard_normal(5), RNG.uniform(0.5, 1.5, 5)
+    sm = np.exp(y) / np.exp(y).sum(-1, keepdims=True)
+    return [
+        ("nn.gelu", [x * 3], {}), ("nn.gelu", [x * 3], dict(approximate="tanh")),
+        ("nn.gelu_grad", [g, x * 3], {}), ("nn.gelu_grad", [g, x * 3], dict(approximate="tanh")),
+        ("nn.softmax", [x * 5], {}), ("nn.log_softmax", [x * 5], {}),
+        ("nn.softmax_grad", [g, sm], {}), ("nn.log_softmax_grad", [g, np.log(sm)], {}),
+        ("nn.threshold_grad", [g, x], dict(threshold=0.25)),
+        ("nn.layer_norm", [x, gam, bet], {}), ("nn.layer_norm", [x, gam, bet], dict(scale=False)),
+        ("nn.layer_norm_grad", [g, x, gam], {}), ("nn.layer_norm_grad", [g, x, gam], dict(scale=False, center=False)),
+        ("nn.batch_norm", [xb, cb, cb, mb, vb], dict(training=True)), ("nn.batch_norm", [xb, cb, cb, mb, vb], {}),
+        ("nn.batch_norm", [xb, cb, cb, mb, vb], dict(training=True, center=False, scale=False)),
+        ("nn.batch_norm_grad", [gb, xb, cb], {}), ("nn.batch_norm_grad", [gb, xb, cb], dict(scale=False)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", range(len(_fused_cases())))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_fused_numpy_kernels_over_several_blocks_match_the_shared_kernel(k, dtype, layout):
+    """The NumPy overrides (cache blocks, in-place passes, einsum/BLAS reductions) give the shared kernel's
+    result, on C-contiguous inputs and on inputs that are transposed views."""
+    from pullback.ops import get_op
+
+    name, inputs, attrs = _fused_cases()[k]
+    o = get_op(name)
+    a = o.make_attrs(**attrs)
+    arrays = [np.asarray(v, dtype) for v in inputs]
+    if layout == "transposed":  # same values, Fortran-ordered views
+        arrays = [np.asfortranarray(v) if v.ndim > 1 else v for v in arrays]
+    keep = [v.copy() for v in arrays]
+    got = o.compute(*arrays, a)
+    for v, w in zip(arrays, keep):
+        np.testing.assert_array_equal(v, w)  # inputs unchanged
+    # against the shared kernel in float64 (float32 sums of 80,000 terms differ in their last digits by order)
+    want = o.kernel(np, *[np.asarray(v, np.float64) for v in inputs], a)
+    for gv, wv in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert gv.dtype == dtype and gv.shape == wv.shape
+        scale = float(np.abs(wv).max())
+        tol = dict(rtol=1e-4, atol=1e-4 * scale) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11 * scale)
+        np.testing.assert_allclose(gv, wv, **tol, err_msg=name)

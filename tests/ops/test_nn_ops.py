@@ -223,8 +223,111 @@ HELPERS = [  # gradient ops: their own rules are checked too
          wrt=[0], id="nll_loss_grad-none"),
 ]
 
-TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + MISC
-CASES = TORCH_CASES + NORM_FD + HELPERS
+
+
+def aten(name, *a, **k):  # a torch.ops.aten function by name, resolved lazily
+    def f(*xs):
+        import torch
+
+        return getattr(torch.ops.aten, name)(*xs, *a, **k)
+
+    return f
+
+
+def softmax_back(name, dim):  # ATen's _softmax_backward_data / _log_softmax_backward_data take the input dtype
+    return lambda g, y: aten(f"_{name}_backward_data", dim, y.dtype)(g, y)
+
+
+def norm_grad_torch(kind, axis=-1, eps=1e-5):
+    """PyTorch's own first-order gradient of layer/batch norm, differentiable (create_graph): its vjp is
+    PyTorch's double backward."""
+
+    def f(g, x, gamma):
+        import torch
+        import torch.nn.functional as tF
+
+        beta = torch.zeros_like(gamma, requires_grad=True)
+        xin, ct = x.movedim(axis, -1 if kind == "layer" else 1), g.movedim(axis, -1 if kind == "layer" else 1)
+        if kind == "layer":
+            y = tF.layer_norm(xin, (xin.shape[-1],), gamma, beta, eps)
+        else:
+            y = tF.batch_norm(xin, None, None, gamma, beta, training=True, eps=eps)
+        dx, dg, db = torch.autograd.grad(y, (xin, gamma, beta), ct, create_graph=True)
+        return dx.movedim(-1 if kind == "layer" else 1, axis), dg, db
+
+    return f
+
+
+def norm_grad_case(kind, shape, axis, **attrs):
+    c = shape[axis]
+    return case(f"nn.{kind}_norm_grad", normal(*shape), normal(*shape), normal(c), attrs=dict(axis=axis, **attrs),
+                torch=norm_grad_torch(kind, axis, attrs.get("epsilon", 1e-5)), id=f"{kind}_norm_grad-{shape}-axis{axis}")
+
+
+# the fused gradient operators; PyTorch references are ATen's backward functions (their vjps: double backward)
+FUSED_GRADS = [
+    case("nn.softmax_grad", normal(3, 5), positive(3, 5), torch=softmax_back("softmax", -1)),
+    case("nn.softmax_grad", normal(2, 3, 4), positive(2, 3, 4), attrs=dict(axis=1), torch=softmax_back("softmax", 1),
+         id="softmax_grad-axis1"),
+    case("nn.log_softmax_grad", normal(3, 5), -positive(3, 5), torch=softmax_back("log_softmax", -1)),
+    case("nn.log_softmax_grad", normal(2, 3, 4), -positive(2, 3, 4), attrs=dict(axis=0),
+         torch=softmax_back("log_softmax", 0), id="log_softmax_grad-axis0"),
+    case("nn.gelu_grad", normal(3, 4), normal(3, 4) * 2, torch=aten("gelu_backward")),
+    case("nn.gelu_grad", normal(3, 4), normal(3, 4) * 2, attrs=dict(approximate="tanh"), torch=aten("gelu_backward", approximate="tanh"),
+         id="gelu_grad-tanh"),
+    case("nn.threshold_grad", normal(3, 4), normal(3, 4), torch=aten("threshold_backward", 0.0), wrt=[0]),
+    case("nn.gelu_grad", normal(), normal(), torch=aten("gelu_backward"), id="gelu_grad-rank0"),
+    case("nn.threshold_grad", normal(), positive(), torch=aten("threshold_backward", 0.0), wrt=[0], id="threshold_grad-rank0"),
+    case("nn.threshold_grad", normal(2, 5), normal(2, 5), attrs=dict(threshold=0.5), torch=aten("threshold_backward", 0.5),
+         wrt=[0], id="threshold_grad-0.5"),
+    norm_grad_case("layer", (3, 5), -1),
+    norm_grad_case("layer", (2, 4, 3), 1, epsilon=1e-3),
+    norm_grad_case("batch", (4, 3, 2, 2), 1),
+    norm_grad_case("batch", (5, 3), -1),
+]
+# every input including gamma with scale/center off (PyTorch has no such variant)
+FUSED_GRADS_FD = [
+    case("nn.layer_norm_grad", normal(2, 4), normal(2, 4), normal(4), attrs=dict(scale=False, center=False), wrt=[0, 1],
+         id="layer_norm_grad-plain"),
+    case("nn.batch_norm_grad", normal(4, 3, 2), normal(4, 3, 2), normal(3), attrs=dict(center=False), id="batch_norm_grad-nocenter"),
+]
+
+
+
+def pooled_shape(shape, attrs) -> tuple:
+    """The pooled shape of data ``shape`` under max-pool ``attrs``."""
+    import pullback
+
+    return pullback.analysis.infer_expr(pullback.op.nn.max_pool2d(pullback.var("x", shape=shape, dtype="float64"), **attrs)).shape
+
+
+def pool_indices(x, **attrs):
+    """The indices nn.max_pool2d_with_indices gives for ``x`` (NumPy kernel)."""
+    from pullback.ops import get_op
+
+    o = get_op("nn.max_pool2d_with_indices")
+    return o.compute(x, o.make_attrs(**attrs))[1]
+
+
+# (attributes, data shape): tiles, overlapping windows with padding, ceil mode, dilation, asymmetric padding
+WITH_INDICES = [
+    (dict(pool_size=(2, 2), strides=(2, 2)), (2, 3, 6, 6)),
+    (dict(pool_size=(3, 3), strides=(2, 2), padding=(1, 1)), (1, 2, 7, 6)),
+    (dict(pool_size=(3, 2), strides=(2, 1), padding=(1, 1), ceil_mode=True), (1, 2, 7, 6)),
+    (dict(pool_size=(2, 3), strides=(2, 3), padding=(1, 1), dilation=(2, 1)), (1, 2, 7, 8)),
+    (dict(pool_size=(2, 2), strides=(1, 2), padding=(0, 1, 1, 0)), (1, 2, 5, 6)),
+]
+POOL_INDICES = [  # gradient rules against finite differences (PyTorch: test_nn_program.py)
+    case("nn.max_pool2d_with_indices", normal(*shape), attrs=attrs, id=f"max_pool2d_with_indices-{shape}-{k}")
+    for k, (attrs, shape) in enumerate(WITH_INDICES)
+] + [
+    case("nn.max_pool2d_with_indices_grad", normal(*pooled_shape(shape, attrs)), x := normal(*shape), pool_indices(x, **attrs),
+         attrs=attrs, wrt=[0], id=f"max_pool2d_with_indices_grad-{shape}-{k}")
+    for k, (attrs, shape) in enumerate(WITH_INDICES)
+]
+
+TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + MISC + FUSED_GRADS
+CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
 
 
 @pytest.mark.parametrize("c", TORCH_CASES, ids=repr)

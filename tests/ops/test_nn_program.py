@@ -13,6 +13,8 @@ from pullback.ir.errors import AttrError, PullbackError, TypeInferenceError
 from pullback.ops import FusionKind, get_op
 from pullback.testing import check_grad, check_second_order
 
+from test_nn_ops import WITH_INDICES
+
 RNG = np.random.default_rng(11)
 
 
@@ -49,6 +51,14 @@ PROGRAMS = {  # name -> (function, second order?)
     "batch_norm": (lambda: Function([a := V("a", 4, 3, 2), g := V("g", 3), b := V("b", 3), m := V("m", 3), v := V("v", 3)],
                                     op.nn.batch_norm(a, g, b, m, v, training=True)[0]), True),
     "max_pool2d": (lambda: Function([a := V("a", 1, 2, 5, 6)], op.nn.max_pool2d(a, (3, 2), (2, 2), (1, 1), (1, 1))), True),
+    "max_pool2d_with_indices": (lambda: Function([a := V("a", 1, 2, 5, 6)], op.tanh(
+        op.nn.max_pool2d_with_indices(a, (3, 2), (2, 2), (1, 1), (1, 1))[0])), True),
+    "relu": (lambda: Function([a := V("a", 3, 4)], op.nn.relu(a) * a), True),
+    "gelu_tanh": (lambda: Function([a := V("a", 3, 4)], op.nn.gelu(a, "tanh")), True),
+    "batch_norm_axis_last": (lambda: Function([a := V("a", 5, 3), g := V("g", 3), b := V("b", 3), m := V("m", 3), v := V("v", 3)],
+                                              op.nn.batch_norm(a, g, b, m, v, axis=-1, training=True)[0]), True),
+    "layer_norm_axis0": (lambda: Function([a := V("a", 4, 3), g := V("g", 4), b := V("b", 4)],
+                                          op.nn.layer_norm(a, g, b, axis=0)), True),
     "adaptive_avg_pool2d": (lambda: Function([a := V("a", 1, 2, 5, 7)], op.nn.adaptive_avg_pool2d(a, (2, 3))), True),
     "global_avg_pool2d": (lambda: Function([a := V("a", 2, 3, 2, 3)], op.nn.global_avg_pool2d(a)), True),
     "pad_reflect": (lambda: Function([a := V("a", 3, 4)], op.nn.pad(a, ((1, 2), (3, 0)), 0.0, "reflect")), True),
@@ -58,6 +68,7 @@ PROGRAMS = {  # name -> (function, second order?)
                                                    op.nn.cross_entropy_with_logits(op.nn.log_softmax(a), t)), True),
     "nll_loss": (lambda: Function([a := V("a", 4, 3), t := V("t", 4, dtype="int64"), w := V("w", 3)],
                                   op.nn.nll_loss(op.nn.log_softmax(a), t, w)), True),
+    "fused_grad_block": (lambda: _fused_grad_block(), True),
 }
 
 
@@ -113,6 +124,33 @@ def test_max_pool_ties_route_to_first_maximum_like_torch():
     torch.nn.functional.max_pool2d(xt, 2, 1).backward(torch.tensor(g))
     np.testing.assert_array_equal(ours, xt.grad.numpy())
     assert ours[0, 0, 0, 0] == 1.0 and ours[0, 0, 1, 2] == 6.0 and ours[0, 0, 2, 2] == 0.0  # first max, row-major
+
+
+@pytest.mark.parametrize("k", range(len(WITH_INDICES)))
+def test_max_pool_with_indices_matches_torch(k):
+    """Pooled values, indices (PyTorch's flat positions) and the gradient through the indices equal PyTorch's."""
+    torch = pytest.importorskip("torch")
+    attrs, shape = WITH_INDICES[k]
+    p = attrs.get("padding", (0, 0))
+    x = RNG.standard_normal(shape)
+    xv = V("x", *shape)
+    y, idx = _run(Function([xv], op.nn.max_pool2d_with_indices(xv, **attrs)), x)
+    xt = torch.tensor(x, requires_grad=True)
+    if len(p) == 4:  # (top, left, bottom, right): pad by hand with -inf, map the indices back
+        ref = torch.nn.functional.pad(xt, (p[1], p[3], p[0], p[2]), value=-np.inf)
+        ty, ti = torch.nn.functional.max_pool2d(ref, attrs["pool_size"], attrs["strides"], return_indices=True)
+        w = shape[3] + p[1] + p[3]
+        ti = (ti // w - p[0]) * shape[3] + ti % w - p[1]
+    else:
+        ty, ti = torch.nn.functional.max_pool2d(xt, attrs["pool_size"], attrs["strides"], p, attrs.get("dilation", (1, 1)),
+                                                attrs.get("ceil_mode", False), return_indices=True)
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    np.testing.assert_array_equal(idx, ti.numpy())
+    g = RNG.standard_normal(y.shape)
+    ty.backward(torch.tensor(g))
+    gv, iv = V("g", *y.shape), V("i", *y.shape, dtype="int64")
+    dx = _run(Function([gv, xv, iv], op.nn.max_pool2d_with_indices_grad(gv, xv, iv, **attrs)), g, x, idx)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_dynamic_batch_dim_infers_and_runs():
@@ -234,6 +272,10 @@ PATTERNS = {
     "nn.softmax": FusionKind.OPAQUE, "nn.layer_norm": FusionKind.OPAQUE, "nn.relu": FusionKind.ELEMWISE,
     "nn.gelu": FusionKind.ELEMWISE, "nn.bias_add": FusionKind.BROADCAST, "nn.max_pool2d": FusionKind.OPAQUE,
     "nn.avg_pool2d": FusionKind.OPAQUE, "nn.pad": FusionKind.INJECTIVE, "nn.batch_flatten": FusionKind.INJECTIVE,
+    # fused gradients: elementwise ones fuse like their forward ops, the ones that reduce are opaque
+    "nn.gelu_grad": FusionKind.ELEMWISE, "nn.threshold_grad": FusionKind.ELEMWISE, "nn.softmax_grad": FusionKind.OPAQUE,
+    "nn.log_softmax_grad": FusionKind.OPAQUE, "nn.layer_norm_grad": FusionKind.OPAQUE, "nn.batch_norm_grad": FusionKind.OPAQUE,
+    "nn.max_pool2d_with_indices": FusionKind.OPAQUE, "nn.max_pool2d_with_indices_grad": FusionKind.OPAQUE,
 }
 
 
@@ -286,3 +328,35 @@ def test_kernels_do_not_mutate_inputs():
     np.testing.assert_array_equal(x, keep[0])
     np.testing.assert_array_equal(w, keep[1])
 
+
+
+def _fused_grad_block():
+    """dense -> gelu -> layer_norm -> softmax, a BN-conv-relu-maxpool branch: every fused gradient op in one program."""
+    x, w, g, b = V("x", 6, 8), V("w", 8, 8), V("g", 8), V("b", 8)
+    h = op.nn.softmax(op.nn.layer_norm(op.nn.gelu(op.nn.dense(x, w)), g, b))
+    # one input channel: a float32 conv2d of 27 standard-normal taps differs between targets by ~2e-6 (summation order)
+    img, k, c, s, m, v = V("img", 2, 1, 6, 6), V("k", 4, 1, 3, 3), V("c", 4), V("s", 4), V("m", 4), V("v", 4)
+    f = op.nn.batch_norm(op.nn.conv2d(img, k, padding=(1, 1)), c, s, m, v, training=True)[0]
+    p = op.nn.max_pool2d(op.nn.relu(f), (2, 2), (2, 2))
+    loss = op.sum(op.nn.log_softmax(h)) + op.sum(op.tanh(p))
+    return Function([x, w, g, b, img, k, c, s, m, v], loss)
+
+
+def test_fuse_ops_keeps_fused_gradients_whole_and_the_result_unchanged():
+    """FuseOps on a gradient program: the elementwise gradients (gelu_grad, threshold_grad) may join groups,
+    the reducing ones stay single calls (OPAQUE); the fused program computes the same gradients."""
+    from pullback import transform
+    from pullback.ir.expr import Call, Function as Fn
+    from pullback.ir.traversal import post_order
+
+    fn = _fused_grad_block()
+    mod = transform.standard_cleanup()(transform.FirstOrderGradient()(pullback.IRModule.from_expr(fn)))
+    fused = transform.FuseOps()(mod)
+    body = fused["main_grad"].body
+    top = {n.op.name for n in post_order(body) if isinstance(n, Call) and not isinstance(n.op, Fn)}
+    assert {"nn.softmax_grad", "nn.log_softmax_grad", "nn.layer_norm_grad", "nn.batch_norm_grad"} <= top
+    grouped = {n.op.name for n in post_order(body, into_functions=True) if isinstance(n, Call) and hasattr(n.op, "pattern")}
+    assert {"nn.gelu_grad", "nn.threshold_grad", "nn.max_pool2d_grad"} <= grouped
+    args = _inputs(fn)
+    for a, b in zip(pullback.build(mod)["main_grad"](*args)[1], pullback.build(fused)["main_grad"](*args)[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -456,8 +456,16 @@ def _avg_pool2d_backward(cx, g, x, kernel_size, stride, padding, ceil_mode, coun
 
 @aten("aten.max_pool2d_with_indices_backward.default")
 def _max_pool2d_backward(cx, g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """The gradient added at the given indices (``nn.max_pool2d_with_indices_grad``: no search for the maxima
+    again; the indices are those max_pool2d_with_indices gave, a position in each window); unbatched (C, H, W)
+    data through a unit batch."""
     k, s, p, d = _pool_args(2, kernel_size, stride, padding, dilation)
-    return _grad_of(_pool2d("max", x, k, s, p, d, ceil_mode), g)
+    if cx.ndim_of(x) == 3:
+        one = [_op("expand_dims")(v, 0) for v in (g, x, indices)]
+        return _op("squeeze")(_max_pool2d_backward(cx, *one[:2], kernel_size, stride, padding, dilation, ceil_mode,
+                                                   one[2]), (0,))
+    return _op("nn.max_pool2d_with_indices_grad")(g, x, cast(cx, indices, "int64"), pool_size=k, strides=s, padding=p,
+                                                  dilation=d, ceil_mode=bool(ceil_mode))
 
 
 @aten("aten._adaptive_avg_pool2d_backward.default")

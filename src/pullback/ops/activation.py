@@ -20,11 +20,13 @@ from ..ir.expr import Call, Expr
 from . import elemwise as E
 from . import reduce as R
 from . import special
+from .npfast import as_rows, blockwise, row_blocks, sum_along
 from .common import float_arg, normalize_axis
-from .nn import as_dtype, check_choice, check_float, check_int, lazy, numel_flops, scalar, unary_float_infer, widen16
+from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
+                 widen16)
 from .registry import FusionKind, Recompute, defop
 
-_sigmoid, _erf = lazy("sigmoid"), lazy("erf")
+_sigmoid = lazy("sigmoid")
 
 
 def _sigmoid_kernel(xp, x):
@@ -32,15 +34,15 @@ def _sigmoid_kernel(xp, x):
     return xp.exp(-xp.logaddexp(0.0, -x))
 
 
-def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=(), decompose=None):
+def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=()):
     """An elementwise activation: ``kernel(xp, x, attrs)`` gives the result in x's dtype."""
 
     def typed(xp, x, attrs=None):
         return as_dtype(xp, kernel(xp, x, attrs), x.dtype)
 
     return defop(name, 1, unary_float_infer(name), kernel=typed, impls=impls, attrs_type=attrs_type, grad=grad,
-                 pattern=FusionKind.ELEMWISE, recompute=Recompute.SPECIAL, flops=numel_flops(per_elem), torch_name=torch_name,
-                 elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES, decompose=decompose)
+                 pattern=FusionKind.ELEMWISE, recompute=Recompute.SPECIAL, flops=numel_flops(per_elem),
+                 torch_name=torch_name, elementwise=True, kinks=kinks, dtypes=FLOAT_DTYPES)
 
 
 # ------------------------------------------------------------------ leaky_relu
@@ -93,7 +95,11 @@ def _gelu_kernel(xp, x, attrs):
 
 
 def _gelu_numpy(x, attrs):
-    """``_gelu_kernel`` on NumPy in place (two temporaries fewer)."""
+    """``_gelu_kernel`` on NumPy in place (two temporaries fewer), on blocks that stay in the cache."""
+    return blockwise(lambda b: _gelu_block(b, attrs), x)
+
+
+def _gelu_block(x, attrs):
     w = x.astype(np.float32) if x.dtype == np.float16 else x
     c = w.dtype.type
     if attrs.approximate == "tanh":
@@ -106,43 +112,97 @@ def _gelu_numpy(x, attrs):
     return np.asarray(inner, dtype=x.dtype)
 
 
-def _gelu_inner(x: Expr, attrs) -> Expr:
-    """The special-function term of gelu: ``tanh(k (x + c x^3))`` or ``erf(x / sqrt 2)``, as the kernels compute it."""
-    s = lambda v: scalar(v, x)  # noqa: E731
-    if attrs.approximate == "tanh":
-        return E.tanh(s(_K_TANH) * (x + s(_C_TANH) * x * x * x))
-    return _erf(x * s(1.0 / math.sqrt(2.0)))
-
-
-def _gelu_grad(call: Call, g: Expr):
-    x = call.args[0]
-    s = lambda v: scalar(v, x)  # noqa: E731
-    inner = _gelu_inner(x, call.attrs)
-    if call.attrs.approximate == "tanh":
-        dt = (s(1.0) - inner * inner) * (s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x * x)
-        return [g * (s(0.5) * (s(1.0) + inner) + s(0.5) * x * dt)]
-    cdf = s(0.5) * (s(1.0) + inner)
-    pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
-    return [g * (cdf + x * pdf)]
-
-
-def _gelu_decompose(call: Call):
-    """``(inner + 1) x / 2`` sharing ``inner`` (the erf or tanh) with ``_gelu_grad``, operation for operation as
-    the NumPy kernel computes it (float32/float64 only: the kernel computes float16 in float32)."""
-    x = call.args[0]
-    if x.checked_type.dtype not in ("float32", "float64"):
-        return None
-    return (_gelu_inner(x, call.attrs) + scalar(1.0, x)) * x * scalar(0.5, x)
-
-
 def _gelu_torch(x, attrs):
     import torch.nn.functional as F
 
     return F.gelu(x, approximate=attrs.approximate)
 
 
-gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, _gelu_grad, 8, "gelu",
-                  impls={"numpy": _gelu_numpy, "torch": _gelu_torch}, decompose=_gelu_decompose)
+gelu = activation("nn.gelu", GeluAttrs, _gelu_kernel, lambda c, g: [gelu_grad(g, c.args[0], c.attrs.approximate)], 8,
+                  "gelu", impls={"numpy": _gelu_numpy, "torch": _gelu_torch})
+
+# ------------------------------------------------------------------ gelu_grad: g * gelu'(x) in one kernel
+
+
+def _gelu_slope_kernel(xp, x, tanh: bool):
+    """gelu'(x) in x's precision."""
+    if tanh:
+        x2 = x * x
+        t = xp.tanh(x * (_K_TANH + _K_TANH * _C_TANH * x2))
+        return (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * (_K_TANH + 3 * _K_TANH * _C_TANH * x2)
+    cdf = (special.erf_of(xp)(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+    return cdf + x * xp.exp(x * x * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _gelu_grad_kernel(xp, g, x, attrs):
+    w = widen16(xp, x)
+    return as_dtype(xp, widen16(xp, g) * _gelu_slope_kernel(xp, w, attrs.approximate == "tanh"), x.dtype)
+
+
+def _gelu_grad_numpy(g, x, attrs):
+    """``_gelu_grad_kernel`` in place (two buffers), on blocks that stay in the cache."""
+    return blockwise(lambda gb, xb: _gelu_grad_block(gb, xb, attrs), g, x)
+
+
+def _gelu_grad_block(g, x, attrs):
+    w = x.astype(np.float32) if x.dtype == np.float16 else x
+    c = w.dtype.type
+    if attrs.approximate == "tanh":
+        s = np.multiply(w, w)  # x^2, then the slope of the tanh's argument
+        t = np.multiply(s, c(_K_TANH * _C_TANH))
+        t += c(_K_TANH)
+        t *= w
+        np.tanh(t, out=t)
+        s *= c(3 * _K_TANH * _C_TANH)
+        s += c(_K_TANH)
+        d = np.multiply(t, t)  # 0.5 x (1 - t^2) u'
+        np.subtract(c(1.0), d, out=d)
+        d *= s
+        d *= w
+        t += c(1.0)
+        t += d
+        t *= c(0.5)
+        out = t
+    else:
+        out = special.erf(np.multiply(w, c(1.0 / math.sqrt(2.0))))
+        out += c(1.0)
+        out *= c(0.5)
+        e = np.multiply(w, w)  # x pdf(x)
+        e *= c(-0.5)
+        np.exp(e, out=e)
+        e *= w
+        e *= c(1.0 / math.sqrt(2.0 * math.pi))
+        out += e
+    out *= g
+    return np.asarray(out, dtype=x.dtype)
+
+
+def _gelu_grad_torch(g, x, attrs):
+    import torch
+
+    return torch.ops.aten.gelu_backward(g, x, approximate=attrs.approximate)
+
+
+def _gelu_grad_grad(call: Call, h: Expr):
+    """d/dg = gelu_grad(h, x); d/dx = h g gelu''(x)."""
+    g, x = call.args
+    s = lambda v: scalar(v, x)  # noqa: E731
+    if call.attrs.approximate == "tanh":
+        x2 = x * x
+        t = E.tanh(x * (s(_K_TANH) + s(_K_TANH * _C_TANH) * x2))
+        du = s(_K_TANH) + s(3 * _K_TANH * _C_TANH) * x2  # d/dx of the tanh's argument
+        curve = (s(1.0) - t * t) * (du + s(3 * _K_TANH * _C_TANH) * x2 - x * t * du * du)
+    else:
+        pdf = E.exp(x * x * s(-0.5)) * s(1.0 / math.sqrt(2.0 * math.pi))
+        curve = pdf * (s(2.0) - x * x)
+    return [gelu_grad(h, x, call.attrs.approximate), h * g * curve]
+
+
+gelu_grad = defop("nn.gelu_grad", 2, pair_infer("nn.gelu_grad", "the data"), kernel=_gelu_grad_kernel,
+                  impls={"numpy": _gelu_grad_numpy, "torch": _gelu_grad_torch}, attrs_type=GeluAttrs,
+                  grad=_gelu_grad_grad, pattern=FusionKind.ELEMWISE, flops=numel_flops(10), dtypes=FLOAT_DTYPES,
+                  torch_name="gelu_backward",
+                  doc="Gradient of ``nn.gelu``: ``(out_grad, data) -> out_grad * gelu'(data)`` (ATen ``gelu_backward``).")
 
 # ------------------------------------------------------------------ silu
 
@@ -220,6 +280,36 @@ def _log_softmax_kernel(xp, x, attrs):
     return as_dtype(xp, z - xp.log(xp.sum(xp.exp(z), axis=attrs.axis, keepdims=True)), x.dtype)
 
 
+def numpy_rows(kernel, block):
+    """A NumPy implementation running ``block(out, *arrays, attrs)`` on blocks of rows (in place in ``out``'s rows)
+    when ``attrs.axis`` is the last axis of float32/64 arrays of one shape, else ``kernel`` on NumPy."""
+
+    def run(*args):
+        *arrays, attrs = args
+        x = arrays[-1]
+        if (x.ndim == 0 or attrs.axis % x.ndim != x.ndim - 1 or x.dtype not in (np.float32, np.float64)
+                or any(a.shape != x.shape or a.dtype != x.dtype for a in arrays)):
+            return kernel(np, *arrays, attrs)
+        rows = [as_rows(a) for a in arrays]
+        out = np.empty_like(rows[-1])
+        for r in row_blocks(*out.shape):
+            block(out[r], *(a[r] for a in rows), attrs)
+        return out.reshape(x.shape)
+
+    return run
+
+
+def _softmax_block(out, x, attrs):
+    np.subtract(x, x.max(axis=1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= sum_along(out, 1)
+
+
+def _log_softmax_block(out, x, attrs):
+    np.subtract(x, x.max(axis=1, keepdims=True), out=out)
+    out -= np.log(sum_along(np.exp(out), 1))
+
+
 def _softmax_torch(x, attrs):
     import torch
 
@@ -232,18 +322,89 @@ def _log_softmax_torch(x, attrs):
     return torch.log_softmax(x, attrs.axis)
 
 
-def _softmax_grad(call: Call, g: Expr):
-    y = call
-    return [y * (g - R.sum(g * y, call.attrs.axis, True))]
-
-
-def _log_softmax_grad(call: Call, g: Expr):
-    return [g - E.exp(call) * R.sum(g, call.attrs.axis, True)]
-
-
-softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel, impls={"torch": _softmax_torch},
-                attrs_type=SoftmaxAttrs,
-                grad=_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
+softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel,
+                impls={"numpy": numpy_rows(_softmax_kernel, _softmax_block), "torch": _softmax_torch},
+                attrs_type=SoftmaxAttrs, grad=lambda c, g: [softmax_grad(g, c, c.attrs.axis)],
+                pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
 log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), kernel=_log_softmax_kernel,
-                    impls={"torch": _log_softmax_torch}, attrs_type=SoftmaxAttrs,
-                    grad=_log_softmax_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
+                    impls={"numpy": numpy_rows(_log_softmax_kernel, _log_softmax_block), "torch": _log_softmax_torch},
+                    attrs_type=SoftmaxAttrs,
+                    grad=lambda c, g: [log_softmax_grad(g, c, c.attrs.axis)],
+                    pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
+
+# ------------------------------------------------------------------ softmax_grad / log_softmax_grad
+# (out_grad, forward output) -> input gradient, one kernel each, as ATen's _softmax_backward_data and
+# _log_softmax_backward_data; their own gradients are written in pullback ops.
+
+
+def _softmax_grad_infer(name: str):
+    same = pair_infer(name, "the forward output")
+
+    def infer(arg_types, attrs):
+        y = same(arg_types, attrs)
+        normalize_axis(name, attrs.axis, y.ndim, arg_types)
+        return y
+
+    return infer
+
+
+def _softmax_grad_kernel(xp, g, y, attrs):
+    return as_dtype(xp, y * (g - xp.sum(g * y, axis=attrs.axis, keepdims=True)), y.dtype)
+
+
+def _softmax_grad_block(out, g, y, attrs):
+    """``y * (g - sum(g y))`` on rows: one pass for the sum, two in place."""
+    np.subtract(g, np.vecdot(g, y)[:, None], out=out)
+    out *= y
+
+
+def _softmax_grad_torch(g, y, attrs):
+    import torch
+
+    return torch._softmax_backward_data(g, y, attrs.axis % y.ndim, y.dtype)
+
+
+def _softmax_grad_grad(call: Call, h: Expr):
+    """dx = y (g - s) with s = sum(g y): d/dg = softmax_grad(h, y) (the Jacobian is symmetric);
+    d/dy = h (g - s) - g sum(h y)."""
+    g, y = call.args
+    axis = call.attrs.axis
+    return [softmax_grad(h, y, axis), h * (g - R.sum(g * y, axis, True)) - g * R.sum(h * y, axis, True)]
+
+
+def _log_softmax_grad_kernel(xp, g, y, attrs):
+    return as_dtype(xp, g - xp.exp(y) * xp.sum(g, axis=attrs.axis, keepdims=True), y.dtype)
+
+
+def _log_softmax_grad_block(out, g, y, attrs):
+    """``g - exp(y) sum(g)`` on rows, in place."""
+    np.exp(y, out=out)
+    out *= sum_along(g, 1)
+    np.subtract(g, out, out=out)
+
+
+def _log_softmax_grad_torch(g, y, attrs):
+    import torch
+
+    return torch._log_softmax_backward_data(g, y, attrs.axis % y.ndim, y.dtype)
+
+
+def _log_softmax_grad_grad(call: Call, h: Expr):
+    """dx = g - e^y sum(g): d/dg = h - sum(h e^y); d/dy = -h e^y sum(g)."""
+    g, y = call.args
+    axis = call.attrs.axis
+    he = h * E.exp(y)
+    return [h - R.sum(he, axis, True), E.negative(he * R.sum(g, axis, True))]
+
+
+softmax_grad = defop("nn.softmax_grad", 2, _softmax_grad_infer("nn.softmax_grad"), kernel=_softmax_grad_kernel,
+                     impls={"numpy": numpy_rows(_softmax_grad_kernel, _softmax_grad_block), "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+                     grad=_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
+                     torch_name="_softmax_backward_data",
+                     doc="Gradient of ``nn.softmax``: ``(out_grad, output) -> output * (out_grad - sum(out_grad * output))``.")
+log_softmax_grad = defop(
+    "nn.log_softmax_grad", 2, _softmax_grad_infer("nn.log_softmax_grad"), kernel=_log_softmax_grad_kernel,
+    impls={"numpy": numpy_rows(_log_softmax_grad_kernel, _log_softmax_grad_block), "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+    grad=_log_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
+    torch_name="_log_softmax_backward_data",
+    doc="Gradient of ``nn.log_softmax``: ``(out_grad, output) -> out_grad - exp(output) * sum(out_grad)``.")

@@ -408,11 +408,12 @@ def _conv2d_transpose_kernel(xp, x, w, attrs):
 
 def _conv2d_transpose_numpy(x, w, attrs):
     """One matmul per output tap, scattered into place (``scatter_windows``); with stride 1 and fewer input
-    than output channels, a conv2d of the padded input with the flipped kernel (less data to copy)."""
+    than output channels (or as many, on planes of 16 positions or more: ResNet's 3x3 convolutions at 8x8 and
+    4x4, 15-20% faster), a conv2d of the padded input with the flipped kernel (less data to copy)."""
     n, ci, h, wd = x.shape
     _, og, kh, kw = w.shape
     g = attrs.groups
-    if attrs.strides == (1, 1) and (g > 1 or ci < og):
+    if attrs.strides == (1, 1) and (g > 1 or ci < og or (ci == og and h * wd >= 16)):
         return _conv2d_transpose_as_conv(x, w, attrs)
     out_hw = _convT_out_hw(attrs, (h, wd), (kh, kw))
     if g == 1:  # (O*KH*KW, Ci) @ (Ci, N*H*W): channel-major taps, each a contiguous (O, N, H, W) block

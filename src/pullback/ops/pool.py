@@ -25,13 +25,15 @@ from typing import Optional
 import numpy as np
 
 from ..ir.errors import AttrError
-from ..ir.expr import Call, Expr
-from ..ir.types import Any, TensorType
+from ..ir.expr import Call, Expr, TupleGetItem
+from ..ir.types import Any, TensorType, TupleType
 from . import layout as T
 from .common import float_arg, numel, same_dtype, tensor_arg
 from .elemwise import select_or_zero
 from .conv import eff, layout, pad_spatial, padding4, pair, scatter_windows, torch_padding, window_slices
-from .nn import check_bool, constant, count, full
+from .indexing import gather
+from .kernels import add_at, grid
+from .nn import check_bool, constant, count, field, full, nonzero, on_device
 from .registry import FusionKind, array_namespace, defop, type_error
 
 # ------------------------------------------------------------------ attrs and shapes
@@ -310,17 +312,23 @@ def _crop_torch(y, x, a):
     return y[:, :, a.padding[0]: a.padding[0] + x.shape[2], a.padding[1]: a.padding[1] + x.shape[3]]
 
 
+def _channels_last(x):
+    """``x`` in channels-last memory order: ATen's CPU max pooling is 2-5x faster on it than on NCHW."""
+    import torch
+
+    return x.contiguous(memory_format=torch.channels_last)
+
+
 def _max_pool_torch(x, a):
     import torch.nn.functional as F
 
     xin, pad, ceil = _torch_input(x, a, -np.inf)
-    return F.max_pool2d(xin, a.pool_size, a.strides, pad, a.dilation, ceil)
+    return F.max_pool2d(_channels_last(xin), a.pool_size, a.strides, pad, a.dilation, ceil).contiguous()
 
 
 def _max_pool_grad_torch(g, x, a):
-    idx, shape = _torch_argmax(x, a)
-    flat = g.new_zeros(tuple(shape[:2]) + (shape[2] * shape[3],)).scatter_add_(2, idx.flatten(2), g.flatten(2))
-    return _crop_torch(flat.reshape(shape), x, a)
+    """ATen's max_pool2d_with_indices then its backward (no scatter where ATen pads itself)."""
+    return _with_indices_grad_torch(g, x, _with_indices_torch(x, a)[1], a)
 
 
 def _max_pool_gather_torch(x, src, a):
@@ -358,6 +366,158 @@ max_pool2d_gather = defop(
     grad=lambda c, g: [T.zeros_like(c.args[0]), max_pool2d_grad(g, c.args[0], **_attrs_kw(c))],
     pattern=FusionKind.OPAQUE, flops=_pool_flops,
     doc="``(data, src) -> pooled``: ``src`` read at the position of each window's first maximum of ``data``.")
+
+
+# ------------------------------------------------------------------ max pooling that saves its indices
+# ``nn.max_pool2d_with_indices(data) -> (pooled, indices)``: indices (int64) are PyTorch's, the flat position
+# ``row * W + col`` in the unpadded input of each window's first maximum (row-major; a window whose entries
+# are all -inf or NaN points at the in-bounds position nearest its first tap). ``nn.max_pool2d_with_indices_grad
+# (out_grad, data, indices)`` adds each window's gradient at its index (data gives the shape): no search for
+# the maximum again, no scatter on NumPy; its gradient gathers at the indices.
+
+
+def _tap_origin(a, out) -> tuple:
+    """Row (OH, 1) and column (1, OW) of each window's first tap in the unpadded input."""
+    rows = np.arange(out[0]) * a.strides[0] - a.padding[0]
+    cols = np.arange(out[1]) * a.strides[1] - a.padding[1]
+    return rows[:, None], cols[None, :]
+
+
+def _flat_index(xp, k, a, hw, out, like):
+    """Flat input positions (int64) of window offsets ``k`` (row-major in the window), clipped into the input."""
+    r0, c0 = (xp.asarray(v, **on_device(xp, like)) for v in _tap_origin(a, out))
+    kw = a.pool_size[1]
+    row = xp.clip(r0 + (k // kw) * a.dilation[0], 0, hw[0] - 1)
+    col = xp.clip(c0 + (k % kw) * a.dilation[1], 0, hw[1] - 1)
+    return xp.astype(row * hw[1] + col, xp.int64)
+
+
+def _with_indices_kernel(xp, x, a):
+    views, out = _slices(xp, x, a, -np.inf)
+    best, k = _first_max(xp, views)
+    return best, _flat_index(xp, xp.astype(k, xp.int64), a, x.shape[2:], out, x)
+
+
+def _with_indices_numpy(x, a):
+    """The window max by ``np.maximum`` (``_max_scan`` when NaN is present), each window's first offset holding
+    it (offsets in reverse, the last write wins, by bit masks: ``np.copyto(where=)`` is 40x slower), its flat
+    position read from a (K, OH, OW) table."""
+    views, out = _slices(np, x, a, -np.inf)
+    best = _window_max(views) if len(views) < 128 else None
+    if best is None:
+        best, k = _max_scan(views)
+    else:
+        k, d = np.zeros(best.shape, np.int8), np.empty(best.shape, np.int8)
+        for i in range(len(views) - 1, -1, -1):  # down to offset 0: an earlier tie overwrites
+            hit = np.equal(views[i], best).view(np.int8)  # 0 / 1
+            np.bitwise_xor(k, np.int8(i), out=d)
+            d &= np.negative(hit, out=hit)  # k ^ i where hit, else 0
+            k ^= d
+    taps = np.arange(len(views)).reshape(-1, 1, 1)
+    table = _flat_index(np, taps, a, x.shape[2:], out, x).reshape(-1)  # (K * OH * OW,)
+    plane = out[0] * out[1]
+    at = np.multiply(k, plane, dtype=np.intp)
+    at += np.arange(plane).reshape(out)
+    return np.ascontiguousarray(best, dtype=x.dtype), table[at]
+
+
+def _with_indices_torch(x, a):
+    """ATen's max_pool2d_with_indices; on a pre-padded input its indices are mapped back to the data."""
+    import torch
+
+    def aten(v, pad, ceil):
+        y, idx = torch.ops.aten.max_pool2d_with_indices(_channels_last(v), a.pool_size, a.strides, pad, a.dilation, ceil)
+        return y.contiguous(), idx.contiguous()
+
+    if _torch_native(a):
+        return aten(x, a.padding[:2], a.ceil_mode)
+    xin = _torch_input(x, a, -np.inf)[0]
+    y, idx = aten(xin, (0, 0), False)
+    h, w = x.shape[2:]
+    row = (idx // xin.shape[3] - a.padding[0]).clamp_(0, h - 1)
+    col = (idx % xin.shape[3] - a.padding[1]).clamp_(0, w - 1)
+    return y, row * w + col
+
+
+def _with_indices_grad_kernel(xp, g, x, idx, a):
+    n, c, h, w = x.shape
+    flat = full(xp, (n, c, h * w), 0, g)
+    idx = xp.reshape(idx, (n, c, -1))
+    return xp.reshape(add_at(flat, grid(xp, idx, 2), xp.reshape(g, (n, c, -1))), tuple(x.shape))
+
+
+def _with_indices_grad_numpy(g, x, idx, a):
+    """Per window offset, the gradient where the index is that offset's position: disjoint windows write the
+    result in place, overlapping ones add strided views (``scatter_windows``); never ``np.add.at``."""
+    out, (h, w) = g.shape[2:], x.shape[2:]
+    r0, c0 = _tap_origin(a, out)
+    kh, kw = a.pool_size
+    dh, dw = a.dilation
+
+    def hits(i: int, j: int):
+        return np.equal(idx, (r0 + i * dh) * w + (c0 + j * dw))
+
+    if _tiles(a, (h, w), out):
+        res = np.empty(x.shape[:2] + (out[0], kh, out[1], kw), g.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                select_or_zero(hits(i, j), g, out=res[:, :, :, i, :, j])
+        return res.reshape(x.shape)
+    return _scatter(np, lambda i, j: select_or_zero(hits(i, j), g), x, a, out)
+
+
+def _with_indices_grad_torch(g, x, idx, a):
+    """ATen's max_pool2d_with_indices_backward where ATen pads itself, else a scatter-add at the indices."""
+    import torch
+
+    if _torch_native(a):
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, a.pool_size, a.strides, a.padding[:2], a.dilation,
+                                                                a.ceil_mode, idx)
+    n, c, h, w = x.shape
+    return g.new_zeros((n, c, h * w)).scatter_add_(2, idx.flatten(2), g.flatten(2)).view(n, c, h, w)
+
+
+def _with_indices_infer(arg_types, attrs):
+    y = _max_infer(arg_types, attrs)
+    return TupleType((y, TensorType(y.shape, "int64")))
+
+
+def _with_indices_grad_infer(arg_types, attrs):
+    op = "nn.max_pool2d_with_indices_grad"
+    x = _grad_infer(op, _max_infer)(arg_types[:2], attrs)
+    idx = tensor_arg(op, arg_types, 2)
+    g = arg_types[0]
+    if idx.dtype not in ("int64", "int32") or idx.ndim != 4 or any(
+            p is not Any and q is not Any and p != q for p, q in zip(idx.shape, g.shape)):
+        raise type_error(op, arg_types, f"indices must be an integer tensor of the pooled shape {g.shape}, got {idx!r}")
+    return x
+
+
+def _gather_at(src: Expr, idx: Expr, like: Expr) -> Expr:
+    """``src`` (N, C, H, W) read at flat indices ``idx`` (N, C, OH, OW), shaped like ``like``."""
+    flat = T.reshape(src, (0, 0, -1))
+    return T.reshape_like(gather(flat, 2, T.reshape(idx, (0, 0, -1))), like)
+
+
+def _with_indices_grad(call: Call, g: Expr):
+    gy = nonzero(field(g, 0))
+    if gy is None:
+        return [None]
+    return [max_pool2d_with_indices_grad(gy, call.args[0], TupleGetItem(call, 1), **_attrs_kw(call))]
+
+
+max_pool2d_with_indices = defop(
+    "nn.max_pool2d_with_indices", 1, _with_indices_infer, kernel=_with_indices_kernel,
+    impls={"numpy": _with_indices_numpy, "torch": _with_indices_torch}, attrs_type=MaxPool2DAttrs,
+    grad=_with_indices_grad, pattern=FusionKind.OPAQUE, flops=_pool_flops, torch_name="max_pool2d_with_indices",
+    doc="``data -> (pooled, indices)``: max pooling and the flat input position (int64) of each window's first maximum.")
+max_pool2d_with_indices_grad = defop(
+    "nn.max_pool2d_with_indices_grad", 3, _with_indices_grad_infer, kernel=_with_indices_grad_kernel,
+    impls={"numpy": _with_indices_grad_numpy, "torch": _with_indices_grad_torch}, attrs_type=MaxPool2DAttrs,
+    grad=lambda c, gg: [_gather_at(gg, c.args[2], c.args[0]), None, None],
+    pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape), torch_name="max_pool2d_with_indices_backward",
+    doc="Gradient of ``nn.max_pool2d_with_indices``: ``(out_grad, data, indices) -> data-shaped``, each window's "
+        "gradient added at its index.")
 
 
 def _attrs_kw(call: Call) -> dict:

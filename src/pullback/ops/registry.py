@@ -117,10 +117,7 @@ class OpDef(Op):
     ``example_attrs`` attributes to use where its attrs have no defaults.
 
     ``pattern`` is its Relay fusion kind; ``recompute`` what recomputing it in the backward costs
-    (a :class:`Recompute` class, by default derived from ``pattern``); ``decompose`` an optional
-    ``fn(call) -> Expr | None``: the call written with simpler ops that share their work (statistics)
-    with its gradient rule, so ``PartitionForwardBackward(policy="min_cut")`` can save the statistics
-    and recompute the result in the backward (None: keep the call).
+    (a :class:`Recompute` class, by default derived from ``pattern``).
     """
 
     def __init__(
@@ -145,7 +142,6 @@ class OpDef(Op):
         nondiff_reason: str = "",
         pattern: FusionKind = FusionKind.OPAQUE,
         recompute: Optional[Recompute] = None,
-        decompose: Optional[Callable] = None,
         flops: FlopsFn = _default_flops,
         torch_name: Optional[str] = None,
         doc: str = "",
@@ -173,7 +169,6 @@ class OpDef(Op):
         if recompute is None:
             recompute = Recompute.CHEAP if self.pattern in _RECOMPUTABLE_KINDS else Recompute.NEVER
         self.recompute = Recompute(recompute)
-        self.decompose = decompose
         self.flops = flops
         self.torch_name = torch_name
         self.__doc__ = doc or f"The ``{name}`` operator."

@@ -14,6 +14,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .npfast import blockwise
+
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -44,22 +46,29 @@ _ERF_Q = tuple(np.float32(v) for v in (-1.45660718464996e-05, -2.13374055278905e
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Elementwise erf in x's dtype: float32/float16 by the rational approximation above,
-    float64 exactly (SciPy when installed, else libm element by element)."""
+    """Elementwise erf in x's dtype: float32/float16 by the rational approximation above (on blocks
+    that stay in the cache), float64 exactly (SciPy when installed, else libm element by element)."""
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float16):
         return erf64(x)
+    return blockwise(_erf32, x)
+
+
+def _horner(coefs: tuple, v: np.ndarray) -> np.ndarray:
+    """``coefs[0] v^n + ... + coefs[n]`` in a new array, two in-place passes per coefficient after the first two."""
+    p = np.multiply(v, coefs[0])
+    p += coefs[1]
+    for c in coefs[2:]:
+        p *= v
+        p += c
+    return p
+
+
+def _erf32(x: np.ndarray) -> np.ndarray:
     x32 = np.clip(x, np.float32(-4.0), np.float32(4.0), dtype=np.float32)
     x2 = np.multiply(x32, x32)
-    p = np.full_like(x2, _ERF_P[0])
-    for c in _ERF_P[1:]:
-        p *= x2
-        p += c
+    p, q = _horner(_ERF_P, x2), _horner(_ERF_Q, x2)
     p *= x32
-    q = np.full_like(x2, _ERF_Q[0])
-    for c in _ERF_Q[1:]:
-        q *= x2
-        q += c
     p /= q
     return p.astype(x.dtype, copy=False)
 

@@ -33,17 +33,12 @@ a parameter (constants) are recomputed where needed. Policies:
   GELU frees a sixth of ``save_all``'s bytes for one erf pass, ~9% of a NumPy step;
   ``bench/experiments/REPORT.md``), not silu (~6.5 with NumPy). Its residuals
   never take more bytes than ``save_all``'s (that set is a cut, and a cheaper
-  cut is only taken when it saves bytes). Before the cut, ops with a ``decompose`` rule
-  (``nn.layer_norm``, ``nn.gelu``) are written with simpler ops sharing what their gradient
-  computes (``decompose``): the forward computes a layer norm's statistics and a GELU's erf
-  once (``save_all`` computes them twice), and the backward can recompute a layer norm's
-  output from its centred input and one std per row, a GELU from its input with one erf.
+  cut is only taken when it saves bytes).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -56,7 +51,6 @@ from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TensorType, TupleType
 from ..ops.registry import OpDef, Recompute
-from .cse import cse_expr
 from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
@@ -244,41 +238,11 @@ def _min_cut(split: _Split, target: str, ns_per_byte: float) -> list:
     return [n for n in forward if ("in", id(n)) in reach and ("out", id(n)) not in reach]
 
 
-def _never_calls(body: Expr) -> Counter:
-    return Counter(n.op.name for n in post_order(body)
-                   if isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.recompute is Recompute.NEVER)
-
-
-def decompose(fn: Function) -> Function:
-    """``fn`` with the unconditional calls of ops that have a ``decompose`` rule (``nn.layer_norm``) written
-    with simpler ops, merged (CSE) with the statistics their gradient rules compute: the forward then
-    computes them once and the result becomes cheap to recompute from them. ``fn`` itself when that would
-    compute some GEMM, reduction or other ``Recompute.NEVER`` op more often (statistics nothing shares)."""
-    order = post_order(fn.body)
-    scopes = ScopeInfo(fn.body, order)
-
-    def rewrite(old: Expr, new: Expr) -> Optional[Expr]:
-        if (isinstance(new, Call) and isinstance(new.op, OpDef) and new.op.decompose is not None
-                and scopes.scope_of.get(id(old)) is scopes.root):
-            return new.op.decompose(new)
-        return None
-
-    body = transform(fn.body, rewrite)
-    if body is fn.body:
-        return fn
-    body = cse_expr(body)
-    if _never_calls(body) - _never_calls(fn.body):
-        return fn
-    return Function(list(fn.params), body, fn.ret_type)
-
-
 def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", target: str = "numpy",
               recompute_ns_per_byte: float = DEFAULT_NS_PER_BYTE) -> tuple[Function, Function]:
     """``(fwd, bwd)`` Functions for the vjp-mode gradient function ``fn`` (see the module docstring)."""
     _check_options(policy, target, recompute_ns_per_byte)
     _check_vjp(fn, name)
-    if policy == "min_cut":
-        fn = decompose(fn)
     ct = fn.params[-1]
     split = _Split(fn, name)
     if policy == "save_all":
@@ -351,5 +315,4 @@ class PartitionForwardBackward(ModulePass):
         infer_module(new)
         return new
 
-__all__ = ["PartitionForwardBackward", "partition", "recomputable", "recompute_class", "POLICIES", "RECOMPUTE_NS", "DEFAULT_NS_PER_BYTE",
-           "decompose"]
+__all__ = ["PartitionForwardBackward", "partition", "recomputable", "recompute_class", "POLICIES", "RECOMPUTE_NS", "DEFAULT_NS_PER_BYTE"]
