@@ -257,22 +257,21 @@ def test_transformer_layers_recompute_gelu_within_budget(name):
     for target, budget in (("numpy", 1.0), ("numpy", default), ("torch", default), ("jax", default)):
         pm = transform.PartitionForwardBackward(policy="min_cut", target=target, recompute_ns_per_byte=budget)(mod)
         sizes[target, budget] = analysis.saved_bytes(pm, inputs=False)
-        # gelu is decomposed around the erf its gradient shares: recomputing it is one more erf
-        assert analysis.recomputed_calls(pm)["erf"] == (budget > 1)
-        assert count_calls(pm["main_fwd"].body, ["nn.gelu"]) == 0
+        # gelu's gradient (nn.gelu_grad) reads its input, saved anyway: recomputing gelu from it for the
+        # next dense's weight gradient costs one more gelu where the budget pays for it
+        assert analysis.recomputed_calls(pm)["nn.gelu"] == (budget > 1)
     assert sizes["torch", default] == sizes["numpy", default] < sizes["numpy", 1.0] < base
 
 
 @pytest.mark.parametrize("name", ["transformer", "bert"])
 def test_transformer_layers_save_at_most_60_percent(name):
     """Issue 14's memory target at the bench's sizes: at most 60% of save_all's activation bytes (parameters
-    left out), the layer norms' outputs recomputed from their centred inputs and one statistic per row."""
+    left out), never recomputing a heavy operator."""
     mod, _ = model_gradient(name, small=False)
     save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
     for target in ("numpy", "jax"):
         pm = transform.PartitionForwardBackward(policy="min_cut", target=target)(mod)
         assert analysis.saved_bytes(pm, inputs=False) <= 0.6 * analysis.saved_bytes(save_all, inputs=False)
-        assert count_calls(pm["main_fwd"].body, ["nn.layer_norm"]) == 0
         assert not {n for n in analysis.recomputed_calls(pm) if get_op(n).recompute is Recompute.NEVER}
 
 
