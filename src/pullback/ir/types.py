@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -91,38 +92,141 @@ class TensorType(Type):
         return f"Tensor[({dims}), {self.dtype}]"
 
 
-@dataclass(frozen=True, eq=True)
-class TupleType(Type):
-    """A tuple of types."""
+class _Composite(Type):
+    """A type holding types (TupleType, FuncType): immutable, hashed once at construction (from the
+    parts' hashes), compared and printed iteratively, so a tuple type nested thousands deep (the
+    residual bundles of nested Ifs) works. Tuple types are interned: equal tuple types are one
+    object, so comparing two of them costs nothing however deep they are."""
 
-    fields: tuple
+    __slots__ = ("_hash", "__weakref__")
 
-    def __post_init__(self):
-        fields = tuple(self.fields)
+    def _parts(self) -> tuple:
+        raise NotImplementedError
+
+    def _args(self) -> tuple:
+        raise NotImplementedError
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Composite):
+            return NotImplemented
+        stack = [(self, other)]
+        while stack:
+            a, b = stack.pop()
+            if a is b:
+                continue
+            if isinstance(a, _Composite):
+                if type(a) is not type(b) or a._hash != b._hash:
+                    return False
+                pa, pb = a._parts(), b._parts()
+                if len(pa) != len(pb):
+                    return False
+                stack.extend(zip(pa, pb))
+            elif a != b:
+                return False
+        return True
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __repr__(self) -> str:
+        return _type_repr(self)
+
+    def __reduce__(self):  # rebuilt (so hashed and interned again) where it is unpickled or copied
+        return (type(self), self._args())
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _init(obj, **fields) -> None:
+    for k, v in fields.items():
+        object.__setattr__(obj, k, v)
+
+
+class TupleType(_Composite):
+    """A tuple of types (interned: ``TupleType(fs) is TupleType(fs)``)."""
+
+    __slots__ = ("fields",)
+    _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+    def __new__(cls, fields):
+        fields = tuple(fields)
+        t = cls._interned.get(fields)
+        if t is not None:
+            return t
         for f in fields:
             if not isinstance(f, Type):
                 raise PullbackError(f"TupleType field {f!r} is not a type")
-        object.__setattr__(self, "fields", fields)
+        t = object.__new__(cls)
+        _init(t, fields=fields, _hash=hash(("TupleType",) + tuple(map(hash, fields))))
+        cls._interned[fields] = t
+        return t
 
-    def __repr__(self) -> str:
-        inner = ", ".join(repr(f) for f in self.fields)
-        if len(self.fields) == 1:
-            inner += ","
-        return f"({inner})"
+    def _parts(self) -> tuple:
+        return self.fields
+
+    def _args(self) -> tuple:
+        return (self.fields,)
 
 
-@dataclass(frozen=True, eq=True)
-class FuncType(Type):
+class FuncType(_Composite):
     """The type of a function: argument types and return type."""
 
-    arg_types: tuple
-    ret_type: Type
+    __slots__ = ("arg_types", "ret_type")
 
-    def __post_init__(self):
-        object.__setattr__(self, "arg_types", tuple(self.arg_types))
+    def __init__(self, arg_types, ret_type: Type):
+        arg_types = tuple(arg_types)
+        _init(self, arg_types=arg_types, ret_type=ret_type,
+              _hash=hash(("FuncType", ret_type) + tuple(map(hash, arg_types))))
 
-    def __repr__(self) -> str:
-        return f"fn ({', '.join(repr(a) for a in self.arg_types)}) -> {self.ret_type!r}"
+    def _parts(self) -> tuple:
+        return self.arg_types + (self.ret_type,)
+
+    def _args(self) -> tuple:
+        return (self.arg_types, self.ret_type)
+
+
+def _type_repr(ty: Type) -> str:
+    """``repr`` of a type, iterative on nesting: ``(T1, T2)``, ``fn (T1) -> T2``, ``Tensor[...]``."""
+    out: list[str] = []
+    stack: list = [ty]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, str):
+            out.append(t)
+        elif isinstance(t, TupleType):
+            stack.append(",)" if len(t.fields) == 1 else ")")
+            for i in range(len(t.fields) - 1, -1, -1):
+                stack.append(t.fields[i])
+                if i:
+                    stack.append(", ")
+            stack.append("(")
+        elif isinstance(t, FuncType):
+            stack.append(t.ret_type)
+            stack.append(") -> ")
+            for i in range(len(t.arg_types) - 1, -1, -1):
+                stack.append(t.arg_types[i])
+                if i:
+                    stack.append(", ")
+            stack.append("fn (")
+        else:
+            out.append(repr(t))
+    return "".join(out)
 
 
 def flatten_type(ty: Type) -> list[TensorType]:
@@ -145,6 +249,8 @@ def types_compatible(expected: Type, given: Type) -> bool:
     stack = [(expected, given)]
     while stack:
         a, b = stack.pop()
+        if a is b:
+            continue
         if isinstance(a, TensorType) and isinstance(b, TensorType):
             if a.dtype != b.dtype or a.ndim != b.ndim:
                 return False
@@ -165,13 +271,27 @@ def types_compatible(expected: Type, given: Type) -> bool:
 
 
 def join_types(a: Type, b: Type) -> Optional[Type]:
-    """The most precise type both ``a`` and ``b`` fit (dims that differ become Any); None if incompatible."""
+    """The most precise type both ``a`` and ``b`` fit (dims that differ become Any); None if incompatible.
+
+    Iterative on nesting; parts that are equal are shared, not rebuilt."""
     if not types_compatible(a, b):
         return None
-    if a == b:
-        return a
-    if isinstance(a, TensorType):
-        return TensorType(tuple(x if x == y else Any for x, y in zip(a.shape, b.shape)), a.dtype)
-    if isinstance(a, TupleType):
-        return TupleType(tuple(join_types(x, y) for x, y in zip(a.fields, b.fields)))
-    return a
+    done: dict = {}  # (id(x), id(y)) -> joined
+    stack = [(a, b, False)]
+    while stack:
+        x, y, ready = stack.pop()
+        key = (id(x), id(y))
+        if key in done:
+            continue
+        if x == y:
+            done[key] = x
+        elif isinstance(x, TensorType):
+            done[key] = TensorType(tuple(p if p == q else Any for p, q in zip(x.shape, y.shape)), x.dtype)
+        elif not isinstance(x, TupleType):
+            done[key] = x
+        elif ready:
+            done[key] = TupleType(tuple(done[(id(p), id(q))] for p, q in zip(x.fields, y.fields)))
+        else:
+            stack.append((x, y, True))
+            stack.extend((p, q, False) for p, q in zip(x.fields, y.fields))
+    return done[(id(a), id(b))]
