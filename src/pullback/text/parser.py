@@ -36,7 +36,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.module import IRModule
 from ..ir.types import DTYPES, Any, FuncType, TensorType, TupleType
 from ..ops import registry
-from .unused import first_ill_typed
+from .unused import ill_typed
 
 __all__ = ["parse", "parse_expr"]
 
@@ -386,13 +386,22 @@ class _Parser:
         if not roots:
             return
         order = sorted(roots.values(), key=lambda r: r[0])  # text order
-        found = first_ill_typed([node for _, node in order], functions)
-        if found is not None:
-            k, error = found
-            at, text = order[k][0], self.text
-            line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
-            name = _TOKEN.match(text, at).group()
-            self.fail(f"{name} is never used and does not type-check: {error}", line, col)
+        found = ill_typed([node for _, node in order], functions)
+        if found:
+            text = self.text
+
+            def place(k: int) -> tuple:
+                at = order[k][0]
+                return _TOKEN.match(text, at).group(), text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+
+            (k, error), rest = found[0], found[1:]
+            name, line, col = place(k)
+            more = ""
+            if rest:
+                others = ", ".join(f"{n} at {ln}:{c}" for n, ln, c in (place(j) for j, _ in rest))
+                verb = "bindings that do not" if len(rest) > 1 else "binding that does not"
+                more = f" (and {len(rest)} more unused {verb} type-check: {others})"
+            self.fail(f"{name} is never used and does not type-check: {error}{more}", line, col)
 
     # -- names
     def lookup(self, name: str) -> Optional[Expr]:
