@@ -2,7 +2,7 @@
 executors (numpy, jax, torch), memory and cost, the command line and the torch importer.
 
 The issue's 86 cases were not recorded one by one; this table rebuilds them from the issue's
-examples and classes (96 cases: each example, and more of its class).
+examples and classes (98 cases: each example, and more of its class).
 
 Each case is a thunk and the outcome it must have: ``error`` (a pullback exception; for the
 command line, one ``pullback: error:`` line on stderr, a non-zero exit and no file written) or
@@ -344,7 +344,9 @@ CASES: list = [
          lambda n: n < 400 * 4000),
     Case("parse-if-depth-4000", "parser", lambda: pb.parse(pb.astext(_nested_if(4000))), "correct",
          lambda m: pb.structural_equal(m, _nested_if(4000))),
-    # type inference: every problem, each with line:column
+    # type inference: every problem, each with line:column; the Python API bounded like the text
+    Case("var-dim-1e23", "types", lambda: pb.var("v", shape=(10**23,)), "error"),
+    Case("const-ragged-list", "types", lambda: pb.const([[1], [2, 3]]), "error"),
     Case("broadcast-mismatch", "types", lambda: T.InferType()(_mod([X, W3], op.add(X, op.concatenate([W3, W3])))), "error"),
     Case("every-error-listed", "types", _typed("%0 = sum(%x, axis=5);\n  %1 = (%x, %x);\n  (%0, %1.4)"), "error"),
     Case("tuple-index-where", "types", _typed("%0 = (%x, %x);\n  %0.2"), "error"),

@@ -566,7 +566,10 @@ def const(value, dtype: Optional[str] = None) -> Constant:
     if isinstance(value, Constant):
         return value
     if dtype is None:
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise PullbackError(f"const: {value!r} is not an array of numbers: {e}") from None
         if not isinstance(value, (np.ndarray, np.generic)):  # Python numbers (and lists): Relay's defaults
             default = {"float64": "float32", "int64": "int32", "object": "int32"}.get(arr.dtype.name)
             arr = exact_array(value, default) if default else arr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -52,6 +53,9 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+_INT64_MAX = 2**63 - 1  # dimensions and element counts are int64 (as in the text format)
+
+
 class Type:
     """Base class of types."""
 
@@ -67,6 +71,7 @@ class TensorType(Type):
 
     def __post_init__(self):
         shape = tuple(self.shape)
+        bits = 0  # the product of the dims is below 2**bits
         for d in shape:
             if d is Any:
                 continue
@@ -74,7 +79,14 @@ class TensorType(Type):
                 raise PullbackError(f"bad dimension {d!r} in shape {shape}: expected a non-negative int or Any")
             if int(d) < 0:
                 raise PullbackError(f"bad dimension {d!r} in shape {shape}: dimensions cannot be negative")
+            bits += int(d).bit_length()
         object.__setattr__(self, "shape", tuple(d if d is Any else int(d) for d in shape))
+        if bits > 63:
+            dims = [d for d in self.shape if d is not Any]
+            what = ("a dimension is" if max(dims) > _INT64_MAX else
+                    "its number of elements is" if 0 not in dims and math.prod(dims) > _INT64_MAX else None)
+            if what:
+                raise PullbackError(f"shape {shape} is too large: {what} over {_INT64_MAX} (int64)")
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
 
     @property
