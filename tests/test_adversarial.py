@@ -2,7 +2,7 @@
 executors (numpy, jax, torch), memory and cost, the command line and the torch importer.
 
 The issue's 86 cases were not recorded one by one; this table rebuilds them from the issue's
-examples and classes (98 cases: each example, and more of its class).
+examples and classes (100 cases: each example, and more of its class).
 
 Each case is a thunk and the outcome it must have: ``error`` (a pullback exception; for the
 command line, one ``pullback: error:`` line on stderr, a non-zero exit and no file written) or
@@ -146,6 +146,19 @@ def _chain_grad(n: int):
         e = op.multiply(e, pb.const(1.0001, F32))
     got = pb.build(T.FirstOrderGradient()(_mod([x], op.sum(e))))["main_grad"](np.ones(3, F32))[1][0]
     return _np(got), np.full(3, np.float64(np.float32(1.0001)) ** n)
+
+
+def _deep_tuple_grad(depth: int):
+    """(the gradient of tanh of a value packed ``depth`` tuples deep and unpacked again, its closed form)."""
+    x = _x((3,))
+    e = x
+    for _ in range(depth):
+        e = pb.Tuple([e, x])
+    for _ in range(depth):
+        e = pb.TupleGetItem(e, 0)
+    xs = A[0]
+    got = pb.build(T.FirstOrderGradient()(_mod([x], op.sum(op.tanh(e)))))["main_grad"](xs)[1][0]
+    return _np(got), 1 - np.tanh(xs) ** 2
 
 
 def _fold_peak(count: int = 100, shape=(1024, 1024)):
@@ -368,6 +381,7 @@ CASES: list = [
          "error"),
     Case("grad-if-depth-500", "AD", lambda: _nested_if_grad(500), "correct", _close),
     Case("grad-chain-20000", "AD", lambda: _chain_grad(20_000), "correct", _close),
+    Case("grad-tuple-5000-deep", "AD", lambda: _deep_tuple_grad(5000), "correct", _close),
     Case("grad-int-only", "AD", _grad_run([I3], op.add(I3, I3), INTS), "correct",  # integers get no gradient
          lambda r: np.array_equal(r[0], 2 * INTS) and r[1] == ()),
     # executors: inputs of every kind, edge values, recursion
@@ -406,6 +420,8 @@ CASES: list = [
     Case("recursion-10000-deep", "executors", _count(10_000), "correct", _same(np.float32(10_000))),
     Case("max-call-depth-zero", "executors", lambda: pb.build(_mod([X], X), max_call_depth=0), "error"),
     Case("input-not-modified", "executors", _unchanged_input, "correct", lambda a: np.array_equal(a, A)),
+    Case("run-if-depth-400-jax", "executors", lambda: pb.build(_nested_if(400), target="jax")["main"](np.array(True), A[0]),
+         "error", needs=("jax",)),
     Case("run-if-depth-2000", "executors",
          lambda: pb.build(_nested_if(2000))["main"](np.array(False), np.ones(3, F32)), "correct", _same(-np.ones(3))),
     # memory and cost

@@ -151,3 +151,17 @@ def test_a_value_used_deep_is_freed_on_every_path(depth):
     np.testing.assert_array_equal(prof.outputs, 0 * xs)
     assert prof.peak_bytes <= 3 * NB
     np.testing.assert_allclose(exe["main"](f, t, xs), np.exp(-xs))
+
+
+def test_jax_target_nesting_too_deep_is_an_execution_error():
+    """jax traces each lax.cond inside the one around it on the Python stack: past Python's recursion
+    limit that is an ExecutionError saying so (it was a RecursionError, or a kernel failure naming
+    whichever operator the limit hit), and the numpy target runs the same program."""
+    pytest.importorskip("jax")
+    fn, _ = _chain(400)
+    with pytest.raises(pb.ExecutionError, match="If expressions nest too deeply for the jax target"):
+        pb.build(fn, target="jax")["main"](np.array(True), np.ones(3, "float32"))
+    assert np.isfinite(pb.build(fn)["main"](np.array(True), np.ones(3, "float32"))).all()
+    fn, _ = _chain(5)
+    np.testing.assert_allclose(pb.build(fn, target="jax")["main"](np.array(True), np.ones(3, "float32")),
+                               pb.build(fn)["main"](np.array(True), np.ones(3, "float32")), rtol=1e-6)

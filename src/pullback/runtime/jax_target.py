@@ -193,7 +193,14 @@ class JaxFunction(CompiledFunction):
     def __call__(self, *inputs):
         args = self.convert_inputs(inputs)
         self._exe._check_batch(self, args)
-        out, code = self._jitted(*args)
+        try:
+            out, code = self._jitted(*args)
+        except (RecursionError, ExecutionError) as e:  # jax traces each lax.cond inside the one around it
+            if not isinstance(e, RecursionError) and not isinstance(e.__cause__, RecursionError):
+                raise
+            raise ExecutionError(f"@{self.name}: If expressions nest too deeply for the jax target (jax traces "
+                                 "nested lax.cond recursively, on the Python stack); run it on the numpy or "
+                                 "torch target") from None
         code = int(code)
         if code:  # a run-time check failed (out-of-range index, integer division by zero): as on every target
             raise ExecutionError(f"@{self.name}: {message_of(code)} (jax target)")
