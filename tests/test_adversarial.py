@@ -33,11 +33,14 @@ import pytest
 import pullback as pb
 from pullback import op
 from pullback import transform as T
+from test_errors import PARSE_HEAD as HEAD
+from test_errors import _infer_text as _typed
+from test_errors import _parse_body as _parse
+from test_errors import _parse_meta as _meta
 
 HAVE = {lib: importlib.util.find_spec(lib) is not None for lib in ("jax", "torch")}
 F32 = "float32"
 A = np.arange(6, dtype=F32).reshape(2, 3) / 4
-HEAD = "def @main(%x: Tensor[(2, 3), float32]) {\n"
 
 
 @dataclass(frozen=True)
@@ -59,18 +62,6 @@ def _x(shape=(2, 3), dtype=F32, name="x"):
 
 def _mod(params, body) -> pb.IRModule:
     return pb.IRModule.from_expr(pb.Function(params, body))
-
-
-def _parse(body: str):
-    return lambda: pb.parse(HEAD + "  " + body + "\n}")
-
-
-def _meta(line: str):
-    return lambda: pb.parse(HEAD + "  meta[0]\n}\n#[metadata]\nmeta[0] = " + line + "\n")
-
-
-def _typed(body: str):
-    return lambda: T.InferType()(pb.parse(HEAD + "  " + body + "\n}"))
 
 
 def _np(value):

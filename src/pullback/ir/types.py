@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from .errors import PullbackError
 
@@ -213,8 +213,8 @@ class FuncType(_Composite):
         return (self.arg_types, self.ret_type)
 
 
-def _type_repr(ty: Type) -> str:
-    """``repr`` of a type, iterative on nesting: ``(T1, T2)``, ``fn (T1) -> T2``, ``Tensor[...]``."""
+def type_text_with(ty: Optional[Type], leaf: Callable[[Optional[Type]], str]) -> str:
+    """A type as text, iterative on nesting: ``(T1, T2)``, ``fn (T1) -> T2``; ``leaf`` writes the rest."""
     out: list[str] = []
     stack: list = [ty]
     while stack:
@@ -223,22 +223,28 @@ def _type_repr(ty: Type) -> str:
             out.append(t)
         elif isinstance(t, TupleType):
             stack.append(",)" if len(t.fields) == 1 else ")")
-            for i in range(len(t.fields) - 1, -1, -1):
-                stack.append(t.fields[i])
-                if i:
-                    stack.append(", ")
+            _push_list(stack, t.fields)
             stack.append("(")
         elif isinstance(t, FuncType):
             stack.append(t.ret_type)
             stack.append(") -> ")
-            for i in range(len(t.arg_types) - 1, -1, -1):
-                stack.append(t.arg_types[i])
-                if i:
-                    stack.append(", ")
+            _push_list(stack, t.arg_types)
             stack.append("fn (")
         else:
-            out.append(repr(t))
+            out.append(leaf(t))
     return "".join(out)
+
+
+def _push_list(stack: list, items) -> None:
+    """Push ``items`` separated by commas so that they pop left to right."""
+    for i in range(len(items) - 1, -1, -1):
+        stack.append(items[i])
+        if i:
+            stack.append(", ")
+
+
+def _type_repr(ty: Type) -> str:
+    return type_text_with(ty, repr)
 
 
 def flatten_type(ty: Type) -> list[TensorType]:
