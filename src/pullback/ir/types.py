@@ -71,16 +71,19 @@ class TensorType(Type):
 
     def __post_init__(self):
         shape = tuple(self.shape)
+        dims = []
         bits = 0  # the product of the dims is below 2**bits
         for d in shape:
-            if d is Any:
-                continue
-            if isinstance(d, bool) or not isinstance(d, (int,)) and not hasattr(d, "__index__"):
-                raise PullbackError(f"bad dimension {d!r} in shape {shape}: expected a non-negative int or Any")
-            if int(d) < 0:
-                raise PullbackError(f"bad dimension {d!r} in shape {shape}: dimensions cannot be negative")
-            bits += int(d).bit_length()
-        object.__setattr__(self, "shape", tuple(d if d is Any else int(d) for d in shape))
+            if d is not Any:
+                if type(d) is not int:
+                    if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+                        raise PullbackError(f"bad dimension {d!r} in shape {shape}: expected a non-negative int or Any")
+                    d = int(d)
+                if d < 0:
+                    raise PullbackError(f"bad dimension {d!r} in shape {shape}: dimensions cannot be negative")
+                bits += d.bit_length()
+            dims.append(d)
+        object.__setattr__(self, "shape", tuple(dims))
         if bits > 63:
             dims = [d for d in self.shape if d is not Any]
             what = ("a dimension is" if max(dims) > _INT64_MAX else
