@@ -40,6 +40,22 @@ def _grad(body, *params):
     return lambda: T.FirstOrderGradient()(_mod(body, *params))
 
 
+def _exe(params, body, *args, **build_kwargs):
+    return lambda: pb.build(pb.IRModule.from_expr(pb.Function(params, body)), **build_kwargs)["main"](*args)
+
+
+def _endless():
+    gv = pb.GlobalVar("endless")
+    mod = pb.IRModule({gv: pb.Function([X], pb.Call(gv, [op.negative(X)]), ret_type=pb.TensorType((2, 3), "float32"))})
+    return pb.build(mod, max_call_depth=100)["endless"](F32)
+
+
+def _gradient_over(name: str):
+    y = pb.var("y", shape=(2, 3))
+    mod = _mod(op.tanh(X)).with_function(name, pb.Function([y], op.negative(y)))
+    return lambda: T.FirstOrderGradient(name=name if name != "main_grad" else None)(mod)
+
+
 def _closure_call():
     y = pb.var("y", shape=(2, 3))
     inner = pb.Function([y], op.multiply(y, X))
@@ -88,6 +104,9 @@ def _cli_out_of_memory():
 
 
 B = pb.var("b", shape=(4,))
+I3 = pb.var("i", shape=(3,), dtype="int32")
+J3 = pb.var("j", shape=(3,), dtype="int32")
+INTS = np.array([4, 5, 6], "int32")
 # an operator without a gradient rule (not registered: nothing global changes)
 NO_GRAD = OpDef("test.no_grad", 1, lambda types, attrs: types[0], lambda x, attrs: x)
 PARSE_HEAD = "def @main(%x: Tensor[(2, 3), float32]) {\n"
@@ -101,6 +120,8 @@ CATALOGUE = [
     ("axis-range", _infer(op.sum(X, axis=5)), pb.TypeInferenceError, ["sum", "axis 5"]),
     ("if-cond", _infer(pb.If(X, X, X)), pb.TypeInferenceError, ["If", "bool"]),
     ("tuple-index", _infer(pb.TupleGetItem(pb.Tuple([X]), 3)), pb.TypeInferenceError, ["index 3", "out of range"]),
+    ("every-type-error", _infer_text("%0 = sum(%x, axis=5);\n  %1 = (%x, %x);\n  (%0, %1.4)"), pb.TypeCheckError,
+     ["2 problems", "axis 5", "@main at 2:8", "index 4", "@main at 4:10"]),
     # attrs, one row per attrs-bearing family
     ("attr-reshape", lambda: op.reshape(X, (-1, -1)), pb.AttrError, ["reshape", "newshape", "-1"]),
     ("attr-reduce", lambda: op.sum(X, axis="a"), pb.AttrError, ["sum", "axis"]),
@@ -142,6 +163,12 @@ CATALOGUE = [
     ("text-meta-index", _parse_body("meta[" + "9" * 5000 + "]"), pb.ParseError, [":2:8:", "metadata index", "out of range"]),
     ("text-meta-rank", _parse_meta("float32 (" + ", ".join(["1"] * 100) + ") AAAAAA=="), pb.ParseError, [":5:1:", "100 dimensions", "at most 64"]),
     ("text-meta-size", _parse_meta(f"float32 (0, {2**62}, {2**62}) "), pb.ParseError, [":5:1:", "too large to exist"]),
+    ("const-overflow", lambda: pb.const(1e10, "float16"), pb.PullbackError, ["10000000000.0", "float16", "overflows to inf"]),
+    ("const-ragged", lambda: pb.const([[1], [2, 3]]), pb.PullbackError, ["const: [[1], [2, 3]] is not an array of numbers"]),
+    ("var-dim-int64", lambda: pb.var("v", shape=(10**23,)), pb.PullbackError, ["too large", "a dimension is over 9223372036854775807"]),
+    ("var-elements-int64", lambda: pb.var("v", shape=(2**31,) * 3), pb.PullbackError, ["number of elements is over 9223372036854775807"]),
+    ("infer-elements-int64", _infer(op.zeros((2**40, 2**30), "float32")), pb.TypeInferenceError, ["zeros", "too large"]),
+    ("const-int-range", lambda: pb.const(300, "int8"), pb.PullbackError, ["300", "int8 holds integers from -128 to 127"]),
     ("text-unused-ill-typed", _parse_body("%0 = sum(%x, axis=5);\n  %x"), pb.ParseError,
      [":2:3:", "%0 is never used and does not type-check", "axis 5", "at 2:8"]),
     # type errors say where (every parsed node has a span)
@@ -157,12 +184,21 @@ CATALOGUE = [
     ("missing-gradient", _grad(op.add(pb.Call(NO_GRAD, [X]), pb.Call(NO_GRAD, [op.tanh(X)]))),
      pb.DiagnosticError, ["test.no_grad", "2 problems"]),
     ("closure-to-ad", lambda: T.FirstOrderGradient()(_closure_call()), pb.DiagnosticError, ["closure"]),
+    ("ad-replaces-main-grad", _gradient_over("main_grad"), pb.PassError, ["already has a function @main_grad", "name="]),
+    ("ad-replaces-named", _gradient_over("helper"), pb.PassError, ["already has a function @helper", "name="]),
     ("ad-unknown-function", lambda: T.FirstOrderGradient("nope")(_mod(op.tanh(X))), pb.PullbackError, ["@nope"]),
     # executables
     ("exe-count", _run(), pb.ExecutionError, ["@main", "1", "0"]),
     ("exe-count-more", _run(F32, F32), pb.ExecutionError, ["@main", "1", "2"]),
     ("exe-shape", _run(np.ones((3, 2), "float32")), pb.ExecutionError, ["%x", "(2, 3)", "(3, 2)"]),
     ("exe-dtype", _run(np.ones((2, 3), "int32")), pb.ExecutionError, ["%x", "float32", "int32"]),
+    ("exe-not-an-array", _run("abc"), pb.ExecutionError, ["%x", "Tensor[(2, 3), float32]", "dtype str"]),
+    ("exe-recursion", _endless, pb.ExecutionError, ["@endless", "max_call_depth=100", "without a base case"]),
+    ("exe-call-depth-arg", lambda: pb.build(_mod(X), max_call_depth=0), pb.ExecutionError, ["max_call_depth", "positive int"]),
+    ("exe-int-division-by-zero", _exe([I3, J3], op.floor_divide(I3, J3), INTS, np.array([1, 0, 2], "int32")),
+     pb.ExecutionError, ["@main: floor_divide: integer division by zero"]),
+    ("exe-index-range", _exe([X, I3], op.take(X, I3, axis=1, mode="fast"), F32, INTS), pb.ExecutionError,
+     ["@main: take: index 4 out of range", "size 3"]),
 ]
 
 

@@ -30,6 +30,7 @@ from .ir import (
     TupleGetItem,
     TupleType,
     Type,
+    TypeCheckError,
     TypeInferenceError,
     Var,
     WellFormedError,
@@ -61,7 +62,7 @@ def __dir__():
 __all__ = [
     "Any", "AttrError", "Call", "Constant", "DiagnosticError", "ExecutionError", "Expr", "FuncType", "Function",
     "GlobalVar", "If", "IRModule", "ParseError", "PassError", "PullbackError", "TensorType", "Tuple", "TupleGetItem",
-    "TupleType", "Type", "TypeInferenceError", "Var", "WellFormedError", "const", "var",
+    "TupleType", "Type", "TypeCheckError", "TypeInferenceError", "Var", "WellFormedError", "const", "var",
     "parse", "parse_expr", "astext", "binding_text", "assert_structural_equal", "structural_equal", "structural_hash",
     "build", "analysis", "op", "ops", "text", "transform",
 ]

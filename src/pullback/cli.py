@@ -99,6 +99,20 @@ def _write_text(text: str, path: Optional[str]) -> None:
     _write_file(path, lambda f: f.write(text.encode()))
 
 
+def _check_room(path: str, nbytes: int) -> None:
+    """A CLIError, before anything is written, when ``nbytes`` do not fit on the disk of ``path``
+    (a broadcast result can be a tiny view of a huge array)."""
+    import shutil
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if nbytes > free:
+        raise CLIError(f"-o {path}: the result is {nbytes:,} bytes, more than the {free:,} bytes free there")
+
+
 def _write_npz(arrays: dict, path: str) -> None:
     import numpy as np
 
@@ -242,7 +256,7 @@ def _inputs_for(fn, fn_name: str, data: dict, path: str) -> list:
 
 @contextmanager
 def _backend_errors(doing: str) -> Iterator[None]:
-    """Out-of-memory and backend (JAX/XLA) failures while ``doing`` as one-line CLIErrors."""
+    """Out-of-memory and backend (JAX/XLA, torch) failures while ``doing`` as one-line CLIErrors."""
     try:
         yield
     except MemoryError as e:
@@ -250,10 +264,11 @@ def _backend_errors(doing: str) -> Iterator[None]:
     except PullbackError:
         raise
     except Exception as e:
-        if not type(e).__module__.startswith(("jax", "jaxlib")):
+        if not type(e).__module__.startswith(("jax", "jaxlib", "torch")):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        what = "out of memory" if "RESOURCE_EXHAUSTED" in first or "Out of memory" in first else "the backend failed"
+        oom = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "can't allocate memory")
+        what = "out of memory" if any(w in first for w in oom) else "the backend failed"
         raise CLIError(f"{what} {doing}: {first}") from None
 
 
@@ -299,6 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             result = exe[args.func](*inputs)
         leaves = [(k, np.asarray(v)) for k, v in _output_leaves(result)]
     if args.output:
+        _check_room(args.output, sum(v.nbytes for _, v in leaves))
         _write_npz(dict(leaves), args.output)
     else:
         with np.printoptions(precision=6, suppress=True, threshold=200):
@@ -497,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one array per parameter, by name (tuple parameters: NAME.0, NAME.1, ...); "
                         "repeat to merge several files (e.g. data and the params.npz of import-torch)")
     _add_func(r)
-    r.add_argument("--target", choices=("numpy", "jax"), default="numpy", help="executor (default: numpy)")
+    r.add_argument("--target", choices=("numpy", "jax", "torch"), default="numpy", help="executor (default: numpy)")
     r.add_argument("--profile", action="store_true", help="print the per-op time table and peak memory")
     r.set_defaults(func_=_cmd_run)
 

@@ -98,3 +98,51 @@ def _fan_out(layers: int, with_grad: bool) -> pb.Function:
 @pytest.mark.parametrize("with_grad", [False, True])
 def test_wide_fan_out(layers, with_grad):
     check_same(_fan_out(layers, with_grad))
+
+
+# ---------------------------------------------------------------- the path walk is bounded by max_depth
+
+
+class _CountingOutputs(list):
+    reads = 0
+
+    def __getitem__(self, i):
+        type(self).reads += 1
+        return super().__getitem__(i)
+
+
+def _tanh_chain_gradient(n: int) -> pb.Function:
+    """Every forward value is read by the backward far away: its post-dominator is n nodes off."""
+    x = pb.var("x", shape=(4, 8))
+    h = x
+    for _ in range(n):
+        h = op.tanh(op.add(h, pb.const(0.1)))
+    grad = FirstOrderGradient()(pb.IRModule.from_expr(pb.Function([x], op.sum(h))))
+    infer_module(grad)
+    return grad["main_grad"]
+
+
+@pytest.mark.parametrize("max_depth", [4, 16])
+def test_path_walk_stops_past_max_depth(max_depth):
+    """Merging along a path longer than max_depth is refused without walking the whole path (it was
+    walked whole: FuseOps quadratic on chain gradients), and the groups are those of a whole walk."""
+    fn = _tanh_chain_gradient(300)
+    p = _Partitioner(fn.body, 2, max_depth, 64)
+    p.outputs = _CountingOutputs(p.outputs)
+    _CountingOutputs.reads = 0
+    part = p.run()
+    assert _CountingOutputs.reads < 2 * max_depth * len(p.nodes)  # a whole walk: ~ nodes**2 / 4 reads
+
+    whole = _Partitioner(fn.body, 2, max_depth, 64)
+    whole.max_depth = len(whole.nodes) + 1  # the walk never stops early ...
+    limit = max_depth
+
+    def capped_size_check(src, sink, fcond, _try=whole._try_fuse):
+        path = _Partitioner._path(whole, src, sink)
+        roots = {whole._find(src), *(whole._find(i) for i in path)}
+        if sum(whole.size[r] for r in roots) > limit:  # ... and the size cap is applied after it
+            return "too big"
+        return _try(src, sink, fcond)
+
+    whole._try_fuse = capped_size_check
+    assert whole.run().group_of == part.group_of

@@ -2,9 +2,11 @@
 
 The parser gives every node it creates a span (``"line:column"``), so a type
 error in parsed text can say where it is: TupleGetItem and If included. Type
-inference reporting *every* independent error in one diagnostic (at least one per
-function, none for values that only depend on an ill-typed one) waits for the
-``type_infer`` refactor: those tests are marked xfail(strict) until it lands.
+inference reports *every* independent error in one ``TypeCheckError`` (a
+``DiagnosticError``): at least one per function, none for values that only
+depend on an ill-typed one, none for calls to a function that does not
+type-check. A generated table of modules with errors planted at known places
+checks the count and the places.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from pullback.ir.traversal import post_order
 from pullback.testing.programs import random_program
 
 MAIN = "def @main(%x: Tensor[(2, 3), float32], %c: bool) {\n"
-PENDING = pytest.mark.xfail(strict=True, reason="type_infer refactor pending")
 
 
 def _type_error(text: str) -> pb.PullbackError:
@@ -144,7 +145,7 @@ def test_if_condition_has_line_and_column():
     assert "condition" in str(e) and str(e).endswith("in @main at 2:3")
 
 
-# ------------------------------------------------------------------ every independent error (pending)
+# ------------------------------------------------------------------ every independent error
 
 
 def _problems(text: str) -> list[str]:
@@ -161,7 +162,6 @@ def _located(problems: list[str], where: list[str]) -> None:
         assert sum(w in p for p in problems) == 1, (w, problems)
 
 
-@PENDING
 def test_one_error_per_function_each_with_its_location():
     text = (MAIN + "  %0 = (%x, %x);\n  %0.2\n}\n"
             "def @f(%y: Tensor[(2, 3), float32]) {\n  sum(%y, axis=4)\n}\n"
@@ -169,7 +169,6 @@ def test_one_error_per_function_each_with_its_location():
     _located(_problems(text), ["@main at 3:5", "@f at 6:3", "@g at 9:3"])
 
 
-@PENDING
 def test_independent_errors_in_one_function():
     text = (MAIN + "  %0 = add(%x, const([1.0, 2.0], float32));\n"
             "  %1 = sum(%x, axis=7);\n  %2 = (%x, %x);\n  %3 = %2.5;\n"
@@ -177,15 +176,117 @@ def test_independent_errors_in_one_function():
     _located(_problems(text), ["@main at 2:8", "@main at 3:8", "@main at 5:10", "@main at 6:8"])
 
 
-@PENDING
 def test_values_that_depend_on_an_error_are_not_reported_again():
     text = (MAIN + "  %0 = add(%x, const([1.0, 2.0], float32));\n  %1 = tanh(%0);\n  %2 = sum(%1);\n"
             "  %3 = sum(%x, axis=9);\n  (%2, %3)\n}")
     _located(_problems(text), ["@main at 2:8", "@main at 5:8"])
 
 
-@PENDING
 def test_a_call_to_an_ill_typed_function_is_reported_once():
     text = (MAIN + "  @f(%x)\n}\n"
             "def @f(%y: Tensor[(2, 3), float32]) {\n  sum(%y, axis=4)\n}\n")
     _located(_problems(text), ["@f at 5:3"])
+
+
+# ------------------------------------------------------------------ planted errors, every place reported
+
+# kind -> (lines before, the ill-typed expression, the text its span points at); {k} makes names unique
+PLANTS = {
+    "axis": ([], "sum(%x, axis=9)", "sum"),
+    "broadcast": ([], "add(%x, const([1.0, 2.0], float32))", "add"),
+    "dtype": ([], "add(%x, %c)", "add"),
+    "reshape": ([], "reshape(%x, newshape=(4, 4))", "reshape"),
+    "tuple-index": (["%t{k} = (%x, %x);"], "%t{k}.4", "."),
+    "get-of-tensor": ([], "%x.0", "."),
+    "if-branches": ([], "if (%c) { %x } else { %c }", "if"),
+    "if-cond": ([], "if (%x) { %x } else { %x }", "if"),
+    "dense-rank": ([], "nn.dense(%x, %c)", "nn.dense"),
+}
+GOOD = ["tanh(%x)", "sum(%x, axis=1)", "(%x, %c)", "if (%c) { %x } else { negative(%x) }"]
+
+
+def _function(name: str, plan: list, callees: list, k0: int) -> tuple[list[str], list[tuple[int, int]]]:
+    """Lines of ``def @name``: per entry of ``plan`` (a PLANTS kind or an index into GOOD) a binding
+    and a user of it; calls to ``callees``. Returns the lines and the planted errors' (line index, column)."""
+    lines = [f"def @{name}(%x: Tensor[(2, 3), float32], %c: bool) {{"]
+    planted = []
+    results = []
+    for i, item in enumerate(plan):
+        k = k0 + i
+        if isinstance(item, str):
+            before, expr, points = PLANTS[item]
+            lines += ["  " + b.replace("{k}", str(k)) for b in before]
+            expr = expr.replace("{k}", str(k))
+            line = f"  %e{k} = {expr};"
+            col = line.index(expr) + (expr.index(points) if points == "." else 0) + 1
+            planted.append((len(lines), col))
+            lines.append(line)
+            lines.append(f"  %u{k} = (%e{k}, %x);")  # depends on the error: not reported again
+            results.append(f"%u{k}")
+        else:
+            lines.append(f"  %e{k} = {GOOD[item]};")
+            results.append(f"%e{k}")
+    for j, callee in enumerate(callees):
+        lines.append(f"  %call{k0}_{j} = @{callee}(%x, %c);")
+        results.append(f"%call{k0}_{j}")
+    lines.append("  (" + ", ".join(results + ["%x"]) + ")")
+    lines.append("}")
+    return lines, planted
+
+
+@st.composite
+def planted_modules(draw):
+    n = draw(st.integers(1, 4))
+    kinds = st.one_of(st.sampled_from(sorted(PLANTS)), st.integers(0, len(GOOD) - 1))
+    plans = [draw(st.lists(kinds, max_size=4)) for _ in range(n)]
+    names = ["main"] + [f"f{i}" for i in range(1, n)]
+    lines, where = [], []
+    for i, (name, plan) in enumerate(zip(names, plans)):
+        callees = [c for c in names[i + 1:] if draw(st.booleans())]  # calls go down: no recursion
+        body, planted = _function(name, plan, callees, 100 * i)
+        where += [f"@{name} at {len(lines) + li + 1}:{col}" for li, col in planted]
+        lines += body
+    return "\n".join(lines) + "\n", where
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(planted_modules())
+def test_every_planted_error_is_reported_once_at_its_place(case):
+    text, where = case
+    mod = pb.parse(text)
+    if not where:
+        infer_module(mod)  # no planted error: the module types
+        return
+    problems = _problems(text)
+    _located(problems, where)
+    assert all(p.count(" at ") >= 1 for p in problems)
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTS))
+def test_each_error_kind_alone_and_twice(kind):
+    for plan in ([kind], [kind, 0, kind]):
+        lines, planted = _function("main", plan, [], 0)
+        text = "\n".join(lines)
+        e = _type_error(text)
+        assert isinstance(e, pb.TypeCheckError) and isinstance(e, pb.TypeInferenceError)
+        _located(e.diagnostics, [f"@main at {li + 1}:{col}" for li, col in planted])
+        if len(plan) == 1:
+            assert str(e) == e.diagnostics[0]  # one problem: the message is that problem, one line
+
+
+def test_a_call_to_an_annotated_ill_typed_function_is_still_checked():
+    # @f does not type-check, but its signature is declared: the call with a wrong argument is an error of its own
+    text = (MAIN + "  @f(%c)\n}\n"
+            "def @f(%y: Tensor[(2, 3), float32]) -> Tensor[(2, 3), float32] {\n  sum(%y, axis=4)\n}\n")
+    _located(_problems(text), ["@f at 5:3", "@main at 2:3"])
+
+
+def test_infer_expr_reports_every_problem():
+    from pullback.analysis import infer_expr
+
+    x = pb.var("x", shape=(2, 3))
+    e = pb.Tuple([pb.op.sum(x, axis=5), pb.op.tanh(pb.op.sum(x, axis=7)), pb.TupleGetItem(pb.Tuple([x]), 2)])
+    with pytest.raises(pb.TypeCheckError) as ei:
+        infer_expr(e)
+    assert len(ei.value.diagnostics) == 3
+    assert e._checked_type is None and e.fields[0].args[0]._checked_type is not None  # the well-typed part is typed

@@ -226,9 +226,10 @@ def test_import_torch_then_run(tmp_path):
     assert "MODULE:FACTORY" in line
 
 
-def test_run_on_jax_matches_numpy(files):
-    pytest.importorskip("jax")
+@pytest.mark.parametrize("target", ["jax", "torch"])
+def test_run_on_other_targets_matches_numpy(files, target):
+    pytest.importorskip(target)
     tmp, xv, wv = files
-    _pb(tmp, "run", "m.pb", "--inputs", "in.npz", "--target", "jax", "-o", "j.npz")
+    _pb(tmp, "run", "m.pb", "--inputs", "in.npz", "--target", target, "-o", "j.npz")
     with np.load(tmp / "j.npz") as out:
         np.testing.assert_allclose(out["out"], _expected(xv, wv)[0], rtol=1e-5)

@@ -29,6 +29,9 @@ def work(tmp_path, monkeypatch):
     big = pb.var("x", pb.TensorType((2, 3), "float32"))
     (tmp_path / "big.pb").write_text(pb.astext(pb.IRModule.from_expr(
         pb.Function([big], op.broadcast_to(op.sum(big), (2**38,))))))  # 1 TiB result
+    i = pb.var("i", pb.TensorType((2,), "int32"))
+    (tmp_path / "idiv.pb").write_text(pb.astext(pb.IRModule.from_expr(pb.Function([i], op.floor_divide(i, i)))))
+    np.savez(tmp_path / "izero.npz", i=np.zeros(2, "int32"))
     ones = np.ones((2, 3), "float32")
     np.savez(tmp_path / "in.npz", x=ones)
     np.save(tmp_path / "x.npy", ones)
@@ -114,6 +117,12 @@ CASES = [
     ("run-out-stdout", ["run", "m.pb", "--inputs", "in.npz", "-o", "-"], ["-o -", ".npz"]),
     ("run-out-folder", ["run", "m.pb", "--inputs", "in.npz", "-o", "nodir/r.npz"], ["nodir", "does not exist"]),
     ("run-ill-typed", ["run", "illtyped.pb", "--inputs", "in.npz"], ["axis 5"]),
+    ("run-torch-shape", ["run", "m.pb", "--inputs", "shape.npz", "--target", "torch"], ["%x", "(2, 3)", "(3, 2)"]),
+    ("run-torch-names", ["run", "m.pb", "--inputs", "names.npz", "--target", "torch"], ["missing x"]),
+    ("run-torch-ill-typed", ["run", "illtyped.pb", "--inputs", "in.npz", "--target", "torch"], ["axis 5"]),
+    ("run-torch-div-zero", ["run", "idiv.pb", "--inputs", "izero.npz", "--target", "torch"], ["division by zero"]),
+    ("run-numpy-div-zero", ["run", "idiv.pb", "--inputs", "izero.npz"], ["division by zero"]),
+    ("run-too-big-for-disk", ["run", "big.pb", "--inputs", "in.npz", "-o", "out.npz"], ["-o out.npz", "bytes free"]),
     # stats / viz
     ("stats-no-input", ["stats"], ["required"]),
     ("stats-missing-file", ["stats", "nothere.pb"], ["nothere.pb"]),
@@ -147,6 +156,8 @@ CASES = [
 
 
 def _needs(case_id: str):
+    if case_id.startswith("run-torch"):
+        return [pytest.mark.skipif(cli._torch_frontend() is None, reason="needs torch")]
     if case_id.startswith("torch-") and case_id not in ("torch-no-shape", "torch-shape-negative", "torch-shape-text",
                                                          "torch-shape-huge", "torch-spec", "torch-params-suffix",
                                                          "torch-params-dir", "torch-out-dir"):

@@ -154,6 +154,21 @@ def test_ill_typed_unused_binding_is_an_error(body, line, col, words):
     assert all(w in err.message for w in words), err.message
 
 
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_every_ill_typed_unused_binding_is_listed(n):
+    # n independent ill-typed unused bindings, well-typed ones between them: the first at its place, all named
+    lines = []
+    for i in range(n):
+        lines += [f"  %g{i} = tanh(%x);", f"  %b{i} = sum(%x, axis={5 + i});"]
+    with pytest.raises(pb.ParseError) as ei:
+        pb.parse(MAIN + "\n".join(lines) + "\n  %x\n}")
+    err = ei.value
+    assert (err.line, err.column) == (3, 3) and "%b0 is never used" in err.message and "axis 5" in err.message
+    verb = "bindings that do not" if n > 2 else "binding that does not"
+    others = ", ".join(f"%b{i} at {3 + 2 * i}:3" for i in range(1, n))
+    assert err.message.endswith(f"(and {n - 1} more unused {verb} type-check: {others})"), err.message
+
+
 def test_ill_typed_unused_binding_calling_a_global():
     text = MAIN + "  %0 = @g(%x);\n  %x\n}\ndef @g(%y: Tensor[(3,), float32]) {\n  %y\n}"
     with pytest.raises(pb.ParseError, match=r"2:3: %0 is never used .*@g: argument 0"):

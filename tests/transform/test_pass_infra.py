@@ -421,7 +421,7 @@ def test_well_formed_check_names_the_pass():
     seq = transform.Sequential([noop_pass("Fine"), breaker, noop_pass("Never")])
     rec = Recorder()
     with transform.PassContext(instruments=[transform.WellFormedCheck(), rec]):
-        with pytest.raises(PassError, match=r"after pass Breaker: TypeInferenceError: .*add"):
+        with pytest.raises(PassError, match=r"after pass Breaker: TypeCheckError: .*add"):
             seq(make_mod())
     assert "Never" not in rec.ran()
     assert ("error", "Breaker") in rec.events  # instruments after the failing check are closed

@@ -236,8 +236,10 @@ class _Partitioner:
             up[i], i = r, up[i]
         return r
 
-    def _path(self, src: int, sink: int) -> list[int]:
-        """Nodes on the paths from ``src`` (excluded) to ``sink`` (included), iteratively."""
+    def _path(self, src: int, sink: int) -> Optional[list[int]]:
+        """Nodes on the paths from ``src`` (excluded) to ``sink`` (included), iteratively; None when
+        there are more than ``max_depth`` (their groups could not be merged anyway, and the walk
+        stays bounded: a forward value whose post-dominator is in the backward is far from it)."""
         outs = self.outputs[src]
         if len(outs) == 1 and outs[0][0] == sink:  # the common case: the consumer is the post-dominator
             return [sink]
@@ -250,6 +252,8 @@ class _Partitioner:
                 continue
             seen.add(i)
             out.append(i)
+            if len(out) > self.max_depth:
+                return None
             if i != sink:
                 stack.extend(ci for ci, _ in self.outputs[i])
         return out
@@ -265,6 +269,8 @@ class _Partitioner:
     def _try_fuse(self, src: int, sink: int, fcond) -> Optional[str]:
         """Merge the groups on every path from ``src`` into ``sink``'s group; a reason when refused."""
         path = self._path(src, sink)
+        if path is None:
+            return f"the group would hold more than {self.max_depth} nodes (max_depth={self.max_depth})"
         gpat, find = self.gpattern, self._find
         found = [find(i) for i in path]
         for i, g in zip(path, found):

@@ -7,6 +7,7 @@ from .errors import (
     ParseError,
     PassError,
     PullbackError,
+    TypeCheckError,
     TypeInferenceError,
     WellFormedError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "ParseError",
     "PassError",
     "PullbackError",
+    "TypeCheckError",
     "TypeInferenceError",
     "WellFormedError",
     "Call",

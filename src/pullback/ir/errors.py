@@ -47,3 +47,16 @@ class DiagnosticError(PullbackError):
         lines = [f"{header} ({len(self.diagnostics)} problem{'s' if len(self.diagnostics) != 1 else ''}):"]
         lines += [f"  - {d}" for d in self.diagnostics]
         super().__init__("\n".join(lines))
+
+
+class TypeCheckError(DiagnosticError, TypeInferenceError):
+    """Type inference found problems: every independent one, each naming its function and
+    ``line:column`` (``diagnostics``). With one problem, the message is that problem alone."""
+
+    def __init__(self, header: str, diagnostics: list[str]):
+        super().__init__(header, diagnostics)
+        if len(self.diagnostics) == 1:
+            self.args = (self.diagnostics[0],)
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""

@@ -212,7 +212,7 @@ class GlobalVar(Expr):
 
 
 class Constant(Expr):
-    """A constant tensor; ``data`` is a read-only NumPy array (copied on creation)."""
+    """A constant tensor; ``data`` is a read-only NumPy array (copied on creation, in native byte order)."""
 
     __slots__ = ("data",)
     _fields = ("data",)
@@ -221,6 +221,8 @@ class Constant(Expr):
         super().__init__()
         arr = np.array(data, copy=True)
         check_dtype(arr.dtype.name, "constant: ")
+        if not arr.dtype.isnative:  # big-endian data: the values in native byte order
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         arr.flags.writeable = False
         object.__setattr__(self, "data", arr)
         object.__setattr__(self, "_checked_type", TensorType(arr.shape, arr.dtype.name))
@@ -359,13 +361,112 @@ class Function(Expr):
         return FuncType(tuple(p.type_annotation for p in self.params), ret)
 
 
+def freeze(value):
+    """``value`` made immutable for an attribute: lists (and tuples of them) become tuples, dicts
+    ``FrozenAttrs``, sets frozensets, arrays read-only copies (iterative on nesting)."""
+    kinds = (list, tuple, dict, set, np.ndarray)
+    if not isinstance(value, kinds) or isinstance(value, FrozenAttrs):
+        return value
+    done: dict[int, object] = {}
+    stack = [(value, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if id(v) in done:
+            continue
+        items = list(v.items()) if isinstance(v, dict) else None
+        kids = [c for _, c in items] if items is not None else (list(v) if isinstance(v, (list, tuple, set)) else [])
+        if not expanded:
+            stack.append((v, True))
+            stack.extend((c, False) for c in kids if isinstance(c, kinds) and not isinstance(c, FrozenAttrs))
+            continue
+
+        def get(c):
+            return done[id(c)] if isinstance(c, kinds) and not isinstance(c, FrozenAttrs) else c
+
+        if isinstance(v, np.ndarray):
+            arr = np.array(v, copy=True)
+            arr.flags.writeable = False
+            done[id(v)] = arr
+        elif items is not None:
+            done[id(v)] = FrozenAttrs({k: get(c) for k, c in items})
+        elif isinstance(v, set):
+            done[id(v)] = frozenset(get(c) for c in v)
+        else:
+            done[id(v)] = tuple(get(c) for c in v)
+    return done[id(value)]
+
+
+def attr_key(value):
+    """A hashable key of an attribute value, equal for values that are the same: NaN floats compare
+    by their bits (so a NaN attribute equals itself after a round trip), containers item by item,
+    arrays by dtype, shape and bytes, attrs dataclasses field by field (iterative on nesting)."""
+    import dataclasses
+
+    def leaf(v):
+        if isinstance(v, float) and v != v:
+            return ("nan", np.float64(v).tobytes())
+        if isinstance(v, np.floating) and v != v:
+            return ("nan", v.dtype.name, v.tobytes())
+        if isinstance(v, np.ndarray):
+            return ("array", v.dtype.str, v.shape, v.tobytes())
+        return v
+
+    def parts(v):
+        if isinstance(v, (tuple, list)):
+            return type(v).__name__, list(v)
+        if isinstance(v, (frozenset, set)):
+            return type(v).__name__, list(v)
+        if isinstance(v, Mapping):
+            return "map", [k for kv in sorted(v.items(), key=lambda kv: str(kv[0])) for k in kv]
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return type(v), [getattr(v, f.name) for f in dataclasses.fields(v)]
+        return None
+
+    done: dict[int, object] = {}
+    stack = [(value, False)]
+    while stack:
+        v, expanded = stack.pop()
+        p = parts(v)
+        if p is None:
+            done[id(v)] = leaf(v)
+            continue
+        tag, items = p
+        if not expanded:
+            stack.append((v, True))
+            stack.extend((c, False) for c in items)
+            continue
+        keys = tuple(done[id(c)] for c in items)
+        done[id(v)] = (tag, frozenset(keys) if tag in ("frozenset", "set") else keys)
+    return done[id(value)]
+
+
+def same_attr_value(a, b) -> bool:
+    """``a == b`` for attribute values, where NaN equals NaN of the same bits (never raises)."""
+    if a is b:
+        return True
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # noqa: BLE001 - values holding arrays compare ambiguously
+        pass
+    try:
+        return attr_key(a) == attr_key(b)
+    except TypeError:
+        return type(a) is type(b) and repr(a) == repr(b)
+
+
 class FrozenAttrs(Mapping):
-    """An immutable str -> value mapping used for Function attributes."""
+    """An immutable str -> value mapping used for Function attributes; values are frozen
+    (``freeze``: lists become tuples) and NaN values compare by their bits."""
 
     __slots__ = ("_d",)
 
     def __init__(self, d: Mapping):
-        self._d = dict(d)
+        items = dict(d)
+        for k in items:
+            if not isinstance(k, str):
+                raise PullbackError(f"attribute names are strings, got {k!r}")
+        self._d = {k: freeze(v) for k, v in items.items()}
 
     def __getitem__(self, k):
         return self._d[k]
@@ -377,10 +478,15 @@ class FrozenAttrs(Mapping):
         return len(self._d)
 
     def __eq__(self, other):
-        return isinstance(other, Mapping) and dict(self) == dict(other)
+        if not isinstance(other, Mapping) or len(self) != len(other):
+            return False
+        return all(k in other and same_attr_value(v, other[k]) for k, v in self._d.items())
 
     def __hash__(self):
-        return hash(tuple(sorted(self._d.items())))
+        try:
+            return hash(attr_key(self))
+        except TypeError:  # an unhashable value: equal mappings still share this hash
+            return hash(tuple(sorted(self._d)))
 
     def __repr__(self):
         return f"FrozenAttrs({self._d!r})"
@@ -460,7 +566,10 @@ def const(value, dtype: Optional[str] = None) -> Constant:
     if isinstance(value, Constant):
         return value
     if dtype is None:
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise PullbackError(f"const: {value!r} is not an array of numbers: {e}") from None
         if not isinstance(value, (np.ndarray, np.generic)):  # Python numbers (and lists): Relay's defaults
             default = {"float64": "float32", "int64": "int32", "object": "int32"}.get(arr.dtype.name)
             arr = exact_array(value, default) if default else arr

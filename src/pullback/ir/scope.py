@@ -40,13 +40,20 @@ class Scope:
         return f"Scope({'then' if self.branch == 0 else 'else'} of If#{self.if_node._uid}, depth={self.depth})"
 
 
+def ancestor_at(s: Scope, depth: int) -> Scope:
+    """The scope holding ``s`` at nesting ``depth`` (``s`` itself if it is not deeper): O(log depth)
+    through the jump pointers (skew-binary ancestors)."""
+    while s.depth > depth:
+        s = s.jump if s.jump.depth >= depth else s.parent
+    return s
+
+
 def _lca(a: Scope, b: Scope) -> Scope:
-    """The innermost scope holding both ``a`` and ``b``: O(log depth) through the jump pointers
-    (skew-binary ancestors), so deeply nested Ifs stay linear overall."""
+    """The innermost scope holding both ``a`` and ``b``: O(log depth) through the jump pointers,
+    so deeply nested Ifs stay linear overall."""
     if a.depth < b.depth:
         a, b = b, a
-    while a.depth > b.depth:
-        a = a.jump if a.jump.depth >= b.depth else a.parent
+    a = ancestor_at(a, b.depth)
     while a is not b:
         if a.jump is not b.jump:
             a, b = a.jump, b.jump

@@ -9,7 +9,7 @@ bytes, annotations, indices) and ordered operands. Consequences:
   ``map_free_vars=True``, then they map by first occurrence.
 - DAG sharing is structure: ``f(y, y)`` with one shared ``y = x * 2`` differs
   from ``f(x * 2, x * 2)`` built twice.
-- Operators compare by identity, ``GlobalVar``\\ s by name, attrs with ``==``,
+- Operators compare by identity, ``GlobalVar``\\ s by name, attrs with ``==`` (NaN equal to NaN),
   constants by dtype, shape and bytes (NaN equals the same NaN bits).
 
 ``structural_equal(a, b)`` implies ``structural_hash(a) == structural_hash(b)``.
@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, to_text
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, attr_key, same_attr_value, to_text
 from .module import IRModule
 from .types import Type
 
@@ -32,13 +32,8 @@ Structural = Union[Expr, IRModule, Type]
 
 
 def _same_value(a, b) -> bool:
-    """``a == b`` for attrs that may hold arrays (never raises)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - attrs holding arrays compare ambiguously
-        return type(a) is type(b) and repr(a) == repr(b)
+    """``a == b`` for attrs that may hold arrays or NaN (NaN equals NaN of the same bits; never raises)."""
+    return same_attr_value(a, b)
 
 
 def _const_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -285,7 +280,11 @@ def assert_structural_equal(a: Structural, b: Structural, map_free_vars: bool = 
 
 
 def _hash_attrs(attrs) -> int:
+    """Consistent with ``_same_value``: attrs holding a NaN float hash by its bits (``attr_key``)."""
     try:
+        fields = getattr(attrs, "__dict__", None)
+        if fields and any(type(v) is float and v != v for v in fields.values()):
+            return hash(attr_key(attrs))
         return hash(attrs)
     except TypeError:
         return hash(type(attrs).__name__)

@@ -31,6 +31,25 @@ def where(fn_name: Optional[str], node: Expr) -> str:
     return f" in @{fn_name}{loc}" if fn_name else loc
 
 
+class UntypedCallee(TypeInferenceError):
+    """``global_type`` of a module function that does not type-check itself (its own errors are
+    reported where they are): a call to it has no type, and is not reported again."""
+
+
+class TypeProblems:
+    """Type errors collected by ``infer_types`` instead of stopping at the first one.
+
+    ``problems``: ``(node, error)`` per ill-typed node; ``bad``: ids of the nodes without a type,
+    the ill-typed ones and every node that depends on one (those are not reported again)."""
+
+    def __init__(self):
+        self.problems: list[tuple[Expr, TypeInferenceError]] = []
+        self.bad: set[int] = set()
+
+    def messages(self) -> list[str]:
+        return [str(e) for _, e in self.problems]
+
+
 def _global(gv: GlobalVar, node: Expr, global_type: Optional[GlobalType], fn_name: Optional[str]) -> FuncType:
     if global_type is None:
         raise TypeInferenceError(
@@ -40,7 +59,7 @@ def _global(gv: GlobalVar, node: Expr, global_type: Optional[GlobalType], fn_nam
     try:
         return global_type(gv)
     except TypeInferenceError as e:
-        raise TypeInferenceError(f"{e}{where(fn_name, node)}") from None
+        raise type(e)(f"{e}{where(fn_name, node)}") from None
 
 
 def _ty(e: Expr) -> Type:
@@ -182,36 +201,56 @@ def _operands(node: Expr) -> tuple:
     return node.children()
 
 
-def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: Optional[str] = None) -> Type:
+def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: Optional[str] = None,
+                problems: Optional[TypeProblems] = None) -> Optional[Type]:
     """Type ``root`` and the untyped nodes below it (operands first, explicit stack), caching each
     node's ``checked_type``; returns the type of ``root``. Typed nodes are not entered.
 
     Errors are TypeInferenceErrors naming the node (and ``fn_name``); a call to a module function
-    needs ``global_type``."""
+    needs ``global_type``. With ``problems``, every independent error is collected there instead:
+    an ill-typed node and the nodes using it stay untyped (``problems.bad``), the others are typed,
+    and the result is None when ``root`` has no type."""
     t = root._checked_type
     if t is not None:
         return t
+    bad = problems.bad if problems is not None else ()
     rules = _RULES
     stack = [root]
     push, pop = stack.append, stack.pop
     while stack:
         n = stack[-1]
-        if n._checked_type is not None:
+        if n._checked_type is not None or id(n) in bad:
             pop()
             continue
         kids = _operands(n)
         ready = True
+        poisoned = False
         for i in range(len(kids) - 1, -1, -1):
             k = kids[i]
             if k._checked_type is None:
-                push(k)
-                ready = False
+                if id(k) in bad:
+                    poisoned = True
+                else:
+                    push(k)
+                    ready = False
         if ready:
             pop()
+            if poisoned:
+                bad.add(id(n))
+                continue
             cls = type(n)
             rule = rules.get(cls) or _rule(cls)
-            n._checked_type = rule(n, global_type, fn_name)
+            if problems is None:
+                n._checked_type = rule(n, global_type, fn_name)
+                continue
+            try:
+                n._checked_type = rule(n, global_type, fn_name)
+            except UntypedCallee:
+                bad.add(id(n))
+            except TypeInferenceError as e:
+                bad.add(id(n))
+                problems.problems.append((n, e))
     return root._checked_type
 
 
-__all__ = ["GlobalType", "infer_types", "node_type", "where", "join_types", "types_compatible"]
+__all__ = ["GlobalType", "TypeProblems", "UntypedCallee", "infer_types", "node_type", "where", "join_types", "types_compatible"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from .errors import PullbackError
 
@@ -51,6 +53,9 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+_INT64_MAX = 2**63 - 1  # dimensions and element counts are int64 (as in the text format)
+
+
 class Type:
     """Base class of types."""
 
@@ -66,14 +71,25 @@ class TensorType(Type):
 
     def __post_init__(self):
         shape = tuple(self.shape)
+        dims = []
+        bits = 0  # the product of the dims is below 2**bits
         for d in shape:
-            if d is Any:
-                continue
-            if isinstance(d, bool) or not isinstance(d, (int,)) and not hasattr(d, "__index__"):
-                raise PullbackError(f"bad dimension {d!r} in shape {shape}: expected a non-negative int or Any")
-            if int(d) < 0:
-                raise PullbackError(f"bad dimension {d!r} in shape {shape}: dimensions cannot be negative")
-        object.__setattr__(self, "shape", tuple(d if d is Any else int(d) for d in shape))
+            if d is not Any:
+                if type(d) is not int:
+                    if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+                        raise PullbackError(f"bad dimension {d!r} in shape {shape}: expected a non-negative int or Any")
+                    d = int(d)
+                if d < 0:
+                    raise PullbackError(f"bad dimension {d!r} in shape {shape}: dimensions cannot be negative")
+                bits += d.bit_length()
+            dims.append(d)
+        object.__setattr__(self, "shape", tuple(dims))
+        if bits > 63:
+            dims = [d for d in self.shape if d is not Any]
+            what = ("a dimension is" if max(dims) > _INT64_MAX else
+                    "its number of elements is" if 0 not in dims and math.prod(dims) > _INT64_MAX else None)
+            if what:
+                raise PullbackError(f"shape {shape} is too large: {what} over {_INT64_MAX} (int64)")
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
 
     @property
@@ -91,38 +107,147 @@ class TensorType(Type):
         return f"Tensor[({dims}), {self.dtype}]"
 
 
-@dataclass(frozen=True, eq=True)
-class TupleType(Type):
-    """A tuple of types."""
+class _Composite(Type):
+    """A type holding types (TupleType, FuncType): immutable, hashed once at construction (from the
+    parts' hashes), compared and printed iteratively, so a tuple type nested thousands deep (the
+    residual bundles of nested Ifs) works. Tuple types are interned: equal tuple types are one
+    object, so comparing two of them costs nothing however deep they are."""
 
-    fields: tuple
+    __slots__ = ("_hash", "__weakref__")
 
-    def __post_init__(self):
-        fields = tuple(self.fields)
+    def _parts(self) -> tuple:
+        raise NotImplementedError
+
+    def _args(self) -> tuple:
+        raise NotImplementedError
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Composite):
+            return NotImplemented
+        stack = [(self, other)]
+        while stack:
+            a, b = stack.pop()
+            if a is b:
+                continue
+            if isinstance(a, _Composite):
+                if type(a) is not type(b) or a._hash != b._hash:
+                    return False
+                pa, pb = a._parts(), b._parts()
+                if len(pa) != len(pb):
+                    return False
+                stack.extend(zip(pa, pb))
+            elif a != b:
+                return False
+        return True
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __repr__(self) -> str:
+        return _type_repr(self)
+
+    def __reduce__(self):  # rebuilt (so hashed and interned again) where it is unpickled or copied
+        return (type(self), self._args())
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _init(obj, **fields) -> None:
+    for k, v in fields.items():
+        object.__setattr__(obj, k, v)
+
+
+class TupleType(_Composite):
+    """A tuple of types (interned: ``TupleType(fs) is TupleType(fs)``)."""
+
+    __slots__ = ("fields",)
+    _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+    def __new__(cls, fields):
+        fields = tuple(fields)
+        t = cls._interned.get(fields)
+        if t is not None:
+            return t
         for f in fields:
             if not isinstance(f, Type):
                 raise PullbackError(f"TupleType field {f!r} is not a type")
-        object.__setattr__(self, "fields", fields)
+        t = object.__new__(cls)
+        _init(t, fields=fields, _hash=hash(("TupleType",) + tuple(map(hash, fields))))
+        cls._interned[fields] = t
+        return t
 
-    def __repr__(self) -> str:
-        inner = ", ".join(repr(f) for f in self.fields)
-        if len(self.fields) == 1:
-            inner += ","
-        return f"({inner})"
+    def _parts(self) -> tuple:
+        return self.fields
+
+    def _args(self) -> tuple:
+        return (self.fields,)
 
 
-@dataclass(frozen=True, eq=True)
-class FuncType(Type):
+class FuncType(_Composite):
     """The type of a function: argument types and return type."""
 
-    arg_types: tuple
-    ret_type: Type
+    __slots__ = ("arg_types", "ret_type")
 
-    def __post_init__(self):
-        object.__setattr__(self, "arg_types", tuple(self.arg_types))
+    def __init__(self, arg_types, ret_type: Type):
+        arg_types = tuple(arg_types)
+        _init(self, arg_types=arg_types, ret_type=ret_type,
+              _hash=hash(("FuncType", ret_type) + tuple(map(hash, arg_types))))
 
-    def __repr__(self) -> str:
-        return f"fn ({', '.join(repr(a) for a in self.arg_types)}) -> {self.ret_type!r}"
+    def _parts(self) -> tuple:
+        return self.arg_types + (self.ret_type,)
+
+    def _args(self) -> tuple:
+        return (self.arg_types, self.ret_type)
+
+
+def type_text_with(ty: Optional[Type], leaf: Callable[[Optional[Type]], str]) -> str:
+    """A type as text, iterative on nesting: ``(T1, T2)``, ``fn (T1) -> T2``; ``leaf`` writes the rest."""
+    out: list[str] = []
+    stack: list = [ty]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, str):
+            out.append(t)
+        elif isinstance(t, TupleType):
+            stack.append(",)" if len(t.fields) == 1 else ")")
+            _push_list(stack, t.fields)
+            stack.append("(")
+        elif isinstance(t, FuncType):
+            stack.append(t.ret_type)
+            stack.append(") -> ")
+            _push_list(stack, t.arg_types)
+            stack.append("fn (")
+        else:
+            out.append(leaf(t))
+    return "".join(out)
+
+
+def _push_list(stack: list, items) -> None:
+    """Push ``items`` separated by commas so that they pop left to right."""
+    for i in range(len(items) - 1, -1, -1):
+        stack.append(items[i])
+        if i:
+            stack.append(", ")
+
+
+def _type_repr(ty: Type) -> str:
+    return type_text_with(ty, repr)
 
 
 def flatten_type(ty: Type) -> list[TensorType]:
@@ -145,6 +270,8 @@ def types_compatible(expected: Type, given: Type) -> bool:
     stack = [(expected, given)]
     while stack:
         a, b = stack.pop()
+        if a is b:
+            continue
         if isinstance(a, TensorType) and isinstance(b, TensorType):
             if a.dtype != b.dtype or a.ndim != b.ndim:
                 return False
@@ -165,13 +292,27 @@ def types_compatible(expected: Type, given: Type) -> bool:
 
 
 def join_types(a: Type, b: Type) -> Optional[Type]:
-    """The most precise type both ``a`` and ``b`` fit (dims that differ become Any); None if incompatible."""
+    """The most precise type both ``a`` and ``b`` fit (dims that differ become Any); None if incompatible.
+
+    Iterative on nesting; parts that are equal are shared, not rebuilt."""
     if not types_compatible(a, b):
         return None
-    if a == b:
-        return a
-    if isinstance(a, TensorType):
-        return TensorType(tuple(x if x == y else Any for x, y in zip(a.shape, b.shape)), a.dtype)
-    if isinstance(a, TupleType):
-        return TupleType(tuple(join_types(x, y) for x, y in zip(a.fields, b.fields)))
-    return a
+    done: dict = {}  # (id(x), id(y)) -> joined
+    stack = [(a, b, False)]
+    while stack:
+        x, y, ready = stack.pop()
+        key = (id(x), id(y))
+        if key in done:
+            continue
+        if x == y:
+            done[key] = x
+        elif isinstance(x, TensorType):
+            done[key] = TensorType(tuple(p if p == q else Any for p, q in zip(x.shape, y.shape)), x.dtype)
+        elif not isinstance(x, TupleType):
+            done[key] = x
+        elif ready:
+            done[key] = TupleType(tuple(done[(id(p), id(q))] for p, q in zip(x.fields, y.fields)))
+        else:
+            stack.append((x, y, True))
+            stack.extend((p, q, False) for p, q in zip(x.fields, y.fields))
+    return done[(id(a), id(b))]

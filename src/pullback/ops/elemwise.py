@@ -20,7 +20,7 @@ from ..ir.types import DTYPES, FLOAT_DTYPES, TensorType, is_float
 from . import layout as T
 from . import special
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
-from .kernels import as_array, is_integer, numpy_quiet
+from .kernels import as_array, check_divisor, is_integer, numpy_quiet
 from .registry import FusionKind, Recompute, defop, type_error
 
 # ------------------------------------------------------------------ helpers
@@ -251,7 +251,20 @@ def _divide_grad(call: Call, g: Expr):
 
 
 def _divide(xp, a, b, attrs=None):
-    return as_array(xp.floor_divide(a, b) if is_integer(xp, a) else xp.divide(a, b))
+    if is_integer(xp, a):
+        check_divisor(xp, "divide", b)
+        return as_array(xp.floor_divide(a, b))
+    return as_array(xp.divide(a, b))
+
+
+def _checked_division(name: str, fn: str):
+    """``xp.<fn>(a, b)`` with integer division by zero an error on every target (PyTorch's rule)."""
+
+    def kernel(xp, a, b, attrs=None):
+        check_divisor(xp, name, b)
+        return as_array(getattr(xp, fn)(a, b))
+
+    return kernel
 
 
 divide = binary("divide", _divide_grad, kernel=_divide, ufunc=np.divide, domain=(None, _POSITIVE), torch_name="div",
@@ -290,25 +303,31 @@ power = binary("power", _power_grad, kernel=_power_kernel, ufunc=np.power, impls
                doc="a ** b; the exponent gets a zero gradient where a <= 0.")
 
 
-def _minmax_grad(pick):
+def _minmax_grad(pick, lose):
+    """The share of ``a``: 1 where it wins, 0 where it loses, 1/2 on a tie, NaN where an operand is
+    NaN (the result is NaN, and so is the gradient of both operands: the rule of max/min over a
+    slice holding NaN; PyTorch would give both operands the whole gradient there)."""
+
     def grad(call: Call, g: Expr):
         a, b = call.args
-        wins = where(pick(a, b), _cl(1.0, a), where(equal(a, b), _cl(0.5, a), _cl(0.0, a)))
+        wins = where(pick(a, b), _cl(1.0, a), where(lose(a, b), _cl(0.0, a), where(equal(a, b), _cl(0.5, a), _cl(math.nan, a))))
         return [unbroadcast(multiply(g, wins), a), unbroadcast(multiply(g, subtract(_cl(1.0, a), wins)), b)]
 
     return grad
 
 
-maximum = binary("maximum", _minmax_grad(lambda a, b: greater(a, b)), kinks=(0.0,), torch_name="maximum",
-                 doc="Elementwise max; ties split the gradient evenly (PyTorch's rule).")
-minimum = binary("minimum", _minmax_grad(lambda a, b: less(a, b)), kinks=(0.0,), torch_name="minimum",
-                 doc="Elementwise min; ties split the gradient evenly (PyTorch's rule).")
+maximum = binary("maximum", _minmax_grad(lambda a, b: greater(a, b), lambda a, b: less(a, b)), kinks=(0.0,),
+                 torch_name="maximum", doc="Elementwise max; ties split the gradient evenly (PyTorch's rule).")
+minimum = binary("minimum", _minmax_grad(lambda a, b: less(a, b), lambda a, b: greater(a, b)), kinks=(0.0,),
+                 torch_name="minimum", doc="Elementwise min; ties split the gradient evenly (PyTorch's rule).")
 
 _NO_GRAD_STEP = "piecewise constant in its inputs; the gradient is zero or undefined"
-floor_divide = binary("floor_divide", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide",
+floor_divide = binary("floor_divide", kernel=_checked_division("floor_divide", "floor_divide"), ufunc=np.floor_divide,
+                      differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide",
                       recompute=Recompute.SPECIAL)
-mod = binary("mod", fn="fmod", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="fmod",
-             doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.", recompute=Recompute.SPECIAL)
+mod = binary("mod", kernel=_checked_division("mod", "fmod"), ufunc=np.fmod, differentiable=False, nondiff_reason=_NO_GRAD_STEP,
+             torch_name="fmod", doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.",
+             recompute=Recompute.SPECIAL)
 
 _CMP = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
 for _name, _tn in _CMP.items():

@@ -12,8 +12,10 @@ point warnings are switched off where jax and torch return inf/nan silently.
 
 from __future__ import annotations
 
+import contextvars
 import math
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -61,11 +63,100 @@ def is_traced(x) -> bool:
     return any(c.__name__ == "Tracer" for c in type(x).__mro__)
 
 
+# ---------------------------------------------------------------- run-time checks
+
+_MESSAGES: list[str] = [""]  # code -> message (code 0: every check passed); codes stay valid for the process
+_CODES: dict[str, int] = {}
+_COLLECTOR: contextvars.ContextVar = contextvars.ContextVar("pullback_traced_checks", default=None)
+
+
+def message_of(code: int) -> str:
+    """The message of a failed traced check (``TracedChecks.code``)."""
+    return _MESSAGES[code]
+
+
+class TracedChecks:
+    """Checks met while jax traces a program (``collecting_checks``), folded into one int32 value:
+    0 when every check passes, else the code of the first failing one (``message_of``). The jax
+    target returns it with the results and raises the ExecutionError after the call."""
+
+    def __init__(self):
+        self.code = None  # a traced int32 scalar, or None: no check met
+        self.where = ""  # " at line:column" of the operator being traced (set by the target)
+
+    def add(self, failed, message: str) -> None:
+        """Record the traced bool scalar ``failed``: the program fails with ``message`` if it is true."""
+        import jax.numpy as jnp
+
+        message += self.where
+        code = _CODES.get(message)
+        if code is None:
+            code = _CODES[message] = len(_MESSAGES)
+            _MESSAGES.append(message)
+        mine = jnp.where(failed, jnp.int32(code), jnp.int32(0))
+        self.merge(mine)
+
+    def merge(self, code) -> None:
+        """Fold in another code (a traced branch's): the first failure in program order wins."""
+        import jax.numpy as jnp
+
+        self.code = code if self.code is None else jnp.where(self.code != 0, self.code, code)
+
+    def result(self):
+        """The int32 code (a traced value; the constant 0 when no check was met)."""
+        import jax.numpy as jnp
+
+        return jnp.int32(0) if self.code is None else self.code
+
+
+@contextmanager
+def collecting_checks() -> Iterator[TracedChecks]:
+    """Inside the block, checks on traced values are recorded on the yielded ``TracedChecks``."""
+    checks = TracedChecks()
+    token = _COLLECTOR.set(checks)
+    try:
+        yield checks
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def active_checks() -> Optional[TracedChecks]:
+    """The ``TracedChecks`` of the trace in progress, if any."""
+    return _COLLECTOR.get()
+
+
+def check(bad, message: str) -> None:
+    """The program is an error (``ExecutionError(message)``) where the bool array ``bad`` has a true entry.
+
+    On concrete values (NumPy, torch, eager jax) it raises now. On values ``jax.jit`` traces it is
+    recorded on the active ``TracedChecks`` (the jax target raises after the call); traced outside
+    the jax target (no collector), nothing can be checked and the kernel's own behaviour stands."""
+    if not math.prod(bad.shape):
+        return
+    if is_traced(bad):
+        checks = _COLLECTOR.get()
+        if checks is not None:
+            checks.add(bad.any(), message)
+        return
+    if bool(bad.any()):
+        raise ExecutionError(message)
+
+
 def check_range(op: str, idx, lo: int, hi: int, where: str) -> None:
-    """Raise ExecutionError if an entry of integer array ``idx`` is outside ``[lo, hi)``
-    (only on concrete values; traced jax indices are clamped by XLA instead)."""
-    if math.prod(idx.shape) and not is_traced(idx) and (int(idx.min()) < lo or int(idx.max()) >= hi):
-        raise ExecutionError(f"{op}: index out of range {where}")
+    """The program is an error if an entry of integer array ``idx`` is outside ``[lo, hi)`` (``check``)."""
+    if not math.prod(idx.shape):
+        return
+    if is_traced(idx):
+        check((idx < lo) | (idx >= hi), f"{op}: index out of range {where}")
+    elif int(idx.min()) < lo or int(idx.max()) >= hi:
+        bad = idx[(idx < lo) | (idx >= hi)].reshape(-1)[0]
+        raise ExecutionError(f"{op}: index {int(bad)} out of range {where}")
+
+
+def check_divisor(xp, op: str, b) -> None:
+    """Integer division by zero is an error on every target (PyTorch's rule; NumPy gives 0, XLA -1)."""
+    if is_integer(xp, b):
+        check(b == 0, f"{op}: integer division by zero")
 
 
 def grid(xp, idx, axis: int) -> tuple:
@@ -120,4 +211,5 @@ def _tensor_index(x, index: tuple) -> tuple:
     return tuple(out)
 
 
-__all__ = ["as_array", "dtype", "device", "is_integer", "numpy_quiet", "is_traced", "check_range", "grid", "set_at", "add_at"]
+__all__ = ["as_array", "dtype", "device", "is_integer", "numpy_quiet", "is_traced", "check", "check_range", "check_divisor",
+           "collecting_checks", "active_checks", "message_of", "TracedChecks", "grid", "set_at", "add_at"]

@@ -19,7 +19,8 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, is_float
 from . import elemwise as E
 from .common import float_arg, numel, same_dtype, tensor_arg
-from .nn import as_dtype, check_choice, check_int, count, is_jax, is_torch, numel_flops, on_device
+from .kernels import check, is_traced
+from .nn import as_dtype, check_choice, check_int, count, is_torch, numel_flops, on_device
 from .registry import FusionKind, defop, type_error
 
 # ------------------------------------------------------------------ cross entropy
@@ -100,11 +101,12 @@ def _nll_pick(xp, p, t, w, a):
     valid = t != a.ignore_index
     tc = xp.where(valid, t, 0)
     c = p.shape[1]
-    if not is_jax(xp):  # concrete values: check them (XLA clamps inside jit)
-        out_of_range = (tc < 0) | (tc >= c)
-        if bool(xp.any(out_of_range)):
-            bad = t[valid & out_of_range]
-            raise ExecutionError(f"nn.nll_loss: target {int(bad[0])} is out of range [0, {c}) (ignore_index={a.ignore_index})")
+    out_of_range = (tc < 0) | (tc >= c)  # an error on every target (jax: checked after the call, see ops.kernels.check)
+    if is_traced(t):
+        check(out_of_range, f"nn.nll_loss: a target is out of range [0, {c}) (ignore_index={a.ignore_index})")
+    elif bool(xp.any(out_of_range)):
+        bad = t[valid & out_of_range]
+        raise ExecutionError(f"nn.nll_loss: target {int(bad[0])} is out of range [0, {c}) (ignore_index={a.ignore_index})")
     if is_torch(xp):
         tc = xp.astype(tc, xp.int64)  # torch gathers with int64 indices only
     wt = xp.where(valid, w[tc], 0.0)

@@ -15,6 +15,7 @@ from ..ir.expr import Call, Expr, as_expr
 from ..ir.types import TensorType, is_float
 from . import layout as T
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
+from .kernels import check_divisor
 from .registry import FusionKind, Recompute, defop, get_op
 
 _NO_GRAD_STEP = "piecewise constant in its input: the gradient is zero"
@@ -130,6 +131,7 @@ class RemainderAttrs:
 
 
 def _remainder_kernel(xp, a, b, attrs):
+    check_divisor(xp, "remainder", b)  # integers: an error on every target (PyTorch's rule)
     return xp.remainder(a, b) if attrs.mode == "floor" else xp.fmod(a, b)
 
 

@@ -142,12 +142,15 @@ mean = reduction("mean", lambda xp, x, ax, kd, a: xp.mean(_acc(xp, x), axis=ax, 
 
 
 def _extreme_grad(call: Call, g: Expr):
-    """Ties share the gradient evenly: g * [x == y] / count(x == y)."""
-    from .elemwise import divide, equal, multiply
+    """Ties share the gradient evenly: g * [x == y] / count(x == y). A slice holding NaN has a NaN
+    extreme and every entry of it gets a NaN gradient (torch.amax's rule, stated explicitly: XLA
+    simplifies the 0 / 0 of the formula to 0)."""
+    from .elemwise import divide, equal, isnan, multiply, where
 
     x = call.args[0]
-    mask = T.cast_like(equal(x, keepdims_grad(call, call)), x)
-    share = divide(mask, sum(mask, _rank_axes(call), True))
+    y = keepdims_grad(call, call)
+    mask = T.cast_like(equal(x, y), x)
+    share = where(isnan(y), y, divide(mask, sum(mask, _rank_axes(call), True)))
     return [multiply(share, keepdims_grad(call, g))]
 
 
@@ -194,16 +197,31 @@ class VarianceAttrs(ReduceAttrs):
         object.__setattr__(self, "unbiased", bool(self.unbiased))
 
 
+def _first_of_slice(x, ax: tuple):
+    """The first entry of every reduced slice of array ``x`` (reduced axes kept as 1)."""
+    return x[tuple(slice(0, 1) if i in ax else slice(None) for i in range(x.ndim))]
+
+
 def _var(xp, x, ax, kd, a):
-    return xp.var(_acc(xp, x), axis=ax, keepdims=kd, correction=int(a.unbiased))
+    """The variance around each slice's first entry (the same value; exactly 0 for a constant slice on
+    every target, where the mean's rounding would leave a target-dependent 1e-17)."""
+    x = _acc(xp, x)
+    if math.prod(x.shape):
+        x = x - _first_of_slice(x, ax)
+    return xp.var(x, axis=ax, keepdims=kd, correction=int(a.unbiased))
 
 
 def _centered_over_n(call: Call) -> Expr:
-    """(x - mean(x)) / (N - unbiased), the shared factor of the variance and std gradients."""
+    """(x - mean(x)) / (N - unbiased), the shared factor of the variance and std gradients; centred
+    like the kernel (around each slice's first entry), so a constant slice gives exactly 0."""
     from .elemwise import divide, subtract
+    from .indexing import strided_slice
 
     x = call.args[0]
-    return divide(subtract(x, mean(x, _rank_axes(call), True)), reduced_count(call, int(call.attrs.unbiased)))
+    axes = _rank_axes(call)
+    first = strided_slice(x, (0,) * len(axes), (1,) * len(axes), None, axes) if axes else x
+    shifted = subtract(x, first)
+    return divide(subtract(shifted, mean(shifted, axes, True)), reduced_count(call, int(call.attrs.unbiased)))
 
 
 def _variance_grad(call: Call, g: Expr):
@@ -213,9 +231,12 @@ def _variance_grad(call: Call, g: Expr):
 
 
 def _std_grad(call: Call, g: Expr):
-    from .elemwise import divide, multiply
+    """g * (x - mean) / ((N - unbiased) * std); 0 where the std is 0 (a constant slice), as in PyTorch."""
+    from .elemwise import divide, equal, multiply, scalar_like, where
 
-    return [multiply(keepdims_grad(call, divide(g, call)), _centered_over_n(call))]
+    zero = scalar_like(0.0, call)
+    safe = where(equal(call, zero), T.zeros_like(g), divide(g, call))
+    return [multiply(keepdims_grad(call, safe), _centered_over_n(call))]
 
 
 variance = reduction("variance", _var, _variance_grad, attrs_type=VarianceAttrs, torch_name="var",

@@ -122,6 +122,14 @@ def _check_output(value, node: Call, plan: FunctionPlan) -> None:
                              f"but its type is {want!r}")
 
 
+def _located(e: ExecutionError, node, plan: FunctionPlan) -> ExecutionError:
+    """``e`` (raised by a kernel's run-time check) naming the function and the node's place."""
+    span = f" at {node.span}" if getattr(node, "span", None) else ""
+    out = ExecutionError(f"@{plan.name}: {e}{span}")
+    out._located = True
+    return out
+
+
 def _depth_error(callee: FunctionPlan, max_depth: int) -> ExecutionError:
     return ExecutionError(f"@{callee.name}: calls nested more than max_call_depth={max_depth} deep (a recursion "
                           "without a base case?); the limit is build(..., max_call_depth=n)")
@@ -230,7 +238,9 @@ def _loop(plan: FunctionPlan, slots: list, pc: int, check: bool, prof: Optional[
                     return value
                 code, pc, slots, out, plan = pop()
                 slots[out] = value
-    except ExecutionError:
+    except ExecutionError as e:
+        if ins is not None and ins[0] in KERNEL_OPS and not getattr(e, "_located", False):
+            raise _located(e, ins[-1], plan) from None  # a kernel's check failed: say in which function, where
         raise
     except Exception as e:  # noqa: BLE001 - a kernel failed: say which op, where, on what
         if ins is None or ins[0] not in KERNEL_OPS + (GET, TUPLE):

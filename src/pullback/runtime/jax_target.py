@@ -13,12 +13,16 @@ jax is imported on first build only (``import pullback`` does not import it).
 ``jax.enable_x64(True)`` (jax's scoped setting), any other inside
 ``enable_x64(False)``; the process-wide ``jax_enable_x64`` flag is never changed.
 
+Run-time checks: what is an error on the other targets (an index out of range
+in ``take`` with ``mode="fast"``, ``gather``, ``scatter``, ``scatter_add``,
+``index_add``, ``nn.nll_loss`` targets; integer division by zero) is computed
+inside the XLA program as one int32 code returned with the results, and raised
+as the same ``ExecutionError`` after the call (``ops.kernels.check``).
+
 Several devices (data parallelism through XLA): ``devices`` is a count or a list
 of jax devices, ``batch_axis`` maps parameter names to the axis sharded over a
 1-D mesh (``NamedSharding``); other inputs are replicated and XLA inserts the
-reductions (e.g. of parameter gradients). Not checked inside jit: out-of-range
-indices (``take`` with ``mode="fast"``, ``gather``, ``scatter_add``,
-``nn.nll_loss`` targets) are clamped by XLA instead of raising as on NumPy.
+reductions (e.g. of parameter gradients).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..ir.expr import Call, Function
 from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import TensorType, TupleType, Type
+from ..ops.kernels import active_checks, collecting_checks, message_of
 from ..ops.registry import OpDef, list_ops
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable, Target, run
 from .values import read_only, to_output
@@ -61,7 +66,7 @@ class JaxTarget(Target):
 
     def __init__(self):
         _load_jax()
-        self.cond = lax.cond
+        self.cond = _checked_cond
 
     def has_kernel(self, op: OpDef) -> bool:
         try:
@@ -73,13 +78,15 @@ class JaxTarget(Target):
     def kernel(self, call: Call) -> Callable:
         fn = call.op.impl("jax")
         t = call._checked_type
-        if not isinstance(t, TensorType):
-            return fn
-        dtype = t.dtype
+        dtype = t.dtype if isinstance(t, TensorType) else None
+        where = f" at {call.span}" if getattr(call, "span", None) else ""
 
         def typed(*args):
+            checks = active_checks()
+            if checks is not None:
+                checks.where = where  # a failing check names this operator's place
             out = fn(*args)
-            return out if out.dtype == dtype else out.astype(dtype)
+            return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
         return typed
 
@@ -94,6 +101,31 @@ class JaxTarget(Target):
         return read_only(arr)
 
     output = staticmethod(np.asarray)
+
+
+def _checked_cond(pred, then_fn: Callable, else_fn: Callable):
+    """``lax.cond`` whose branches carry their run-time checks out (``ops.kernels.TracedChecks``)."""
+    outer = active_checks()
+
+    def carried(fn):
+        def branch():
+            with collecting_checks() as inner:
+                value = fn()
+            return value, inner.result()
+
+        return branch
+
+    value, code = lax.cond(pred, carried(then_fn), carried(else_fn))
+    if outer is not None:
+        outer.merge(code)
+    return value
+
+
+def _checked_run(plan, args: list, check: bool, depth: int):
+    """The evaluator traced with the run-time checks collected: ``(result, check code)``."""
+    with collecting_checks() as checks:
+        out = run(plan, args, check, None, _checked_cond, depth)
+    return out, checks.result()
 
 
 def missing_lowerings() -> list[str]:
@@ -155,14 +187,24 @@ class JaxFunction(CompiledFunction):
         super().__init__(exe, exe._plan(name))
         plan, check, depth = self.plan, exe.check_outputs, exe.max_call_depth
         self.func = plan.func
-        jitted = jax.jit(lambda *args: run(plan, list(args), check, None, lax.cond, depth),
-                         **exe._jit_options(plan.func, name))
+        jitted = jax.jit(lambda *args: _checked_run(plan, list(args), check, depth), **exe._jit_options(plan.func, name))
         self._jitted = _Scoped64(jitted, exe.x64)
 
     def __call__(self, *inputs):
         args = self.convert_inputs(inputs)
         self._exe._check_batch(self, args)
-        return to_output(self._jitted(*args), np.asarray)
+        try:
+            out, code = self._jitted(*args)
+        except (RecursionError, ExecutionError) as e:  # jax traces each lax.cond inside the one around it
+            if not isinstance(e, RecursionError) and not isinstance(e.__cause__, RecursionError):
+                raise
+            raise ExecutionError(f"@{self.name}: If expressions nest too deeply for the jax target (jax traces "
+                                 "nested lax.cond recursively, on the Python stack); run it on the numpy or "
+                                 "torch target") from None
+        code = int(code)
+        if code:  # a run-time check failed (out-of-range index, integer division by zero): as on every target
+            raise ExecutionError(f"@{self.name}: {message_of(code)} (jax target)")
+        return to_output(out, np.asarray)
 
     def lower_text(self, *inputs) -> str:
         """The StableHLO text jax produces for these inputs (for inspection)."""

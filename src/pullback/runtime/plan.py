@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
-from ..ir.scope import Scope, ScopeInfo
+from ..ir.scope import Scope, ScopeInfo, ancestor_at
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
 from .fused import group_label
@@ -151,6 +151,10 @@ def _operands(n: Expr) -> tuple:
     return n.children()
 
 
+PRECISE_DEPTH = 16
+"""How many If levels below its home scope a value's lifetime is followed branch by branch (see ``_liveness``)."""
+
+
 def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     """Where each slot dies: after a node, at the start of a branch, or after a branch's END.
 
@@ -158,6 +162,10 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     scope, its last use is a node, the scope's end (the branch result), or an If
     holding a use: then it dies in each branch that uses it (recursively) and at
     the start of each branch that does not, so it is freed once whichever branch runs.
+    Tracking stops ``PRECISE_DEPTH`` levels below the home scope: a use deeper
+    than that counts as a use of the whole branch at that level, and the value
+    dies at that branch's END (so deeply nested Ifs cost time linear in their
+    depth, not quadratic: each value is followed through a bounded number of scopes).
     Returns ``{id(scope): {position: [slots]}}``, ``{(id(if), branch): [slots]}`` twice.
     """
     root = all_scopes[0]
@@ -169,6 +177,7 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
             for i, n in enumerate(s.nodes):
                 pos[id(n)] = i
     last: dict[int, dict[int, int]] = {id(s): {} for s in all_scopes}
+    deep: dict[tuple, dict] = {}  # (id(scope), position of an If) -> {slot: branches using it beyond the cap}
     for s in all_scopes:
         here = last[id(s)]
         for p, n in enumerate(s.nodes):
@@ -190,12 +199,17 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
                     continue
                 k = slot[id(c)]
                 home = root if scope_of is None or isinstance(c, Var) else scope_of[id(c)]
+                if us.depth > home.depth + PRECISE_DEPTH:  # a use of the whole branch at the cap
+                    below = ancestor_at(us, home.depth + PRECISE_DEPTH + 1)
+                    us, q = below.parent, pos[id(below.if_node)]
+                    deep.setdefault((id(us), q), {}).setdefault(k, set()).add(below.branch)
                 while True:
                     d = last[id(us)]
-                    if d.get(k, -1) < q:
+                    seen = d.get(k, -1)
+                    if seen < q:
                         d[k] = q
-                    if us is home:
-                        break
+                    if us is home or seen >= 0:
+                        break  # tracked here already: the scopes above were set by that walk
                     q = pos[id(us.if_node)]
                     us = us.parent
     free_after: dict[int, dict[int, list]] = {}
@@ -222,8 +236,11 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
                 continue
             n = nodes[q]
             if type(n) is If:
+                beyond = deep.get((id(s), q), {}).get(k, ())
                 for b, bs in enumerate(branches[id(n)]):
-                    if k not in last[id(bs)]:
+                    if b in beyond:  # used deeper than followed: freed once that branch is done
+                        branch_end.setdefault((id(n), b), []).append(k)
+                    elif k not in last[id(bs)]:
                         branch_start.setdefault((id(n), b), []).append(k)
             elif q in fa:
                 fa[q].append(k)

@@ -2,7 +2,8 @@
 
 - ``random_program(seed, ...)``: a plain seeded generator returning an ``IRModule``.
 - ``programs(...)``: the same generator as a hypothesis strategy (shrinks well).
-- ``random_inputs(mod, seed)``: arrays for ``@main``'s parameters.
+- ``random_inputs(mod, seed, edges=())``: arrays for ``@main``'s parameters (``edges``: constants,
+  zeros, ties, NaN mixed in, for the tests that targets agree on edge values).
 
 Programs have broadcasting shapes, size-1 and rank-0 tensors, shared
 subexpressions, tuples and ``TupleGetItem``, ``If``, calls between global
@@ -956,23 +957,45 @@ def programs(
     return strategy()
 
 
-def _input(t: Type, rng: np.random.Generator, concrete: Optional[tuple]):
+EDGES = ("constant", "zeros", "ties", "nan")
+"""Edge inputs of ``random_inputs(edges=...)``: every entry equal (std/variance of a constant),
+all zeros (integer division by zero, a zero std), values repeating (ties of max/min/maximum),
+some entries NaN (max/min over NaN)."""
+
+
+def _input(t: Type, rng: np.random.Generator, concrete: Optional[tuple], edges: tuple = ()):
     if isinstance(t, TupleType):
-        return tuple(_input(f, rng, None) for f in t.fields)
+        return tuple(_input(f, rng, None, edges) for f in t.fields)
     shape = concrete or tuple(1 if d is Any else d for d in t.shape)
     if t.dtype == "bool":
         return rng.random(shape) < 0.5
-    if t.dtype.startswith("int") or t.dtype == "uint8":
-        return rng.integers(INT_RANGE[0], INT_RANGE[1] + 1, size=shape).astype(t.dtype)
-    return rng.uniform(*FLOAT_RANGE, size=shape).astype(t.dtype)
+    is_int = t.dtype.startswith("int") or t.dtype == "uint8"
+    if is_int:
+        out = rng.integers(INT_RANGE[0], INT_RANGE[1] + 1, size=shape).astype(t.dtype)
+    else:
+        out = rng.uniform(*FLOAT_RANGE, size=shape).astype(t.dtype)
+    edge = edges[rng.integers(len(edges))] if edges and rng.random() < 0.75 else None
+    if edge == "constant":
+        out[...] = out.reshape(-1)[0] if out.size else 0
+    elif edge == "zeros":
+        out[...] = 0
+    elif edge == "ties":
+        out = np.round(out) if not is_int else out
+    elif edge == "nan" and not is_int and out.size:
+        out.reshape(-1)[rng.integers(out.size)] = np.nan
+    return out
 
 
-def random_inputs(mod: IRModule, seed: int = 0, func: str = "main") -> list:
+def random_inputs(mod: IRModule, seed: int = 0, func: str = "main", edges: Sequence[str] = ()) -> list:
     """Arrays for ``mod[func]``'s parameters, in the ranges generated programs are safe on
     (floats in [-2, 2], ints in [-3, 3]); ``Any`` dims of generated parameters get their
-    original sizes (other ``Any`` dims get 1)."""
+    original sizes (other ``Any`` dims get 1). ``edges`` (names of ``EDGES``): most inputs get
+    one of these edge values instead."""
+    unknown = [e for e in edges if e not in EDGES]
+    if unknown:
+        raise PullbackError(f"random_inputs: unknown edges {unknown}; expected some of {', '.join(EDGES)}")
     rng = np.random.default_rng(seed)
-    return [_input(p.type_annotation, rng, _CONCRETE.get(p)) for p in mod[func].params]
+    return [_input(p.type_annotation, rng, _CONCRETE.get(p), tuple(edges)) for p in mod[func].params]
 
 
 def _leaves(value, path: str = "") -> list:
@@ -1000,5 +1023,5 @@ def assert_outputs_close(got, want, what: str = "outputs", rtol: float = 1e-5, a
             np.testing.assert_array_equal(x, y, err_msg=f"{what}{p}")
 
 
-__all__ = ["programs", "random_program", "random_inputs", "assert_outputs_close", "Config", "GenOp", "unary_ops",
+__all__ = ["programs", "random_program", "random_inputs", "EDGES", "assert_outputs_close", "Config", "GenOp", "unary_ops",
            "binary_ops", "reductions", "comparisons", "ACTIONS"]

@@ -32,11 +32,11 @@ from typing import Optional
 import numpy as np
 
 from ..ir.errors import ParseError, PullbackError
-from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, exact_array
 from ..ir.module import IRModule
 from ..ir.types import DTYPES, Any, FuncType, TensorType, TupleType
 from ..ops import registry
-from .unused import first_ill_typed
+from .unused import ill_typed
 
 __all__ = ["parse", "parse_expr"]
 
@@ -386,13 +386,22 @@ class _Parser:
         if not roots:
             return
         order = sorted(roots.values(), key=lambda r: r[0])  # text order
-        found = first_ill_typed([node for _, node in order], functions)
-        if found is not None:
-            k, error = found
-            at, text = order[k][0], self.text
-            line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
-            name = _TOKEN.match(text, at).group()
-            self.fail(f"{name} is never used and does not type-check: {error}", line, col)
+        found = ill_typed([node for _, node in order], functions)
+        if found:
+            text = self.text
+
+            def place(k: int) -> tuple:
+                at = order[k][0]
+                return _TOKEN.match(text, at).group(), text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+
+            (k, error), rest = found[0], found[1:]
+            name, line, col = place(k)
+            more = ""
+            if rest:
+                others = ", ".join(f"{n} at {ln}:{c}" for n, ln, c in (place(j) for j, _ in rest))
+                verb = "bindings that do not" if len(rest) > 1 else "binding that does not"
+                more = f" (and {len(rest)} more unused {verb} type-check: {others})"
+            self.fail(f"{name} is never used and does not type-check: {error}{more}", line, col)
 
     # -- names
     def lookup(self, name: str) -> Optional[Expr]:
@@ -597,7 +606,7 @@ class _Parser:
                 self.advance()
                 self.expect("=")
                 value = self.literal()
-                attrs[key] = _hashable(value)
+                attrs[key] = value  # Function freezes it (lists become tuples)
                 if self.kind != "]":
                     self.expect(",", "',' or ']'")
             self.advance()
@@ -654,16 +663,19 @@ class _Parser:
             self.fail(f"bad constant: True/False in a {dtype} constant", line, col)
         if dtype[0] in "iu" and any(isinstance(x, float) for x in leaves):
             self.fail(f"bad constant: a float value in an {dtype} constant", line, col)
-        try:
-            with np.errstate(over="ignore"):
-                arr = np.array(value, dtype=dtype)
-        except (ValueError, TypeError, OverflowError) as e:
-            self.fail(f"bad constant: {e}", line, col)
         if dtype.startswith("float"):  # a finite literal must stay finite
-            wide = np.array(value, dtype="float64")
-            overflow = np.isinf(arr) & ~np.isinf(wide)
+            try:
+                wide = np.array(value, dtype="float64")
+            except (ValueError, TypeError, OverflowError) as e:
+                self.fail(f"bad constant: {e}", line, col)
+            with np.errstate(over="ignore"):
+                overflow = np.isinf(wide.astype(dtype)) & ~np.isinf(wide)
             if overflow.any():
                 self.fail(f"bad constant: {float(wide[overflow][0])!r} overflows {dtype} (largest finite value {np.finfo(dtype).max})", line, col)
+        try:
+            arr = exact_array(value, dtype, "bad constant")  # the checks of ir.expr.const: no silent wrap or rounding to bool
+        except PullbackError as e:
+            self.fail(str(e), line, col)
         const = Constant(arr)
         const.span = f"{line}:{col}"
         return const
@@ -906,22 +918,6 @@ def _leaves(value):
             stack.extend(v)
         else:
             yield v
-
-
-def _hashable(value):
-    """Function attrs live in a hashable mapping: lists become tuples (iteratively)."""
-    if not isinstance(value, (list, tuple)):
-        return value
-    done: dict[int, tuple] = {}
-    stack = [(value, False)]
-    while stack:
-        v, expanded = stack.pop()
-        if expanded:
-            done[id(v)] = tuple(done[id(c)] if isinstance(c, (list, tuple)) else c for c in v)
-            continue
-        stack.append((v, True))
-        stack.extend((c, False) for c in v if isinstance(c, (list, tuple)))
-    return done[id(value)]
 
 
 def parse(text: str, source_name: str = "<string>"):

@@ -63,7 +63,7 @@ from ..ir.module import IRModule
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order
-from ..ir.types import FuncType, TensorType, TupleType, Type
+from ..ir.types import TensorType, Type, type_text_with
 
 __all__ = ["astext", "binding_text", "type_text", "value_text", "Namer", "INLINE_CONST_LIMIT"]
 
@@ -85,28 +85,15 @@ def _dims_text(shape: tuple) -> str:
 
 def type_text(ty: Optional[Type]) -> str:
     """``Tensor[(2, 3), float32]``, ``(T1, T2)``, ``fn (T1) -> T2`` (iterative on nesting)."""
-    out: list[str] = []
-    stack: list = [ty]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, str):
-            out.append(t)
-        elif isinstance(t, TensorType):
-            out.append(f"Tensor[{_dims_text(t.shape)}, {t.dtype}]")
-        elif isinstance(t, TupleType):
-            stack.append(",)" if len(t.fields) == 1 else ")")
-            _push_list(stack, t.fields, ", ")
-            stack.append("(")
-        elif isinstance(t, FuncType):
-            stack.append(t.ret_type)
-            stack.append(") -> ")
-            _push_list(stack, t.arg_types, ", ")
-            stack.append("fn (")
-        elif t is None:
-            out.append("?")
-        else:
-            raise PullbackError(f"cannot print type {t!r}")
-    return "".join(out)
+    return type_text_with(ty, _leaf_type_text)
+
+
+def _leaf_type_text(t: Optional[Type]) -> str:
+    if isinstance(t, TensorType):
+        return f"Tensor[{_dims_text(t.shape)}, {t.dtype}]"
+    if t is None:
+        return "?"
+    raise PullbackError(f"cannot print type {t!r}")
 
 
 def _push_list(stack: list, items, sep) -> None:

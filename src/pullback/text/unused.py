@@ -1,4 +1,4 @@
-"""Unused bindings type-check too: ``first_ill_typed(nodes, functions)``.
+"""Unused bindings type-check too: ``ill_typed(nodes, functions)``.
 
 The IR has no Let: a binding that nothing uses is not part of the parsed
 program, so no later pass would ever see it, and an ill-typed one would vanish
@@ -17,46 +17,49 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir.errors import PullbackError
+from ..ir.errors import PullbackError, TypeCheckError, TypeInferenceError
 from ..ir.expr import Call, Expr, Function, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.traversal import children, post_order
 
-__all__ = ["first_ill_typed"]
+__all__ = ["ill_typed", "first_ill_typed"]
 
-def first_ill_typed(nodes: list[Expr], functions: dict) -> Optional[tuple[int, PullbackError]]:
-    """``(index, error)`` of the first of ``nodes`` that does not type-check, or None.
+def ill_typed(nodes: list[Expr], functions: dict) -> list[tuple[int, PullbackError]]:
+    """``(index, error)`` of every one of ``nodes`` that does not type-check, in order (linear).
 
-    ``functions``: the module's ``{GlobalVar: Function}`` (callees of the nodes). Linear
-    when every node types; O(N log K) to find the first failure among K nodes.
+    ``functions``: the module's ``{GlobalVar: Function}`` (callees of the nodes).
     """
     if not nodes:
-        return None
+        return []
     from ..analysis.type_infer import infer_expr, infer_module  # a sibling layer, needed only here
 
     order = post_order(Tuple(nodes), into_functions=True)
     mod = _typed_callees(order, functions, infer_module)
     unknown = _untyped(order, mod)
     todo = [i for i, n in enumerate(nodes) if id(n) not in unknown]
+    if not todo:
+        return []
+    try:
+        infer_expr(Tuple([nodes[i] for i in todo]), mod)  # types every node that types, reports the rest
+        return []
+    except PullbackError:
+        pass
+    found = []
+    for i in todo:
+        if nodes[i]._checked_type is None:  # ill-typed itself or through an operand: its own first error
+            try:
+                infer_expr(nodes[i], mod)
+            except TypeCheckError as e:
+                found.append((i, TypeInferenceError(e.diagnostics[0])))
+            except PullbackError as e:
+                found.append((i, e))
+    return found
 
-    def error(items: list[int]) -> Optional[PullbackError]:
-        try:
-            infer_expr(Tuple([nodes[i] for i in items]), mod)
-        except PullbackError as e:
-            return e
-        return None
 
-    if not todo or error(todo) is None:
-        return None
-    lo, hi = 1, len(todo)  # the shortest failing prefix ends with the first ill-typed node
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if error(todo[:mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    first = todo[lo - 1]
-    return first, error([first])
+def first_ill_typed(nodes: list[Expr], functions: dict) -> Optional[tuple[int, PullbackError]]:
+    """``(index, error)`` of the first of ``nodes`` that does not type-check, or None."""
+    found = ill_typed(nodes, functions)
+    return found[0] if found else None
 
 
 def _typed_callees(order: list, functions: dict, infer_module) -> Optional[IRModule]:

@@ -132,8 +132,13 @@ class _Folder:
 
     def run(self, body: Expr) -> Expr:
         res, mapped = self.res, self.mapped
+        order = post_order(body)
+        users: dict[int, int] = {}  # id(node) -> users not visited yet: a folded value dies with its last user
+        for node in order:
+            for c in node.children():
+                users[id(c)] = users.get(id(c), 0) + 1
         with np.errstate(all="ignore"):
-            for node in post_order(body):
+            for node in order:
                 k = id(node)
                 if k in res:
                     continue
@@ -143,6 +148,7 @@ class _Folder:
                         v = self.value_of(node, t)
                         if v is not None:
                             res[k] = v
+                            self.release(node, users)
                             continue
                 cur = node
                 for c in node.children():
@@ -150,7 +156,21 @@ class _Folder:
                         cur = rebuild(node, mapped)  # keeps the type (a fold keeps the type of what it replaces)
                         break
                 res[k] = cur
+                self.release(node, users)
         return mapped(body)
+
+    def release(self, node: Expr, users: dict) -> None:
+        """``node`` is done: an operand whose last user it was and whose value is still a bare array
+        (folded, never made a Constant) is dropped, so a chain of folds holds two arrays at a time."""
+        res = self.res
+        for c in node.children():
+            n = users[id(c)] - 1
+            users[id(c)] = n
+            if n == 0 and type(res.get(id(c))) is np.ndarray:
+                res[id(c)] = _FREED
+
+
+_FREED = object()  # stands for a folded value no user needs any more (never read: its users are done)
 
 
 def fold_expr(body: Expr, max_new_elements: int = 1024) -> Expr:
