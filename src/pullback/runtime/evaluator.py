@@ -18,7 +18,7 @@ being the same loop over the branch's range of the plan.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -274,6 +274,13 @@ class CompiledFunction:
 
     def __call__(self, *inputs):
         return self._exe.execute(self.plan, self.convert_inputs(inputs))
+
+    def call_native(self, args: Sequence, check: bool = True):
+        """Run on ``args`` and return the target's own arrays (jax arrays on the jax target; as ``__call__``
+        elsewhere). ``check=False`` skips the input checks and conversions: ``args`` must then be values
+        this target made (results of the executable's functions, or of ``target.take``), as an embedding
+        that passes one function's results to another does (e.g. residuals from ``@main_fwd`` to ``@main_bwd``)."""
+        return self._exe.execute(self.plan, self.convert_inputs(tuple(args)) if check else list(args))
 
     def __repr__(self) -> str:
         return f"<CompiledFunction @{self.name}>"

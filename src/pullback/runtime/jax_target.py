@@ -89,8 +89,11 @@ class JaxTarget(Target):
 
     @staticmethod
     def take(arr):
-        if type(arr).__module__.startswith("jax"):
+        module = type(arr).__module__
+        if module.startswith("jax"):
             return arr  # a jax array goes to jit as it is
+        if module.startswith("torch"):  # zero copy through DLPack (compact strides only: else one copy first)
+            return jnp.from_dlpack(arr.detach().contiguous())
         return read_only(arr)
 
     output = staticmethod(np.asarray)
@@ -160,9 +163,16 @@ class JaxFunction(CompiledFunction):
         self._jitted = _Scoped64(jitted, exe.x64)
 
     def __call__(self, *inputs):
-        args = self.convert_inputs(inputs)
-        self._exe._check_batch(self, args)
-        return to_output(self._jitted(*args), np.asarray)
+        return to_output(self.call_native(inputs), np.asarray)
+
+    def call_native(self, args: Sequence, check: bool = True):
+        """The jitted function on ``args``; results stay jax arrays. Torch tensors are taken by DLPack
+        (inside the module's 64-bit scope, so int64 stays int64)."""
+        with jax.enable_x64(self._exe.x64):
+            if check:
+                args = self.convert_inputs(tuple(args))
+                self._exe._check_batch(self, args)
+            return self._jitted.fn(*args)
 
     def lower_text(self, *inputs) -> str:
         """The StableHLO text jax produces for these inputs (for inspection)."""
