@@ -66,6 +66,17 @@ class Target:
             return False
         return True
 
+    # buffer reuse in plans (runtime.plan.buffer_reuse): on when a target gives in-place kernels
+    reuses_buffers = False
+
+    def allocates(self, call: Call) -> bool:
+        """Does the kernel of ``call`` always return new memory, shared with no other value?"""
+        return False
+
+    def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
+        """``fn(*arrays, attrs)`` computing ``call`` into argument ``i``'s array, or None."""
+        return None
+
     def group_kernel(self, fn: Function) -> Optional[Callable]:
         """One kernel ``fn(*arrays, None)`` for the primitive Function ``fn``, or None to call it."""
         return None
