@@ -108,6 +108,19 @@ def test_eval_mode_recompiles_without_dropout(target):
     assert len(cm._programs) == 2
 
 
+def test_default_target_is_the_fastest_installed(monkeypatch):
+    import importlib.util
+
+    import pullback.integrations.torch as pbt
+
+    assert pbt.default_target() == pbt.DEFAULT_TARGET == "torch"  # the torch extra is installed here
+    (tp,) = pb_compile(nn.Linear(2, 1), (torch.ones(1, 2),))._programs.values()
+    assert tp.target == "torch"
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "array_api_compat" else find_spec(name, *a))
+    assert pbt.default_target() == "numpy"
+
+
 def test_jax_target():
     if "jax" not in runtime.TARGETS:
         pytest.skip("the jax target is not registered in this build")

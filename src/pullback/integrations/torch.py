@@ -14,6 +14,10 @@ Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 running statistics) are written back, and a new program is compiled for a new
 train/eval mode or input shape (kept in a cache; with ``dynamic_batch=True`` one program serves every
 batch size).
+
+``target`` picks the executor; the default (``DEFAULT_TARGET``) is the fastest one installed, by the
+measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tensors themselves) when the
+``torch`` extra is installed, else ``"numpy"``; ``"jax"`` only when asked for.
 """
 
 from __future__ import annotations
@@ -29,7 +33,26 @@ from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_c
 from .bridges import BRIDGES
 
 TARGETS = ("torch", "numpy", "jax")
-DEFAULT_TARGET = "torch"
+
+# The default target: the first of these whose modules are installed, fastest first as measured by
+# bench/torch_train.py (bench/experiments/REPORT.md): torch (ATen/oneDNN kernels on the tensors themselves,
+# no copies; 1.1-1.6x faster than numpy per step on every workload); numpy (needs nothing beyond NumPy). jax
+# is never the default: its XLA compile takes the first step past 3 s and its CPU convolutions are 4x eager's.
+_PREFERENCE = (("torch", ("torch", "array_api_compat")), ("numpy", ()))
+
+
+def default_target() -> str:
+    """The fastest installed target (``_PREFERENCE``): ``"torch"`` when PyTorch and ``array_api_compat``
+    (the ``torch`` extra) are installed, else ``"numpy"``."""
+    import importlib.util
+
+    for target, modules in _PREFERENCE:
+        if all(importlib.util.find_spec(m) is not None for m in modules):
+            return target
+    return "numpy"
+
+
+DEFAULT_TARGET = default_target()
 
 
 class TrainingProgram:
@@ -200,8 +223,9 @@ def compile(module, example_inputs: Sequence, target: str = DEFAULT_TARGET, poli
             dynamic_batch: bool = False):
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
 
-    ``target``: ``"torch"`` (the default: ATen kernels on the tensors themselves), ``"numpy"`` or ``"jax"``
-    (the executor of ``@main_fwd``/``@main_bwd``, see ``bridges``);
+    ``target``: the executor of ``@main_fwd``/``@main_bwd`` (see ``bridges``): ``"torch"`` (ATen kernels on
+    the tensors themselves), ``"numpy"`` or ``"jax"``; the default is the fastest installed (``default_target``:
+    torch with the ``torch`` extra installed, else numpy);
     ``policy``: what the forward saves for the backward (``PartitionForwardBackward``);
     ``dynamic_batch``: import with a ``?`` batch dimension and compile one program for every batch size
     (else one per input shape).
@@ -257,4 +281,4 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
 
 
 __all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "draw_masks",
-           "float_wrt", "module_state", "TARGETS", "DEFAULT_TARGET"]
+           "float_wrt", "module_state", "TARGETS", "DEFAULT_TARGET", "default_target"]
