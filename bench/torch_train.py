@@ -12,10 +12,11 @@ median over the rounds. Columns:
 - ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
   ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
   (NumPy and torch, transformer-like shapes);
-- ``ovh %``: pullback's own share of the step (conversions, the autograd Function, Python between
-  kernels): per step, its time minus the time inside the executor's kernels (numpy, torch: every kernel
-  call timed; jax: the XLA executable) and the optimizer's, median over ``--reps`` instrumented steps
-  (the timers' own cost included: an upper bound);
+- ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
+  between kernels): per step, its CPU time (``time.process_time``) minus the CPU time inside the
+  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the
+  optimizer's, minus the timers' own calibrated cost; median over ``--reps`` instrumented steps, as a
+  share of the median step CPU time (``cpu ms``);
 - ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
   AD, clean-up, partition, build) to the end of the first step; for eager the first step;
 - ``peak MB``: the process's peak resident memory from the start of compiling to the last step (the
@@ -57,6 +58,7 @@ SRC = HERE.parent / "src"
 WORKLOAD_NAMES = ("transformer", "bert", "cnn", "resnet", "gpt2")
 PULLBACK_TARGETS = ("numpy", "jax", "torch")
 RESULT = "RESULT "
+PHASE = "phase "  # row keys of the first step's phases
 
 # ------------------------------------------------------------------ measuring inside one process
 
@@ -183,11 +185,13 @@ class KernelClock:
     def __init__(self, clock):
         self.clock = clock
         self.seconds = 0.0
+        self.calls = 0
 
     def kernel(self, fn, vals, attrs, name):
         t0 = self.clock()
         v = fn(*vals, attrs)
         self.seconds += self.clock() - t0
+        self.calls += 1
         return v
 
     def install(self, fn) -> None:
@@ -201,6 +205,7 @@ class KernelClock:
                 t0 = self.clock()
                 out = jax.block_until_ready(jitted(*args))
                 self.seconds += self.clock() - t0
+                self.calls += 1
                 return out
 
             fn._jitted.fn = timed
@@ -210,11 +215,23 @@ class KernelClock:
         exe.execute = lambda plan, args, prof=None: execute(plan, args, self)
 
 
+def timer_cost(clock, n: int = 20000) -> float:
+    """Seconds one ``clock()`` call costs (the least of 5 tries)."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = clock()
+        for _ in range(n):
+            clock()
+        best = min(best, (clock() - t0) / n)
+    return best
+
+
 def integration_overhead(m, step, opt, reps: int, clock) -> dict:
     """The integration's own time per step (conversions, autograd, Python between kernels): per step, its
-    time minus its kernels' and the optimizer's (medians over ``reps`` instrumented steps; the timers'
-    own cost counts as overhead, so this is an upper bound)."""
+    time minus its kernels' and the optimizer's, minus the timers' own cost (two clock reads per kernel
+    call, calibrated by ``timer_cost``); medians over ``reps`` instrumented steps."""
     (tp,) = m._programs.values()
+    cost = 2 * timer_cost(clock)
     plain, kernels, sgd = [], [], []
     timer = KernelClock(clock)
     for f in (tp.fwd, tp.bwd):
@@ -228,10 +245,10 @@ def integration_overhead(m, step, opt, reps: int, clock) -> dict:
 
     opt.step = timed_sgd
     for _ in range(reps):
-        t0, k0 = clock(), timer.seconds
+        t0, k0, n0 = clock(), timer.seconds, timer.calls
         step()
         total = clock() - t0
-        kernels.append(timer.seconds - k0)
+        kernels.append(timer.seconds - k0 + (timer.calls - n0) * cost)
         plain.append(total)
     opt.step = step_sgd
     rest = [t - k - s for t, k, s in zip(plain, kernels, sgd)]
@@ -283,6 +300,10 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     except Exception as e:  # noqa: BLE001
         return {**row, "error": type(e).__name__, "message": str(e).splitlines()[0][:200]}
     row["first_s"] = time.perf_counter() - t0
+    if config not in ("eager", "inductor"):  # the first step's phases (TrainingProgram.phases), then the first call
+        (tp,) = m._programs.values()
+        row.update({PHASE + k: v for k, v in tp.phases.items()})
+        row[PHASE + "first call"] = row["first_s"] - sum(tp.phases.values())
     for _ in range(warmup):
         step()
     times, cpu = [], []
@@ -295,7 +316,7 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     row["others"] = busy.stop()
     row["step_ms"] = statistics.median(times) * 1e3
     if config not in ("eager", "inductor"):
-        row.update(integration_overhead(m, step, opt, reps, time.perf_counter))
+        row.update(integration_overhead(m, step, opt, reps, time.process_time))
     row["cpu_ms"] = statistics.median(cpu) * 1e3
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
@@ -400,19 +421,23 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             ms = r["step_ms"]
             ovh = r.get("overhead_ms")
             print(f"{w:<12s}{label:<17s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
-                  f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{_f(100 * ovh / ms if ovh is not None else None, '.1f'):>7s}"
+                  f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{_f(100 * ovh / r['cpu_ms'] if ovh is not None else None, '.1f'):>7s}"
                   f"{r['first_s']:>9.2f}"
                   f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
                   f"{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
         if flops:
-            print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
-                  f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
+            print(f"{w:<12s}{'floor':<17s}{floor_ms:>9.2f}{_f(floor_ms / e_ms if e_ms else None, '.2f'):>9s}{1:>9.2f}"
+                  f"   {flops / 1e9:.2f} GFLOP of GEMM/conv per step at {best:.0f} GFLOP/s ({eager.get('description', '')})")
+        for c in configs:
+            phases = {k[len(PHASE):]: v for k, v in rows.get((w, c), {}).items() if k.startswith(PHASE)}
+            if phases:
+                print(f"{'':<12s}first step, pullback {c} (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         print()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="test-suite sizes, few reps: a quick run")
+    ap.add_argument("--small", "--quick", action="store_true", help="test-suite sizes, few reps: a quick run")
     ap.add_argument("--only", default=",".join(WORKLOAD_NAMES), help="workloads, comma-separated")
     ap.add_argument("--configs", default=None, help="eager,inductor and pullback targets (default: all available)")
     ap.add_argument("--skip-inductor", default="", help="'all' or workloads for which torch.compile is not run")

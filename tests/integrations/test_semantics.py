@@ -220,3 +220,21 @@ def test_detach_blocks_the_gradient():
     _, (g,) = pb.build(gmod)["main_grad"](*main_inputs(prog, [x]))
     model(x).backward()
     np.testing.assert_allclose(g, model.w.grad.numpy(), rtol=1e-6)
+
+
+def test_a_replaced_parameter_is_the_one_trained(target):
+    """Parameters and buffers are read from the module at each call: a Parameter object assigned after
+    compiling is used and gets the gradient; one of another shape is a pullback error naming it."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), torch.randn(4, 3)
+    cm = pb_compile(model, (x,), target=target)
+    new = nn.Parameter(torch.randn(2, 3))
+    model[0].weight = new
+    cm(x).sum().backward()
+    eager = copy.deepcopy(model)
+    eager.zero_grad()
+    eager(x).sum().backward()
+    torch.testing.assert_close(new.grad, eager[0].weight.grad)
+    model[0].weight = nn.Parameter(torch.randn(3, 3))
+    with pytest.raises(pb.PullbackError, match="0_weight|0.weight"):
+        cm(x)

@@ -10,17 +10,20 @@ tensors back; the residuals stay the target's own arrays between forward and bac
   non-contiguous result is copied once, a tensor cannot be read-only);
 - ``jax``: DLPack both ways (``jnp.from_dlpack`` / ``torch.from_dlpack``), residuals kept as jax arrays.
 
-The forward's inputs are checked against ``@main_fwd``'s parameters like every executable's; the backward's
-residuals are the forward's own results and go in unchecked (``CompiledFunction.call_native(check=False)``).
+The forward's inputs are checked against ``@main_fwd``'s parameters like every executable's, with a fast
+path: tensors on the CPU whose shapes and dtypes are the (static) parameters' own go straight to the
+target's ``take``; the backward's residuals are the forward's own results and go in unchecked
+(``CompiledFunction.call_native(check=False)``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from bisect import bisect_right
+from typing import Optional, Sequence
 
 import numpy as np
 
-from ..ir.types import FLOAT_DTYPES
+from ..ir.types import FLOAT_DTYPES, TensorType
 
 
 class Bridge:
@@ -39,10 +42,18 @@ class Bridge:
         self.single = single
         self.out_dtypes = [t.dtype for t in out_types]
         self.torch_dtypes = [getattr(torch, d) for d in self.out_dtypes]
+        self.expected = _expected(torch, [p.checked_type for p in fwd.params])
+        self.take = fwd._exe.target.take
 
     def forward(self, tensors: Sequence) -> tuple[list, tuple]:
         """``(outputs, residuals)``: the flat outputs as torch tensors, the residuals as the target keeps them."""
-        out, res = self.fwd.call_native(tensors)
+        want = self.expected
+        if want is not None and len(tensors) == len(want) and all(
+                t.shape == s and t.dtype == d and t.is_cpu for t, (s, d) in zip(tensors, want)):
+            take = self.take
+            out, res = self.fwd.call_native([take(t) for t in tensors], check=False)
+        else:  # checked: the error says which input is wrong
+            out, res = self.fwd.call_native(tensors)
         outs = [out] if self.single else list(out)
         return [self.to_torch(o) for o in outs], res
 
@@ -55,11 +66,13 @@ class Bridge:
 
     def unalias(self, residuals: Sequence, mutated: Sequence) -> tuple:
         """``residuals`` with a copy of each one whose memory lies in one of the ``mutated`` tensors'."""
-        spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in (t.untyped_storage() for t in mutated)]
+        spans = sorted({(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in (t.untyped_storage() for t in mutated)})
+        starts = [lo for lo, _ in spans]
         out = []
         for r in residuals:
             p = self.address(r)
-            out.append(self.copy(r) if p is not None and any(lo <= p < hi for lo, hi in spans) else r)
+            i = -1 if p is None else bisect_right(starts, p) - 1
+            out.append(self.copy(r) if i >= 0 and p < spans[i][1] else r)
         return tuple(out)
 
     def address(self, value):
@@ -76,6 +89,17 @@ class Bridge:
     def to_torch(self, value):
         """A result of the target as a torch tensor."""
         raise NotImplementedError
+
+
+def _expected(torch, types: Sequence) -> Optional[list]:
+    """``(torch.Size, torch dtype)`` per parameter type, or None when one is not a static tensor type."""
+    out = []
+    for t in types:
+        dtype = getattr(torch, t.dtype, None) if isinstance(t, TensorType) else None
+        if not isinstance(dtype, torch.dtype) or not t.is_static:
+            return None
+        out.append((torch.Size(t.shape), dtype))
+    return out
 
 
 class TorchBridge(Bridge):
@@ -136,6 +160,10 @@ class JaxBridge(Bridge):
 
         self.jax = jax
         self.x64 = fwd._exe.x64
+
+    def forward(self, tensors: Sequence) -> tuple[list, tuple]:
+        with self.jax.enable_x64(self.x64):  # int64 inputs stay int64
+            return super().forward(tensors)
 
     def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
         with self.jax.enable_x64(self.x64):

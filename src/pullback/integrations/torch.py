@@ -22,7 +22,8 @@ measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tenso
 
 from __future__ import annotations
 
-from typing import Sequence
+from time import perf_counter
+from typing import Optional, Sequence
 
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
@@ -57,26 +58,48 @@ DEFAULT_TARGET = default_target()
 
 class TrainingProgram:
     """An imported program with its built ``@main_fwd`` / ``@main_bwd``, run on torch tensors by a
-    ``bridges.Bridge`` of the target."""
+    ``bridges.Bridge`` of the target.
 
-    def __init__(self, prog: TorchProgram, wrt: Sequence[str], target: str = DEFAULT_TARGET, policy: str = "save_all"):
+    ``phases``: seconds per phase of compiling it, in order (``export`` and ``import`` when given by the
+    caller, then ``AD``, ``cleanup``, ``partition``, ``build``: the executables and their plans)."""
+
+    def __init__(self, prog: TorchProgram, wrt: Sequence[str], target: str = DEFAULT_TARGET, policy: str = "save_all",
+                 phases: Optional[dict] = None):
         check_target(target, "pullback.integrations.torch")
         self.prog = prog
         self.target = target
+        self.phases = lap = Phases(phases)
         params = prog.main.params
         names = [p.name_hint for p in params]
         self.wrt_index = [names.index(w) for w in wrt]
-        mod = FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod)
-        mod = standard_cleanup()(mod)
-        self.mod = PartitionForwardBackward("main_grad", policy=policy)(mod)
+        mod = lap("AD", FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod))
+        mod = lap("cleanup", standard_cleanup()(mod))
+        self.mod = lap("partition", PartitionForwardBackward("main_grad", policy=policy)(mod))
         exe = build(self.mod, target=target)
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
+        self.fwd.plan.ensure()
+        lap("build", self.bwd.plan.ensure())
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.num_results = len(self.out_types)
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output)
         self.state_keys = [prog.state_key(n) for n in prog.params]
         self.float_out = [t.dtype in FLOAT_DTYPES for t in self.out_types]
+
+
+class Phases(dict):
+    """Phase name -> seconds; ``lap(name, value)`` records the time since the previous lap (or since it was
+    made) under ``name`` and returns ``value``, so ``x = lap("AD", ad(mod))`` times one phase."""
+
+    def __init__(self, done: Optional[dict] = None):
+        super().__init__(done or {})
+        self.last = perf_counter()
+
+    def __call__(self, name: str, value=None):
+        now = perf_counter()
+        self[name] = self.get(name, 0.0) + now - self.last
+        self.last = now
+        return value
 
 
 def check_target(target: str, who: str) -> None:
@@ -154,9 +177,9 @@ def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple
     return _function().apply(tp, tuple(mutated), *tensors)
 
 
-def call(tp: TrainingProgram, inputs: Sequence, state: dict) -> tuple:
+def call(tp: TrainingProgram, inputs: Sequence, state) -> tuple:
     """Run ``tp`` on the user's ``inputs`` with the parameters and buffers of ``state`` (state_dict key ->
-    tensor), fresh random inputs drawn as eager draws them; writes the mutated buffers and inputs back and
+    tensor: a dict or a ``ModuleState``), fresh random inputs drawn as eager draws them; writes the mutated buffers and inputs back and
     returns the user outputs."""
     import torch
 
@@ -185,6 +208,30 @@ def module_state(module) -> dict:
     return state
 
 
+class ModuleState:
+    """``module_state(module)`` looked up key by key when read (the module as it is at that moment; a few
+    dictionary lookups per key instead of walking every submodule on every step)."""
+
+    __slots__ = ("module", "_all")
+
+    def __init__(self, module):
+        self.module = module
+        self._all = None
+
+    def __getitem__(self, key: str):
+        *path, attr = key.split(".")
+        m = self.module
+        try:
+            for p in path:
+                m = m._modules[p]
+            t = m._parameters.get(attr)
+            return t if t is not None else m._buffers[attr]
+        except (KeyError, AttributeError, TypeError):  # not a plain submodule path (parametrizations, ...)
+            if self._all is None:
+                self._all = module_state(self.module)
+            return self._all[key]
+
+
 def _module_class():
     import torch
 
@@ -206,14 +253,16 @@ def _module_class():
             key = (self.module.training,) + shapes
             tp = self._programs.get(key)
             if tp is None:
-                prog = import_exported(export(self.module, inputs, dynamic_batch=self.dynamic_batch), tied=tied_keys(self.module))
-                tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy)
+                lap = Phases()
+                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
+                prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
+                tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy, lap)
                 self._programs[key] = tp
             return tp
 
         def forward(self, *inputs):
             tp = self._program(inputs)
-            outs = call(tp, inputs, module_state(self.module))
+            outs = call(tp, inputs, ModuleState(self.module))
             return outs[0] if len(outs) == 1 else outs
 
     return CompiledModule
@@ -281,4 +330,4 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
 
 
 __all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "draw_masks",
-           "float_wrt", "module_state", "TARGETS", "DEFAULT_TARGET", "default_target"]
+           "float_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]
