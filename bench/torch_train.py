@@ -11,14 +11,18 @@ median over the rounds. Columns:
 - ``step ms``: median of ``--reps`` steps after warm-up; ``x eager``: its ratio to eager in this run;
 - ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
   ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
-  (NumPy and torch, transformer-like shapes);
+  (NumPy and torch, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
 - ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
   between kernels): per step, its CPU time (``time.process_time``) minus the CPU time inside the
   executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the
   optimizer's, minus the timers' own calibrated cost; median over ``--reps`` instrumented steps, as a
   share of the median step CPU time (``cpu ms``);
 - ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
-  AD, clean-up, partition, build) to the end of the first step; for eager the first step;
+  AD, clean-up, partition, build) to the end of the first step; for eager the first step. Under each
+  workload, a line per pullback target splits it into phases (``TrainingProgram.phases``: ``export``
+  = ``torch.export`` + Core-ATen decompositions, ``import``, ``AD``, ``cleanup``, ``partition``,
+  ``build`` with the plans; ``first call`` = the rest: the first forward + backward + SGD, XLA's
+  compilation on the jax target);
 - ``peak MB``: the process's peak resident memory from the start of compiling to the last step (the
   high-water mark is reset then through ``/proc/self/clear_refs``, so import-time peaks do not count);
   ``+MB``: that peak above the resident memory just before compiling (libraries imported, model and batch
@@ -35,7 +39,7 @@ median over the rounds. Columns:
 A workload the importer cannot import prints the error class in its rows. pullback targets: every one
 of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
 
-    .venv/bin/python bench/torch_train.py [--small] [--only transformer,bert] [--reps 20]
+    .venv/bin/python bench/torch_train.py [--small|--quick] [--only transformer,bert] [--reps 20]
         [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all|min_cut]
         [--rounds 2] [--quiet 300] [--threads 2] [--json rows.json]
 """
