@@ -5,14 +5,24 @@ batch 8), HF BertLayer (same size), the BN-CNN (32x32, batch 32), ResNet-18 in t
 batch 16) and a tiny HF GPT-2 LM. A step is forward + backward + ``torch.optim.SGD`` update of the loss
 module, with ``torch.set_num_threads(threads)`` and the same number of BLAS threads (OpenBLAS/OMP env
 vars and threadpoolctl). Every configuration runs in a fresh subprocess, so peak memory and first-step
-times are comparable. Columns:
+times are comparable; with ``--rounds N`` the rows run N times, rounds interleaved, and each figure is the
+median over the rounds. Columns:
 
 - ``step ms``: median of ``--reps`` steps after warm-up; ``x eager``: its ratio to eager in this run;
 - ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
   ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
-  (NumPy and torch, transformer-like shapes);
+  (NumPy and torch, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
+- ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
+  between kernels): per step, its CPU time (``time.process_time``) minus the CPU time inside the
+  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the
+  optimizer's, minus the timers' own calibrated cost; median over ``--reps`` instrumented steps, as a
+  share of the median step CPU time (``cpu ms``);
 - ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
-  AD, clean-up, partition, build) to the end of the first step; for eager the first step;
+  AD, clean-up, partition, build) to the end of the first step; for eager the first step. Under each
+  workload, a line per pullback target splits it into phases (``TrainingProgram.phases``: ``export``
+  = ``torch.export`` + Core-ATen decompositions, ``import``, ``AD``, ``cleanup``, ``partition``,
+  ``build`` with the plans; ``first call`` = the rest: the first forward + backward + SGD, XLA's
+  compilation on the jax target);
 - ``peak MB``: the process's peak resident memory from the start of compiling to the last step (the
   high-water mark is reset then through ``/proc/self/clear_refs``, so import-time peaks do not count);
   ``+MB``: that peak above the resident memory just before compiling (libraries imported, model and batch
@@ -29,13 +39,12 @@ times are comparable. Columns:
   of the work done that other processes on the machine barely change;
 - ``others``: the share of all CPUs that other processes used during the timed steps (/proc/stat minus
   this process): this machine is shared, and 2-thread OpenMP kernels (eager, Inductor) slow down many
-  times when one core is taken. ``--quiet`` waits for an idle machine before each row and ``--rounds N``
-  keeps each row's fastest round.
+  times when one core is taken. ``--quiet`` waits for an idle machine before each row.
 
 A workload the importer cannot import prints the error class in its rows. pullback targets: every one
 of numpy, jax, torch registered in ``pullback.runtime.build.TARGETS``.
 
-    .venv/bin/python bench/torch_train.py [--small] [--only transformer,bert] [--reps 20]
+    .venv/bin/python bench/torch_train.py [--small|--quick] [--only transformer,bert] [--reps 20]
         [--skip-inductor all|cnn,resnet] [--configs eager,inductor,numpy,jax,torch] [--policy save_all,min_cut]
         [--rounds 2] [--quiet 300] [--threads 2] [--json rows.json]
 """
@@ -58,6 +67,7 @@ SRC = HERE.parent / "src"
 WORKLOAD_NAMES = ("transformer", "bert", "cnn", "resnet", "gpt2")
 PULLBACK_TARGETS = ("numpy", "jax", "torch")
 RESULT = "RESULT "
+PHASE = "phase "  # row keys of the first step's phases
 
 # ------------------------------------------------------------------ measuring inside one process
 
@@ -180,6 +190,83 @@ def _gemm_flops(model, inputs) -> int:
     return counter.get_total_flops()
 
 
+class KernelClock:
+    """Seconds spent inside the kernels of a pullback executable: passed as the evaluator's profiler
+    (``prof.kernel``) on the numpy and torch targets; on the jax target the jitted XLA calls are timed."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.seconds = 0.0
+        self.calls = 0
+
+    def kernel(self, fn, vals, attrs, name):
+        t0 = self.clock()
+        v = fn(*vals, attrs)
+        self.seconds += self.clock() - t0
+        self.calls += 1
+        return v
+
+    def install(self, fn) -> None:
+        """Time the kernels of ``fn`` (a ``CompiledFunction``) from now on."""
+        if hasattr(fn, "_jitted"):  # jax: the whole XLA executable is the kernel
+            import jax
+
+            jitted = fn._jitted.fn
+
+            def timed(*args):
+                t0 = self.clock()
+                out = jax.block_until_ready(jitted(*args))
+                self.seconds += self.clock() - t0
+                self.calls += 1
+                return out
+
+            fn._jitted.fn = timed
+            return
+        exe = fn._exe
+        execute = exe.execute
+        exe.execute = lambda plan, args, prof=None: execute(plan, args, self)
+
+
+def timer_cost(clock, n: int = 20000) -> float:
+    """Seconds one ``clock()`` call costs (the least of 5 tries)."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = clock()
+        for _ in range(n):
+            clock()
+        best = min(best, (clock() - t0) / n)
+    return best
+
+
+def integration_overhead(m, step, opt, reps: int, clock) -> dict:
+    """The integration's own time per step (conversions, autograd, Python between kernels): per step, its
+    time minus its kernels' and the optimizer's, minus the timers' own cost (two clock reads per kernel
+    call, calibrated by ``timer_cost``); medians over ``reps`` instrumented steps."""
+    (tp,) = m._programs.values()
+    cost = 2 * timer_cost(clock)
+    plain, kernels, sgd = [], [], []
+    timer = KernelClock(clock)
+    for f in (tp.fwd, tp.bwd):
+        timer.install(f)
+    step_sgd = opt.step
+
+    def timed_sgd():
+        t0 = clock()
+        step_sgd()
+        sgd.append(clock() - t0)
+
+    opt.step = timed_sgd
+    for _ in range(reps):
+        t0, k0, n0 = clock(), timer.seconds, timer.calls
+        step()
+        total = clock() - t0
+        kernels.append(timer.seconds - k0 + (timer.calls - n0) * cost)
+        plain.append(total)
+    opt.step = step_sgd
+    rest = [t - k - s for t, k, s in zip(plain, kernels, sgd)]
+    return {"kernels_ms": statistics.median(kernels) * 1e3, "overhead_ms": statistics.median(rest) * 1e3}
+
+
 def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, threads: int, policy: str,
                tune_malloc: bool) -> dict:
     """One configuration in this process; returns the row's figures."""
@@ -225,6 +312,10 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     except Exception as e:  # noqa: BLE001
         return {**row, "error": type(e).__name__, "message": str(e).splitlines()[0][:200]}
     row["first_s"] = time.perf_counter() - t0
+    if config not in ("eager", "inductor"):  # the first step's phases (TrainingProgram.phases), then the first call
+        (tp,) = m._programs.values()
+        row.update({PHASE + k: v for k, v in tp.phases.items()})
+        row[PHASE + "first call"] = row["first_s"] - sum(tp.phases.values())
     for _ in range(warmup):
         step()
     times, cpu = [], []
@@ -236,6 +327,8 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
         cpu.append(time.process_time() - c)
     row["others"] = busy.stop()
     row["step_ms"] = statistics.median(times) * 1e3
+    if config not in ("eager", "inductor"):
+        row.update(integration_overhead(m, step, opt, reps, time.process_time))
     row["cpu_ms"] = statistics.median(cpu) * 1e3
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
@@ -296,6 +389,20 @@ def best_of(results: list) -> dict:
     return min(ok, key=lambda r: r["step_ms"]) if ok else results[-1]
 
 
+def median_of(results: list) -> dict:
+    """Each figure's median over the rounds that ran (``rounds``: how many)."""
+    ok = [r for r in results if "step_ms" in r]
+    if not ok:
+        return results[-1]
+    out = dict(ok[0])
+    for k, v in ok[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in ok if r.get(k) is not None]
+            out[k] = statistics.median(vals) if vals else None
+    out["rounds"] = len(ok)
+    return out
+
+
 def available_targets() -> list[str]:
     sys.path.insert(0, str(SRC))
     from pullback.runtime.build import TARGETS
@@ -326,8 +433,8 @@ def _policy_note(rows: dict, w: str, configs: list) -> str:
 
 def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
     best = max(rates.values())
-    head = (f"{'workload':<12s}{'config':<24s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'first s':>9s}{'peak MB':>9s}"
-            f"{'+MB':>8s}{'saved MB':>10s}{'act MB':>8s}{'cpu ms':>9s}{'others':>8s}")
+    head = (f"{'workload':<12s}{'config':<24s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'ovh %':>7s}{'first s':>9s}"
+            f"{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'act MB':>8s}{'cpu ms':>9s}{'others':>8s}")
     print(head)
     print("-" * len(head))
     for w in workloads:
@@ -344,22 +451,28 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
                 print(f"{w:<12s}{label:<24s}  {r['error']}: {r['message'][:70]}")
                 continue
             ms = r["step_ms"]
+            ovh = r.get("overhead_ms")
             print(f"{w:<12s}{label:<24s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
-                  f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{r['first_s']:>9.2f}"
+                  f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{_f(100 * ovh / r['cpu_ms'] if ovh is not None else None, '.1f'):>7s}"
+                  f"{r['first_s']:>9.2f}"
                   f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
                   f"{_f(r.get('act_mb'), '.2f'):>8s}{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
         note = _policy_note(rows, w, configs)
         if note:
             print(note)
         if flops:
-            print(f"{'':<12s}floor: {flops / 1e9:.2f} GFLOP of GEMM/conv per step = {floor_ms:.2f} ms at "
-                  f"{best:.0f} GFLOP/s  ({eager.get('description', '')})")
+            print(f"{w:<12s}{'floor':<24s}{floor_ms:>9.2f}{_f(floor_ms / e_ms if e_ms else None, '.2f'):>9s}{1:>9.2f}"
+                  f"   {flops / 1e9:.2f} GFLOP of GEMM/conv per step at {best:.0f} GFLOP/s ({eager.get('description', '')})")
+        for c in configs:
+            phases = {k[len(PHASE):]: v for k, v in rows.get((w, c), {}).items() if k.startswith(PHASE)}
+            if phases:
+                print(f"{'':<12s}first step, pullback {c} (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         print()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="test-suite sizes, few reps: a quick run")
+    ap.add_argument("--small", "--quick", action="store_true", help="test-suite sizes, few reps: a quick run")
     ap.add_argument("--only", default=",".join(WORKLOAD_NAMES), help="workloads, comma-separated")
     ap.add_argument("--configs", default=None, help="eager,inductor and pullback targets (default: all available)")
     ap.add_argument("--skip-inductor", default="", help="'all' or workloads for which torch.compile is not run")
@@ -371,7 +484,9 @@ def main() -> None:
     ap.add_argument("--no-tune-malloc", action="store_true",
                     help="leave glibc malloc as it is (default: runtime.tuning.keep_freed_memory() in every row)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="run every row this many times (fresh processes) and keep its fastest round")
+                    help="run every row this many times (fresh processes, rounds interleaved) and report each "
+                         "figure's median over the rounds (--pick best: the fastest round)")
+    ap.add_argument("--pick", default="median", choices=("median", "best"), help="how rounds combine")
     ap.add_argument("--quiet", type=float, default=0.0, metavar="SECONDS",
                     help="before each row wait up to SECONDS until other processes use < 10%% of the CPUs")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per row")
@@ -412,10 +527,10 @@ def main() -> None:
                 status = f"{r['step_ms']:.2f} ms, others used {100 * r['others']:.0f}% CPU" if "step_ms" in r else r["error"]
                 print(f"  [round {rnd + 1}: {w} {c}: {status}]", file=sys.stderr, flush=True)
     rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch")}
-    rows = {k: best_of(v) for k, v in runs.items()}
+    rows = {k: (median_of if args.pick == "median" else best_of)(v) for k, v in runs.items()}
     print(f"threads {args.threads} (torch and BLAS); sgemm at transformer shapes: NumPy {rates['numpy']:.0f} GFLOP/s, "
           f"torch {rates['torch']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policies {args.policy}; "
-          f"median of {reps} steps after {args.warmup} warm-up, best of {args.rounds} round(s); "
+          f"median of {reps} steps after {args.warmup} warm-up, {args.pick} of {args.rounds} round(s); "
           f"{'small' if args.small else 'full'} sizes; load average {load0:.1f} at start, {_load():.1f} at end\n")
     print_table(rows, rates, workloads, configs)
     if args.json:

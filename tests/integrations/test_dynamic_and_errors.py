@@ -42,11 +42,11 @@ def test_from_torch_dynamic_batch_gives_main_a_dynamic_batch_dimension():
         np.testing.assert_allclose(exe(*main_inputs(prog, [x, y])), model(x, y).item(), rtol=1e-5)
 
 
-def test_compile_with_dynamic_batch_builds_one_program_for_every_batch_size():
+def test_compile_with_dynamic_batch_builds_one_program_for_every_batch_size(target):
     torch.manual_seed(0)
     model = CNN()
     eager = copy.deepcopy(model)
-    cm = pb_compile(model, _data(4), dynamic_batch=True)
+    cm = pb_compile(model, _data(4), dynamic_batch=True, target=target)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, cm)]
     for step, b in enumerate((4, 2, 6, 3)):
         x, y = _data(b)

@@ -75,10 +75,10 @@ def test_hand_training_recipe_on_a_tied_model():
     assert model.out.weight is model.emb.weight and model(*inputs).item() < before
 
 
-def test_compile_trains_a_tied_model_like_eager():
+def test_compile_trains_a_tied_model_like_eager(target):
     model, inputs = _tied()
     eager = copy.deepcopy(model)
-    cm = pb_compile(model, inputs)
+    cm = pb_compile(model, inputs, target=target)
     for m in (eager, cm):
         opt = torch.optim.SGD(m.parameters(), lr=0.3)
         for _ in range(3):
@@ -121,6 +121,20 @@ def test_random_draws_in_forward_become_inputs_drawn_in_order():
     np.testing.assert_allclose(out, RandomInForward()(x).numpy(), rtol=1e-6)
 
 
+def test_random_draws_through_compile_match_eager(target):
+    x = torch.randn(2, 4, requires_grad=True)
+    cm = pb_compile(RandomInForward(), (x,), target=target)
+    torch.manual_seed(11)
+    out = cm(x)
+    out.sum().backward()
+    torch.manual_seed(11)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = RandomInForward()(x2)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
 class Counter(nn.Module):
     """A buffer mutated in forward (a step counter and a running mean of the inputs)."""
 
@@ -136,23 +150,49 @@ class Counter(nn.Module):
         return self.lin(x - self.ema).sum()
 
 
-def test_buffers_mutated_in_forward_are_written_back():
+def test_buffers_mutated_in_forward_are_written_back(target):
     torch.manual_seed(0)
     model, x = Counter(), torch.randn(4, 3)
     eager = copy.deepcopy(model)
-    cm = pb_compile(model, (x,))
+    cm = pb_compile(model, (x,), target=target)
     for _ in range(3):
         torch.testing.assert_close(cm(x), eager(x))
     assert int(model.steps) == 3
     torch.testing.assert_close(model.ema, eager.ema)
 
 
-def test_train_and_eval_modes_are_respected():
+class UsesThenUpdates(nn.Module):
+    """The gradient of ``w`` is the buffer's value before the in-place update (eager saves ``b`` and raises)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.register_buffer("b", torch.randn(3))
+
+    def forward(self, x):
+        y = (self.w * self.b).sum() + x.sum()
+        self.b.add_(1.0)
+        return y
+
+
+def test_a_residual_sharing_a_written_back_buffer_keeps_its_value(target):
+    torch.manual_seed(0)
+    model = UsesThenUpdates()
+    before = model.b.clone()
+    cm = pb_compile(model, (torch.randn(3),), target=target)
+    (tp,) = cm._programs.values()
+    assert tp.mod["main_bwd"].params[0].name_hint == "b"  # the buffer itself is the residual
+    cm(torch.randn(3)).backward()
+    torch.testing.assert_close(model.w.grad, before)
+    torch.testing.assert_close(model.b, before + 1)
+
+
+def test_train_and_eval_modes_are_respected(target):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 2))
     x = torch.randn(8, 4)
     eager = copy.deepcopy(model)
-    cm = pb_compile(model, (x,))
+    cm = pb_compile(model, (x,), target=target)
     torch.manual_seed(1)
     a = cm(x)
     torch.manual_seed(1)
@@ -180,3 +220,21 @@ def test_detach_blocks_the_gradient():
     _, (g,) = pb.build(gmod)["main_grad"](*main_inputs(prog, [x]))
     model(x).backward()
     np.testing.assert_allclose(g, model.w.grad.numpy(), rtol=1e-6)
+
+
+def test_a_replaced_parameter_is_the_one_trained(target):
+    """Parameters and buffers are read from the module at each call: a Parameter object assigned after
+    compiling is used and gets the gradient; one of another shape is a pullback error naming it."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), torch.randn(4, 3)
+    cm = pb_compile(model, (x,), target=target)
+    new = nn.Parameter(torch.randn(2, 3))
+    model[0].weight = new
+    cm(x).sum().backward()
+    eager = copy.deepcopy(model)
+    eager.zero_grad()
+    eager(x).sum().backward()
+    torch.testing.assert_close(new.grad, eager[0].weight.grad)
+    model[0].weight = nn.Parameter(torch.randn(3, 3))
+    with pytest.raises(pb.PullbackError, match="0_weight|0.weight"):
+        cm(x)

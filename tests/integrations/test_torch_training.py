@@ -14,6 +14,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from pullback import runtime  # noqa: E402
+from pullback.integrations.torch import DEFAULT_TARGET  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -34,11 +35,11 @@ def test_examples_match_eager_pytorch(name, kw):
     assert result["max_weight_diff"] <= 1e-4
 
 
-def test_compiled_module_shares_parameters_and_gradients():
+def test_compiled_module_shares_parameters_and_gradients(target):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
     x = torch.randn(3, 4, requires_grad=True)
-    cm = pb_compile(model, (x,))
+    cm = pb_compile(model, (x,), target=target)
     assert list(cm.parameters()) == list(model.parameters())
     out = cm(x)
     out.square().sum().backward()
@@ -72,7 +73,7 @@ def test_transformer_layer_trains_with_momentum_sgd(norm_first):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_embedding_cross_entropy_trains_with_adam():
+def test_embedding_cross_entropy_trains_with_adam(target):
     class LM(nn.Module):
         def __init__(self):
             super().__init__()
@@ -85,7 +86,7 @@ def test_embedding_cross_entropy_trains_with_adam():
     model = LM()
     ref = copy.deepcopy(model)
     idx, tgt = torch.randint(0, 10, (3, 4)), torch.randint(0, 10, (3, 4))
-    cm = pb_compile(model, (idx, tgt))
+    cm = pb_compile(model, (idx, tgt), target=target)
     for m in (ref, cm):
         opt = torch.optim.Adam(m.parameters(), lr=0.05)
         for _ in range(3):
@@ -97,14 +98,27 @@ def test_embedding_cross_entropy_trains_with_adam():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_eval_mode_recompiles_without_dropout():
+def test_eval_mode_recompiles_without_dropout(target):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
     x = torch.randn(3, 4)
-    cm = pb_compile(model, (x,))
+    cm = pb_compile(model, (x,), target=target)
     cm.eval()
     torch.testing.assert_close(cm(x), model(x))
     assert len(cm._programs) == 2
+
+
+def test_default_target_is_the_fastest_installed(monkeypatch):
+    import importlib.util
+
+    import pullback.integrations.torch as pbt
+
+    assert pbt.default_target() == pbt.DEFAULT_TARGET == "torch"  # the torch extra is installed here
+    (tp,) = pb_compile(nn.Linear(2, 1), (torch.ones(1, 2),))._programs.values()
+    assert tp.target == "torch"
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "array_api_compat" else find_spec(name, *a))
+    assert pbt.default_target() == "numpy"
 
 
 def test_jax_target():
@@ -123,7 +137,9 @@ def test_jax_target():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_dynamo_backend_trains_like_eager():
+def test_dynamo_backend_trains_like_eager(target):
+    import functools
+
     import torch._dynamo
 
     from pullback.integrations.dynamo_backend import pullback_backend
@@ -134,7 +150,8 @@ def test_dynamo_backend_trains_like_eager():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 2))
     ref = copy.deepcopy(model)
-    cm = torch.compile(model, backend="pullback", dynamic=False)
+    backend = "pullback" if target == DEFAULT_TARGET else functools.partial(pullback_backend, target=target)
+    cm = torch.compile(model, backend=backend, dynamic=False)
     x, y = torch.randn(4, 2, 4, 4), torch.tensor([0, 1, 1, 0])
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
     for _ in range(3):
@@ -149,3 +166,36 @@ def test_dynamo_backend_trains_like_eager():
     for a, b in zip(ref.state_dict().values(), model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
+
+
+def test_no_copies_between_torch_and_the_target(target):
+    """Tensors reach the target as their own memory: a residual that is a view of a parameter (the second
+    layer's transposed weight) shares the parameter's memory on torch and numpy (jax's residuals are XLA's
+    results, its inputs DLPack views: tests/runtime/test_jax_target.py); on the torch target the residuals
+    are the forward's tensors, saved with ``save_for_backward`` (``saved_tensors_hooks`` see each)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    x = torch.randn(3, 4)
+    cm = pb_compile(model, (x,), target=target)
+    (tp,) = cm._programs.values()
+    types = [p.checked_type.shape for p in tp.mod["main_bwd"].params[:-1]]
+    k = types.index((6, 2))  # the second layer's weight, transposed
+    weight = model[2].weight
+    _, residuals = tp.bridge.forward([x, *[dict(model.named_parameters())[key] for key in tp.state_keys]])
+    if target == "torch":
+        assert residuals[k].data_ptr() == weight.data_ptr()
+    elif target == "numpy":
+        assert np.shares_memory(residuals[k], weight.detach().numpy())
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = cm(x)
+    assert len(packed) == (len(types) if target == "torch" else 0)
+    if target == "torch":
+        assert packed[k].data_ptr() == weight.data_ptr()
+    out.sum().backward()
+    ref = copy.deepcopy(model)
+    model.zero_grad()
+    ref(x).sum().backward()
+    cm(x).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)

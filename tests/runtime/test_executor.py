@@ -308,9 +308,12 @@ def test_chain_frees_intermediates():
     e = x
     for _ in range(200):
         e = op.negative(e)
-    prof = pb.build(Function([x], e), check_outputs=True).profile(rand(N))
+    prof = pb.build(Function([x], e), check_outputs=True, reuse=False).profile(rand(N))
     assert prof.peak_bytes == 2 * NB  # one operand and one result, not 200
     np.testing.assert_array_equal(prof.outputs, rand(N))
+    reused = pb.build(Function([x], e), check_outputs=True).profile(rand(N))
+    assert reused.peak_bytes == NB  # with buffer reuse (the default), every step writes into one buffer
+    np.testing.assert_array_equal(reused.outputs, rand(N))
 
 
 def test_value_freed_inside_the_branch_of_its_last_use():
@@ -339,9 +342,12 @@ def test_fan_out_keeps_value_until_last_use():
     b = op.negative(a)
     c = op.negative(b)
     f = Function([x], op.add(c, a))  # a is live across b and c
-    prof = pb.build(f, check_outputs=True).profile(rand(N))
+    prof = pb.build(f, check_outputs=True, reuse=False).profile(rand(N))
     assert prof.peak_bytes == 3 * NB
     np.testing.assert_allclose(prof.outputs, 2 * np.exp(rand(N)), rtol=1e-6)
+    reused = pb.build(f, check_outputs=True).profile(rand(N))  # c takes b's buffer, the sum c's; a is kept
+    assert reused.peak_bytes == 2 * NB
+    np.testing.assert_allclose(reused.outputs, 2 * np.exp(rand(N)), rtol=1e-6)
 
 
 def test_profile_rows_and_render():

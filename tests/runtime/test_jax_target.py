@@ -143,3 +143,20 @@ def test_no_process_wide_side_effects():
 def test_import_pullback_does_not_import_jax():
     code = "import sys, pullback; pullback.build; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_torch_tensors_go_in_by_dlpack_and_results_come_out_native():
+    torch = pytest.importorskip("torch")
+    x, i = var("x", shape=(3, 4)), var("i", shape=(3,), dtype="int64")
+    mod = IRModule.from_expr(Function([x, i], Tuple([op.transpose(x, (1, 0)), i])))
+    fn = pb.build(mod, target="jax")["main"]
+    t = torch.arange(12.0).reshape(4, 3).T  # not contiguous: copied once, then taken by DLPack
+    idx = torch.tensor([1, 2, 3])
+    c = t.contiguous()
+    assert fn._exe.target.take(c).unsafe_buffer_pointer() == c.data_ptr()  # zero copy
+    out, ii = fn.call_native([t, idx])
+    assert type(out).__module__.startswith("jax") and ii.dtype == np.int64  # 64-bit ints stay 64-bit
+    np.testing.assert_array_equal(np.asarray(out), t.numpy().T)
+    back = torch.from_dlpack(out)
+    assert back.data_ptr() == out.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(fn(t, idx)[0], t.numpy().T)  # __call__: NumPy arrays out

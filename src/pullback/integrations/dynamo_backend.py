@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..frontend.torch_importer import export, import_exported, tied_keys
-from .torch import TrainingProgram, draw_masks, float_wrt, run
+from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, float_wrt, module_state
 
 
 def _bound_module(gm, inputs: Sequence):
@@ -44,9 +44,12 @@ def _is_static(x) -> bool:
     return isinstance(x, torch.Tensor) and all(isinstance(d, int) for d in x.shape)
 
 
-def pullback_backend(gm, example_inputs: Sequence, target: str = "numpy", policy: str = "save_all"):
-    """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``."""
+def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
+    """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
+    ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
     import torch
+
+    check_target(target, "pullback_backend")
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))
@@ -61,9 +64,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = "numpy", policy
             tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
             prog = import_exported(export(module, tensors), tied=tied_keys(module))
             tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, target, policy)
-            state = dict(module.named_parameters(remove_duplicate=False))
-            state.update(module.named_buffers(remove_duplicate=False))
-            entry = programs[key] = (tp, state)
+            entry = programs[key] = (tp, module_state(module))
         return entry
 
     if all(_is_static(x) for x in example_inputs):
@@ -71,15 +72,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = "numpy", policy
 
     def compiled(*inputs):
         tp, state = program(inputs)
-        prog = tp.prog
-        user = [x for x in inputs if isinstance(x, torch.Tensor)]
-        tensors = user + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog)
-        results = run(tp, tensors)
-        by_input = dict(zip(prog.inputs, user))
-        with torch.no_grad():
-            for (kind, target_name), value in zip(prog.mutations, results[prog.num_outputs:]):
-                (state[target_name] if kind == "buffer" else by_input[target_name]).copy_(value)
-        outs = results[: prog.num_outputs]
+        outs = call(tp, [x for x in inputs if isinstance(x, torch.Tensor)], state)
         return tuple(outs) if as_tuple else outs[0]
 
     compiled.programs = programs

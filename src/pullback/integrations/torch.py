@@ -14,13 +14,16 @@ Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 running statistics) are written back, and a new program is compiled for a new
 train/eval mode or input shape (kept in a cache; with ``dynamic_batch=True`` one program serves every
 batch size).
+
+``target`` picks the executor; the default (``DEFAULT_TARGET``) is the fastest one installed, by the
+measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tensors themselves) when the
+``torch`` extra is installed, else ``"numpy"``; ``"jax"`` only when asked for.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
+from time import perf_counter
+from typing import Optional, Sequence
 
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
@@ -28,41 +31,81 @@ from ..ir.errors import PullbackError
 from ..ir.types import FLOAT_DTYPES, flatten_type
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
+from .bridges import BRIDGES
 
-TARGETS = ("numpy", "jax")
+TARGETS = ("torch", "numpy", "jax")
+
+# The default target: the first of these whose modules are installed, fastest first as measured by
+# bench/torch_train.py (bench/experiments/REPORT.md): torch (ATen/oneDNN kernels on the tensors themselves,
+# no copies; 1.1-1.6x faster than numpy per step on every workload); numpy (needs nothing beyond NumPy). jax
+# is never the default: its XLA compile takes the first step past 3 s and its CPU convolutions are 4x eager's.
+_PREFERENCE = (("torch", ("torch", "array_api_compat")), ("numpy", ()))
+
+
+def default_target() -> str:
+    """The fastest installed target (``_PREFERENCE``): ``"torch"`` when PyTorch and ``array_api_compat``
+    (the ``torch`` extra) are installed, else ``"numpy"``."""
+    import importlib.util
+
+    for target, modules in _PREFERENCE:
+        if all(importlib.util.find_spec(m) is not None for m in modules):
+            return target
+    return "numpy"
+
+
+DEFAULT_TARGET = default_target()
 
 
 class TrainingProgram:
-    """An imported program with its built ``@main_fwd`` / ``@main_bwd`` and how torch values map to them."""
+    """An imported program with its built ``@main_fwd`` / ``@main_bwd``, run on torch tensors by a
+    ``bridges.Bridge`` of the target.
 
-    def __init__(self, prog: TorchProgram, wrt: Sequence[str], target: str = "numpy", policy: str = "save_all"):
-        if target not in TARGETS:
-            raise PullbackError(f"pullback.integrations.torch: target must be one of {', '.join(TARGETS)}, got {target!r}")
+    ``phases``: seconds per phase of compiling it, in order (``export`` and ``import`` when given by the
+    caller, then ``AD``, ``cleanup``, ``partition``, ``build``: the executables and their plans)."""
+
+    def __init__(self, prog: TorchProgram, wrt: Sequence[str], target: str = DEFAULT_TARGET, policy: str = "save_all",
+                 phases: Optional[dict] = None):
+        check_target(target, "pullback.integrations.torch")
         self.prog = prog
+        self.target = target
+        self.phases = lap = Phases(phases)
         params = prog.main.params
         names = [p.name_hint for p in params]
         self.wrt_index = [names.index(w) for w in wrt]
-        mod = FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod)
-        mod = standard_cleanup()(mod)
-        self.mod = PartitionForwardBackward("main_grad", policy=policy, target=target)(mod)  # min_cut: target's costs
+        mod = lap("AD", FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod))
+        mod = lap("cleanup", standard_cleanup()(mod))
+        # min_cut prices recomputation with the target's costs
+        self.mod = lap("partition", PartitionForwardBackward("main_grad", policy=policy, target=target)(mod))
         exe = build(self.mod, target=target)
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
+        self.fwd.plan.ensure()
+        lap("build", self.bwd.plan.ensure())
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.num_results = len(self.out_types)
+        self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output)
+        self.state_keys = [prog.state_key(n) for n in prog.params]
+        self.float_out = [t.dtype in FLOAT_DTYPES for t in self.out_types]
 
 
-def _to_numpy(t) -> np.ndarray:
-    return t.detach().cpu().numpy()
+class Phases(dict):
+    """Phase name -> seconds; ``lap(name, value)`` records the time since the previous lap (or since it was
+    made) under ``name`` and returns ``value``, so ``x = lap("AD", ad(mod))`` times one phase."""
+
+    def __init__(self, done: Optional[dict] = None):
+        super().__init__(done or {})
+        self.last = perf_counter()
+
+    def __call__(self, name: str, value=None):
+        now = perf_counter()
+        self[name] = self.get(name, 0.0) + now - self.last
+        self.last = now
+        return value
 
 
-def _to_torch(a):
-    import torch
-
-    a = np.asarray(a)
-    if not a.flags.writeable or not a.flags.c_contiguous:
-        a = np.array(a, copy=True)
-    return torch.from_numpy(a)
+def check_target(target: str, who: str) -> None:
+    if target not in TARGETS:
+        raise PullbackError(f"{who}: target must be one of {', '.join(TARGETS)}, got {target!r}")
 
 
 def _function():
@@ -73,38 +116,42 @@ def _function():
     import torch
 
     class PullbackFunction(torch.autograd.Function):
-        """forward: ``@main_fwd`` (residuals kept on ctx); backward: ``@main_bwd``."""
+        """forward: ``@main_fwd`` (residuals kept for the backward); backward: ``@main_bwd``."""
 
         @staticmethod
-        def forward(ctx, tp: TrainingProgram, *tensors):
-            out, residuals = tp.fwd(*[_to_numpy(t) for t in tensors])
+        def forward(ctx, tp: TrainingProgram, mutated: tuple, *tensors):
+            bridge = tp.bridge
+            results, residuals = bridge.forward(tensors)
+            if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
+                residuals = bridge.unalias(residuals, mutated)
             ctx.tp = tp
-            ctx.residuals = residuals
-            outs = [out] if tp.prog.single_output else list(out)
-            ctx.out_shapes = [np.shape(o) for o in outs]  # concrete, also where the program's batch dim is ``?``
-            results = tuple(_to_torch(o) for o in outs)
-            nondiff = [r for r, t in zip(results, tp.out_types) if t.dtype not in FLOAT_DTYPES]
-            nondiff += list(results[tp.prog.num_outputs:])
+            if bridge.saves_tensors:
+                ctx.save_for_backward(*residuals)
+            else:
+                ctx.residuals = residuals
+            ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
+            nondiff = [r for r, f in zip(results, tp.float_out) if not f]
+            nondiff += results[tp.prog.num_outputs:]
             if nondiff:
                 ctx.mark_non_differentiable(*nondiff)
-            return results
+            return tuple(results)
 
         @staticmethod
         def backward(ctx, *grads):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient is asked for
                 raise PullbackError(DOUBLE_BACKWARD)
             tp = ctx.tp
-            cts = []
-            for g, t, shape in zip(grads, tp.out_types, ctx.out_shapes):
-                cts.append(np.zeros(shape, t.dtype) if g is None or t.dtype not in FLOAT_DTYPES else _to_numpy(g).astype(t.dtype, copy=False))
-            ct = cts[0] if tp.prog.single_output else tuple(cts)
-            gs = tp.bwd(*ctx.residuals, ct)
-            ctx.residuals = None
+            if tp.bridge.saves_tensors:
+                residuals = ctx.saved_tensors
+            else:
+                residuals, ctx.residuals = ctx.residuals, None
+            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)
             full = [None] * tp.num_inputs
+            needs = ctx.needs_input_grad
             for k, i in enumerate(tp.wrt_index):
-                if ctx.needs_input_grad[1 + i]:
-                    full[i] = _to_torch(gs[k])
-            return (None, *full)
+                if needs[2 + i]:
+                    full[i] = gs[k]
+            return (None, None, *full)
 
     _FUNCTION = PullbackFunction
     return _FUNCTION
@@ -125,14 +172,65 @@ def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:
     return [m.draw(batch) for m in prog.masks]
 
 
-def run(tp: TrainingProgram, tensors: Sequence) -> tuple:
-    """Apply the autograd Function: all results (user outputs, then mutated values)."""
-    return _function().apply(tp, *tensors)
+def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple:
+    """Apply the autograd Function: all results (user outputs, then mutated values). ``mutated``: the
+    tensors the caller will overwrite with the mutated values (residuals sharing their memory are copied)."""
+    return _function().apply(tp, tuple(mutated), *tensors)
+
+
+def call(tp: TrainingProgram, inputs: Sequence, state) -> tuple:
+    """Run ``tp`` on the user's ``inputs`` with the parameters and buffers of ``state`` (state_dict key ->
+    tensor: a dict or a ``ModuleState``), fresh random inputs drawn as eager draws them; writes the mutated buffers and inputs back and
+    returns the user outputs."""
+    import torch
+
+    prog = tp.prog
+    tensors = [*inputs, *[state[k] for k in tp.state_keys], *draw_masks(prog, inputs)]
+    if not prog.mutations:
+        return run(tp, tensors)
+    by_input = dict(zip(prog.inputs, inputs))
+    targets = [state[name] if kind == "buffer" else by_input[name] for kind, name in prog.mutations]
+    results = run(tp, tensors, targets)
+    with torch.no_grad():
+        for t, value in zip(targets, results[prog.num_outputs:]):
+            t.copy_(value)
+    return results[: prog.num_outputs]
 
 
 def float_wrt(prog: TorchProgram, names: Sequence[str]) -> list[str]:
     params = {p.name_hint: p for p in prog.main.params}
     return [n for n in names if params[n].type_annotation.dtype in FLOAT_DTYPES]
+
+
+def module_state(module) -> dict:
+    """state_dict key -> tensor of every parameter and buffer of ``module`` (tied ones under each key)."""
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    return state
+
+
+class ModuleState:
+    """``module_state(module)`` looked up key by key when read (the module as it is at that moment; a few
+    dictionary lookups per key instead of walking every submodule on every step)."""
+
+    __slots__ = ("module", "_all")
+
+    def __init__(self, module):
+        self.module = module
+        self._all = None
+
+    def __getitem__(self, key: str):
+        *path, attr = key.split(".")
+        m = self.module
+        try:
+            for p in path:
+                m = m._modules[p]
+            t = m._parameters.get(attr)
+            return t if t is not None else m._buffers[attr]
+        except (KeyError, AttributeError, TypeError):  # not a plain submodule path (parametrizations, ...)
+            if self._all is None:
+                self._all = module_state(self.module)
+            return self._all[key]
 
 
 def _module_class():
@@ -156,46 +254,40 @@ def _module_class():
             key = (self.module.training,) + shapes
             tp = self._programs.get(key)
             if tp is None:
-                prog = import_exported(export(self.module, inputs, dynamic_batch=self.dynamic_batch), tied=tied_keys(self.module))
-                tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy)
+                lap = Phases()
+                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
+                prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
+                tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy, lap)
                 self._programs[key] = tp
             return tp
 
         def forward(self, *inputs):
             tp = self._program(inputs)
-            prog = tp.prog
-            state = dict(self.module.named_parameters(remove_duplicate=False))
-            state.update(self.module.named_buffers(remove_duplicate=False))
-            tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params] + draw_masks(prog, inputs)
-            results = run(tp, tensors)
-            by_input = dict(zip(prog.inputs, inputs))
-            import torch
-
-            with torch.no_grad():
-                for (kind, target), value in zip(prog.mutations, results[prog.num_outputs:]):
-                    (state[target] if kind == "buffer" else by_input[target]).copy_(value)
-            return results[0] if prog.num_outputs == 1 else results[: prog.num_outputs]
+            outs = call(tp, inputs, ModuleState(self.module))
+            return outs[0] if len(outs) == 1 else outs
 
     return CompiledModule
 
 
-def compile(module, example_inputs: Sequence, target: str = "numpy", policy: str = "save_all", dynamic_batch: bool = False):
+def compile(module, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all",
+            dynamic_batch: bool = False):
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
 
-    ``target``: ``"numpy"`` or ``"jax"`` (the executor of ``@main_fwd``/``@main_bwd``);
+    ``target``: the executor of ``@main_fwd``/``@main_bwd`` (see ``bridges``): ``"torch"`` (ATen kernels on
+    the tensors themselves), ``"numpy"`` or ``"jax"``; the default is the fastest installed (``default_target``:
+    torch with the ``torch`` extra installed, else numpy);
     ``policy``: what the forward saves for the backward (``PartitionForwardBackward``: ``"save_all"``, or
     ``"min_cut"`` to recompute cheap ops in the backward and save fewer bytes, priced for ``target``);
     ``dynamic_batch``: import with a ``?`` batch dimension and compile one program for every batch size
     (else one per input shape).
     """
-    if target not in TARGETS:
-        raise PullbackError(f"pullback.integrations.torch.compile: target must be one of {', '.join(TARGETS)}, got {target!r}")
+    check_target(target, "pullback.integrations.torch.compile")
     if not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
     return _module_class()(module, example_inputs, target, policy, dynamic_batch)
 
 
-def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = "numpy",
+def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = DEFAULT_TARGET,
                        policy: str = "save_all", verbose: bool = True) -> dict:
     """Train a copy of ``model`` eagerly and ``model`` through ``compile`` with ``torch.optim.SGD`` on
     the same ``batches`` (tuples ``(inputs, labels)``), from the same initial weights and RNG seeds.
@@ -239,4 +331,5 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
     return result
 
 
-__all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "draw_masks", "float_wrt"]
+__all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "draw_masks",
+           "float_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]

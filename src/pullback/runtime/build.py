@@ -42,8 +42,8 @@ def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_output
     compares every kernel result with its node's inferred type (for tests).
     Type inference runs first if the module is not typed. Every target takes
     ``max_call_depth`` (how deeply calls between module functions may nest) and
-    its own options: numpy ``fuse``, ``tune_malloc``, ``blas_threads``; jax
-    ``devices``, ``batch_axis``; torch ``device``.
+    its own options: numpy ``fuse``, ``tune_malloc``, ``blas_threads``, ``reuse``; jax
+    ``devices``, ``batch_axis``; torch ``device``, ``fast``.
     """
     if isinstance(mod, Function):
         mod = IRModule.from_expr(mod)

@@ -18,7 +18,7 @@ being the same loop over the branch's range of the plan.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -65,6 +65,17 @@ class Target:
         except PullbackError:
             return False
         return True
+
+    # buffer reuse in plans (runtime.plan.buffer_reuse): on when a target gives in-place kernels
+    reuses_buffers = False
+
+    def allocates(self, call: Call) -> bool:
+        """Does the kernel of ``call`` always return new memory, shared with no other value?"""
+        return False
+
+    def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
+        """``fn(*arrays, attrs)`` computing ``call`` into argument ``i``'s array, or None."""
+        return None
 
     def group_kernel(self, fn: Function) -> Optional[Callable]:
         """One kernel ``fn(*arrays, None)`` for the primitive Function ``fn``, or None to call it."""
@@ -284,6 +295,13 @@ class CompiledFunction:
 
     def __call__(self, *inputs):
         return self._exe.execute(self.plan, self.convert_inputs(inputs))
+
+    def call_native(self, args: Sequence, check: bool = True):
+        """Run on ``args`` and return the target's own arrays (jax arrays on the jax target; as ``__call__``
+        elsewhere). ``check=False`` skips the input checks and conversions: ``args`` must then be values
+        this target made (results of the executable's functions, or of ``target.take``), as an embedding
+        that passes one function's results to another does (e.g. residuals from ``@main_fwd`` to ``@main_bwd``)."""
+        return self._exe.execute(self.plan, self.convert_inputs(tuple(args)) if check else list(args))
 
     def __repr__(self) -> str:
         return f"<CompiledFunction @{self.name}>"

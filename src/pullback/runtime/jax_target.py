@@ -96,8 +96,11 @@ class JaxTarget(Target):
 
     @staticmethod
     def take(arr):
-        if type(arr).__module__.startswith("jax"):
+        module = type(arr).__module__
+        if module.startswith("jax"):
             return arr  # a jax array goes to jit as it is
+        if module.startswith("torch"):  # zero copy through DLPack (compact strides only: else one copy first)
+            return jnp.from_dlpack(arr.detach().contiguous())
         return read_only(arr)
 
     output = staticmethod(np.asarray)
@@ -191,20 +194,28 @@ class JaxFunction(CompiledFunction):
         self._jitted = _Scoped64(jitted, exe.x64)
 
     def __call__(self, *inputs):
-        args = self.convert_inputs(inputs)
-        self._exe._check_batch(self, args)
-        try:
-            out, code = self._jitted(*args)
-        except (RecursionError, ExecutionError) as e:  # jax traces each lax.cond inside the one around it
-            if not isinstance(e, RecursionError) and not isinstance(e.__cause__, RecursionError):
-                raise
-            raise ExecutionError(f"@{self.name}: If expressions nest too deeply for the jax target (jax traces "
-                                 "nested lax.cond recursively, on the Python stack); run it on the numpy or "
-                                 "torch target") from None
+        return to_output(self.call_native(inputs), np.asarray)
+
+    def call_native(self, args: Sequence, check: bool = True):
+        """The jitted function on ``args``; results stay jax arrays. Torch tensors are taken by DLPack
+        (inside the module's 64-bit scope, so int64 stays int64). A failed run-time check (out-of-range
+        index, integer division by zero) is an ExecutionError, as on every target."""
+        with jax.enable_x64(self._exe.x64):
+            if check:
+                args = self.convert_inputs(tuple(args))
+                self._exe._check_batch(self, args)
+            try:
+                out, code = self._jitted.fn(*args)
+            except (RecursionError, ExecutionError) as e:  # jax traces each lax.cond inside the one around it
+                if not isinstance(e, RecursionError) and not isinstance(e.__cause__, RecursionError):
+                    raise
+                raise ExecutionError(f"@{self.name}: If expressions nest too deeply for the jax target (jax traces "
+                                     "nested lax.cond recursively, on the Python stack); run it on the numpy or "
+                                     "torch target") from None
         code = int(code)
-        if code:  # a run-time check failed (out-of-range index, integer division by zero): as on every target
+        if code:
             raise ExecutionError(f"@{self.name}: {message_of(code)} (jax target)")
-        return to_output(out, np.asarray)
+        return out
 
     def lower_text(self, *inputs) -> str:
         """The StableHLO text jax produces for these inputs (for inspection)."""

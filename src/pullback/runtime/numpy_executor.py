@@ -11,22 +11,64 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..ir.expr import Function
+import numpy as np
+
+from ..ir.expr import Call, Function
 from ..ir.module import IRModule
+from ..ir.types import FLOAT_DTYPES, TensorType
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
 from .tuning import BlasThreads, keep_freed_memory
 
 
+# elementwise operators whose NumPy kernel is exactly their ufunc on float arrays of one dtype, run with
+# ``out=`` by the plan's buffer reuse: binary arithmetic (its kernel ignores divide/invalid warnings) and
+# unary math (with NumPy's warnings, as its kernel)
+QUIET_UFUNC_OPS = frozenset({"add", "subtract", "multiply", "divide", "power", "maximum", "minimum"})
+UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square", "reciprocal", "sin", "cos",
+                       "log1p", "log2"})
+MATMUL_OPS = frozenset({"nn.dense", "nn.batch_matmul", "nn.matmul"})  # np.matmul: a new array
+
+
+def _array_type(t) -> bool:
+    return isinstance(t, TensorType) and t.is_static and t.ndim > 0
+
+
 class NumpyTarget(Target):
-    """Kernels on NumPy arrays; fused groups as single kernels when ``fuse`` (compiled once per group)."""
+    """Kernels on NumPy arrays; fused groups as single kernels when ``fuse`` (compiled once per group);
+    elementwise results written into a dying operand's buffer (``runtime.plan.buffer_reuse``) when ``reuse``."""
 
     name = "numpy"
 
-    def __init__(self, fuse: bool = True, blas_threads: Optional[int] = None):
+    def __init__(self, fuse: bool = True, blas_threads: Optional[int] = None, reuse: bool = True):
         self.fuse = fuse
+        self.reuses_buffers = reuse
         self.blas_limit = BlasThreads(blas_threads)
         self._groups: dict[int, tuple] = {}  # id(primitive Function) -> (kernel, Function): ids stay valid
+
+    def allocates(self, call: Call) -> bool:
+        name = call.op.name
+        return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in MATMUL_OPS) and _array_type(call.checked_type)
+
+    def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
+        name, out = call.op.name, call.checked_type
+        if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in FLOAT_DTYPES:
+            return None
+        types = [a.checked_type for a in call.args]
+        if any(not isinstance(t, TensorType) or t.dtype != out.dtype for t in types) or types[i].shape != out.shape:
+            return None
+        uf = call.op.ufunc
+        if name in UFUNC_OPS:
+            return lambda x, attrs=None: uf(x, out=x)
+        if i == 0:
+            def quiet(a, b, attrs=None):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    return uf(a, b, out=a)
+        else:
+            def quiet(a, b, attrs=None):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    return uf(a, b, out=b)
+        return quiet
 
     def group_kernel(self, fn: Function) -> Optional[Callable]:
         if not self.fuse:
@@ -44,16 +86,17 @@ class Executable(_Executable):
     """A module built for the NumPy target; ``exe["main"](*arrays)`` runs a function.
 
     ``fuse=True`` runs each fused group as one kernel; ``fuse=False`` steps through
-    it op by op. Process-wide tuning, off by default (``runtime.tuning``):
+    it op by op. ``reuse=True`` lets an elementwise result take a dying operand's buffer
+    (``runtime.plan.buffer_reuse``). Process-wide tuning, off by default (``runtime.tuning``):
     ``tune_malloc=True`` keeps freed memory in the process for the next step;
     ``blas_threads=n`` limits BLAS threads during each call (restored after it).
     """
 
     def __init__(self, mod: IRModule, check_outputs: bool = False, fuse: bool = True, tune_malloc: bool = False,
-                 blas_threads: Optional[int] = None, max_call_depth: int = DEFAULT_MAX_CALL_DEPTH):
+                 blas_threads: Optional[int] = None, max_call_depth: int = DEFAULT_MAX_CALL_DEPTH, reuse: bool = True):
         if tune_malloc:
             keep_freed_memory()
-        super().__init__(mod, NumpyTarget(fuse, blas_threads), check_outputs, max_call_depth)
+        super().__init__(mod, NumpyTarget(fuse, blas_threads, reuse), check_outputs, max_call_depth)
         self.fuse = fuse
 
 

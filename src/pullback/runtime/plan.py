@@ -249,6 +249,59 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     return free_after, branch_start, branch_end
 
 
+def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
+    """``{id(call): (i, kernel)}``: calls that may write their result into argument ``i``'s buffer with
+    ``kernel`` (``target.inplace_kernel``), for a body without ``If`` whose nodes are ``order``.
+
+    A buffer is the memory a call allocates (``target.allocates``: its result shares memory with
+    nothing else). Any other node may alias every buffer its operands hold (views, tuples, calls of
+    functions); parameters and constants hold memory the plan does not own. A call may take over
+    argument ``i``'s buffer when that argument allocated it and the call is the last use of every
+    value that may alias it (so the result of a function, a residual, or a view still needed is never
+    written), and no other argument aliases it."""
+    allocates = target.allocates
+    inplace = target.inplace_kernel
+    pos = {id(n): p for p, n in enumerate(order)}
+    end = len(order)
+    last: dict[int, int] = {id(body): end}  # the returned value lives on
+    for p, n in enumerate(order):
+        for c in _operands(n):
+            last[id(c)] = p
+    owned: set = set()
+    holds: dict[int, frozenset] = {}  # id(node) -> buffers (ids of allocating calls) it may alias
+    buffer_last: dict[int, int] = {}
+    no_buffers: frozenset = frozenset()
+    for n in order:
+        t = type(n)
+        if t is Call and isinstance(n.op, OpDef) and allocates(n):
+            owned.add(id(n))
+            b = frozenset((id(n),))
+        else:  # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers
+            ops = _operands(n)
+            b = frozenset().union(*(holds[id(c)] for c in ops)) if ops else no_buffers
+        holds[id(n)] = b
+        until = last.get(id(n), pos[id(n)])
+        for k in b:
+            if buffer_last.get(k, -1) < until:
+                buffer_last[k] = until
+    reuse: dict = {}
+    for n in order:
+        if type(n) is not Call or id(n) not in owned:
+            continue
+        p = pos[id(n)]
+        for i, c in enumerate(n.args):
+            k = id(c)
+            if k not in owned or buffer_last[k] != p:
+                continue
+            if any(k in holds[id(e)] for j, e in enumerate(n.args) if j != i and e is not c):
+                continue
+            fn = inplace(n, i)
+            if fn is not None:
+                reuse[id(n)] = (i, fn)
+                break
+    return reuse
+
+
 def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
     """Profile/error name of a kernel call: the op name, or ``fused(op+op+...)`` for a group."""
     op = node.op
@@ -272,7 +325,9 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
     body = fn.body
     order = post_order(body)
     slot, template = _assign_slots(fn, order, where, target.constant)
-    scopes = ScopeInfo(body, order) if any(type(n) is If for n in order) else _RootOnly(order)
+    branching = any(type(n) is If for n in order)
+    scopes = ScopeInfo(body, order) if branching else _RootOnly(order)
+    reuse = buffer_reuse(order, body, target) if not branching and target.reuses_buffers else {}
     root = scopes.root
     all_scopes = [root] + [s for pair in scopes.branches.values() for s in pair]
     free_after, branch_start, branch_end = _liveness(scopes, slot, all_scopes)
@@ -305,7 +360,7 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
                     if group is not None:
                         emit((CALLN, group, None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
                     elif isinstance(op, OpDef):
-                        k = kernel(n)
+                        k = reuse[id(n)][1] if id(n) in reuse else kernel(n)
                         if len(nargs) == 1:
                             emit((CALL1, k, n.attrs, slot[id(nargs[0])], out, frees, n))
                         elif len(nargs) == 2:

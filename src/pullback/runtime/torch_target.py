@@ -23,6 +23,7 @@ from ..ir.errors import ExecutionError, PullbackError
 from ..ir.module import IRModule
 from ..ops.registry import array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
+from .torch_kernels import allocates, fast_kernel, inplace_kernel
 from .values import to_numpy
 
 
@@ -39,14 +40,25 @@ class TorchTarget(Target):
 
     name = "torch"
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, fast: bool = True):
         torch = self.torch = _load_torch()
+        self.fast = self.reuses_buffers = fast
         array_namespace("torch")  # array-api-compat: a clear error here rather than "no kernel" later
         try:
             self.device = torch.device("cpu" if device is None else device)
             torch.empty(0, device=self.device)
         except (RuntimeError, TypeError, AssertionError) as e:  # unknown or unavailable device
             raise ExecutionError(f"target 'torch': cannot use device {device!r}: {e}") from None
+
+    def kernel(self, call):
+        """A direct ATen call where the types allow one (``torch_kernels``), else the op's torch kernel."""
+        return (self.fast and fast_kernel(call)) or call.op.impl("torch")
+
+    def allocates(self, call) -> bool:
+        return self.fast and allocates(call)
+
+    def inplace_kernel(self, call, i: int):
+        return inplace_kernel(call, i) if self.fast else None
 
     def constant(self, data: np.ndarray):
         return self.torch.from_numpy(np.array(data)).to(self.device)  # a copy: the Constant stays intact
@@ -74,11 +86,15 @@ class TorchTarget(Target):
 
 
 class TorchExecutable(Executable):
-    """A module built for the torch target; ``exe["main"](*tensors)`` runs a function."""
+    """A module built for the torch target; ``exe["main"](*tensors)`` runs a function.
+
+    ``fast=True`` calls ATen directly where the types allow (``runtime.torch_kernels``) and lets an
+    elementwise result take a dying operand's tensor (``runtime.plan.buffer_reuse``); ``fast=False``
+    runs every operator's own torch kernel into new tensors."""
 
     def __init__(self, mod: IRModule, check_outputs: bool = False, device=None,
-                 max_call_depth: int = DEFAULT_MAX_CALL_DEPTH):
-        super().__init__(mod, TorchTarget(device), check_outputs, max_call_depth)
+                 max_call_depth: int = DEFAULT_MAX_CALL_DEPTH, fast: bool = True):
+        super().__init__(mod, TorchTarget(device, fast), check_outputs, max_call_depth)
         self._check_kernels()
 
     @property

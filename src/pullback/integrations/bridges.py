@@ -1,0 +1,187 @@
+"""How the PyTorch integration runs ``@main_fwd`` / ``@main_bwd`` on each target, from torch tensors to torch tensors.
+
+A ``Bridge`` takes the autograd Function's tensors to the target, runs the executables and hands torch
+tensors back; the residuals stay the target's own arrays between forward and backward:
+
+- ``torch``: no conversion at all: the kernels run on the tensors themselves (ATen, oneDNN); the residuals
+  are the tensors the forward produced, saved with ``ctx.save_for_backward`` (so PyTorch's version
+  counters catch an in-place change of a saved tensor, and ``saved_tensors_hooks`` see them);
+- ``numpy``: zero-copy views both ways (``Tensor.numpy()`` / ``torch.from_numpy``; a read-only or
+  non-contiguous result is copied once, a tensor cannot be read-only);
+- ``jax``: DLPack both ways (``jnp.from_dlpack`` / ``torch.from_dlpack``), residuals kept as jax arrays.
+
+The forward's inputs are checked against ``@main_fwd``'s parameters like every executable's, with a fast
+path: tensors on the CPU whose shapes and dtypes are the (static) parameters' own go straight to the
+target's ``take``; the backward's residuals are the forward's own results and go in unchecked
+(``CompiledFunction.call_native(check=False)``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..ir.types import FLOAT_DTYPES, TensorType
+
+
+class Bridge:
+    """Runs built ``@main_fwd`` / ``@main_bwd`` of one target on torch tensors.
+
+    ``out_types``: the types of the forward's flat outputs (their cotangents' types);
+    ``single``: the program returns one tensor (else a tuple)."""
+
+    saves_tensors = False  # residuals are torch tensors (ctx.save_for_backward) rather than other arrays
+
+    def __init__(self, fwd, bwd, out_types: Sequence, single: bool):
+        import torch
+
+        self.torch = torch
+        self.fwd, self.bwd = fwd, bwd
+        self.single = single
+        self.out_dtypes = [t.dtype for t in out_types]
+        self.torch_dtypes = [getattr(torch, d) for d in self.out_dtypes]
+        self.expected = _expected(torch, [p.checked_type for p in fwd.params])
+        self.take = fwd._exe.target.take
+
+    def forward(self, tensors: Sequence) -> tuple[list, tuple]:
+        """``(outputs, residuals)``: the flat outputs as torch tensors, the residuals as the target keeps them."""
+        want = self.expected
+        if want is not None and len(tensors) == len(want) and all(
+                t.shape == s and t.dtype == d and t.is_cpu for t, (s, d) in zip(tensors, want)):
+            take = self.take
+            out, res = self.fwd.call_native([take(t) for t in tensors], check=False)
+        else:  # checked: the error says which input is wrong
+            out, res = self.fwd.call_native(tensors)
+        outs = [out] if self.single else list(out)
+        return [self.to_torch(o) for o in outs], res
+
+    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
+        """The gradients (torch tensors, one per ``wrt``) from the residuals and the outputs' gradients
+        (None for an output that got none: zeros of its ``shapes`` entry)."""
+        cts = [self.cotangent(g, i, s) for i, (g, s) in enumerate(zip(grads, shapes))]
+        gs = self.bwd.call_native([*residuals, cts[0] if self.single else tuple(cts)], check=False)
+        return [self.to_torch(g) for g in gs]
+
+    def unalias(self, residuals: Sequence, mutated: Sequence) -> tuple:
+        """``residuals`` with a copy of each one whose memory lies in one of the ``mutated`` tensors'."""
+        spans = sorted({(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in (t.untyped_storage() for t in mutated)})
+        starts = [lo for lo, _ in spans]
+        out = []
+        for r in residuals:
+            p = self.address(r)
+            i = -1 if p is None else bisect_right(starts, p) - 1
+            out.append(self.copy(r) if i >= 0 and p < spans[i][1] else r)
+        return tuple(out)
+
+    def address(self, value):
+        """The address of the first element of a residual, or None if it cannot alias a tensor."""
+        return None
+
+    def copy(self, value):
+        return value
+
+    def cotangent(self, g, i: int, shape):
+        """The gradient of output ``i`` as the target's value of the output's dtype."""
+        raise NotImplementedError
+
+    def to_torch(self, value):
+        """A result of the target as a torch tensor."""
+        raise NotImplementedError
+
+
+def _expected(torch, types: Sequence) -> Optional[list]:
+    """``(torch.Size, torch dtype)`` per parameter type, or None when one is not a static tensor type."""
+    out = []
+    for t in types:
+        dtype = getattr(torch, t.dtype, None) if isinstance(t, TensorType) else None
+        if not isinstance(dtype, torch.dtype) or not t.is_static:
+            return None
+        out.append((torch.Size(t.shape), dtype))
+    return out
+
+
+class TorchBridge(Bridge):
+    """The torch target: tensors in, tensors out, no conversion."""
+
+    saves_tensors = True
+
+    def cotangent(self, g, i: int, shape):
+        dtype = self.torch_dtypes[i]
+        if g is None or self.out_dtypes[i] not in FLOAT_DTYPES:
+            return self.torch.zeros(shape, dtype=dtype)
+        return g if g.dtype == dtype else g.to(dtype)
+
+    @staticmethod
+    def to_torch(value):
+        return value
+
+    @staticmethod
+    def address(value):
+        return value.data_ptr() if value.numel() else None
+
+    @staticmethod
+    def copy(value):
+        return value.clone()
+
+
+class NumpyBridge(Bridge):
+    """The numpy target: zero-copy views of the tensors' memory."""
+
+    def cotangent(self, g, i: int, shape):
+        dtype = self.out_dtypes[i]
+        if g is None or dtype not in FLOAT_DTYPES:
+            return np.zeros(shape, dtype)
+        return g.detach().numpy().astype(dtype, copy=False)
+
+    @staticmethod
+    def address(value):
+        return value.ctypes.data if isinstance(value, np.ndarray) and value.size else None
+
+    @staticmethod
+    def copy(value):
+        return np.array(value)
+
+    def to_torch(self, value):
+        a = np.asarray(value)
+        if not a.flags.writeable or not a.flags.c_contiguous:
+            a = np.array(a, copy=True)
+        return self.torch.from_numpy(a)
+
+
+class JaxBridge(Bridge):
+    """The jax target: DLPack both ways; residuals stay jax arrays (results of XLA: they never alias an input,
+    so ``unalias`` has nothing to copy)."""
+
+    def __init__(self, fwd, bwd, out_types: Sequence, single: bool):
+        super().__init__(fwd, bwd, out_types, single)
+        import jax
+
+        self.jax = jax
+        self.x64 = fwd._exe.x64
+
+    def forward(self, tensors: Sequence) -> tuple[list, tuple]:
+        with self.jax.enable_x64(self.x64):  # int64 inputs stay int64
+            return super().forward(tensors)
+
+    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
+        with self.jax.enable_x64(self.x64):
+            return super().backward(residuals, grads, shapes)
+
+    def cotangent(self, g, i: int, shape):
+        import jax.numpy as jnp
+
+        dtype = self.out_dtypes[i]
+        if g is None or dtype not in FLOAT_DTYPES:
+            return jnp.zeros(shape, dtype)
+        t = self.torch_dtypes[i]
+        return jnp.from_dlpack(g.detach().to(t).contiguous())
+
+    def to_torch(self, value):
+        return self.torch.from_dlpack(value)
+
+
+BRIDGES = {"torch": TorchBridge, "numpy": NumpyBridge, "jax": JaxBridge}
+
+__all__ = ["Bridge", "TorchBridge", "NumpyBridge", "JaxBridge", "BRIDGES"]

@@ -1,0 +1,239 @@
+"""Direct ATen calls for the torch target's most frequent operators.
+
+The shared kernels reach torch through array-api-compat's namespace, whose wrappers (type promotion
+checks, axis normalisation, ``as_array``) cost 1-8 microseconds per call: on the training workloads,
+with 170-750 operator calls per step, as much as the small kernels themselves. For a call whose
+operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
+can be decided from the types decided once (axes, static shapes, permutations): elementwise
+arithmetic, comparisons and math on one float dtype, sums and means over static axes, layout
+changes to static shapes, ``nn.dense`` (``F.linear``), the matmuls, ``zeros``/``ones``. Anything else
+(other dtypes, ``?`` dimensions, operators not listed) keeps the operator's own kernel, so results
+are the kernel's in every case (``tests/runtime/test_torch_target.py`` runs the op table through
+this target).
+
+``inplace_kernel(call, i)`` is the elementwise call writing its result into argument ``i``
+(``torch.mul(a, b, out=a)``), for the plan's buffer reuse (``runtime.plan``); ``allocates(call)``
+says the call's result is a new tensor sharing memory with nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..ir.expr import Call
+from ..ir.types import FLOAT_DTYPES, TensorType
+
+torch = None  # set by _load()
+
+# pullback op -> torch function, on tensors of one float dtype (results: a new tensor of that dtype)
+BINARY = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "power": "pow",
+          "maximum": "maximum", "minimum": "minimum"}
+UNARY = {"negative": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "abs": "abs",
+         "square": "square", "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "log1p": "log1p", "log2": "log2"}
+# comparisons: operands of any one dtype, a new bool tensor
+COMPARE = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
+
+
+def _load():
+    global torch
+    if torch is None:
+        import torch as _torch
+
+        torch = _torch
+    return torch
+
+
+def _static(t) -> bool:
+    return isinstance(t, TensorType) and t.is_static
+
+
+def _same_type(a, b) -> bool:
+    return isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype and a.shape == b.shape
+
+
+def _float_args(call: Call) -> Optional[str]:
+    """The one float dtype of the call's result and tensor arguments, else None."""
+    out = call._checked_type
+    if not isinstance(out, TensorType) or out.dtype not in FLOAT_DTYPES:
+        return None
+    for a in call.args:
+        t = a.checked_type
+        if not isinstance(t, TensorType) or t.dtype != out.dtype:
+            return None
+    return out.dtype
+
+
+def _same_dtype_args(call: Call) -> bool:
+    types = [a.checked_type for a in call.args]
+    return all(isinstance(t, TensorType) for t in types) and len({t.dtype for t in types}) == 1
+
+
+def _binary(call: Call):
+    if _float_args(call) is None:
+        return None
+    f = getattr(torch, BINARY[call.op.name])
+    return lambda a, b, attrs=None: f(a, b)
+
+
+def _unary(call: Call):
+    if _float_args(call) is None:
+        return None
+    f = getattr(torch, UNARY[call.op.name])
+    return lambda x, attrs=None: f(x)
+
+
+def _compare(call: Call):
+    if not _same_dtype_args(call):
+        return None
+    f = getattr(torch, COMPARE[call.op.name])
+    return lambda a, b, attrs=None: f(a, b)
+
+
+def _where(call: Call):
+    c, x, y = (a.checked_type for a in call.args)
+    out = call.checked_type
+    if not (isinstance(c, TensorType) and c.dtype == "bool" and out.dtype in FLOAT_DTYPES
+            and all(isinstance(t, TensorType) and t.dtype == out.dtype for t in (x, y))):
+        return None
+    where = torch.where
+    return lambda c, x, y, attrs=None: where(c, x, y)
+
+
+def _reduce_axes(call: Call) -> Optional[tuple]:
+    from ..ops.reduce import reduced_axes
+
+    xt = call.args[0].checked_type
+    if _float_args(call) is None or call.attrs is None:
+        return None
+    axes = reduced_axes(call.op.name, [xt], call.attrs, xt.ndim)
+    return axes or None  # torch reduces every axis for dim=(): leave that to the kernel
+
+
+def _sum(call: Call):
+    axes = _reduce_axes(call)
+    if axes is None:
+        return None
+    keep, f = call.attrs.keepdims, torch.sum
+    return lambda x, attrs=None: f(x, axes, keep)
+
+
+def _mean(call: Call):
+    axes = _reduce_axes(call)
+    if axes is None or call.checked_type.dtype == "float16":  # NumPy accumulates float16 in float32
+        return None
+    keep, f = call.attrs.keepdims, torch.mean
+    return lambda x, attrs=None: f(x, axes, keep)
+
+
+def _collapse_sum_to(call: Call):
+    x, out = call.args[0].checked_type, call.checked_type
+    if _float_args(call) is None or not (_static(x) and _static(out)) or tuple(x.shape) == tuple(out.shape):
+        return None
+    shape, have = tuple(out.shape), tuple(x.shape)
+    lead = len(have) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
+    f = torch.sum
+    return lambda x, attrs=None: f(x, axes, True).reshape(shape)
+
+
+def _to_static_shape(call: Call):
+    """reshape / expand_dims / squeeze: a reshape to the (static) result shape."""
+    out = call.checked_type
+    if not _static(out):
+        return None
+    shape = tuple(out.shape)
+    return lambda x, attrs=None: x.reshape(shape)
+
+
+def _transpose(call: Call):
+    xt = call.args[0].checked_type
+    if not isinstance(xt, TensorType):
+        return None
+    axes, nd = call.attrs.axes, xt.ndim
+    perm = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(a % nd for a in axes)
+    return lambda x, attrs=None: x.permute(perm)
+
+
+def _broadcast_to(call: Call):
+    out = call.checked_type
+    if not _static(out):
+        return None
+    shape = tuple(out.shape)
+    return lambda x, attrs=None: x.expand(shape)
+
+
+def _dense(call: Call):
+    if _float_args(call) is None:
+        return None
+    linear = torch.nn.functional.linear
+    return lambda x, w, attrs=None: linear(x, w)
+
+
+def _matmul(call: Call):
+    if _float_args(call) is None:
+        return None
+    a = call.attrs
+    ta, tb = getattr(a, "transpose_a", False), getattr(a, "transpose_b", False)
+    mm = torch.matmul
+    if ta and tb:
+        return lambda x, y, attrs=None: mm(x.transpose(-1, -2), y.transpose(-1, -2))
+    if ta:
+        return lambda x, y, attrs=None: mm(x.transpose(-1, -2), y)
+    if tb:
+        return lambda x, y, attrs=None: mm(x, y.transpose(-1, -2))
+    return lambda x, y, attrs=None: mm(x, y)
+
+
+def _init(fn: str):
+    def make(call: Call):
+        out = call.checked_type
+        if not _static(out) or out.dtype not in FLOAT_DTYPES:
+            return None
+        shape, dtype, f = tuple(out.shape), getattr(torch, out.dtype), getattr(torch, fn)
+        return lambda attrs=None: f(shape, dtype=dtype)
+    return make
+
+
+MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
+                "where": _where, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
+                "reshape": _to_static_shape, "expand_dims": _to_static_shape, "squeeze": _to_static_shape,
+                "transpose": _transpose, "broadcast_to": _broadcast_to, "nn.dense": _dense,
+                "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
+
+# operators whose fast kernel always returns a new tensor (no view of an argument)
+ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "sum", "mean", "collapse_sum_to", "nn.dense",
+                        "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
+
+
+def fast_kernel(call: Call) -> Optional[Callable]:
+    """The direct ATen call for ``call`` (``fn(*tensors, attrs)``), or None to use the op's kernel."""
+    make = MAKERS.get(call.op.name)
+    if make is None or call._checked_type is None:
+        return None
+    _load()
+    return make(call)
+
+
+def allocates(call: Call) -> bool:
+    """Does ``fast_kernel(call)`` return a new tensor that shares memory with no other value?"""
+    return call.op.name in ALLOCATING and fast_kernel(call) is not None
+
+
+def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
+    """``fn(*tensors, attrs)`` computing ``call`` into argument ``i``'s tensor (of the result's type), or None."""
+    name = call.op.name
+    if name not in BINARY and name not in UNARY or _float_args(call) is None:
+        return None
+    if not _same_type(call.args[i].checked_type, call.checked_type):
+        return None
+    _load()
+    if name in UNARY:
+        f = getattr(torch, UNARY[name])
+        return lambda x, attrs=None: f(x, out=x)
+    f = getattr(torch, BINARY[name])
+    if i == 0:
+        return lambda a, b, attrs=None: f(a, b, out=a)
+    return lambda a, b, attrs=None: f(a, b, out=b)
+
+
+__all__ = ["fast_kernel", "allocates", "inplace_kernel"]

@@ -1,0 +1,108 @@
+"""Buffer reuse in plans (``runtime.plan.buffer_reuse``): an elementwise result takes the buffer of an operand
+that dies at it, on the numpy and torch targets; never an input's, a returned value's, or one a live view
+still reads; results are exactly those without reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import Function, IRModule, Tuple, op, var
+from pullback.runtime.plan import buffer_reuse
+from pullback.runtime.values import leaves, to_output
+from pullback.testing.programs import random_inputs, random_program
+
+TARGETS = ["numpy"] + (["torch"] if pytest.importorskip("torch") is not None else [])
+N = 6
+
+
+def _numpy(value):
+    return to_output(value, lambda t: t.detach().cpu().numpy() if type(t).__module__.startswith("torch") else np.asarray(t))
+
+
+def _build(f, target, reuse):
+    mod = f if isinstance(f, IRModule) else IRModule.from_expr(f)
+    opts = {"reuse": reuse} if target == "numpy" else {"fast": reuse}
+    return pb.build(mod, target=target, check_outputs=True, **opts)
+
+
+def _reused(f, target) -> dict:
+    exe = _build(f, target, True)
+    fn = exe.mod["main"]
+    order = pb.ir.traversal.post_order(fn.body)
+    return {n.op.name: i for n in order if id(n) in (r := buffer_reuse(order, fn.body, exe.target))
+            for i in [r[id(n)][0]]}
+
+
+def _same_with_and_without_reuse(f, inputs, target):
+    keep = [np.array(x, copy=True) for x in inputs]
+    got = _numpy(_build(f, target, True)["main"](*inputs))
+    want = _numpy(_build(f, target, False)["main"](*inputs))
+    for g, w in zip(leaves(got), leaves(want)):
+        np.testing.assert_array_equal(g, w)
+    for x, k in zip(inputs, keep):
+        np.testing.assert_array_equal(x, k)  # inputs are never written
+
+
+def _x():
+    return np.linspace(-1.0, 1.0, N * N, dtype="float32").reshape(N, N)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_chain_runs_in_one_buffer_and_inputs_stay_intact(target):
+    x = var("x", shape=(N, N))
+    f = Function([x], op.negative(op.exp(op.multiply(x, x))))
+    assert _reused(f, target) == {"exp": 0, "negative": 0}  # multiply reads the input: a new buffer
+    _same_with_and_without_reuse(f, [_x()], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_live_view_keeps_its_buffer(target):
+    x = var("x", shape=(N, N))
+    a = op.exp(x)
+    v = op.transpose(a, (1, 0))  # a view of a's buffer, used after a's last direct use
+    b = op.negative(a)
+    f = Function([x], op.add(b, v))
+    assert "negative" not in _reused(f, target)  # would overwrite what v reads
+    _same_with_and_without_reuse(f, [_x()], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_operand_aliased_by_the_other_is_not_written(target):
+    x = var("x", shape=(N, N))
+    a = op.exp(x)
+    f = Function([x], op.add(a, op.transpose(a, (1, 0))))  # partial overlap: torch would refuse out=a
+    assert "add" not in _reused(f, target)
+    _same_with_and_without_reuse(f, [_x()], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_returned_values_are_never_overwritten(target):
+    x = var("x", shape=(N, N))
+    a = op.exp(x)
+    f = Function([x], Tuple([a, op.negative(a), op.negative(op.tanh(a))]))
+    assert _reused(f, target) == {"negative": 0}  # only the last negative, into tanh's buffer
+    _same_with_and_without_reuse(f, [_x()], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_broadcast_operand_is_not_a_destination(target):
+    x, r = var("x", shape=(N, N)), var("r", shape=(N,))
+    small = op.exp(r)
+    f = Function([x, r], op.multiply(small, op.exp(x)))  # small dies here but is smaller than the result
+    assert _reused(f, target) == {"multiply": 1}
+    _same_with_and_without_reuse(f, [_x(), np.arange(N, dtype="float32")], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("seed", range(25))
+def test_generated_programs_give_the_same_results(target, seed):
+    mod = random_program(seed, max_nodes=16, dtypes=("float32", "float64"), allow_any=False, smooth=True, allow_if=False)
+    if target == "torch":
+        from pullback.runtime.torch_target import TorchTarget
+
+        if TorchTarget().missing_kernels(mod):
+            pytest.skip("an operator without a torch kernel")
+    inputs = random_inputs(mod, seed)
+    _same_with_and_without_reuse(mod, inputs, target)
