@@ -73,7 +73,7 @@ def _linearized(cx, x, indices: list) -> tuple:
     flat = None
     stride = 1
     for t, d in zip(reversed(tensors), reversed(dims)):
-        term = _op("remainder")(t, scalar(d, "int64"), mode="floor") if d else t  # negative indices count from the end
+        term = _op("remainder")(t, scalar(d, "int64")) if d else t  # negative indices count from the end
         term = term if stride == 1 else _op("multiply")(term, scalar(stride, "int64"))
         flat = term if flat is None else _op("add")(term, flat)
         stride *= d
@@ -181,22 +181,25 @@ def _scatter_add(cx, x, dim, index, src):
 
 @aten("aten.scatter_reduce.two")
 def _scatter_reduce(cx, x, dim, index, src, reduce, include_self=True):
-    """``sum`` and ``mean`` (PyTorch's rule: the mean counts ``x`` itself when ``include_self``)."""
-    if reduce not in ("sum", "mean") or cx.ndim_of(x) == 0:
-        raise PullbackError(f"scatter_reduce with reduce={reduce!r} is not supported (sum and mean are)")
-    dt, axis = cx.dtype_of(x), norm_axis(dim, cx.ndim_of(x))
-    index, src = _int64(cx, index), _fit(cx, src, index)
-    ones = _op("ones_like")(src)
-    base = x
-    if not include_self:
-        touched = _op("greater")(_op("scatter_add")(_op("zeros_like")(x), index, ones, axis=axis), scalar(0, dt))
-        base = _op("where")(touched, scalar(0, dt), x)
-    total = _op("scatter_add")(base, index, src, axis=axis)
-    if reduce == "sum":
-        return total
-    count = _op("scatter_add")(_op("ones_like")(x) if include_self else _op("zeros_like")(x), index, ones, axis=axis)
-    count = _op("maximum")(count, scalar(1, dt))
-    return _op("divide")(total, count) if dt.startswith("float") else _op("floor_divide")(total, count)
+    """``scatter_reduce`` (sum, prod, mean, amax, amin); a rank-0 ``x`` is reduced as a vector of one."""
+    if cx.ndim_of(x) == 0:
+        flat = [_op("reshape")(t, (-1,)) for t in (x, index, src)]
+        return _op("reshape")(_scatter_reduce(cx, *flat[:1], 0, *flat[1:], reduce, include_self), ())
+    index = _int64(cx, index)
+    src = _fit(cx, cast(cx, src, cx.dtype_of(x)), index)
+    return _op("scatter_reduce")(x, index, src, axis=norm_axis(dim, cx.ndim_of(x)), reduce=reduce,
+                                 include_self=bool(include_self))
+
+
+_SCATTER_MODES = {"add": "sum", "multiply": "prod"}
+
+
+@aten("aten.scatter.reduce", "aten.scatter.value_reduce")
+def _scatter_with_reduce(cx, x, dim, index, src, reduce):
+    """``scatter(..., reduce='add' | 'multiply')``: a ``scatter_reduce`` that includes ``x``."""
+    if not isinstance(src, Expr):
+        src = const(np.full(static(cx, "scatter", cx.shape_of(index)), src, dtype=cx.dtype_of(x)))
+    return _scatter_reduce(cx, x, dim, index, src, _SCATTER_MODES[reduce], True)
 
 
 # ------------------------------------------------------------------ slices written back

@@ -287,19 +287,19 @@ def _div_mode(cx, x, y, rounding_mode=None):
         return _op("floor" if rounding_mode == "floor" else "trunc")(_op("divide")(a, b))
     if rounding_mode == "floor":
         return _op("floor_divide")(a, b)
-    return _op("divide")(_op("subtract")(a, _op("remainder")(a, b, mode="trunc")), b)  # exact: a - fmod(a, b) is a multiple of b
+    return _op("divide")(_op("subtract")(a, _op("mod")(a, b)), b)  # exact: a - fmod(a, b) is a multiple of b
 
 
 @aten("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder.Scalar_Tensor")
 def _remainder(cx, x, y):
     dt = cx.out_dtype
-    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="floor")
+    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
 
 
 @aten("aten.fmod.Tensor", "aten.fmod.Scalar")
 def _fmod(cx, x, y):
     dt = cx.out_dtype
-    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="trunc")
+    return _op("mod")(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
 
 
 def _compare(pb: str):

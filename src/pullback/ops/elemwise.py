@@ -286,8 +286,7 @@ minimum = binary("minimum", _minmax_grad(lambda a, b: less(a, b)), kinks=(0.0,),
 
 _NO_GRAD_STEP = "piecewise constant in its inputs; the gradient is zero or undefined"
 floor_divide = binary("floor_divide", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide")
-mod = binary("mod", fn="fmod", differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="fmod",
-             doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.")
+# ``mod`` (truncated remainder) and ``remainder`` (floored) are defined with their gradients in ``ops.math``
 
 _CMP = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
 for _name, _tn in _CMP.items():

@@ -64,7 +64,10 @@ def is_traced(x) -> bool:
 def check_range(op: str, idx, lo: int, hi: int, where: str) -> None:
     """Raise ExecutionError if an entry of integer array ``idx`` is outside ``[lo, hi)``
     (only on concrete values; traced jax indices are clamped by XLA instead)."""
-    if math.prod(idx.shape) and not is_traced(idx) and (int(idx.min()) < lo or int(idx.max()) >= hi):
+    if not math.prod(idx.shape) or is_traced(idx):
+        return
+    v = idx if hasattr(idx, "detach") else np.asarray(idx)  # a concrete jax array: its min inside jax.jit is traced
+    if int(v.min()) < lo or int(v.max()) >= hi:
         raise ExecutionError(f"{op}: index out of range {where}")
 
 
