@@ -32,6 +32,7 @@ the whole statement of user code of every use.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 import warnings
@@ -78,7 +79,8 @@ class TorchProgram:
     masks: list  # RandomInput per random input parameter, in order
     num_outputs: int  # number of user outputs (leading fields of the result)
     single_output: bool  # the result is one tensor (not a tuple)
-    mutations: list = field(default_factory=list)  # ("buffer", state key) | ("input", input var name) per extra field
+    # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
+    mutations: list = field(default_factory=list)
 
     @property
     def main(self) -> Function:
@@ -107,7 +109,13 @@ EXTRA_DECOMPOSED: tuple = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", 
 
 def decomposition_table() -> dict:
     """The table ``export`` hands to ``run_decompositions``: ``torch.export.default_decompositions()``
-    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED``."""
+    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED`` (a fresh
+    dict each call; PyTorch's lazy table is materialised once per process)."""
+    return dict(_decomposition_table())
+
+
+@functools.cache
+def _decomposition_table() -> dict:
     import torch
     from torch._decomp import decomposition_table as registry
 
@@ -118,7 +126,7 @@ def decomposition_table() -> dict:
         op = _overload(name)
         if op in registry:
             table[op] = registry[op]
-    return table
+    return dict(table.items())
 
 
 def _overload(name: str):
@@ -221,8 +229,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         e = env[out] if not isinstance(out, (int, float, bool)) else Constant(np.asarray(out))
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
             user_out.append(e)
-        elif spec.kind == OutputKind.BUFFER_MUTATION:
-            mutations.append(("buffer", spec.target))
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+            mutations.append(("buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter", spec.target))
             extra.append(e)
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             mutations.append(("input", by_name.get(sanitize(spec.target), user_vars[0]).name_hint if user_vars else spec.target))

@@ -78,7 +78,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = "numpy", policy
         by_input = dict(zip(prog.inputs, user))
         with torch.no_grad():
             for (kind, target_name), value in zip(prog.mutations, results[prog.num_outputs:]):
-                (state[target_name] if kind == "buffer" else by_input[target_name]).copy_(value)
+                (by_input[target_name] if kind == "input" else state[target_name]).copy_(value)
         outs = results[: prog.num_outputs]
         return tuple(outs) if as_tuple else outs[0]
 

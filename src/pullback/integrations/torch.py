@@ -173,7 +173,7 @@ def _module_class():
 
             with torch.no_grad():
                 for (kind, target), value in zip(prog.mutations, results[prog.num_outputs:]):
-                    (state[target] if kind == "buffer" else by_input[target]).copy_(value)
+                    (by_input[target] if kind == "input" else state[target]).copy_(value)
             return results[0] if prog.num_outputs == 1 else results[: prog.num_outputs]
 
     return CompiledModule
