@@ -15,8 +15,9 @@ import numpy as np
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
+from ..ir.types import Any
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, aten, cast, norm_axis, scalar, slice_bounds, static
+from .aten_table import _op, aten, cast, expand_to, newshape, norm_axis, scalar, slice_bounds, static
 
 
 def _int64(cx, i: Expr) -> Expr:
@@ -58,7 +59,7 @@ def _expand_bool_indices(cx, indices: list) -> list:
 def _linearized(cx, x, indices: list) -> tuple:
     """``(flat_x, flat_index, positions, batch_shape, rest_shape, perm)`` for ``x[indices]``: ``flat_x`` has the
     indexed dims merged first, ``flat_index`` addresses that merged dim (batch_shape: the broadcast index shape)."""
-    shape = static(cx, "advanced indexing", cx.shape_of(x))
+    shape = tuple(cx.shape_of(x))  # one dynamic (batch) dimension at most: merged dims are reshaped with -1
     indices = _expand_bool_indices(cx, list(indices))
     if len(indices) > len(shape):
         raise PullbackError(f"too many indices ({len(indices)}) for a tensor of rank {len(shape)}")
@@ -69,16 +70,23 @@ def _linearized(cx, x, indices: list) -> tuple:
     xt = x if perm == tuple(range(len(shape))) else _op("transpose")(x, perm)
     dims = [shape[i] for i in pos]
     rest = tuple(shape[i] for i in range(len(shape)) if i not in pos)
-    flat_x = _op("reshape")(xt, (math.prod(dims),) + rest) if len(pos) > 1 else xt
+    if len(pos) > 1:
+        merged = Any if Any in dims else math.prod(dims)
+        flat_x = _op("reshape")(xt, newshape(cx, "advanced indexing", (merged,) + rest))
+    else:
+        flat_x = xt
     flat = None
     stride = 1
-    for t, d in zip(reversed(tensors), reversed(dims)):
-        term = _op("remainder")(t, scalar(d, "int64")) if d else t  # negative indices count from the end
-        term = term if stride == 1 else _op("multiply")(term, scalar(stride, "int64"))
+    for k, (t, d) in enumerate(zip(reversed(tensors), reversed(dims))):
+        if d is Any and k < len(dims) - 1:
+            raise PullbackError("advanced indexing: only the first indexed dimension may be dynamic")
+        if d and d is not Any:  # negative indices count from the end (of a dynamic dim: not wrapped)
+            t = _op("remainder")(t, scalar(d, "int64"))
+        term = t if stride == 1 else _op("multiply")(t, scalar(stride, "int64"))
         flat = term if flat is None else _op("add")(term, flat)
-        stride *= d
+        stride = stride * d if d is not Any else stride
     if tuple(cx.shape_of(flat)) != batch:
-        flat = _op("broadcast_to")(flat, static(cx, "advanced indexing with broadcast indices", batch))
+        flat = expand_to(cx, flat, batch)
     return flat_x, flat, pos, batch, rest, shape
 
 
@@ -125,6 +133,7 @@ def _index_put(cx, x, indices, values, accumulate=False):
             return _op("add")(x, _masked_fill_from(cx, _op("zeros_like")(x), mask, values, shape))
         return _masked_fill_from(cx, x, mask, values, shape)
     flat_x, flat, pos, batch, rest, shape = _linearized(cx, x, indices)
+    static(cx, "index_put", tuple(shape) + tuple(batch))
     layout = _result_layout(pos, batch, len(rest))
     torch_shape = tuple((batch + rest)[i] for i in layout)
     vals = values if tuple(cx.shape_of(values)) == torch_shape else _op("broadcast_to")(values, torch_shape)

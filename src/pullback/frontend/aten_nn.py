@@ -14,7 +14,8 @@ from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
 from ..ir.types import FLOAT_DTYPES
-from .aten_table import _op, aten, cast, scalar, static
+from ..ops.common import broadcast_shapes
+from .aten_table import _op, aten, cast, expand_to, newshape, scalar, static
 
 # ------------------------------------------------------------------ dropout and random draws
 
@@ -512,30 +513,28 @@ def _adaptive_backward(cx, g, x):
 # ------------------------------------------------------------------ attention
 
 
-def _broadcast(cx, x, shape: tuple) -> Expr:
-    return x if tuple(cx.shape_of(x)) == shape else _op("broadcast_to")(x, shape)
-
-
 @aten("aten.scaled_dot_product_attention.default")
 def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``softmax(q k^T * scale + mask) v`` over (B..., L, E) batches that broadcast; a boolean mask keeps where
     True, a float mask is added, ``is_causal`` keeps the lower triangle; rows with every position masked give 0
     (PyTorch's safe softmax); dropout gets a mask parameter."""
-    sq, sk, sv = (static(cx, "scaled_dot_product_attention", cx.shape_of(t)) for t in (q, k, v))
+    what = "scaled_dot_product_attention"
+    sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
+    static(cx, what, sq[-2:] + sk[-2:] + sv[-2:])  # a dynamic batch only
     dt = cx.dtype_of(q)
     if enable_gqa and len(sq) >= 3 and sk[-3] != sq[-3]:
-        rep = sq[-3] // sk[-3]
+        rep = sq[-3] // static(cx, what + " with enable_gqa", sk[-3:-2])[0]
         k, v = _op("repeat")(k, rep, len(sk) - 3), _op("repeat")(v, rep, len(sv) - 3)
         sk, sv = sk[:-3] + (sq[-3],) + sk[-2:], sv[:-3] + (sq[-3],) + sv[-2:]
     L, S, E, Ev = sq[-2], sk[-2], sq[-1], sv[-1]
-    mshape = () if attn_mask is None else static(cx, "attention mask", cx.shape_of(attn_mask))
-    batch = tuple(np.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2], tuple(mshape[:-2])))
+    mshape = () if attn_mask is None else tuple(cx.shape_of(attn_mask))
+    batch = broadcast_shapes(what, (), sq[:-2], sk[:-2], sv[:-2], mshape[:-2])
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    q3 = _op("reshape")(_broadcast(cx, q, batch + (L, E)), (-1, L, E))
-    k3 = _op("reshape")(_broadcast(cx, k, batch + (S, E)), (-1, S, E))
-    v3 = _op("reshape")(_broadcast(cx, v, batch + (S, Ev)), (-1, S, Ev))
+    q3 = _op("reshape")(expand_to(cx, q, batch + (L, E)), (-1, L, E))
+    k3 = _op("reshape")(expand_to(cx, k, batch + (S, E)), (-1, S, E))
+    v3 = _op("reshape")(expand_to(cx, v, batch + (S, Ev)), (-1, S, Ev))
     s = _op("nn.batch_matmul")(_op("multiply")(q3, scalar(scale, dt)), k3, transpose_b=True)
-    s = _op("reshape")(s, batch + (L, S))
+    s = _op("reshape")(s, newshape(cx, what, batch + (L, S)))
     keep = None
     if is_causal:
         keep = const(np.tril(np.ones((L, S), dtype=bool)))
@@ -553,7 +552,7 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     if dropout_p > 0.0:
         p = _op("nn.dropout")(p, cx.dropout_mask(batch + (L, S), dropout_p), rate=float(dropout_p))
     out = _op("nn.batch_matmul")(_op("reshape")(p, (-1, L, S)), v3, transpose_b=False)
-    return _op("reshape")(out, batch + (L, Ev))
+    return _op("reshape")(out, newshape(cx, what, batch + (L, Ev)))
 
 
 # ------------------------------------------------------------------ losses and embeddings
@@ -563,9 +562,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 def _class_last(cx, x, target):
     """(N*d..., C) predictions and (N*d...,) targets from (N, C, d...) / (N, d...) or (C,) / ()."""
-    shape = cx.shape_of(x)
+    shape = tuple(cx.shape_of(x))
     if len(shape) > 2:
-        shape = static(cx, "nll_loss on (N, C, d...) data", shape)
+        static(cx, "nll_loss on (N, C, d...) data", shape[1:])  # a dynamic batch only
     if len(shape) == 1:
         return _op("expand_dims")(x, 0), _op("reshape")(target, (1,)), ()
     if len(shape) == 2:
@@ -582,7 +581,7 @@ def _nll(cx, logp, target, weight, reduction, ignore_index):
     p2, t1, out_shape = _class_last(cx, logp, target)
     red = _REDUCTIONS[reduction] if isinstance(reduction, int) else reduction
     loss = _op("nn.nll_loss")(p2, t1, w, reduction=red, ignore_index=int(ignore_index))
-    return _op("reshape")(loss, out_shape) if red == "none" and len(out_shape) != 1 else loss
+    return _op("reshape")(loss, newshape(cx, "nll_loss", out_shape)) if red == "none" and len(out_shape) != 1 else loss
 
 
 @aten("aten.cross_entropy_loss.default")

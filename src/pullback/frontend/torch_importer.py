@@ -137,22 +137,30 @@ def _overload(name: str):
     return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
-def batch_dynamic_shapes(example_inputs: Sequence) -> tuple:
-    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input is one symbolic batch size."""
+def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None):
+    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input (of those ``batched`` flags)
+    is one symbolic batch size (a ``ShapesCollection``: keyed by the tensors, so it fits any ``forward``
+    signature, ``*args`` included)."""
     import torch
 
     batch = torch.export.Dim("batch")
-    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim else None for x in example_inputs)
+    shapes = torch.export.ShapesCollection()
+    for k, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.ndim and (batched is None or batched[k]):
+            shapes[x] = {0: batch}
+    return shapes
 
 
-def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch: bool = False):
+def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
-    ``dynamic_batch``, dimension 0 of every input is symbolic (the example's batch must be at least 2)."""
+    ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
+    example's batch must be at least 2)."""
     import torch
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch")
-    dynamic = batch_dynamic_shapes(example_inputs) if dynamic_batch else None
+    flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
+    dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
     with warnings.catch_warnings(), quiet_torch_logs():  # torch.export's internal notices are not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -197,6 +205,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
             if spec.kind == InputKind.USER_INPUT:
                 v = Var(names.fresh(sanitize(node.name)), ty)
                 user_vars.append(v)
+                cx.note_sizes(v, val)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
                 if params_as == "constants" or spec.kind == InputKind.CONSTANT_TENSOR:
