@@ -47,6 +47,7 @@ from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
 from .aten_table import ATEN_TABLE
+from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 
@@ -303,7 +304,7 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         key = str(node.target)
         conv = ATEN_TABLE.get(key)
         if conv is None:
-            problems.add(key, node)
+            problems.add(key, node, UNSUPPORTED.get(key, ""))  # a known gap (the FFTs) says why
             return _MISSING
         try:
             value = conv(cx, *args, **kwargs)
