@@ -34,10 +34,13 @@ fuzz: $(VENV)/.test-installed
 	$(BIN)/python scripts/fuzz.py --seconds $(FUZZ_SECONDS)
 	$(BIN)/python -m pytest tests/properties tests/fuzz -q --hypothesis-profile long
 
-# every sample of PyTorch's OpInfo database for the Core ATen operators (make test runs a few per operator);
-# rewrites docs/opinfo.md and fails when a sample gives a wrong value or gradient
+# every sample of PyTorch's OpInfo database for the Core ATen operators (make test runs a few per operator) on
+# OPINFO_JOBS worker processes; rewrites docs/opinfo.md and fails when a sample gives a wrong value or gradient.
+# OPINFO_BUDGET=SECONDS caps each OpInfo's time (the samples left out are counted as "not run" on the page).
+OPINFO_JOBS ?= 2
+OPINFO_BUDGET ?=
 opinfo: $(VENV)/.test-installed
-	$(BIN)/python scripts/opinfo_report.py
+	$(BIN)/python scripts/opinfo_report.py -n $(OPINFO_JOBS) $(if $(OPINFO_BUDGET),--budget $(OPINFO_BUDGET))
 
 docs: $(VENV)/.core-installed
 	$(BIN)/python -m pip install -q mkdocs

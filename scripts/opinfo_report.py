@@ -1,10 +1,12 @@
 """Run PyTorch's OpInfo samples through the importer and write docs/opinfo.md (``make opinfo``).
 
-    python scripts/opinfo_report.py                  # every sample of every operator (long)
+    python scripts/opinfo_report.py -n 2             # every sample of every operator on 2 worker processes
     python scripts/opinfo_report.py --limit 3        # three samples per operator and dtype
+    python scripts/opinfo_report.py --budget 600     # at most 600 s per OpInfo (the rest: "not run", listed)
     python scripts/opinfo_report.py --ops cumsum sort --no-write
 
-Exits 1 when a sample fails (a wrong value or gradient, or a crash); skipped samples are listed with their reason.
+Exits 1 when a sample fails (a wrong value or gradient, or a crash); skipped samples are listed with their reason,
+samples a time budget left out are counted as "not run" per OpInfo.
 """
 
 from __future__ import annotations
@@ -20,31 +22,43 @@ from pullback.frontend import opinfo
 OUT = Path(__file__).resolve().parent.parent / "docs" / "opinfo.md"
 
 
+def _print_op(name: str, rs: list, started: float) -> None:
+    bad = [r for r in rs if r.status == "failed"]
+    unrun = sum(r.status == "unrun" for r in rs)
+    print(f"{name:45s} {len(rs):5d} samples  {sum(r.status == 'passed' for r in rs):5d} passed  {len(bad):3d} failed"
+          + (f"  {unrun} not run (budget)" if unrun else "") + f"  at {time.time() - started:6.0f}s", flush=True)
+    for r in bad:
+        print(f"    FAILED {r.dtype} sample {r.index}: {r.reason}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="samples per operator and dtype (default: all)")
     ap.add_argument("--ops", nargs="*", default=None, help="OpInfo names (default: every operator of the table)")
+    ap.add_argument("-n", "--jobs", type=int, default=1, help="worker processes (default 1: in this process)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per OpInfo (default: no limit)")
     ap.add_argument("--no-write", action="store_true", help="print the summary only")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     start = time.time()
-    results = []
-    for info in opinfo.opinfos(args.ops):
-        t = time.time()
-        rs = opinfo.run([info], limit=args.limit)
-        results += rs
-        bad = [r for r in rs if r.status == "failed"]
-        print(f"{opinfo.full_name(info):45s} {len(rs):4d} samples  {sum(r.status == 'passed' for r in rs):4d} passed  "
-              f"{len(bad):3d} failed  {time.time() - t:6.1f}s", flush=True)
-        for r in bad:
-            print(f"    FAILED {r.dtype} sample {r.index}: {r.reason}")
+    infos = opinfo.opinfos(args.ops)
+    if args.jobs > 1 or args.budget is not None:
+        results = opinfo.run_parallel(infos, max(args.jobs, 1), args.limit, args.budget,
+                                      on_done=lambda name, rs: _print_op(name, rs, start))
+    else:
+        results = []
+        for info in infos:
+            rs = opinfo.run([info], limit=args.limit)
+            results += rs
+            _print_op(opinfo.full_name(info), rs, start)
     s = opinfo.summary(results)
     print(f"{s['operators']} operators, {s['samples']} samples: {s['passed']} passed ({s['grad_checked']} with gradients), "
-          f"{s['skipped']} skipped, {s['failed']} failed in {time.time() - start:.0f}s")
+          f"{s['skipped']} skipped, {s['failed']} failed, {s['unrun']} not run (time budget) in {time.time() - start:.0f}s")
     if not args.no_write:
-        command = "python scripts/opinfo_report.py" + (f" --limit {args.limit}" if args.limit else "")
-        args.out.write_text(opinfo.report(results, command))
+        command = "python scripts/opinfo_report.py" + (f" --limit {args.limit}" if args.limit else "") + (
+            f" --budget {args.budget:g}" if args.budget is not None else "")
+        args.out.write_text(opinfo.report(results, command, args.budget))
         print(f"wrote {args.out}")
     return 1 if s["failed"] else 0
 

@@ -141,7 +141,7 @@ CATALOGUE = [
     ("attr-strided-slice", lambda: op.strided_slice(X, begin=(0,), end=(1, 2)), pb.AttrError, ["strided_slice", "end", "begin"]),
     ("attr-tile", lambda: op.tile(X, reps=(-1,)), pb.AttrError, ["tile", "reps"]),
     ("attr-clip", lambda: op.clip(X, 2.0, 1.0), pb.AttrError, ["clip", "a_min", "a_max"]),
-    ("attr-norm", lambda: op.nn.layer_norm(X, X, X, epsilon=-1.0), pb.AttrError, ["nn.layer_norm", "epsilon"]),
+    ("attr-norm", lambda: op.nn.layer_norm(X, X, X, epsilon=float("inf")), pb.AttrError, ["nn.layer_norm", "epsilon"]),
     ("attr-pad", lambda: op.nn.pad(X, pad_width=((1,),)), pb.AttrError, ["nn.pad", "pad_width"]),
     ("attr-leaky-relu", lambda: op.nn.leaky_relu(X, alpha="a"), pb.AttrError, ["nn.leaky_relu", "alpha"]),
     # arity

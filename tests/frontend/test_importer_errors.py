@@ -10,7 +10,7 @@ import pullback as pb
 
 torch = pytest.importorskip("torch")
 
-from pullback.frontend import from_torch  # noqa: E402
+from pullback.frontend import UnsupportedOperatorError, from_torch  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 
 
@@ -90,3 +90,14 @@ def test_export_failure_is_one_error_without_torch_log_lines(capfd):
     with pytest.raises(pb.PullbackError, match="torch.export failed"):
         from_torch(Scale(), (torch.ones(2, 5), K))  # 5 features into Linear(3, 2)
     assert capfd.readouterr().err == ""
+
+
+def test_an_fft_says_why_it_is_not_converted():
+    import torch
+
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs().sum()
+
+    with pytest.raises(UnsupportedOperatorError, match=r"aten\._fft_r2c\.default.*\n.*pullback has no complex dtype"):
+        from_torch(Spectrum(), (torch.randn(8),))

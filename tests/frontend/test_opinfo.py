@@ -21,14 +21,7 @@ with warnings.catch_warnings():
     INFOS = opinfo.opinfos()
 
 # OpInfos whose bounded samples may all be skipped, with the reason (everything else must pass at least one)
-ALL_SKIPPED = {
-    "fft.rfft": "complex results", "fft.irfft": "complex inputs", "item": "a Python number, not a tensor",
-    "nn.functional.conv_transpose3d": "3-D transposed convolution",
-    "_native_batch_norm_legit": "mutates its inputs", "nn.functional.batch_norm": "mutates its inputs",
-    "nn.functional.batch_norm.without_cudnn": "mutates its inputs", "scatter_reduce.prod": "reduce='prod'",
-    "scatter_reduce.amin": "reduce='amin'", "scatter_reduce.amax": "reduce='amax'",
-    "nn.functional.silu.complex": "complex", "nn.functional.max_pool3d": "3-D indices",
-}
+ALL_SKIPPED = {"fft.rfft": "complex results", "fft.irfft": "complex inputs", "item": "a Python number, not a tensor"}
 
 
 def _bounded(info) -> list:
@@ -60,3 +53,27 @@ def test_the_table_covers_every_core_operator_with_opinfo_samples():
                                                       if any(opinfo.full_name(i) in names or i.name in names for i in INFOS)}
     for packet in ("add", "convolution", "scaled_dot_product_attention", "index", "cumsum", "sort", "upsample_bilinear2d"):
         assert packet in covered
+
+
+def test_units_cover_every_sample_and_share_the_budget():
+    infos = [i for i in INFOS if opinfo.full_name(i) in ("cumsum", "atan2")]
+    work = opinfo.units(infos, chunk=3, budget=10.0)
+    for info in infos:
+        name = opinfo.full_name(info)
+        mine = [u for u in work if u.opinfo == name]
+        for dtype in opinfo.dtypes_for(info):
+            want = [i for i, _ in opinfo.samples(info, dtype)]
+            assert sorted(i for u in mine if u.dtype == dtype for i in u.indices) == want
+        assert all(len(u.indices) <= 3 for u in mine)
+        assert abs(sum(u.budget for u in mine) - 10.0) < 1e-9
+
+
+def test_samples_past_the_budget_are_counted_as_not_run():
+    done = opinfo.run_unit(opinfo.Unit("cumsum", "float32", (0,)))
+    late = opinfo.run_unit(opinfo.Unit("cumsum", "float32", (1, 2), budget=0.0))
+    assert done[0].status == "passed"
+    assert [r.status for r in late] == ["unrun", "unrun"] and "budget" in late[0].reason
+    s = opinfo.summary(done + late)
+    assert (s["samples"], s["passed"], s["unrun"]) == (3, 1, 2)
+    page = opinfo.report(done + late, "python scripts/opinfo_report.py --budget 0", 0.0)
+    assert "| 1 | 3 | 1 | 1 | 0 | 0 | 2 |" in page and "time budget of 0 s" in page

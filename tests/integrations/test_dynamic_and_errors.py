@@ -84,6 +84,77 @@ def test_torch_compile_dynamic_true_works():
     torch._dynamo.reset()
 
 
+class TinyLM(nn.Module):
+    """Attention with positions, a ``tril`` mask and a broadcast padding mask built in forward from the batch."""
+
+    def __init__(self, d=8, vocab=11):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(8, d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, vocab)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, ids, keep):
+        b, t = ids.shape
+        rows = torch.arange(b)[:, None]  # a dynamic arange, advanced indexing over the batch
+        x = self.tok(ids) + self.pos(torch.arange(t))[None]
+        q, k, v = self.qkv(x).view(b, t, 2, -1).transpose(1, 2).chunk(3, dim=-1)
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))[None, None] & keep[rows, torch.arange(t)[None]][:, None, None]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(b, 1, t, t))
+        h = self.drop(a.transpose(1, 2).reshape(b, t, -1))
+        zeros = torch.zeros(b, t, dtype=torch.long)  # a full of the dynamic shape
+        return F.cross_entropy(self.out(h).flatten(0, 1), (ids + zeros).roll(-1, 1).flatten())
+
+
+def _lm_data(b):
+    keep = torch.ones(b, 5, dtype=torch.bool)
+    keep[0, 3:] = False
+    return torch.randint(0, 11, (b, 5)), keep
+
+
+def test_attention_with_masks_built_in_forward_imports_with_a_dynamic_batch():
+    torch.manual_seed(0)
+    model = TinyLM().eval()
+    prog = import_torch(model, _lm_data(4), dynamic_batch=True)
+    assert [p.type_annotation.shape[0] for p in prog.main.params[:2]] == [pb.Any, pb.Any]
+    exe = pb.build(prog.mod)["main"]
+    for b in (1, 3, 6):
+        data = _lm_data(b)
+        np.testing.assert_allclose(exe(*main_inputs(prog, data)), model(*data).item(), rtol=1e-5)
+
+
+def test_torch_compile_dynamic_true_compiles_one_program_for_every_batch_size():
+    """Dynamo's size arguments are read off the batch and the dropout rate it passes as a tensor is a constant:
+    one program serves every batch size, losses and gradients equal eager's (same dropout masks)."""
+    import torch._dynamo
+
+    import pullback.integrations.dynamo_backend as backend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLM()
+    eager = copy.deepcopy(model)
+    made = []
+
+    def spy(gm, example_inputs):
+        made.append(backend.pullback_backend(gm, example_inputs))
+        return made[-1]
+
+    compiled = torch.compile(model, backend=spy, dynamic=True)
+    for step, b in enumerate((3, 5, 2, 4)):
+        data = _lm_data(b)
+        torch.manual_seed(step)
+        loss = compiled(*data)
+        loss.backward()
+        torch.manual_seed(step)
+        ref = eager(*data)
+        ref.backward()
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch._dynamo.reset()
+    assert [len(f.programs) for f in made] == [1] * len(made) and made
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 class Missing(nn.Module):
     def forward(self, x):
         a = torch.cumprod(x, 0)

@@ -209,7 +209,7 @@ ATTR_ERRORS = [
     (lambda: op.nn.gelu(V("x", 2), "erf"), "approximate"),
     (lambda: op.nn.softplus(V("x", 2), beta=0.0), "beta"),
     (lambda: op.nn.softmax(V("x", 2), 1.5), "axis"),
-    (lambda: op.nn.layer_norm(V("x", 2), V("g", 2), V("b", 2), epsilon=-1.0), "epsilon"),
+    (lambda: op.nn.layer_norm(V("x", 2), V("g", 2), V("b", 2), epsilon=float("nan")), "epsilon"),
     (lambda: op.nn.batch_norm(*[V(n, 2) for n in "xgbmv"], training=1), "training"),
     (lambda: op.nn.dropout(V("x", 2), V("m", 2), 1.0), "rate"),
     (lambda: op.nn.pad(V("x", 2), ((1,),)), "pad_width"),

@@ -1,4 +1,4 @@
-"""cumsum, argsort, nonzero and scatter: forward vs PyTorch, kernels on every namespace, gradient rules."""
+"""cumsum, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ CASES = [
     case("scatter", X, IDX.T.copy()[:2], UPD.T.copy()[:2], attrs=dict(axis=0),
          torch=lambda x, i, u: torch().scatter(x, 0, i, u)),
 ]
+RIDX = np.array([[0, 3, 0, 1, 0], [2, 2, 1, 2, 0]], dtype="int64")  # repeated positions along axis 1
+RUPD = RNG.standard_normal((2, 5))
+RZERO = RUPD.copy()
+RZERO[0, 1] = 0.0  # a single zero factor at (0, 3)
+RZERO[1, [0, 1]] = 0.0  # two zero factors at (1, 2)
+
+
+def _scatter_reduce(reduce, include_self, idx=RIDX, upd=RUPD, **kw):
+    return case("scatter_reduce", X, idx, upd, attrs=dict(axis=1, reduce=reduce, include_self=include_self),
+                torch=lambda x, i, u: x.scatter_reduce(1, i, u, reduce, include_self=include_self),
+                id=f"scatter_reduce-{reduce}-{'self' if include_self else 'noself'}" + kw.pop("tag", ""), **kw)
+
+
+CASES += [_scatter_reduce(r, inc) for r in ("sum", "prod", "mean", "amax", "amin") for inc in (True, False)]
+CASES += [_scatter_reduce("prod", inc, upd=RZERO, tag="-zeros") for inc in (True, False)]
+TIED = RUPD.copy()
+TIED[0, [0, 2]] = 5.0  # a tie for the maximum at (0, 0)
+CASES += [_scatter_reduce(r, True, upd=TIED * s, tag="-ties", fd=False) for r, s in (("amax", 1.0), ("amin", -1.0))]
 NONDIFF = [
     case("cumsum", np.array([[1, 2, 3], [4, 5, 6]], dtype="int32"), attrs=dict(axis=-1), torch=lambda x: torch().cumsum(x, -1, dtype=x.dtype)),
     case("argsort", X, torch=lambda x: torch().argsort(x, stable=True)),
@@ -43,6 +61,12 @@ NONDIFF = [
     case("nonzero", np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]]), torch=lambda x: torch().nonzero(x)),
     case("nonzero", np.array([True, False, True]), torch=lambda x: torch().nonzero(x)),
     case("nonzero", np.array(0.0), torch=lambda x: torch().nonzero(x)),
+    case("scatter_reduce", np.arange(12).reshape(3, 4), RIDX, np.arange(10).reshape(2, 5) - 4,
+         attrs=dict(axis=1, reduce="mean", include_self=False),
+         torch=lambda x, i, u: x.scatter_reduce(1, i, u, "mean", include_self=False)),
+    case("scatter_reduce", np.arange(12).reshape(3, 4), RIDX, np.arange(10).reshape(2, 5) - 4,
+         attrs=dict(axis=1, reduce="amin", include_self=False),
+         torch=lambda x, i, u: x.scatter_reduce(1, i, u, "amin", include_self=False)),
 ]
 ALL = CASES + NONDIFF
 
@@ -63,7 +87,7 @@ def test_ad_pass_gradient(c):
     check_ad(c)
 
 
-@pytest.mark.parametrize("c", CASES, ids=repr)
+@pytest.mark.parametrize("c", [c for c in CASES if c.fd], ids=repr)  # ties: no finite differences
 def test_second_order(c):
     sq = Case(c.op, c.inputs, lambda *xs: op.multiply(c.build(*xs), c.build(*xs)), wrt=c.wrt)
     check_second(sq)
@@ -113,3 +137,10 @@ def test_errors_name_the_op():
             make()
     with pytest.raises(ExecutionError, match="scatter.*out of range"):
         forward(case("scatter", X, IDX + 3, UPD, attrs=dict(axis=1)))
+    with pytest.raises(ExecutionError, match="scatter_reduce.*out of range"):
+        forward(case("scatter_reduce", X, RIDX + 2, RUPD, attrs=dict(axis=1, reduce="amax")))
+    with pytest.raises(AttrError, match="scatter_reduce.*reduce must be one of"):
+        op.scatter_reduce(x, i, x, 1, "max")
+    with pytest.raises(TypeInferenceError, match="scatter_reduce.*rank 1"):
+        infer_expr(op.scatter_reduce(pullback.var("s", shape=()), pullback.var("k", shape=(), dtype="int64"),
+                                     pullback.var("t", shape=())))

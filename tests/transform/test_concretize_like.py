@@ -33,6 +33,14 @@ def test_reshape_like():
     _check(before(), expected())
 
 
+def test_reshape_like_to_an_empty_shape_stays():
+    """``reshape``'s newshape reads 0 as "copy the input's dim": an empty target is not expressible, the
+    like-operator (which reads the shape at run time) stays and runs."""
+    d, like = pb.var("data", shape=(6, 0)), pb.var("like", shape=(2, 3, 0))
+    before = mod_of([d, like], op.reshape_like(d, like))
+    _check(before, before)
+
+
 def test_reshape_like_with_ranges():
     def before():
         d, like = pb.var("data", shape=(2, 3, 4)), pb.var("like", shape=(6, 2, 2))

@@ -15,8 +15,9 @@ import numpy as np
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
+from ..ir.types import Any
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, aten, cast, norm_axis, scalar, slice_bounds, static
+from .aten_table import _op, aten, cast, expand_to, newshape, norm_axis, scalar, slice_bounds, static
 
 
 def _int64(cx, i: Expr) -> Expr:
@@ -58,7 +59,7 @@ def _expand_bool_indices(cx, indices: list) -> list:
 def _linearized(cx, x, indices: list) -> tuple:
     """``(flat_x, flat_index, positions, batch_shape, rest_shape, perm)`` for ``x[indices]``: ``flat_x`` has the
     indexed dims merged first, ``flat_index`` addresses that merged dim (batch_shape: the broadcast index shape)."""
-    shape = static(cx, "advanced indexing", cx.shape_of(x))
+    shape = tuple(cx.shape_of(x))  # one dynamic (batch) dimension at most: merged dims are reshaped with -1
     indices = _expand_bool_indices(cx, list(indices))
     if len(indices) > len(shape):
         raise PullbackError(f"too many indices ({len(indices)}) for a tensor of rank {len(shape)}")
@@ -69,16 +70,23 @@ def _linearized(cx, x, indices: list) -> tuple:
     xt = x if perm == tuple(range(len(shape))) else _op("transpose")(x, perm)
     dims = [shape[i] for i in pos]
     rest = tuple(shape[i] for i in range(len(shape)) if i not in pos)
-    flat_x = _op("reshape")(xt, (math.prod(dims),) + rest) if len(pos) > 1 else xt
+    if len(pos) > 1:
+        merged = Any if Any in dims else math.prod(dims)
+        flat_x = _op("reshape")(xt, newshape(cx, "advanced indexing", (merged,) + rest))
+    else:
+        flat_x = xt
     flat = None
     stride = 1
-    for t, d in zip(reversed(tensors), reversed(dims)):
-        term = _op("remainder")(t, scalar(d, "int64"), mode="floor") if d else t  # negative indices count from the end
-        term = term if stride == 1 else _op("multiply")(term, scalar(stride, "int64"))
+    for k, (t, d) in enumerate(zip(reversed(tensors), reversed(dims))):
+        if d is Any and k < len(dims) - 1:
+            raise PullbackError("advanced indexing: only the first indexed dimension may be dynamic")
+        if d and d is not Any:  # negative indices count from the end (of a dynamic dim: not wrapped)
+            t = _op("remainder")(t, scalar(d, "int64"))
+        term = t if stride == 1 else _op("multiply")(t, scalar(stride, "int64"))
         flat = term if flat is None else _op("add")(term, flat)
-        stride *= d
+        stride = stride * d if d is not Any else stride
     if tuple(cx.shape_of(flat)) != batch:
-        flat = _op("broadcast_to")(flat, static(cx, "advanced indexing with broadcast indices", batch))
+        flat = expand_to(cx, flat, batch)
     return flat_x, flat, pos, batch, rest, shape
 
 
@@ -125,6 +133,7 @@ def _index_put(cx, x, indices, values, accumulate=False):
             return _op("add")(x, _masked_fill_from(cx, _op("zeros_like")(x), mask, values, shape))
         return _masked_fill_from(cx, x, mask, values, shape)
     flat_x, flat, pos, batch, rest, shape = _linearized(cx, x, indices)
+    static(cx, "index_put", tuple(shape) + tuple(batch))
     layout = _result_layout(pos, batch, len(rest))
     torch_shape = tuple((batch + rest)[i] for i in layout)
     vals = values if tuple(cx.shape_of(values)) == torch_shape else _op("broadcast_to")(values, torch_shape)
@@ -181,22 +190,25 @@ def _scatter_add(cx, x, dim, index, src):
 
 @aten("aten.scatter_reduce.two")
 def _scatter_reduce(cx, x, dim, index, src, reduce, include_self=True):
-    """``sum`` and ``mean`` (PyTorch's rule: the mean counts ``x`` itself when ``include_self``)."""
-    if reduce not in ("sum", "mean") or cx.ndim_of(x) == 0:
-        raise PullbackError(f"scatter_reduce with reduce={reduce!r} is not supported (sum and mean are)")
-    dt, axis = cx.dtype_of(x), norm_axis(dim, cx.ndim_of(x))
-    index, src = _int64(cx, index), _fit(cx, src, index)
-    ones = _op("ones_like")(src)
-    base = x
-    if not include_self:
-        touched = _op("greater")(_op("scatter_add")(_op("zeros_like")(x), index, ones, axis=axis), scalar(0, dt))
-        base = _op("where")(touched, scalar(0, dt), x)
-    total = _op("scatter_add")(base, index, src, axis=axis)
-    if reduce == "sum":
-        return total
-    count = _op("scatter_add")(_op("ones_like")(x) if include_self else _op("zeros_like")(x), index, ones, axis=axis)
-    count = _op("maximum")(count, scalar(1, dt))
-    return _op("divide")(total, count) if dt.startswith("float") else _op("floor_divide")(total, count)
+    """``scatter_reduce`` (sum, prod, mean, amax, amin); a rank-0 ``x`` is reduced as a vector of one."""
+    if cx.ndim_of(x) == 0:
+        flat = [_op("reshape")(t, (-1,)) for t in (x, index, src)]
+        return _op("reshape")(_scatter_reduce(cx, *flat[:1], 0, *flat[1:], reduce, include_self), ())
+    index = _int64(cx, index)
+    src = _fit(cx, cast(cx, src, cx.dtype_of(x)), index)
+    return _op("scatter_reduce")(x, index, src, axis=norm_axis(dim, cx.ndim_of(x)), reduce=reduce,
+                                 include_self=bool(include_self))
+
+
+_SCATTER_MODES = {"add": "sum", "multiply": "prod"}
+
+
+@aten("aten.scatter.reduce", "aten.scatter.value_reduce")
+def _scatter_with_reduce(cx, x, dim, index, src, reduce):
+    """``scatter(..., reduce='add' | 'multiply')``: a ``scatter_reduce`` that includes ``x``."""
+    if not isinstance(src, Expr):
+        src = const(np.full(static(cx, "scatter", cx.shape_of(index)), src, dtype=cx.dtype_of(x)))
+    return _scatter_reduce(cx, x, dim, index, src, _SCATTER_MODES[reduce], True)
 
 
 # ------------------------------------------------------------------ slices written back

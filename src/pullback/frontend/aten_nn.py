@@ -14,7 +14,8 @@ from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
 from ..ir.types import FLOAT_DTYPES
-from .aten_table import _op, aten, cast, scalar, static
+from ..ops.common import broadcast_shapes
+from .aten_table import _op, aten, cast, expand_to, newshape, scalar, static
 
 # ------------------------------------------------------------------ dropout and random draws
 
@@ -174,7 +175,10 @@ def _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
                               epsilon=float(eps), scale=weight is not None, center=bias is not None,
                               training=bool(training), momentum=float(momentum))
     axes = (0,) + tuple(range(2, len(shape)))
-    saved = [_op("reshape")(s, (c,)) for s in _stats(cx, x, axes, float(eps))] if training else [None, None]
+    if training:
+        saved = [_op("reshape")(s, (c,)) for s in _stats(cx, x, axes, float(eps))]
+    else:  # PyTorch's saved statistics in evaluation: empty tensors
+        saved = [const(np.zeros(static(cx, "batch_norm", cx.out_shapes[k]), dtype=dt)) for k in (1, 2)]
     return [bn[0], bn[1], bn[2]], saved
 
 
@@ -244,8 +248,17 @@ def _pair(v, default=None) -> tuple:
 
 def _conv2d_call(cx, x, w, stride, padding, dilation, groups, transposed=False, output_padding=(0, 0)):
     if transposed:
-        return _op("nn.conv2d_transpose")(x, w, strides=stride, padding=padding, dilation=dilation, groups=int(groups),
-                                          output_padding=output_padding)
+        if all(o < s for o, s in zip(output_padding, stride)):
+            return _op("nn.conv2d_transpose")(x, w, strides=stride, padding=padding, dilation=dilation, groups=int(groups),
+                                              output_padding=output_padding)
+        # PyTorch also allows output_padding < dilation: the extra rows/columns are the ones the padding would crop
+        # at the end (then zeros, which no input reaches)
+        end = [p - o for p, o in zip(padding, output_padding)]
+        y = _op("nn.conv2d_transpose")(x, w, strides=stride, padding=tuple(padding) + tuple(max(e, 0) for e in end),
+                                       dilation=dilation, groups=int(groups))
+        if min(end) >= 0:
+            return y
+        return _op("nn.pad")(y, ((0, 0), (0, 0)) + tuple((0, max(-e, 0)) for e in end), 0.0, "constant")
     return _op("nn.conv2d")(x, w, strides=stride, padding=padding, dilation=dilation, groups=int(groups))
 
 
@@ -272,9 +285,10 @@ def _convnd(cx, x, w, b, stride, padding, dilation, transposed=False, output_pad
     if nd == 2:
         y = _conv2d_call(cx, x, w, _pair(stride), _pair(padding), _pair(dilation), groups, transposed, _pair(output_padding))
         return _bias(y, b, 2)
+    s3, p3, d3 = _tuple(stride, 3), _tuple(padding, 3), _tuple(dilation, 3)
     if transposed:
-        raise PullbackError("3-D transposed convolution is not supported")
-    return _bias(_conv3d(cx, x, w, _tuple(stride, 3), _tuple(padding, 3), _tuple(dilation, 3), int(groups)), b, 3)
+        return _bias(_conv_transpose3d(cx, x, w, s3, p3, d3, _tuple(output_padding, 3), int(groups)), b, 3)
+    return _bias(_conv3d(cx, x, w, s3, p3, d3, int(groups)), b, 3)
 
 
 def _conv3d(cx, x, w, stride, padding, dilation, groups):
@@ -296,6 +310,25 @@ def _conv3d(cx, x, w, stride, padding, dilation, groups):
     y = _conv2d_call(cx, s, w2, stride[1:], padding[1:], dilation[1:], groups)
     ho, wo = static(cx, "conv3d", infer_expr(y).shape[2:])
     return _op("transpose")(_op("reshape")(y, (n, do, o, ho, wo)), (0, 2, 1, 3, 4))
+
+
+def _conv_transpose3d(cx, x, w, stride, padding, dilation, output_padding, groups):
+    """A 3-D transposed convolution as two 2-D ones: over (H, W) with the ``kd`` depth taps as extra output
+    channels (input depths in the batch), then over D, where each tap's plane lands at ``i * sd - pd + k * dd``
+    (a transposed convolution of the taps with the identity kernel, every (N, C, H, W) position in the batch)."""
+    n, c, d, h, wd = static(cx, "conv_transpose3d", cx.shape_of(x))
+    _, og, kd, kh, kw = static(cx, "conv_transpose3d", cx.shape_of(w))
+    planes = _op("reshape")(_op("transpose")(x, (0, 2, 1, 3, 4)), (n * d, c, h, wd))
+    y = _conv2d_call(cx, planes, _op("reshape")(w, (c, og * kd, kh, kw)), stride[1:], padding[1:], dilation[1:], groups,
+                     True, output_padding[1:])
+    ho, wo = static(cx, "conv_transpose3d", infer_expr(y).shape[2:])
+    o = og * groups
+    taps = _op("transpose")(_op("reshape")(y, (n, d, o, kd, ho, wo)), (0, 2, 4, 5, 3, 1))  # (N, O, Ho, Wo, kd, D)
+    eye = const(np.eye(kd, dtype=cx.dtype_of(x)).reshape(kd, 1, 1, kd))
+    z = _conv2d_call(cx, _op("reshape")(taps, (n * o * ho * wo, kd, 1, d)), eye, (1, stride[0]), (0, padding[0]),
+                     (1, dilation[0]), 1, True, (0, output_padding[0]))
+    do = static(cx, "conv_transpose3d", infer_expr(z).shape)[3]
+    return _op("transpose")(_op("reshape")(z, (n, o, ho, wo, do)), (0, 1, 4, 2, 3))
 
 
 @aten("aten.conv2d.default")
@@ -366,22 +399,34 @@ def _max_pool(nd: int):
 
 
 def _with_indices(nd: int):
-    """``(values, indices)``; the indices (flat positions in each channel's plane, PyTorch's convention) read a
-    position map at each window's first maximum (``nn.max_pool2d_gather``); 1-D and 2-D pools only."""
+    """``(values, indices)``; the indices (flat positions in each channel's plane or volume, PyTorch's convention)
+    read a position map at each window's first maximum (``nn.max_pool2d_gather``). A 3-D pool gathers over
+    (H, W), then over D from the plane maxima: the first maximum in (d, h, w) order, as PyTorch's."""
 
     def conv(cx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         values = _max_pool(nd)(cx, x, kernel_size, stride, padding, dilation, ceil_mode)
-        if nd == 3 or cx.ndim_of(x) != nd + 2:
-            return [values, None]  # not converted: an error names them if they are used
+        if cx.ndim_of(x) == nd + 1:  # unbatched (C, ...): a batch of one
+            idx = conv(cx, _op("expand_dims")(x, 0), kernel_size, stride, padding, dilation, ceil_mode)[1]
+            return [values, _op("squeeze")(idx, (0,))]
         k, s, p, d = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = static(cx, "max_pool indices", cx.shape_of(x))
-        plane = math.prod(shape[2:])
-        positions = const(np.broadcast_to(np.arange(plane, dtype=cx.dtype_of(x)).reshape(shape[2:]), shape).copy())
-        x2, pos2 = (x, positions) if nd == 2 else (_op("expand_dims")(x, 2), _op("expand_dims")(positions, 2))
-        k, s, p, d = (k, s, p, d) if nd == 2 else ((1,) + k, (1,) + s, (0,) + p, (1,) + d)
-        idx = _op("nn.max_pool2d_gather")(x2, pos2, pool_size=k, strides=s, padding=p, dilation=d, ceil_mode=bool(ceil_mode))
-        idx = _op("cast")(idx if nd == 2 else _op("squeeze")(idx, (2,)), "int64")
-        return [values, idx]
+        positions = np.broadcast_to(np.arange(math.prod(shape[2:]), dtype=cx.dtype_of(x)).reshape(shape[2:]), shape)
+        if nd == 1:
+            k, s, p, d = (1,) + k, (1,) + s, (0,) + p, (1,) + d
+            x = _op("expand_dims")(x, 2)
+        if nd == 3:
+            x = _op("reshape")(x, (shape[0], shape[1] * shape[2]) + shape[3:])
+        pos = const(positions.reshape(cx.shape_of(x)).copy())
+        kw = dict(pool_size=k[-2:], strides=s[-2:], padding=p[-2:], dilation=d[-2:], ceil_mode=bool(ceil_mode))
+        idx = _op("nn.max_pool2d_gather")(x, pos, **kw)
+        if nd == 3:  # then over D, from the plane maxima and their positions
+            ho, wo = static(cx, "max_pool indices", infer_expr(idx).shape[2:])
+            planes = (shape[0], shape[1], shape[2], ho * wo)
+            best = _op("reshape")(_op("nn.max_pool2d")(x, **kw), planes)
+            idx = _op("nn.max_pool2d_gather")(best, _op("reshape")(idx, planes), pool_size=(k[0], 1), strides=(s[0], 1),
+                                              padding=(p[0], 0), dilation=(d[0], 1), ceil_mode=bool(ceil_mode))
+            idx = _op("reshape")(idx, tuple(static(cx, "max_pool indices", infer_expr(idx).shape[:3])) + (ho, wo))
+        return [values, _op("cast")(_op("squeeze")(idx, (2,)) if nd == 1 else idx, "int64")]
 
     return conv
 
@@ -476,30 +521,28 @@ def _adaptive_backward(cx, g, x):
 # ------------------------------------------------------------------ attention
 
 
-def _broadcast(cx, x, shape: tuple) -> Expr:
-    return x if tuple(cx.shape_of(x)) == shape else _op("broadcast_to")(x, shape)
-
-
 @aten("aten.scaled_dot_product_attention.default")
 def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``softmax(q k^T * scale + mask) v`` over (B..., L, E) batches that broadcast; a boolean mask keeps where
     True, a float mask is added, ``is_causal`` keeps the lower triangle; rows with every position masked give 0
     (PyTorch's safe softmax); dropout gets a mask parameter."""
-    sq, sk, sv = (static(cx, "scaled_dot_product_attention", cx.shape_of(t)) for t in (q, k, v))
+    what = "scaled_dot_product_attention"
+    sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
+    static(cx, what, sq[-2:] + sk[-2:] + sv[-2:])  # a dynamic batch only
     dt = cx.dtype_of(q)
     if enable_gqa and len(sq) >= 3 and sk[-3] != sq[-3]:
-        rep = sq[-3] // sk[-3]
+        rep = sq[-3] // static(cx, what + " with enable_gqa", sk[-3:-2])[0]
         k, v = _op("repeat")(k, rep, len(sk) - 3), _op("repeat")(v, rep, len(sv) - 3)
         sk, sv = sk[:-3] + (sq[-3],) + sk[-2:], sv[:-3] + (sq[-3],) + sv[-2:]
     L, S, E, Ev = sq[-2], sk[-2], sq[-1], sv[-1]
-    mshape = () if attn_mask is None else static(cx, "attention mask", cx.shape_of(attn_mask))
-    batch = tuple(np.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2], tuple(mshape[:-2])))
+    mshape = () if attn_mask is None else tuple(cx.shape_of(attn_mask))
+    batch = broadcast_shapes(what, (), sq[:-2], sk[:-2], sv[:-2], mshape[:-2])
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    q3 = _op("reshape")(_broadcast(cx, q, batch + (L, E)), (-1, L, E))
-    k3 = _op("reshape")(_broadcast(cx, k, batch + (S, E)), (-1, S, E))
-    v3 = _op("reshape")(_broadcast(cx, v, batch + (S, Ev)), (-1, S, Ev))
+    q3 = _op("reshape")(expand_to(cx, q, batch + (L, E)), (-1, L, E))
+    k3 = _op("reshape")(expand_to(cx, k, batch + (S, E)), (-1, S, E))
+    v3 = _op("reshape")(expand_to(cx, v, batch + (S, Ev)), (-1, S, Ev))
     s = _op("nn.batch_matmul")(_op("multiply")(q3, scalar(scale, dt)), k3, transpose_b=True)
-    s = _op("reshape")(s, batch + (L, S))
+    s = _op("reshape")(s, newshape(cx, what, batch + (L, S)))
     keep = None
     if is_causal:
         keep = const(np.tril(np.ones((L, S), dtype=bool)))
@@ -517,7 +560,7 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     if dropout_p > 0.0:
         p = _op("nn.dropout")(p, cx.dropout_mask(batch + (L, S), dropout_p), rate=float(dropout_p))
     out = _op("nn.batch_matmul")(_op("reshape")(p, (-1, L, S)), v3, transpose_b=False)
-    return _op("reshape")(out, batch + (L, Ev))
+    return _op("reshape")(out, newshape(cx, what, batch + (L, Ev)))
 
 
 # ------------------------------------------------------------------ losses and embeddings
@@ -527,9 +570,9 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 def _class_last(cx, x, target):
     """(N*d..., C) predictions and (N*d...,) targets from (N, C, d...) / (N, d...) or (C,) / ()."""
-    shape = cx.shape_of(x)
+    shape = tuple(cx.shape_of(x))
     if len(shape) > 2:
-        shape = static(cx, "nll_loss on (N, C, d...) data", shape)
+        static(cx, "nll_loss on (N, C, d...) data", shape[1:])  # a dynamic batch only
     if len(shape) == 1:
         return _op("expand_dims")(x, 0), _op("reshape")(target, (1,)), ()
     if len(shape) == 2:
@@ -546,7 +589,7 @@ def _nll(cx, logp, target, weight, reduction, ignore_index):
     p2, t1, out_shape = _class_last(cx, logp, target)
     red = _REDUCTIONS[reduction] if isinstance(reduction, int) else reduction
     loss = _op("nn.nll_loss")(p2, t1, w, reduction=red, ignore_index=int(ignore_index))
-    return _op("reshape")(loss, out_shape) if red == "none" and len(out_shape) != 1 else loss
+    return _op("reshape")(loss, newshape(cx, "nll_loss", out_shape)) if red == "none" and len(out_shape) != 1 else loss
 
 
 @aten("aten.cross_entropy_loss.default")
@@ -601,16 +644,47 @@ def _nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
 
 @aten("aten.embedding.default")
 def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight (PyTorch's rule)."""
-    if scale_grad_by_freq:
-        raise PullbackError("embedding with scale_grad_by_freq=True is not supported")
+    """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight, and with
+    ``scale_grad_by_freq`` each lookup's gradient is divided by how often its index occurs in ``idx`` (PyTorch's
+    rules; the values are unchanged: ``stop_gradient(y) + (y - stop_gradient(y)) / count``)."""
     out = _op("take")(w, idx, axis=0)
+    if scale_grad_by_freq:
+        dt, flat = cx.dtype_of(w), _int64_of(cx, _op("reshape")(idx, (-1,)))
+        rows = static(cx, "embedding", cx.shape_of(w))[0]
+        counts = _op("index_add")(const(np.zeros((rows,), dt)), flat, _op("ones_like")(_op("cast")(flat, dt)), axis=0)
+        per_lookup = _op("expand_dims")(_op("take")(counts, idx, axis=0), cx.ndim_of(idx))
+        frozen = _op("stop_gradient")(out)
+        out = _op("add")(frozen, _op("divide")(_op("subtract")(out, frozen), per_lookup))
     if padding_idx is None or padding_idx < 0:
         return out
     pad = _op("expand_dims")(_op("equal")(idx, scalar(padding_idx, cx.dtype_of(idx))), cx.ndim_of(idx))
     return _op("where")(pad, _op("stop_gradient")(out), out)
 
 
+
+
+@aten("aten.embedding_renorm.default", "aten.embedding_renorm_.default")
+def _embedding_renorm(cx, w, idx, max_norm, norm_type):
+    """The weight after ``max_norm``'s in-place renormalisation (PyTorch's ``embedding_renorm_``): each row
+    looked up whose ``norm_type``-norm exceeds ``max_norm`` is scaled by ``max_norm / (norm + 1e-7)``.
+
+    Eager renormalises the weight in place under ``no_grad`` and then looks rows up in that same tensor, so the
+    lookup's gradient reaches the weight unscaled; ``torch.export`` records the update on a detached copy. The
+    result is therefore the new values with the gradient of the weight itself (``w + stop_gradient(new - w)``,
+    reading through the detach); the importer writes the new values back (a parameter, buffer or input
+    mutation), as eager's in-place update does."""
+    if getattr(getattr(w, "op", None), "name", None) == "stop_gradient":
+        w = w.args[0]
+    dt = cx.dtype_of(w)
+    rows = static(cx, "embedding_renorm", cx.shape_of(w))[0]
+    looked_up = _op("greater")(_op("index_add")(const(np.zeros((rows,), dt)), _int64_of(cx, _op("reshape")(idx, (-1,))),
+                                                _op("ones_like")(_op("cast")(_op("reshape")(idx, (-1,)), dt)), axis=0),
+                               scalar(0, dt))
+    norm = _pnorm_last(cx, w, float(norm_type), dt)
+    scale = _op("divide")(scalar(max_norm, dt), _op("add")(norm, scalar(1e-7, dt)))
+    scale = _op("where")(_op("logical_and")(looked_up, _op("greater")(norm, scalar(max_norm, dt))), scale, scalar(1, dt))
+    change = _op("subtract")(_op("multiply")(w, _op("expand_dims")(scale, 1)), w)
+    return _op("add")(w, _op("stop_gradient")(change))
 
 
 # ------------------------------------------------------------------ distances and bags of embeddings
@@ -658,9 +732,10 @@ def _pdist(cx, x, p=2.0):
 @aten("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
 def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
                    include_last_offset=False, padding_idx=-1):
-    """``(output, offset2bag, bag_size, max_indices)`` for ``sum`` and ``mean`` bags (``max`` is not supported)."""
-    if mode not in (0, 1) or scale_grad_by_freq:
-        raise PullbackError("embedding_bag supports mode 'sum' and 'mean' without scale_grad_by_freq")
+    """``(output, offset2bag, bag_size, max_indices)`` for ``sum``, ``mean`` and ``max`` bags (``max_indices`` is
+    not converted); rows at ``padding_idx`` take no part, an empty bag gives zeros."""
+    if scale_grad_by_freq:
+        raise PullbackError("embedding_bag with scale_grad_by_freq=True is not supported")
     dt, it = cx.dtype_of(weight), cx.dtype_of(indices)
     n = static(cx, "embedding_bag", cx.shape_of(indices))[0]
     nb = static(cx, "embedding_bag", cx.shape_of(offsets))[0] - (1 if include_last_offset else 0)
@@ -672,10 +747,17 @@ def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=
     if per_sample_weights is not None:
         rows = _op("multiply")(rows, _op("expand_dims")(per_sample_weights, 1))
     valid = _op("not_equal")(indices, scalar(padding_idx if padding_idx is not None else -1, it))
-    rows = _op("where")(_op("expand_dims")(valid, 1), rows, scalar(0, dt))
     d = static(cx, "embedding_bag", cx.shape_of(weight))[1]
-    out = _op("index_add")(const(np.zeros((nb, d), dtype=dt)), bag, rows, axis=0)
     count = _op("index_add")(const(np.zeros((nb,), dtype=dt)), bag, _op("cast")(valid, dt), axis=0)
+    if mode == 2:  # max: padding rows lose to every row; a bag without rows gives 0
+        rows = _op("where")(_op("expand_dims")(valid, 1), rows, scalar(-np.inf, dt))
+        where = _op("broadcast_to")(_op("expand_dims")(bag, 1), (n, d))
+        out = _op("scatter_reduce")(const(np.zeros((nb, d), dtype=dt)), where, rows, axis=0, reduce="amax",
+                                    include_self=False)
+        out = _op("where")(_op("expand_dims")(_op("greater")(count, scalar(0, dt)), 1), out, scalar(0, dt))
+        return [out, bag, _op("cast")(count, "int64"), None]
+    rows = _op("where")(_op("expand_dims")(valid, 1), rows, scalar(0, dt))
+    out = _op("index_add")(const(np.zeros((nb, d), dtype=dt)), bag, rows, axis=0)
     if mode == 1:
         out = _op("divide")(out, _op("expand_dims")(_op("maximum")(count, scalar(1, dt)), 1))
     return [out, bag, _op("cast")(count, "int64"), None]

@@ -29,6 +29,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
 from ..ir.types import Any, FLOAT_DTYPES
 from ..ops.registry import get_op
+from .context import static_dim
 
 ATEN_TABLE: dict[str, Callable] = {}
 
@@ -113,6 +114,35 @@ def static(cx, what: str, shape: Sequence) -> tuple:
     if any(d is Any for d in shape):
         raise PullbackError(f"{what} needs static shapes, got {tuple('?' if d is Any else d for d in shape)}")
     return tuple(shape)
+
+
+def newshape(cx, what: str, shape: Sequence) -> tuple:
+    """``shape`` as a reshape target: one dynamic (batch) dimension becomes ``-1`` (inferred at run time); more
+    than one is a clear error about ``what``."""
+    if sum(d is Any for d in shape) == 1:
+        return tuple(-1 if d is Any else d for d in shape)
+    return static(cx, what, shape)
+
+
+def expand_to(cx, x: Expr, shape: tuple, sizes: Optional[Sequence] = None) -> Expr:
+    """``x`` broadcast to ``shape``. With dynamic dimensions, by adding zeros (``broadcast_to`` needs a static
+    shape); a dynamic dimension ``x`` does not have takes its zeros from the input carrying ``sizes[axis]``
+    (the torch sizes of the result)."""
+    have = tuple(cx.shape_of(x))
+    if have == tuple(shape):
+        return x
+    if Any not in shape:
+        return _op("broadcast_to")(x, tuple(shape))
+    dt, n = cx.dtype_of(x), len(shape)
+    aligned = (1,) * (n - len(have)) + have
+    out = _op("add")(x, const(np.zeros(tuple(1 if d is Any else d for d in shape), dtype=dt)))
+    for axis, (d, a) in enumerate(zip(shape, aligned)):
+        if d is Any and a is not Any:
+            if sizes is None:
+                raise PullbackError(f"expand of {have} to a dynamic size needs the input to carry that dimension")
+            zeros = cx.size_zeros(sizes[axis], dt)
+            out = _op("add")(out, _op("reshape")(zeros, tuple(-1 if k == axis else 1 for k in range(n))))
+    return out
 
 
 def no_value(cx, *args, **kwargs):
@@ -287,19 +317,19 @@ def _div_mode(cx, x, y, rounding_mode=None):
         return _op("floor" if rounding_mode == "floor" else "trunc")(_op("divide")(a, b))
     if rounding_mode == "floor":
         return _op("floor_divide")(a, b)
-    return _op("divide")(_op("subtract")(a, _op("remainder")(a, b, mode="trunc")), b)  # exact: a - fmod(a, b) is a multiple of b
+    return _op("divide")(_op("subtract")(a, _op("mod")(a, b)), b)  # exact: a - fmod(a, b) is a multiple of b
 
 
 @aten("aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder.Scalar_Tensor")
 def _remainder(cx, x, y):
     dt = cx.out_dtype
-    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="floor")
+    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
 
 
 @aten("aten.fmod.Tensor", "aten.fmod.Scalar")
 def _fmod(cx, x, y):
     dt = cx.out_dtype
-    return _op("remainder")(as_dtype(cx, x, dt), as_dtype(cx, y, dt), mode="trunc")
+    return _op("mod")(as_dtype(cx, x, dt), as_dtype(cx, y, dt))
 
 
 def _compare(pb: str):
@@ -381,7 +411,7 @@ def _detach(cx, x):
 def _copy(cx, dst, src, non_blocking=False):
     """``dst`` overwritten by ``src`` (broadcast to ``dst``'s shape, cast to its dtype)."""
     out = cast(cx, src, cx.dtype_of(dst))
-    return out if cx.shape_of(out) == cx.shape_of(dst) else _op("broadcast_to")(out, static(cx, "copy", cx.shape_of(dst)))
+    return expand_to(cx, out, tuple(cx.shape_of(dst)), cx.val.shape)
 
 
 # ------------------------------------------------------------------ creation
@@ -393,10 +423,14 @@ def _scalar_tensor(cx, value, **kwargs):
 
 
 def _filled(cx, fill) -> Expr:
-    shape = static(cx, str(cx.node.target), cx.out_shape)
+    """The node's result filled with ``fill``; a dynamic (batch) dimension is broadcast from 1 (``expand_to``)."""
+    shape = tuple(cx.out_shape)
+    ones = tuple(1 if d is Any else d for d in shape)
     if isinstance(fill, Expr):  # a value computed in the program (e.g. ``x.item()``)
-        return _op("full")(as_dtype(cx, fill, cx.out_dtype), shape, cx.out_dtype)
-    return const(np.full(shape, fill, dtype=cx.out_dtype))
+        out = _op("full")(as_dtype(cx, fill, cx.out_dtype), ones, cx.out_dtype)
+    else:
+        out = const(np.full(ones, fill, dtype=cx.out_dtype))
+    return expand_to(cx, out, shape, cx.val.shape) if Any in shape else out
 
 
 @aten("aten.full.default", "aten.new_full.default")
@@ -427,9 +461,18 @@ def _fill(cx, x, value):
 
 @aten("aten.arange.start_step", "aten.arange.start", "aten.arange.default")
 def _arange(cx, *args, **kwargs):
-    nums = [a for a in args if isinstance(a, (int, float))]
+    """``arange``; a dynamic length (``arange(batch)``) is ``start + step * (cumsum(ones) - 1)`` over the
+    input axis that carries it."""
+    nums = [a for a in args if isinstance(a, (int, float)) or hasattr(a, "node")]
     start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
-    return _op("arange")(start, stop, step, cx.out_dtype)
+    length = cx.val.shape[0]
+    if static_dim(length) is not Any:
+        return _op("arange")(start, int(stop) if hasattr(stop, "node") else stop, step, cx.out_dtype)
+    if hasattr(start, "node") or hasattr(step, "node"):
+        raise PullbackError("arange with a dynamic start or step is not supported (a dynamic end is)")
+    dt = cx.out_dtype
+    count = _op("cumsum")(_op("add")(cx.size_zeros(length, dt), scalar(1, dt)), axis=0)
+    return _op("add")(_op("multiply")(_op("subtract")(count, scalar(1, dt)), scalar(step, dt)), scalar(start, dt))
 
 
 for _name in ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
@@ -496,9 +539,7 @@ def _reshape(cx, x, *args):
         return x
     if 0 in shape:  # an empty result (reshape's 0 would mean "copy this dim")
         return _op("zeros")(static(cx, "reshape", shape), cx.out_dtype)
-    if sum(d is Any for d in shape) == 1:  # a dynamic (batch) dimension: inferred at run time
-        return _op("reshape")(x, tuple(-1 if d is Any else d for d in shape))
-    return _op("reshape")(x, static(cx, "reshape", shape))
+    return _op("reshape")(x, newshape(cx, "reshape", shape))
 
 
 @aten("aten.permute.default")
@@ -539,16 +580,7 @@ def _squeeze(cx, x, dims=None):
 
 @aten("aten.expand.default", "aten.expand_as.default", "aten.expand_copy.default")
 def _expand(cx, x, *args):
-    shape, have = cx.out_shape, cx.shape_of(x)
-    if have == shape:
-        return x
-    if Any in shape:  # a dynamic dim the input already has: broadcast the static ones by adding zeros
-        aligned = (1,) * (len(shape) - len(have)) + tuple(have)
-        if any(d is Any and a is not Any for d, a in zip(shape, aligned)):
-            raise PullbackError(f"expand of {tuple(have)} to a dynamic size needs the input to carry that dimension")
-        zeros = const(np.zeros(tuple(1 if d is Any else d for d in shape), dtype=cx.dtype_of(x)))
-        return _op("add")(x, zeros)
-    return _op("broadcast_to")(x, shape)
+    return expand_to(cx, x, tuple(cx.out_shape), cx.val.shape)
 
 
 @aten("aten.select.int")
@@ -745,6 +777,7 @@ def _log_softmax(cx, x, dim, *rest):
     return _op("nn.log_softmax")(x, axis=dim) if cx.ndim_of(x) else _op("zeros_like")(x)
 
 
-__all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static"]
+__all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static",
+           "newshape", "expand_to"]
 
 from . import aten_indexing, aten_nn  # noqa: E402,F401  (registration)

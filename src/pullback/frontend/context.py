@@ -154,6 +154,27 @@ class ConvertContext:
         self._names = names
         self.masks: list[RandomInput] = []
         self.mask_vars: list[Var] = []
+        self._sizes: dict[str, tuple] = {}  # symbolic size -> (user input Var, axis) that carries it
+
+    def note_sizes(self, v: Var, val) -> None:
+        """Remember which axis of the user input ``v`` (torch value ``val``) carries each symbolic size."""
+        for axis, d in enumerate(val.shape):
+            if static_dim(d) is Any:
+                self._sizes.setdefault(str(d.node.expr), (v, axis))
+
+    def size_zeros(self, size, dtype: str) -> Expr:
+        """A 1-D tensor of zeros of the symbolic length ``size`` (a ``SymInt``), read off the user input that
+        carries it: what broadcasts a tensor to a dynamic batch it does not have."""
+        from ..ops.registry import get_op
+
+        src = self._sizes.get(str(getattr(getattr(size, "node", None), "expr", size)))
+        if src is None:
+            raise PullbackError(f"a dynamic size {size} that no input carries (only input sizes can be dynamic)")
+        v, axis = src
+        z = get_op("zeros_like")(v)
+        others = tuple(i for i in range(len(v.type_annotation.shape)) if i != axis)
+        z = get_op("sum")(z, others, False) if others else z
+        return z if v.type_annotation.dtype == dtype else get_op("cast")(z, dtype)
 
     def record(self, expr: Expr, val) -> None:
         if isinstance(expr, Expr) and hasattr(val, "shape") and hasattr(val, "dtype"):

@@ -32,6 +32,7 @@ the whole statement of user code of every use.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 import warnings
@@ -46,6 +47,7 @@ from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
 from .aten_table import ATEN_TABLE
+from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 
@@ -78,7 +80,8 @@ class TorchProgram:
     masks: list  # RandomInput per random input parameter, in order
     num_outputs: int  # number of user outputs (leading fields of the result)
     single_output: bool  # the result is one tensor (not a tuple)
-    mutations: list = field(default_factory=list)  # ("buffer", state key) | ("input", input var name) per extra field
+    # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
+    mutations: list = field(default_factory=list)
 
     @property
     def main(self) -> Function:
@@ -107,7 +110,13 @@ EXTRA_DECOMPOSED: tuple = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", 
 
 def decomposition_table() -> dict:
     """The table ``export`` hands to ``run_decompositions``: ``torch.export.default_decompositions()``
-    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED``."""
+    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED`` (a fresh
+    dict each call; PyTorch's lazy table is materialised once per process)."""
+    return dict(_decomposition_table())
+
+
+@functools.cache
+def _decomposition_table() -> dict:
     import torch
     from torch._decomp import decomposition_table as registry
 
@@ -118,7 +127,7 @@ def decomposition_table() -> dict:
         op = _overload(name)
         if op in registry:
             table[op] = registry[op]
-    return table
+    return dict(table.items())
 
 
 def _overload(name: str):
@@ -129,22 +138,30 @@ def _overload(name: str):
     return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
-def batch_dynamic_shapes(example_inputs: Sequence) -> tuple:
-    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input is one symbolic batch size."""
+def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None):
+    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input (of those ``batched`` flags)
+    is one symbolic batch size (a ``ShapesCollection``: keyed by the tensors, so it fits any ``forward``
+    signature, ``*args`` included)."""
     import torch
 
     batch = torch.export.Dim("batch")
-    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim else None for x in example_inputs)
+    shapes = torch.export.ShapesCollection()
+    for k, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.ndim and (batched is None or batched[k]):
+            shapes[x] = {0: batch}
+    return shapes
 
 
-def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch: bool = False):
+def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
-    ``dynamic_batch``, dimension 0 of every input is symbolic (the example's batch must be at least 2)."""
+    ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
+    example's batch must be at least 2)."""
     import torch
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch")
-    dynamic = batch_dynamic_shapes(example_inputs) if dynamic_batch else None
+    flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
+    dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
     with warnings.catch_warnings(), quiet_torch_logs():  # torch.export's internal notices are not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -189,6 +206,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
             if spec.kind == InputKind.USER_INPUT:
                 v = Var(names.fresh(sanitize(node.name)), ty)
                 user_vars.append(v)
+                cx.note_sizes(v, val)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
                 if params_as == "constants" or spec.kind == InputKind.CONSTANT_TENSOR:
@@ -221,8 +239,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         e = env[out] if not isinstance(out, (int, float, bool)) else Constant(np.asarray(out))
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
             user_out.append(e)
-        elif spec.kind == OutputKind.BUFFER_MUTATION:
-            mutations.append(("buffer", spec.target))
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+            mutations.append(("buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter", spec.target))
             extra.append(e)
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             mutations.append(("input", by_name.get(sanitize(spec.target), user_vars[0]).name_hint if user_vars else spec.target))
@@ -286,7 +304,7 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         key = str(node.target)
         conv = ATEN_TABLE.get(key)
         if conv is None:
-            problems.add(key, node)
+            problems.add(key, node, UNSUPPORTED.get(key, ""))  # a known gap (the FFTs) says why
             return _MISSING
         try:
             value = conv(cx, *args, **kwargs)

@@ -10,8 +10,12 @@ one. Registered through the entry point group ``torch_dynamo_backends``.
 With static shapes the graph is compiled at once (an unsupported operator is
 reported when ``torch.compile``'s first call compiles). Under
 ``torch.compile(..., dynamic=True)`` Dynamo's graph has symbolic sizes (and
-size arguments); the backend then compiles one program per concrete input
-shape, at the first call with that shape.
+size arguments); the backend then compiles at the first call ONE program with
+a dynamic batch (dimension 0 of the inputs that share the first input's
+symbolic dimension 0; size arguments equal to it are read off those inputs),
+for every batch size. Other symbolic sizes are fixed per program (one program
+per value), and when the batch cannot stay dynamic (``torch.export``
+specialises it, or the first batch is 1) one program per input shape.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from ..frontend.torch_importer import export, import_exported, tied_keys
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, float_wrt, module_state
 
 
-def _bound_module(gm, inputs: Sequence):
-    """``gm`` as a module of its tensor inputs only (the size arguments Dynamo passes are fixed to ``inputs``')."""
+def _bound_module(gm, inputs: Sequence, is_input: Sequence[bool], sizes: dict):
+    """``gm`` as a module of its tensor inputs only (``is_input``): a size argument Dynamo passes is read off a
+    tensor (``sizes``: argument position -> (tensor position, axis)) or fixed to its value in ``inputs``; a
+    Python number Dynamo passes as a 0-d tensor (a dropout rate) is a constant of the program."""
     import torch
 
     class Bound(torch.nn.Module):
@@ -32,8 +38,15 @@ def _bound_module(gm, inputs: Sequence):
             self.gm = gm
 
         def forward(self, *tensors):
-            it = iter(tensors)
-            return self.gm(*[next(it) if isinstance(x, torch.Tensor) else x for x in inputs])
+            it, args = iter(tensors), []
+            for k, x in enumerate(inputs):
+                if is_input[k]:
+                    args.append(next(it))
+                elif isinstance(x, torch.Tensor):
+                    args.append(torch.tensor(x.item(), dtype=x.dtype))
+                else:
+                    args.append(tensors[sizes[k][0]].shape[sizes[k][1]] if k in sizes else x)
+            return self.gm(*args)
 
     return Bound()
 
@@ -44,27 +57,69 @@ def _is_static(x) -> bool:
     return isinstance(x, torch.Tensor) and all(isinstance(d, int) for d in x.shape)
 
 
+class _Layout:
+    """What Dynamo's placeholders say: ``is_input[k]``: argument ``k`` is a tensor input of the program (not a
+    size, nor a number passed as a tensor); ``batched[k]``: a tensor input whose dimension 0 is the batch (the
+    symbol of the first symbolic dimension 0); ``sizes``: size arguments equal to the batch -> (tensor input
+    position, 0)."""
+
+    def __init__(self, gm):
+        import torch
+
+        nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        vals = [n.meta.get("example_value") for n in nodes]
+        number = [getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False) for n in nodes]
+        self.is_input = [isinstance(v, torch.Tensor) and not f for v, f in zip(vals, number)]
+        sym = lambda d: str(d.node.expr) if isinstance(d, torch.SymInt) else None  # noqa: E731
+        dim0 = [sym(v.shape[0]) if i and v.ndim else None for v, i in zip(vals, self.is_input)]
+        batch = next((d for d in dim0 if d is not None), None)
+        self.batched = [batch is not None and d == batch for d in dim0]
+        first = sum(self.is_input[: self.batched.index(True)]) if any(self.batched) else None
+        self.sizes = {k: (first, 0) for k, v in enumerate(vals) if first is not None and sym(v) == batch}
+
+    def key(self, inputs: Sequence, dynamic: bool) -> tuple:
+        """The program cache key: shapes and dtypes, the batch dimension left out when ``dynamic``."""
+        out = []
+        for k, x in enumerate(inputs):
+            if self.is_input[k]:
+                out.append((tuple(x.shape)[1:] if dynamic and self.batched[k] else tuple(x.shape), x.dtype))
+            else:
+                out.append(("size",) if dynamic and k in self.sizes else ("value", x.item() if hasattr(x, "item") else x))
+        return tuple(out)
+
+
 def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
     """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
-    import torch
 
     check_target(target, "pullback_backend")
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))
     programs: dict = {}
+    layout = _Layout(gm)
+    dynamic = [any(layout.batched)]  # cleared when torch.export cannot keep the batch dynamic
+
+    def compile_for(inputs: Sequence, dyn: bool) -> tuple:
+        tensors = [x for x, i in zip(inputs, layout.is_input) if i]
+        plain = len(tensors) == len(inputs)
+        module = gm if plain else _bound_module(gm, inputs, layout.is_input, layout.sizes if dyn else {})
+        flags = [b for b, i in zip(layout.batched, layout.is_input) if i] if dyn else False
+        prog = import_exported(export(module, tensors, dynamic_batch=flags), tied=tied_keys(module))
+        tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, target, policy)
+        return tp, module_state(module)
 
     def program(inputs: Sequence):
-        key = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else ("size", x) for x in inputs)
-        entry = programs.get(key)
+        entry = programs.get(layout.key(inputs, dynamic[0]))
         if entry is None:
-            plain = all(isinstance(x, torch.Tensor) for x in inputs)
-            module = gm if plain else _bound_module(gm, inputs)
-            tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-            prog = import_exported(export(module, tensors), tied=tied_keys(module))
-            tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, target, policy)
-            entry = programs[key] = (tp, module_state(module))
+            if dynamic[0]:
+                try:
+                    entry = compile_for(inputs, True)
+                except Exception:  # noqa: BLE001 - the batch cannot stay dynamic: one program per shape
+                    dynamic[0] = False
+            if entry is None:
+                entry = compile_for(inputs, False)
+            programs[layout.key(inputs, dynamic[0])] = entry
         return entry
 
     if all(_is_static(x) for x in example_inputs):
@@ -72,7 +127,8 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
 
     def compiled(*inputs):
         tp, state = program(inputs)
-        outs = call(tp, [x for x in inputs if isinstance(x, torch.Tensor)], state)
+        user = [x for x, i in zip(inputs, layout.is_input) if i]
+        outs = call(tp, user, state, batched=[x for x, b in zip(inputs, layout.batched) if b])
         return tuple(outs) if as_tuple else outs[0]
 
     compiled.programs = programs

@@ -178,18 +178,19 @@ def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple
     return _function().apply(tp, tuple(mutated), *tensors)
 
 
-def call(tp: TrainingProgram, inputs: Sequence, state) -> tuple:
+def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequence] = None) -> tuple:
     """Run ``tp`` on the user's ``inputs`` with the parameters and buffers of ``state`` (state_dict key ->
-    tensor: a dict or a ``ModuleState``), fresh random inputs drawn as eager draws them; writes the mutated buffers and inputs back and
-    returns the user outputs."""
+    tensor: a dict or a ``ModuleState``), fresh random inputs drawn as eager draws them (a dynamic batch
+    dimension sized like ``batched``, default ``inputs``); writes the mutated parameters, buffers and inputs
+    back and returns the user outputs."""
     import torch
 
     prog = tp.prog
-    tensors = [*inputs, *[state[k] for k in tp.state_keys], *draw_masks(prog, inputs)]
+    tensors = [*inputs, *[state[k] for k in tp.state_keys], *draw_masks(prog, inputs if batched is None else batched)]
     if not prog.mutations:
         return run(tp, tensors)
     by_input = dict(zip(prog.inputs, inputs))
-    targets = [state[name] if kind == "buffer" else by_input[name] for kind, name in prog.mutations]
+    targets = [by_input[name] if kind == "input" else state[name] for kind, name in prog.mutations]
     results = run(tp, tensors, targets)
     with torch.no_grad():
         for t, value in zip(targets, results[prog.num_outputs:]):

@@ -19,8 +19,10 @@ def _grad(call: Call, g: Expr):
     return [None]
 
 
+# elementwise, any dtype; smooth=False: its derivative is zero by definition (finite differences see 1), so
+# generated programs use it where values are checked, not gradients
 stop_gradient = defop("stop_gradient", 1, _infer, kernel=lambda xp, x, attrs=None: x, grad=_grad, pattern=FusionKind.ELEMWISE,
-                      flops=zero_flops, torch_name="detach",
+                      flops=zero_flops, torch_name="detach", elementwise=True, smooth=False,
                       doc="``x`` unchanged in the forward, no gradient in the backward (``Tensor.detach``).")
 
 __all__ = ["stop_gradient"]

@@ -10,7 +10,8 @@ from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .registry import FusionKind, defop, type_error
 
 _NO_GRAD = "integer and boolean operands carry no gradient"
-_KINDS = set(INT_DTYPES) | {"bool"}
+_DTYPES = tuple(INT_DTYPES) + ("bool",)
+_KINDS = set(_DTYPES)
 
 
 def _check(name: str, arg_types, i: int) -> TensorType:
@@ -33,7 +34,8 @@ def _binary(name: str, fn_name: str):
         return getattr(xp, fn_name)(a, b)
 
     return defop(name, 2, infer, kernel=kernel, differentiable=False, nondiff_reason=_NO_GRAD, pattern=FusionKind.BROADCAST,
-                 flops=_flops, torch_name=name, doc=f"Elementwise ``{name}`` of integer or bool tensors (broadcasting).")
+                 flops=_flops, torch_name=name, dtypes=_DTYPES, elementwise=True,
+                 doc=f"Elementwise ``{name}`` of integer or bool tensors (broadcasting).")
 
 
 bitwise_and = _binary("bitwise_and", "bitwise_and")
@@ -47,6 +49,7 @@ def _not_infer(arg_types, attrs):
 
 bitwise_not = defop("bitwise_not", 1, _not_infer, kernel=lambda xp, x, attrs=None: xp.bitwise_invert(x), differentiable=False,
                     nondiff_reason=_NO_GRAD, pattern=FusionKind.ELEMWISE, flops=_flops, torch_name="bitwise_not",
+                    dtypes=_DTYPES, elementwise=True,
                     doc="``~x`` of an integer or bool tensor (logical not on bools).")
 
 __all__ = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"]

@@ -325,9 +325,7 @@ _NO_GRAD_STEP = "piecewise constant in its inputs; the gradient is zero or undef
 floor_divide = binary("floor_divide", kernel=_checked_division("floor_divide", "floor_divide"), ufunc=np.floor_divide,
                       differentiable=False, nondiff_reason=_NO_GRAD_STEP, torch_name="floor_divide",
                       recompute=Recompute.SPECIAL)
-mod = binary("mod", kernel=_checked_division("mod", "fmod"), ufunc=np.fmod, differentiable=False, nondiff_reason=_NO_GRAD_STEP,
-             torch_name="fmod", doc="Truncated remainder (sign of the dividend), like Relay's mod and torch.fmod.",
-             recompute=Recompute.SPECIAL)
+# ``mod`` (truncated remainder) and ``remainder`` (floored) are defined with their gradients in ``ops.math``
 
 _CMP = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
 for _name, _tn in _CMP.items():

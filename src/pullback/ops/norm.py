@@ -85,7 +85,7 @@ class LayerNormAttrs:
 
     def __post_init__(self):
         check_int(self, "axis")
-        check_float(self, "epsilon", nonneg=True)
+        check_float(self, "epsilon")  # any finite value, as PyTorch (a negative one can give NaN)
         check_bool(self, "center", "scale")
 
 
@@ -191,7 +191,7 @@ class BatchNormAttrs:
     def __post_init__(self):
         check_int(self, "axis")
         check_float(self, "epsilon", nonneg=True)
-        check_float(self, "momentum", nonneg=True)
+        check_float(self, "momentum")  # any finite value, as PyTorch
         check_bool(self, "center", "scale", "training")
 
 

@@ -276,6 +276,8 @@ def _tile_grad(call: Call, g: Expr):
 
     x = call.args[0]
     shape, reps = _tile_layout(_static_dims("tile", x.checked_type.shape), call.attrs.reps)
+    if 0 in shape or 0 in reps:  # an empty input or result: an empty (zero) gradient (reshape's 0 copies a dim)
+        return [T.zeros_like(x)]
     interleaved = tuple(v for r, d in zip(reps, shape) for v in (r, d))
     summed = _sum(T.reshape(g, interleaved), tuple(range(0, 2 * len(shape), 2)))
     return [T.reshape_like(summed, x)]

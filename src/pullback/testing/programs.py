@@ -172,8 +172,9 @@ def _safe(interval: tuple) -> tuple:
 
 
 def _fixable(lo: float, hi: float) -> bool:
-    """A domain-fixing operand (``_Builder.into``) exists for [lo, hi]."""
-    return lo <= -1.0 and hi >= 1.0 or lo <= 0.37 and hi >= 2.72 or lo <= 0.5 and hi >= 1.5
+    """A domain-fixing operand (``_Builder.into``) exists for [lo, hi]: any interval (a rescaled ``tanh`` fits
+    where ``tanh``, ``exp(tanh)`` and ``sigmoid + 0.5`` do not)."""
+    return lo < hi
 
 
 def _result_dtype(op: OpDef, dtype: str, attrs) -> Optional[str]:
@@ -357,7 +358,16 @@ class _Builder:
             return self.squash(v)
         if lo <= 0.37 and hi >= 2.72 or lo <= 0.5 and hi >= 1.5:
             return self.positive(v)
-        raise PullbackError(f"generator: no domain fixer for [{lo}, {hi}]")
+        return self.rescaled(v, lo if lo > -INF else hi - 2.0, hi if hi < INF else lo + 2.0)
+
+    def rescaled(self, v: Val, lo: float, hi: float) -> Val:
+        """``c + h * tanh(v)``: entries in [lo, hi] (acos's (-1, 1), acosh's (1, inf) less their margins)."""
+        s = self.squash(v)
+        c, h = (lo + hi) / 2, (hi - lo) / 2
+        half = self.make(Constant(np.array(h, s.dtype)), h, h)
+        s = self.call("multiply", [s, half], s.lo * h, s.hi * h)
+        mid = self.make(Constant(np.array(c, s.dtype)), c, c)
+        return self.call("add", [s, mid], s.lo + c, s.hi + c)
 
     def away_from(self, v: Val, kinks: tuple) -> Val:
         """In smooth mode: ``v`` whose interval keeps ``MARGIN`` from every kink."""

@@ -6,7 +6,8 @@ alive or tying the backward pass to a forward value. The shape and dtype are
 taken from the call's *result* type (so ``reshape_like`` with
 ``lhs_begin``/``rhs_begin`` is right), and each entry of ``LIKE_OPS`` carries its
 own applicability check: every entry but ``cast_like`` needs a fully static
-result shape; ``cast_like -> cast`` only needs the dtype.
+result shape (``reshape_like`` also a non-empty one: ``reshape``'s 0 copies a
+dim); ``cast_like -> cast`` only needs the dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from .pass_infra import RewritePass
 def static_result(t) -> bool:
     """The result is a tensor whose every dimension is a known int."""
     return isinstance(t, TensorType) and t.is_static
+
+
+def static_nonempty_result(t) -> bool:
+    """A static result without a 0 size: ``reshape``'s newshape reads 0 as "copy the input's dim" (Relay), so an
+    empty target shape stays a ``reshape_like``."""
+    return static_result(t) and 0 not in t.shape
 
 
 def tensor_result(t) -> bool:
@@ -65,7 +72,7 @@ LIKE_OPS: tuple[LikeRule, ...] = (
     LikeRule("zeros_like", "zeros", (), _shape_dtype),
     LikeRule("ones_like", "ones", (), _shape_dtype),
     LikeRule("full_like", "full", (1,), _shape_dtype),
-    LikeRule("reshape_like", "reshape", (0,), _shape),
+    LikeRule("reshape_like", "reshape", (0,), _shape, static_nonempty_result),
     LikeRule("collapse_sum_like", "collapse_sum_to", (0,), _shape),
     LikeRule("broadcast_to_like", "broadcast_to", (0,), _shape),
     LikeRule("cast_like", "cast", (0,), _dtype, tensor_result),
