@@ -27,15 +27,14 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
 from ..ir.scope import Scope, ScopeInfo, ancestor_at
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
+from ..transform.pass_infra import gc_paused
 from .fused import group_label
 
 if TYPE_CHECKING:
@@ -44,20 +43,6 @@ if TYPE_CHECKING:
 CALL1, CALL2, CALLN, FN, TUPLE, GET, IF, END, RET = range(9)
 OPCODE_NAMES = ("CALL1", "CALL2", "CALLN", "FN", "TUPLE", "GET", "IF", "END", "RET")
 KERNEL_OPS = (CALL1, CALL2, CALLN)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused inside the block, restored (if it was on) after it.
-
-    Compiling makes millions of small acyclic tuples: the collector would only rescan them."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class FunctionPlan:
