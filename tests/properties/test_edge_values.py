@@ -56,8 +56,7 @@ DIVISIONS = [
     ("divide", lambda a, b: op.divide(a, b)),
     ("floor_divide", lambda a, b: op.floor_divide(a, b)),
     ("mod", lambda a, b: op.mod(a, b)),
-    ("remainder", lambda a, b: op.remainder(a, b, mode="floor")),
-    ("remainder", lambda a, b: op.remainder(a, b, mode="trunc")),
+    ("remainder", lambda a, b: op.remainder(a, b)),
 ]
 DIVISORS = {  # name -> (dividend, divisor): every one has a zero divisor somewhere
     "all-zero": (np.array([7, -7, 0]), np.array([0, 0, 0])),
