@@ -251,3 +251,39 @@ def test_max_pool2d_backward_adds_at_the_given_indices(shape, kw):
     ops = {getattr(n.op, "name", None) for n in post_order(prog.mod["main"].body) if isinstance(n, Call)}
     assert "nn.max_pool2d_with_indices_grad" in ops and "nn.max_pool2d_grad" not in ops
     np.testing.assert_allclose(first(run_main(prog, (g, x, idx)), prog), PoolBackward()(g, x, idx).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _IndexPut(torch.nn.Module):
+    def __init__(self, accumulate):
+        super().__init__()
+        self.accumulate = accumulate
+
+    def forward(self, x, mask, values):
+        return torch.ops.aten.index_put(x, [mask], values, self.accumulate)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("mask_shape,values_shape", [
+    ((4,), (2,)),  # broadcast over each selected row (x[mask] has shape (3, 3, 2))
+    ((4,), (3, 2)),
+    ((4,), (1, 3, 2)),
+    ((4,), (3, 3, 2)),  # one row of values per selected entry
+    ((4,), (3, 1, 2)),  # ... broadcast inside the row
+    ((4, 3), (1,)),
+    ((4, 3), (3, 2)),  # a mask over two dims: one row of values per selected entry
+    ((4,), (1, 1, 1)),
+])
+def test_index_put_with_a_bool_mask_broadcasts_values_like_torch(mask_shape, values_shape, accumulate):
+    """``x[mask] = values``: values broadcast to ``x[mask]``'s shape (OpInfo index_put sample 1 gave wrong values)."""
+    from pullback.frontend.torch_importer import export, import_exported
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 2, generator=g)
+    mask = torch.zeros(mask_shape, dtype=torch.bool).flatten()
+    mask[[0, 2, 3]] = True
+    mask = mask.reshape(mask_shape)
+    values = torch.randn(values_shape, generator=g)
+    want = torch.ops.aten.index_put(x, [mask], values, accumulate)
+    prog = import_exported(export(_IndexPut(accumulate), (x, mask, values)))
+    got = pullback.build(prog.mod)["main"](x.numpy(), mask.numpy(), values.numpy())
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)

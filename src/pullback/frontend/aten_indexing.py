@@ -122,11 +122,20 @@ def _index_put(cx, x, indices, values, accumulate=False):
     values = cast(cx, values, dt)
     if len(indices) == 1 and indices[0] is not None and cx.dtype_of(indices[0]) == "bool":  # x[mask] = values
         mask = indices[0]
+        shape = static(cx, "index_put", cx.shape_of(x))
+        rest = shape[cx.ndim_of(mask):]  # x[mask] has shape (number of true entries,) + rest
+        vshape = tuple(cx.shape_of(values))
         while cx.ndim_of(mask) < cx.ndim_of(x):
             mask = _op("expand_dims")(mask, cx.ndim_of(mask))
-        if math.prod(cx.shape_of(values)) == 1 and not accumulate:  # one value: a where
-            return _op("where")(mask, _op("reshape")(values, ()), x)
-        shape = static(cx, "index_put", cx.shape_of(x))
+        if math.prod(vshape) == 1 or len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
+            # one value, or values broadcast over rest: every selected entry gets the same values, a where
+            vals = _op("reshape")(values, ()) if math.prod(vshape) == 1 else values
+            vals = vals if tuple(cx.shape_of(vals)) == shape else _op("broadcast_to")(vals, shape)
+            if accumulate:
+                return _op("add")(x, _op("where")(mask, vals, _op("zeros_like")(x)))
+            return _op("where")(mask, vals, x)
+        if vshape[1:] != rest:  # one row of values per selected entry, broadcast over rest
+            values = _op("broadcast_to")(values, (vshape[0],) + rest)
         if tuple(cx.shape_of(mask)) != shape:
             mask = _op("broadcast_to")(mask, shape)
         if accumulate:
