@@ -218,3 +218,24 @@ def test_fused_numpy_kernels_over_several_blocks_match_the_shared_kernel(k, dtyp
         scale = float(np.abs(wv).max())
         tol = dict(rtol=1e-4, atol=1e-4 * scale) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11 * scale)
         np.testing.assert_allclose(gv, wv, **tol, err_msg=name)
+
+
+@pytest.mark.parametrize("target", ["numpy", "jax", "torch"])
+@pytest.mark.parametrize("shape,axis", [((5, 0, 0), 1), ((0, 4), 1), ((3, 0), -1), ((0,), 0)])
+def test_softmax_and_index_add_of_empty_arrays(target, shape, axis):
+    """Empty inputs give empty results (a max over an empty axis has no identity; a reshape with -1 is
+    ambiguous when the other dims hold nothing): OpInfo's empty samples."""
+    import pullback as pb
+    from pullback import op
+
+    if target != "numpy":
+        pytest.importorskip(target)
+    x = pb.var("x", shape=shape, dtype="float64")
+    out = pb.Tuple([op.nn.softmax(x, axis=axis), op.nn.log_softmax(x, axis=axis)])
+    exe = pb.build(pb.IRModule.from_expr(pb.Function([x], out)), target=target)
+    for r in exe["main"](np.zeros(shape)):
+        assert np.asarray(r).shape == shape and np.asarray(r).dtype == np.float64
+    d, i, u = pb.var("d", shape=(0, 3, 3)), pb.var("i", shape=(6,), dtype="int64"), pb.var("u", shape=(0, 3, 6))
+    exe = pb.build(pb.IRModule.from_expr(pb.Function([d, i, u], op.index_add(d, i, u, axis=2))), target=target)
+    got = exe["main"](np.zeros((0, 3, 3), "float32"), np.array([0, 1, 2, 2, 1, 0]), np.zeros((0, 3, 6), "float32"))
+    assert np.asarray(got).shape == (0, 3, 3)

@@ -270,12 +270,16 @@ def _softmax_infer(name):
 
 
 def _softmax_kernel(xp, x, attrs):
+    if not math.prod(x.shape):  # nothing to normalise (a max over an empty axis has no identity)
+        return x
     z = x - xp.max(x, axis=attrs.axis, keepdims=True)
     e = xp.exp(z)
     return as_dtype(xp, e / xp.sum(e, axis=attrs.axis, keepdims=True), x.dtype)
 
 
 def _log_softmax_kernel(xp, x, attrs):
+    if not math.prod(x.shape):
+        return x
     z = x - xp.max(x, axis=attrs.axis, keepdims=True)
     return as_dtype(xp, z - xp.log(xp.sum(xp.exp(z), axis=attrs.axis, keepdims=True)), x.dtype)
 
@@ -287,7 +291,7 @@ def numpy_rows(kernel, block):
     def run(*args):
         *arrays, attrs = args
         x = arrays[-1]
-        if (x.ndim == 0 or attrs.axis % x.ndim != x.ndim - 1 or x.dtype not in (np.float32, np.float64)
+        if (not x.size or x.ndim == 0 or attrs.axis % x.ndim != x.ndim - 1 or x.dtype not in (np.float32, np.float64)
                 or any(a.shape != x.shape or a.dtype != x.dtype for a in arrays)):
             return kernel(np, *arrays, attrs)
         rows = [as_rows(a) for a in arrays]

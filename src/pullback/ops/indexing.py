@@ -7,6 +7,7 @@ the other, so gradients of any order stay inside this set. ``one_hot`` too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -230,7 +231,8 @@ def _index_add(xp, x, idx, u, a):
     dst, ax = _flat_view(xp, x, a)
     shape = tuple(dst.shape)
     pos = _positions(xp, "index_add", idx, shape[ax], a.mode)
-    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (-1,) + shape[ax + 1:]))
+    k = math.prod(idx.shape)  # not -1: ambiguous when the other dims hold no element
+    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]))
     return xp.reshape(out, tuple(x.shape))
 
 
