@@ -255,6 +255,59 @@ def test_calls_to_global_functions_are_differentiated_through():
     check_grad(mod, [randn(2, 3), randn(3, 3), randn(3, 3)])
 
 
+def _call_chain(n: int) -> pb.IRModule:
+    """``@f1 -> @f2 -> ... -> @fn``, each ``f_k(x) = f_{k+1}(0.5 x) + x`` (``f_n = tanh``)."""
+    fns = {}
+    for k in range(n, 0, -1):
+        x = pb.var("x", shape=(3,))
+        inner = op.tanh(x) if k == n else Call(pb.GlobalVar(f"f{k + 1}"), [op.multiply(x, pb.const(0.5))])
+        fns[pb.GlobalVar(f"f{k}")] = Function([x], inner if k == n else op.add(inner, x))
+    x = pb.var("x", shape=(3,))
+    fns[pb.GlobalVar("main")] = Function([x], op.sum(Call(pb.GlobalVar("f1"), [x])))
+    return pb.IRModule(fns)
+
+
+def test_a_chain_of_calls_is_inlined_and_differentiated():
+    mod = _call_chain(12)
+    check_grad(mod, [randn(3)])
+    g = FirstOrderGradient()(mod)["main_grad"]
+    assert not any(isinstance(n, Call) and isinstance(n.op, pb.GlobalVar) for n in post_order(g.body))
+
+
+def test_a_call_independent_of_the_callees_parameters_is_inlined_once():
+    """``g(y) = tanh(y) + helper(c)`` called twice: ``helper(c)`` is the same in both copies of ``g``."""
+    h, y, x = pb.var("h", shape=(3,)), pb.var("y", shape=(3,)), pb.var("x", shape=(3,))
+    c = pb.const(np.linspace(-1.0, 1.0, 3).astype("float32"))
+    helper, g = pb.GlobalVar("helper"), pb.GlobalVar("g")
+    mod = pb.IRModule({helper: Function([h], op.exp(h)), g: Function([y], op.add(op.tanh(y), Call(helper, [c]))),
+                       pb.GlobalVar("main"): Function([x], op.sum(op.multiply(Call(g, [x]), Call(g, [op.sin(x)]))))})
+    grad = FirstOrderGradient()(mod)["main_grad"]
+    assert count_calls(grad.body, ["exp"]) == 1 and count_calls(grad.body, ["tanh"]) == 2
+    check_grad(mod, [randn(3)])
+
+
+def test_two_calls_with_the_same_arguments_are_two_copies():
+    """As if each call site were substituted: sharing between call sites is CSE's job, not the inliner's."""
+    x, y = pb.var("x", shape=(3,)), pb.var("y", shape=(3,))
+    mod = pb.IRModule({"f": Function([y], op.tanh(y))})
+    gv = mod.get_global_var("f")
+    mod = mod.with_function("main", Function([x], op.sum(op.add(Call(gv, [x]), Call(gv, [x])))))
+    g = FirstOrderGradient()(mod)["main_grad"]
+    assert count_calls(g.body, ["tanh"]) == 2
+    check_grad(mod, [randn(3)])
+
+
+def test_a_chain_of_five_thousand_calls_goes_through_ad():
+    """Inlining is top-down: each body is walked once per call site (a chain of n calls is O(n) work; inlining
+    every function bottom-up copied each callee's whole inlined body into its caller: O(n^2))."""
+    n = 5_000
+    mod = _call_chain(n)
+    g = FirstOrderGradient()(mod)["main_grad"]
+    assert count_calls(g.body, ["tanh"]) == 1 and count_calls(g.body, ["add"]) >= n - 1
+    (out, (dx,)) = pb.build(pb.IRModule.from_expr(g))["main"](np.zeros(3, "float32"))
+    np.testing.assert_allclose(dx, np.full(3, 2.0), rtol=1e-6)  # d/dx of f1 at 0: 1 + 0.5 (1 + 0.5 (...)) = 2
+
+
 def test_recursion_is_a_diagnostic():
     x = pb.var("x", shape=(3,))
     f_gv = pb.GlobalVar("f")

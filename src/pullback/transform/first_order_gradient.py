@@ -103,14 +103,14 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
     fn = mod[func]  # raises naming the known functions
     infer_module(mod)  # returns at once when every function is typed
     params, problems = resolve_wrt(fn, wrt, func)
-    scans, callees_first, found = scan_module(mod, func, params)
+    scans, _, found = scan_module(mod, func, params)
     problems += found
     if problems:
         raise DiagnosticError(f"FirstOrderGradient cannot differentiate @{func}", problems)
     entry = scans[func]
     order, active = entry.order, entry.active
     if entry.has_calls:
-        fn = inline_calls(mod, callees_first)[func]
+        fn = inline_calls(mod, func)
         order = post_order(fn.body)
         active = active_nodes(order, params)
     body = fn.body
