@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pullback as pb
-from pullback import Function, If, op, var
+from pullback import Call, Function, If, op, var
 from pullback.runtime import plan as plan_mod
 from pullback.runtime.plan import CALL1, CALL2, CALLN, END, FN, GET, IF, TUPLE
 from pullback.testing.programs import random_inputs, random_program
@@ -154,10 +154,18 @@ def test_a_value_used_deep_is_freed_on_every_path(depth):
 
 
 def test_jax_target_nesting_too_deep_is_an_execution_error():
-    """jax traces each lax.cond inside the one around it on the Python stack: past Python's recursion
-    limit that is an ExecutionError saying so (it was a RecursionError, or a kernel failure naming
-    whichever operator the limit hit), and the numpy target runs the same program."""
+    """jax traces each lax.cond inside the one around it on the Python stack: past MAX_COND_DEPTH
+    levels the program is an ExecutionError saying so before tracing (it was a RecursionError, or a
+    kernel failure naming whichever operator the limit hit), and the numpy target runs it."""
     pytest.importorskip("jax")
+    from pullback.runtime.jax_target import MAX_COND_DEPTH
+
+    fn, _ = _chain(MAX_COND_DEPTH)
+    np.testing.assert_allclose(pb.build(fn, target="jax")["main"](np.array(True), np.ones(3, "float32")),
+                               pb.build(fn)["main"](np.array(True), np.ones(3, "float32")), rtol=1e-6)
+    fn, _ = _chain(MAX_COND_DEPTH + 1)
+    with pytest.raises(pb.ExecutionError, match=f"{MAX_COND_DEPTH + 1} levels"):
+        pb.build(fn, target="jax")["main"]
     fn, _ = _chain(400)
     with pytest.raises(pb.ExecutionError, match="If expressions nest too deeply for the jax target"):
         pb.build(fn, target="jax")["main"](np.array(True), np.ones(3, "float32"))
@@ -165,3 +173,19 @@ def test_jax_target_nesting_too_deep_is_an_execution_error():
     fn, _ = _chain(5)
     np.testing.assert_allclose(pb.build(fn, target="jax")["main"](np.array(True), np.ones(3, "float32")),
                                pb.build(fn)["main"](np.array(True), np.ones(3, "float32")), rtol=1e-6)
+
+
+def test_jax_target_counts_the_ifs_of_a_called_function_from_its_call_site():
+    pytest.importorskip("jax")
+    from pullback.runtime.jax_target import MAX_COND_DEPTH
+
+    inner, _ = _chain(MAX_COND_DEPTH // 2 + 1)
+    g = pb.GlobalVar("g")
+    c, x = var("c", shape=(), dtype="bool"), var("x", shape=(3,))
+    h = Call(g, [c, x])
+    for _ in range(MAX_COND_DEPTH // 2):
+        h = If(c, op.tanh(h), op.sin(x))
+    mod = pb.IRModule({g: inner, pb.GlobalVar("main"): Function([c, x], h)})
+    with pytest.raises(pb.ExecutionError, match=f"{MAX_COND_DEPTH + 1} levels"):
+        pb.build(mod, target="jax")["main"]
+    assert pb.build(mod, target="jax")["g"] is not None  # g alone is shallow enough

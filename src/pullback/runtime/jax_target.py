@@ -33,8 +33,9 @@ import numpy as np
 
 from ..analysis.callgraph import CallGraph
 from ..ir.errors import ExecutionError, PullbackError
-from ..ir.expr import Call, Function
+from ..ir.expr import Call, Function, GlobalVar, If
 from ..ir.module import IRModule
+from ..ir.scope import ScopeInfo
 from ..ir.traversal import post_order
 from ..ir.types import TensorType, TupleType, Type
 from ..ops.kernels import active_checks, collecting_checks, message_of
@@ -167,6 +168,36 @@ def _check_no_recursion(mod: IRModule, name: str) -> None:
                              "inlines module functions and cannot run recursion")
 
 
+MAX_COND_DEPTH = 64  # jax traces a lax.cond inside the one around it, about 9 Python frames per level
+
+
+def _cond_depth(mod: IRModule, name: str) -> int:
+    """How deep ``lax.cond`` calls nest when ``@name`` is traced: the If scopes' nesting, a called module
+    function's own depth counted from its call site (the target inlines calls)."""
+    graph = CallGraph(mod)
+    depth: dict[str, int] = {}
+    for f in graph.callees_first([name]):
+        info = ScopeInfo(mod[f].body)
+        best = 0
+        for n in info.order:
+            d = info.scope_of[id(n)].depth
+            if isinstance(n, If):
+                d += 1
+            elif isinstance(n, Call) and isinstance(n.op, GlobalVar):
+                d += depth.get(n.op.name_hint, 0)
+            best = max(best, d)
+        depth[f] = best
+    return depth[name]
+
+
+def _check_cond_depth(mod: IRModule, name: str) -> None:
+    d = _cond_depth(mod, name)
+    if d > MAX_COND_DEPTH:
+        raise ExecutionError(f"@{name}: If expressions nest too deeply for the jax target ({d} levels, at most "
+                             f"{MAX_COND_DEPTH}: jax traces nested lax.cond recursively, on the Python stack); run "
+                             "it on the numpy or torch target")
+
+
 class _Scoped64:
     """A jitted function called (and lowered) inside jax's scoped 64-bit setting of its module."""
 
@@ -204,14 +235,7 @@ class JaxFunction(CompiledFunction):
             if check:
                 args = self.convert_inputs(tuple(args))
                 self._exe._check_batch(self, args)
-            try:
-                out, code = self._jitted.fn(*args)
-            except (RecursionError, ExecutionError) as e:  # jax traces each lax.cond inside the one around it
-                if not isinstance(e, RecursionError) and not isinstance(e.__cause__, RecursionError):
-                    raise
-                raise ExecutionError(f"@{self.name}: If expressions nest too deeply for the jax target (jax traces "
-                                     "nested lax.cond recursively, on the Python stack); run it on the numpy or "
-                                     "torch target") from None
+            out, code = self._jitted.fn(*args)
         code = int(code)
         if code:
             raise ExecutionError(f"@{self.name}: {message_of(code)} (jax target)")
@@ -304,6 +328,7 @@ class JaxExecutable(Executable):
     def _entry(self, name: str) -> JaxFunction:
         self._plan(name)  # an unknown name is an error here
         _check_no_recursion(self.mod, name)
+        _check_cond_depth(self.mod, name)
         return JaxFunction(self, name)
 
     def __repr__(self) -> str:
