@@ -136,13 +136,21 @@ def _collapse_sum_to(call: Call):
     return lambda x, attrs=None: f(x, axes, True).reshape(shape)
 
 
-def _to_static_shape(call: Call):
-    """reshape / expand_dims / squeeze: a reshape to the (static) result shape."""
-    out = call.checked_type
-    if not _static(out):
-        return None
-    shape = tuple(out.shape)
-    return lambda x, attrs=None: x.reshape(shape)
+def _to_static_shape(method: str):
+    """``x.<method>(result shape)`` where the result shape is static: ``reshape`` (for reshape, expand_dims,
+    squeeze) or ``expand`` (broadcast_to, a view)."""
+
+    def specialize(call: Call):
+        out = call.checked_type
+        if not _static(out):
+            return None
+        shape, fn = tuple(out.shape), getattr(torch.Tensor, method)
+        return lambda x, attrs=None: fn(x, shape)
+
+    return specialize
+
+
+_reshape = _to_static_shape("reshape")
 
 
 def _transpose(call: Call):
@@ -152,14 +160,6 @@ def _transpose(call: Call):
     axes, nd = call.attrs.axes, xt.ndim
     perm = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(a % nd for a in axes)
     return lambda x, attrs=None: x.permute(perm)
-
-
-def _broadcast_to(call: Call):
-    out = call.checked_type
-    if not _static(out):
-        return None
-    shape = tuple(out.shape)
-    return lambda x, attrs=None: x.expand(shape)
 
 
 def _dense(call: Call):
@@ -196,8 +196,8 @@ def _init(fn: str):
 
 MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
                 "where": _where, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
-                "reshape": _to_static_shape, "expand_dims": _to_static_shape, "squeeze": _to_static_shape,
-                "transpose": _transpose, "broadcast_to": _broadcast_to, "nn.dense": _dense,
+                "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
+                "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
