@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import select
 import subprocess
 import sys
 
@@ -189,7 +190,8 @@ def test_progress_line_on_a_terminal(files):
                            stdout=subprocess.DEVNULL, stderr=follower, timeout=300)
         os.close(follower)
         shown = b""
-        while True:
+        # read what the child wrote; never block: some kernels (gVisor) keep a drained leader open without EIO
+        while select.select([leader], [], [], 5.0)[0]:
             try:
                 chunk = os.read(leader, 4096)
             except OSError:  # EIO on Linux once the follower side is closed and drained

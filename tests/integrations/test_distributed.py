@@ -5,6 +5,7 @@ same losses and weights as DDP over the eager module (issue 14, item 5)."""
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import socket
 import time
@@ -37,7 +38,7 @@ def _train(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         wl = make_workload("cnn", small=True, seed=rank)  # different weights per rank: DDP broadcasts rank 0's
         eager, model = copy.deepcopy(wl.model), copy.deepcopy(wl.model)
