@@ -7,11 +7,16 @@
   it stays on inside the tests' own ``with PassContext(...)`` blocks.
 - Hypothesis profiles: ``ci`` (default, 50 examples, no deadline) and ``long``
   (5000 examples); pick one with ``--hypothesis-profile long``.
+- A watchdog: a test still running after ``WATCHDOG_SECONDS`` ends its process (faulthandler's C thread, so
+  it fires even when a hang holds the GIL; pytest-timeout's 900 s thread timeout catches the others first with
+  a readable report). Under xdist the worker is replaced and the test reported as crashed.
 - Markers: ``fuzz`` (long-running randomized tests) and ``slow``; deselect them
   with ``-m "not fuzz and not slow"``.
 """
 
 from __future__ import annotations
+
+import faulthandler
 
 import pytest
 from hypothesis import settings
@@ -21,6 +26,18 @@ from pullback import transform
 settings.register_profile("ci", max_examples=50, deadline=None)
 settings.register_profile("long", max_examples=5000, deadline=None)
 settings.load_profile("ci")  # --hypothesis-profile overrides this in pytest_configure
+
+
+WATCHDOG_SECONDS = 1200
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_configure(config):
