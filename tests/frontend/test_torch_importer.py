@@ -287,3 +287,22 @@ def test_index_put_with_a_bool_mask_broadcasts_values_like_torch(mask_shape, val
     prog = import_exported(export(_IndexPut(accumulate), (x, mask, values)))
     got = pullback.build(prog.mod)["main"](x.numpy(), mask.numpy(), values.numpy())
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
+class _Gather(torch.nn.Module):
+    def forward(self, x, index):
+        return torch.gather(x, 0, index)
+
+
+@pytest.mark.parametrize("index_shape", [(2, 0), (0,), (0, 3, 1)])
+def test_gather_takes_an_empty_index_of_any_rank_like_torch(index_shape):
+    """PyTorch gathers an empty index of another rank (an empty result, no gradient to ``x``); OpInfo's sample."""
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    index = torch.empty(index_shape, dtype=torch.long)
+    want = torch.gather(x, 0, index)
+    want.sum().backward()
+    prog = import_torch(_Gather(), (x.detach(), index))
+    mod = transform.FirstOrderGradient(wrt=[prog.inputs[0]])(prog.mod)
+    got, (dx,) = pullback.build(mod)["main_grad"](x.detach().numpy(), index.numpy())
+    assert got.shape == tuple(want.shape) and got.dtype == np.float64
+    np.testing.assert_array_equal(dx, x.grad.numpy())

@@ -28,6 +28,8 @@ def _int64(cx, i: Expr) -> Expr:
 def _gather(cx, x, dim, index, sparse_grad=False):
     if cx.ndim_of(x) == 0:
         return _op("reshape")(x, cx.out_shape)
+    if cx.ndim_of(index) != cx.ndim_of(x) and 0 in cx.shape_of(index):  # PyTorch takes an empty index of any rank
+        return _op("zeros")(static(cx, "gather", cx.out_shape), cx.out_dtype)
     return _op("gather")(x, index, axis=norm_axis(dim, cx.ndim_of(x)))
 
 
