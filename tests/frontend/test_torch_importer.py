@@ -306,3 +306,21 @@ def test_gather_takes_an_empty_index_of_any_rank_like_torch(index_shape):
     got, (dx,) = pullback.build(mod)["main_grad"](x.detach().numpy(), index.numpy())
     assert got.shape == tuple(want.shape) and got.dtype == np.float64
     np.testing.assert_array_equal(dx, x.grad.numpy())
+
+
+def test_mutated_buffers_pass_no_gradient_back():
+    """BatchNorm's running statistics are state writes (eager updates them under no_grad): the gradient of
+    the imported program (mode="grad": the sum of all outputs, running statistics included) is the loss's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Tanh()).double().train()
+    x = torch.randn(4, 2, 5, 5, dtype=torch.float64)
+    prog = import_torch(copy.deepcopy(model), (x,))
+    assert len(prog.mutations) == 3  # running mean, running var, batch count
+    mod = transform.FirstOrderGradient(wrt=prog.inputs + prog.trainable)(prog.mod)
+    inputs = main_inputs(prog, (x,))
+    _, grads = pullback.build(mod)["main_grad"](*inputs)
+    xt = x.clone().requires_grad_(True)
+    model(xt).sum().backward()
+    want = [xt.grad] + [p.grad for p in model.parameters()]
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-9, atol=1e-10)

@@ -51,6 +51,32 @@ def test_compiled_module_shares_parameters_and_gradients(target):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_programs_are_specialised_on_which_inputs_require_grad(target):
+    """An input that does not require grad (an image batch) gets no gradient computed; the same module
+    called with one that does compiles a second program that returns it (AOTAutograd's specialisation)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    x = torch.randn(2, 3, 6, 6)
+    cm = pb_compile(model, (x,), target=target)
+    cm(x).sum().backward()
+    (plain,) = cm._programs.values()
+    assert plain.wrt_index == [1, 2, 3, 4]  # the four parameters, not the image
+    assert len(plain.mod["main_bwd"].body.fields) == 4
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    xg = x.clone().requires_grad_(True)
+    cm(xg).sum().backward()
+    assert len(cm._programs) == 2 and xg.grad is not None
+    x2 = x.clone().requires_grad_(True)
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x2).sum().backward()
+    torch.testing.assert_close(xg.grad, x2.grad, rtol=1e-5, atol=1e-6)
+    for a, b, c in zip(want, ref, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_transformer_layer_trains_with_momentum_sgd(norm_first):
     # (not Adam here: the key bias has a mathematically zero gradient, whose float noise Adam scales to full steps)

@@ -46,7 +46,7 @@ from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
-from .aten_table import ATEN_TABLE
+from .aten_table import ATEN_TABLE, _op
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
@@ -233,6 +233,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
     if problems:
         raise problems.error()
 
+    # mutated values are state writes (eager updates buffers under no_grad): no gradient flows back from them
     user_out, mutations, extra = [], [], []
     by_name = {v.name_hint: v for v in user_vars}
     for spec, out in zip(sig.output_specs, outs):
@@ -241,10 +242,10 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
             user_out.append(e)
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
             mutations.append(("buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter", spec.target))
-            extra.append(e)
+            extra.append(_op("stop_gradient")(e))
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             mutations.append(("input", by_name.get(sanitize(spec.target), user_vars[0]).name_hint if user_vars else spec.target))
-            extra.append(e)
+            extra.append(_op("stop_gradient")(e))
         else:
             raise PullbackError(f"from_torch: output of kind {spec.kind.name} is not supported")
     single = len(user_out) == 1 and not extra

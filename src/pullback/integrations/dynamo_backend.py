@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..frontend.torch_importer import export, import_exported, tied_keys
-from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, float_wrt, module_state
+from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, training_wrt
 
 
 def _bound_module(gm, inputs: Sequence, is_input: Sequence[bool], sizes: dict):
@@ -78,11 +78,12 @@ class _Layout:
         self.sizes = {k: (first, 0) for k, v in enumerate(vals) if first is not None and sym(v) == batch}
 
     def key(self, inputs: Sequence, dynamic: bool) -> tuple:
-        """The program cache key: shapes and dtypes, the batch dimension left out when ``dynamic``."""
+        """The program cache key: shapes, dtypes and requires_grad, the batch dimension left out when ``dynamic``."""
         out = []
         for k, x in enumerate(inputs):
             if self.is_input[k]:
-                out.append((tuple(x.shape)[1:] if dynamic and self.batched[k] else tuple(x.shape), x.dtype))
+                shape = tuple(x.shape)[1:] if dynamic and self.batched[k] else tuple(x.shape)
+                out.append((shape, x.dtype, x.requires_grad))
             else:
                 out.append(("size",) if dynamic and k in self.sizes else ("value", x.item() if hasattr(x, "item") else x))
         return tuple(out)
@@ -106,7 +107,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
         module = gm if plain else _bound_module(gm, inputs, layout.is_input, layout.sizes if dyn else {})
         flags = [b for b, i in zip(layout.batched, layout.is_input) if i] if dyn else False
         prog = import_exported(export(module, tensors, dynamic_batch=flags), tied=tied_keys(module))
-        tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, target, policy)
+        tp = TrainingProgram(prog, training_wrt(prog, tensors), target, policy)
         return tp, module_state(module)
 
     def program(inputs: Sequence):

@@ -203,6 +203,12 @@ def float_wrt(prog: TorchProgram, names: Sequence[str]) -> list[str]:
     return [n for n in names if params[n].type_annotation.dtype in FLOAT_DTYPES]
 
 
+def training_wrt(prog: TorchProgram, inputs: Sequence) -> list[str]:
+    """What the backward differentiates: the float inputs that require grad (as AOTAutograd, a program is
+    specialised on it: an image batch gets no gradient computed), then the trainable parameters."""
+    return float_wrt(prog, [n for n, x in zip(prog.inputs, inputs) if x.requires_grad]) + prog.trainable
+
+
 def module_state(module) -> dict:
     """state_dict key -> tensor of every parameter and buffer of ``module`` (tied ones under each key)."""
     state = dict(module.named_parameters(remove_duplicate=False))
@@ -252,13 +258,13 @@ def _module_class():
         def _program(self, inputs: tuple) -> TrainingProgram:
             check_inputs(inputs, "pullback.integrations.torch", "input")
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self.module.training,) + shapes
+            key = (self.module.training, tuple(x.requires_grad for x in inputs)) + shapes
             tp = self._programs.get(key)
             if tp is None:
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
-                tp = TrainingProgram(prog, float_wrt(prog, prog.inputs) + prog.trainable, self.target, self.policy, lap)
+                tp = TrainingProgram(prog, training_wrt(prog, inputs), self.target, self.policy, lap)
                 self._programs[key] = tp
             return tp
 
@@ -333,4 +339,4 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
 
 
 __all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "draw_masks",
-           "float_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]
+           "float_wrt", "training_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]
