@@ -97,9 +97,10 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("target", ["numpy", "torch"])
 @pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 3, 5), "S"), ((2, 2, 3, 5), "C"),
                                          ((2, 2, 3, 5), "T"), ((2, 2, 3, 5), "S"), ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
-def test_dense_numpy_gemm_over_rows_in_memory_order(shape, order):
+def test_dense_gemm_over_rows_in_memory_order(shape, order, target):
     from pullback.ops import get_op
 
     x = RNG.standard_normal(shape)
@@ -108,8 +109,12 @@ def test_dense_numpy_gemm_over_rows_in_memory_order(shape, order):
     elif order == "S":  # rows that do not collapse into one index: the batched matmul
         x = RNG.standard_normal((shape[0], 2 * shape[1]) + shape[2:])[:, ::2]
     w = RNG.standard_normal((4, shape[-1]))
-    got = get_op("nn.dense").impl("numpy")(x, w, None)
     want = np.einsum("...k,uk->...u", x, w)
+    if target == "torch":
+        torch = pytest.importorskip("torch")
+        got = get_op("nn.dense").impl("torch")(torch.from_numpy(x), torch.from_numpy(w), None).numpy()
+    else:
+        got = get_op("nn.dense").impl("numpy")(x, w, None)
     assert got.shape == want.shape and got.dtype == x.dtype
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 

@@ -74,3 +74,17 @@ def test_cuda_device():  # pragma: no cover - no GPU on the test machines
     out = pb.build(Function([x], neg(x)), target="torch", device="cuda")["main"](np.ones(2, "float32"))
     assert out.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), -torch.ones(2))
+
+
+@pytest.mark.parametrize("k", [pb.const(2.0), pb.const(np.full((1, 1), 2.0, "float32")), pb.const(3.0),
+                               pb.const(np.float32(2.0) + np.zeros((3,), "float32"))])
+def test_power_by_a_constant_two_is_a_square(k):
+    """``x ** 2`` runs as ``torch.square`` (pow by a 0-d tensor is ATen's generic kernel) with the same result,
+    broadcasting included."""
+    x = var("x", shape=(2, 3))
+    fn = Function([x], pb.op.power(x, k))
+    xs = np.array([[-1.5, 0.0, np.inf], [np.nan, -0.0, 3.0]], "float32")
+    want = pb.build(fn)["main"](xs)
+    got = pb.build(fn, target="torch")["main"](xs)
+    assert tuple(got.shape) == want.shape
+    np.testing.assert_array_equal(got.numpy(), want)

@@ -32,7 +32,7 @@ ZERO_ONE = {
 
 
 @pytest.mark.parametrize("kind", sorted(ZERO_ONE))
-@pytest.mark.parametrize("form", ["x+0", "0+x", "x-0", "x*1", "1*x", "x/1"])
+@pytest.mark.parametrize("form", ["x+0", "0+x", "x-0", "x*1", "1*x", "x/1", "x^1"])
 def test_identity_arith_removed(kind, form):
     def build(simplified):
         x, y = pb.var("x", shape=(2, 3)), pb.var("y", shape=(2, 3))
@@ -41,7 +41,7 @@ def test_identity_arith_removed(kind, form):
             return mod_of([x, y], op.tanh(h))
         k = ZERO_ONE[kind](y, 0 if "0" in form else 1)
         a, b = (h, k) if form.startswith("x") else (k, h)
-        name = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}[form[1]]
+        name = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide", "^": "power"}[form[1]]
         return mod_of([x, y], op.tanh(getattr(op, name)(a, b)))
 
     _check(EliminateIdentity(), build(False), build(True))
@@ -181,3 +181,46 @@ def test_million_node_chain():
     body = chain(x, 1_000_000, lambda e: op.add(e, zero))
     after = SimplifyExpr()(mod_of([x], op.exp(body)))
     assert after["main"].body.args[0] is after["main"].params[0]
+
+
+def _pieces(order, rows=(3, 1, 2), base=op.zeros_like, total=None):
+    """Rows of a (total, 4) tensor written into zeros piece by piece and summed, in ``order``."""
+    total = total or sum(rows)
+    vs = [pb.var(f"v{i}", shape=(n, 4)) for i, n in enumerate(rows)]
+    x = pb.var("x", shape=(total, 4))
+    starts = np.cumsum((0,) + rows[:-1])
+    sets = [op.strided_set(base(x), v, (int(b),), (int(b) + n,), None, (0,)) for v, b, n in zip(vs, starts, rows)]
+    acc = sets[order[0]]
+    for i in order[1:]:
+        acc = op.add(acc, sets[i])
+    return [x] + vs, op.tanh(acc)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 0, 2), (1, 2, 0)])
+def test_slices_summed_into_zeros_become_one_concatenate(order):
+    params, body = _pieces(order)
+    x, v0, v1, v2 = params
+    expected = mod_of(params, op.tanh(op.concatenate([v0, v1, v2], 0)))
+    _check(SimplifyExpr(), mod_of(params, body), expected)
+
+
+def test_adjacent_slices_short_of_the_axis_become_one_strided_set():
+    params, body = _pieces((2, 1), rows=(3, 1, 2), total=8)
+    x, v0, v1, v2 = params
+    expected = mod_of(params, op.tanh(op.strided_set(op.zeros((8, 4), "float32"), op.concatenate([v1, v2], 0), (3,), (6,), None, (0,))))
+    _check(SimplifyExpr(), mod_of(params, body), expected)
+
+
+@pytest.mark.parametrize("case", ["gap", "nonzero_base"])
+def test_slices_that_do_not_tile_stay_a_sum(case):
+    if case == "gap":  # rows 0..3 and 4..6 of 7: row 3 is never written
+        x, v0, v2 = pb.var("x", shape=(7, 4)), pb.var("v0", shape=(3, 4)), pb.var("v2", shape=(2, 4))
+        z = op.zeros((7, 4), "float32")
+        body = op.add(op.strided_set(z, v0, (0,), (3,), None, (0,)), op.strided_set(z, v2, (4,), (6,), None, (0,)))
+        params = [x, v0, v2]
+    else:
+        params, body = _pieces((0, 1, 2), base=op.exp)
+    before = mod_of(params, op.tanh(body))
+    after = SimplifyExpr()(before)
+    assert "concatenate" not in pb.astext(after)
+    assert_same_results(before, after)

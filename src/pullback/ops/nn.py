@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from ..ir.types import FLOAT_DTYPES
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -301,20 +300,24 @@ def _dense_flops(arg_types, out_type, attrs):
     return 2 * numel(out_type.shape) * (k if isinstance(k, int) else 0)
 
 
-def _dense_numpy(x, w, attrs=None):
-    """``x @ w.T`` as one 2-D GEMM over x's rows in memory order: NumPy's matmul of a (B, M, K) array runs B
-    smaller GEMMs (20-30% slower at the transformer's sizes; 5x on a sequence-first view (S, B, K) of batch-first
-    data). When x's leading dims, taken in memory order, collapse without a copy, the GEMM runs on them and the
-    result is a view in x's axis order; otherwise (a copy would be needed) the batched matmul."""
+def dense_in_memory_order(x, w, attrs=None):
+    """``x @ w.T`` as one 2-D GEMM over x's rows in memory order, on NumPy arrays and torch tensors: a batched
+    matmul of a (B, M, K) array runs B smaller GEMMs (NumPy: 20-30% slower at the transformer's sizes; both
+    NumPy and ATen 3-5x slower on a sequence-first view (S, B, K) of batch-first data, as attention's
+    in-projection reads it). When x's leading dims, taken in memory order, collapse without a copy, the GEMM
+    runs on them and the result is a view in x's axis order; otherwise the batched matmul."""
     if x.ndim <= 2:
-        return np.matmul(x, w.T)
-    lead = sorted(range(x.ndim - 1), key=lambda i: -x.strides[i])  # the leading axes, outermost in memory first
-    base = x.transpose(lead + [x.ndim - 1])
-    if any(base.strides[i] != base.shape[i + 1] * base.strides[i + 1] for i in range(x.ndim - 2)):
-        return np.matmul(x, w.T)
-    rows = math.prod(base.shape[:-1])
-    y = np.matmul(base.reshape(rows, x.shape[-1]), w.T).reshape(base.shape[:-1] + (w.shape[0],))
-    return y.transpose([lead.index(i) for i in range(x.ndim - 1)] + [x.ndim - 1])
+        return x @ w.T
+    strides = x.strides if isinstance(x, np.ndarray) else x.stride()
+    lead = sorted(range(x.ndim - 1), key=lambda i: -strides[i])  # the leading axes, outermost in memory first
+    if any(strides[lead[i]] != x.shape[lead[i + 1]] * strides[lead[i + 1]] for i in range(x.ndim - 2)):
+        return x @ w.T
+    numpy = isinstance(x, np.ndarray)
+    perm = lead + [x.ndim - 1]
+    base = x.transpose(perm) if numpy else x.permute(perm)
+    y = (base.reshape(-1, x.shape[-1]) @ w.T).reshape(tuple(base.shape[:-1]) + (w.shape[0],))
+    back = [lead.index(i) for i in range(x.ndim - 1)] + [x.ndim - 1]
+    return y.transpose(back) if numpy else y.permute(back)
 
 
 dense = defop(
@@ -322,7 +325,7 @@ dense = defop(
     2,
     _dense_infer,
     kernel=lambda xp, x, w, attrs=None: xp.matmul(x, w.T),
-    impls={"numpy": _dense_numpy},
+    impls={"numpy": dense_in_memory_order, "torch": dense_in_memory_order},
     grad=_dense_grad,
     pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..ir.expr import Call
+from ..ir.expr import Call, Constant
 from ..ir.types import FLOAT_DTYPES, TensorType
+from ..ops.nn import dense_in_memory_order
 
 torch = None  # set by _load()
 
@@ -71,6 +72,11 @@ def _same_dtype_args(call: Call) -> bool:
 def _binary(call: Call):
     if _float_args(call) is None:
         return None
+    x, k = call.args
+    if (call.op.name == "power" and isinstance(k, Constant) and k.data.size == 1 and float(k.data.reshape(-1)[0]) == 2.0
+            and x.checked_type.shape == call.checked_type.shape):
+        square = torch.square  # pow by a 0-d tensor is ATen's generic kernel: 4x slower
+        return lambda a, b, attrs=None: square(a)
     f = getattr(torch, BINARY[call.op.name])
     return lambda a, b, attrs=None: f(a, b)
 
@@ -165,6 +171,8 @@ def _transpose(call: Call):
 def _dense(call: Call):
     if _float_args(call) is None:
         return None
+    if call.args[0].checked_type.ndim > 2:  # F.linear runs a transposed (S, B, K) view as S small GEMMs
+        return dense_in_memory_order
     linear = torch.nn.functional.linear
     return lambda x, w, attrs=None: linear(x, w)
 

@@ -1,4 +1,4 @@
-"""EliminateIdentity: ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` become ``x``.
+"""EliminateIdentity: ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1``, ``x ** 1`` become ``x``.
 
 A zero or one is a uniform tensor: ``zeros``/``ones``/``full`` with a constant
 fill, ``zeros_like``/``ones_like``/``full_like``, or a Constant whose every
@@ -75,7 +75,8 @@ def keeps_type(x: Expr, other: Expr, out: Expr) -> bool:
 
 
 # (operator, position of x, identity value): x op k == x, or k op x == x
-IDENTITIES: tuple = (("add", 0, 0), ("add", 1, 0), ("subtract", 0, 0), ("multiply", 0, 1), ("multiply", 1, 1), ("divide", 0, 1))
+IDENTITIES: tuple = (("add", 0, 0), ("add", 1, 0), ("subtract", 0, 0), ("multiply", 0, 1), ("multiply", 1, 1), ("divide", 0, 1),
+                     ("power", 0, 1))
 
 
 def _identity_rule(op_name: str, pos: int, value):

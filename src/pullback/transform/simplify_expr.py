@@ -9,6 +9,10 @@ Rules (one table, applied by the pattern driver until none fires):
   with the identity permutation;
 - ``reshape(reshape(x))`` -> one ``reshape``; ``transpose(transpose(x))`` -> one
   ``transpose`` (or ``x`` when the permutations cancel);
+- ``strided_set(zeros, a, r1) + strided_set(zeros, b, r2)`` over adjacent unit-stride ranges of one axis ->
+  one ``strided_set`` of ``concatenate([a, b])`` over both (the values themselves when the ranges cover the
+  axis): the gradient of a tensor split by slices (attention's q, k, v) is one concatenation, not a sum of
+  zero-padded copies;
 - every ConcretizeLike rule and every EliminateIdentity rule.
 
 ``x * zeros`` is *not* folded to zeros (``inf * 0`` is NaN).
@@ -22,9 +26,11 @@ from typing import Optional
 from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops import layout as T
+from ..ops.indexing import strided_set
+from ..ops.shape import concatenate
 from ..pattern import is_op, wildcard
 from .concretize_like import concretize_rules
-from .eliminate_identity import identity_rules
+from .eliminate_identity import identity_rules, uniform_value
 from .pass_infra import RewritePass
 
 SAME_TYPE_OPS = ("reshape", "broadcast_to", "collapse_sum_to", "reshape_like", "broadcast_to_like", "collapse_sum_like")
@@ -84,6 +90,39 @@ def _reshape_reshape(node: Expr, c: dict) -> Optional[Expr]:
     return None
 
 
+def _written_range(call: Call) -> Optional[tuple]:
+    """``(axis, begin, end)``: the unit-stride range of one static axis that ``strided_set(zeros, v)`` writes."""
+    t = call._checked_type
+    if not (isinstance(t, TensorType) and t.is_static and len(call.attrs.begin) == 1):
+        return None
+    u = uniform_value(call.args[0])
+    if u is None or u != 0:
+        return None
+    ((ax, (b, e, step)),) = call.attrs.slices("strided_set", (), t.ndim).items()
+    b, e, step = slice(b, e, step).indices(t.shape[ax])
+    return (ax, b, e) if step == 1 and e > b else None
+
+
+def _pieces(node: Expr, c: dict) -> Optional[Expr]:
+    x, y = node.args
+    rx, ry = _written_range(x), _written_range(y)
+    if rx is None or ry is None or rx[0] != ry[0] or not (x._checked_type == y._checked_type == node._checked_type):
+        return None
+    if rx[2] == ry[1]:
+        first, second = x, y
+    elif ry[2] == rx[1]:
+        first, second = y, x
+    else:
+        return None
+    ax, begin, end = rx[0], min(rx[1], ry[1]), max(rx[2], ry[2])
+    parts = [p for v in (first.args[1], second.args[1])
+             for p in (v.args if isinstance(v, Call) and v.op is concatenate and v.attrs.axis == ax else (v,))]
+    joined = concatenate(parts, ax)
+    if begin == 0 and end == node._checked_type.shape[ax]:
+        return joined
+    return strided_set(first.args[0], joined, (begin,), (end,), None, (ax,))
+
+
 def shape_rules() -> list:
     """The shape-op rules of SimplifyExpr (without ConcretizeLike / EliminateIdentity)."""
     inner_t = is_op("transpose")(wildcard()).named("inner")
@@ -93,6 +132,7 @@ def shape_rules() -> list:
         (is_op("transpose")(inner_t), _transpose),
         (is_op("transpose"), _transpose),
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
+        (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
     ]
 
 
