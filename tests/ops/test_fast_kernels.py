@@ -244,3 +244,30 @@ def test_softmax_and_index_add_of_empty_arrays(target, shape, axis):
     exe = pb.build(pb.IRModule.from_expr(pb.Function([d, i, u], op.index_add(d, i, u, axis=2))), target=target)
     got = exe["main"](np.zeros((0, 3, 3), "float32"), np.array([0, 1, 2, 2, 1, 0]), np.zeros((0, 3, 6), "float32"))
     assert np.asarray(got).shape == (0, 3, 3)
+
+
+@pytest.mark.parametrize("k,pad,dil,stride", [((3, 3), (1, 1, 1, 1), (1, 1), (1, 1)), ((3, 3), (2, 2, 2, 2), (2, 2), (1, 1)),
+                                              ((1, 1), (0, 0, 0, 0), (1, 1), (1, 1)), ((3, 3), (1, 1, 1, 1), (1, 1), (2, 2)),
+                                              ((3, 2), (1, 0, 1, 1), (1, 1), (1, 1)), ((3, 3), (0, 0, 2, 2), (1, 1), (1, 1))])
+def test_convolutions_of_1x1_maps_are_one_gemm_with_their_tap_on_torch(k, pad, dil, stride):
+    """A 1x1 map giving a 1x1 result meets one kernel tap: the torch kernels run that GEMM (ResNet's last stage
+    on small images) and agree with ATen's convolutions, their data and weight gradients included."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+    from pullback.ops.conv import single_tap
+
+    a = C.Conv2DAttrs(strides=stride, padding=pad, dilation=dil)
+    assert single_tap((1, 1), (1, 1), k, a) is not None
+    g = torch.Generator().manual_seed(0)
+    x, w, gy = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((4, 6, 1, 1), (5, 6, *k), (4, 5, 1, 1)))
+    xp = torch.nn.functional.pad(x, (pad[1], pad[3], pad[0], pad[2]))
+    want = torch.nn.functional.conv2d(xp, w, None, stride, 0, dil)
+    torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want, rtol=1e-12, atol=1e-12)
+    xr = xp.clone().requires_grad_(True)
+    wr = w.clone().requires_grad_(True)
+    torch.nn.functional.conv2d(xr, wr, None, stride, 0, dil).backward(gy)
+    gx_want = xr.grad[:, :, pad[0]: pad[0] + 1, pad[1]: pad[1] + 1]
+    wa = C.Conv2DBackwardWeightAttrs(kernel_size=k, strides=stride, padding=pad, dilation=dil)
+    torch.testing.assert_close(get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa), wr.grad, rtol=1e-12, atol=1e-12)
+    ta = C.Conv2DTransposeAttrs(strides=stride, padding=pad, dilation=dil)
+    torch.testing.assert_close(get_op("nn.conv2d_transpose").impl("torch")(gy, w, ta), gx_want, rtol=1e-12, atol=1e-12)
