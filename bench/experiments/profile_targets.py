@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import defaultdict
 
 from common import CLOCK, add_common_args, median_ms, setup
@@ -33,29 +32,6 @@ def kind(label: str) -> str:
         if label in names:
             return k
     return "fused" if label.startswith("fused") else "elementwise"
-
-
-class Timed:
-    """Wraps the integration's converters: calls, seconds, bytes copied."""
-
-    def __init__(self, mod, name: str):
-        import numpy as np
-
-        self.mod, self.name, self.orig = mod, name, getattr(mod, name)
-        self.calls, self.seconds = 0, 0.0
-        self.np = np
-
-        def wrapped(x):
-            t0 = time.perf_counter()
-            out = self.orig(x)
-            self.seconds += time.perf_counter() - t0
-            self.calls += 1
-            return out
-
-        setattr(mod, name, wrapped)
-
-    def restore(self):
-        setattr(self.mod, self.name, self.orig)
 
 
 def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
@@ -84,7 +60,7 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
     prog = tp.prog
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
-    tensors = list(inputs) + [state[prog.state_names[n]] for n in prog.params]
+    tensors = list(inputs) + [state[prog.state_key(n)] for n in prog.params]
     np_in = [t.detach().numpy() for t in tensors]
     fwd_ms = median_ms(lambda: tp.fwd(*np_in), reps)
     out, res = tp.fwd(*np_in)
@@ -92,14 +68,6 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
     cts = [np.ones_like(np.asarray(o)) for o in outs]
     ct = cts[0] if prog.single_output else tuple(cts)
     bwd_ms = median_ms(lambda: tp.bwd(*res, ct), reps)
-    conv = [Timed(pbt, "_to_numpy"), Timed(pbt, "_to_torch")]
-    n = 5
-    for _ in range(n):
-        step()
-    for c in conv:
-        c.restore()
-    conv_ms = sum(c.seconds for c in conv) / n * 1e3
-    calls = sum(c.calls for c in conv) // n
     diffs = []  # interleaved, so that drifts in machine load cancel: step - (fwd + bwd + SGD) per iteration
     for _ in range(reps):
         t0 = CLOCK[0]()
@@ -111,8 +79,7 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
         diffs.append((t1 - t0) - (CLOCK[0]() - t1))
     overhead = statistics.median(diffs) * 1e3
     print(f"{name:<12s}{target:<6s} step {step_ms:8.2f}  fwd {fwd_ms:8.2f}  bwd {bwd_ms:8.2f}  SGD {sgd_ms:6.2f}  "
-          f"rest (integration) {overhead:6.2f} ms = {100 * overhead / step_ms:4.1f}%  of it conversions "
-          f"{conv_ms:5.2f} ms in {calls} calls")
+          f"rest (integration: bridges, autograd) {overhead:6.2f} ms = {100 * overhead / step_ms:4.1f}%")
     if target == "numpy":
         exe = build(tp.mod)
         by_kind: dict = defaultdict(float)
