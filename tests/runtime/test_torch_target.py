@@ -76,15 +76,16 @@ def test_cuda_device():  # pragma: no cover - no GPU on the test machines
     torch.testing.assert_close(out.cpu(), -torch.ones(2))
 
 
-@pytest.mark.parametrize("k", [pb.const(2.0), pb.const(np.full((1, 1), 2.0, "float32")), pb.const(3.0),
+@pytest.mark.parametrize("k", [pb.const(2.0), pb.const(np.full((1, 1), 2.0, "float32")), pb.const(3.0), pb.const(0.5),
+                               pb.const(-1.0), pb.const(-2.0), pb.const(1.7),
                                pb.const(np.float32(2.0) + np.zeros((3,), "float32"))])
-def test_power_by_a_constant_two_is_a_square(k):
-    """``x ** 2`` runs as ``torch.square`` (pow by a 0-d tensor is ATen's generic kernel) with the same result,
-    broadcasting included."""
+def test_power_by_a_constant_scalar_gives_the_numpy_result(k):
+    """``x ** k`` with a constant scalar ``k`` runs as ``torch.pow(x, float)`` (ATen's fast paths for 2, 3, +-0.5,
+    -1, -2; pow by a 0-d tensor is its generic kernel) with the numpy target's result, broadcasting included."""
     x = var("x", shape=(2, 3))
     fn = Function([x], pb.op.power(x, k))
     xs = np.array([[-1.5, 0.0, np.inf], [np.nan, -0.0, 3.0]], "float32")
     want = pb.build(fn)["main"](xs)
     got = pb.build(fn, target="torch")["main"](xs)
-    assert tuple(got.shape) == want.shape
-    np.testing.assert_array_equal(got.numpy(), want)
+    assert tuple(got.shape) == want.shape and got.numpy().dtype == want.dtype
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, equal_nan=True)

@@ -73,10 +73,12 @@ def _binary(call: Call):
     if _float_args(call) is None:
         return None
     x, k = call.args
-    if (call.op.name == "power" and isinstance(k, Constant) and k.data.size == 1 and float(k.data.reshape(-1)[0]) == 2.0
+    if (call.op.name == "power" and isinstance(k, Constant) and k.data.size == 1
             and x.checked_type.shape == call.checked_type.shape):
-        square = torch.square  # pow by a 0-d tensor is ATen's generic kernel: 4x slower
-        return lambda a, b, attrs=None: square(a)
+        # a Python exponent: ATen multiplies for 2 and 3 (and uses sqrt/reciprocal for +-0.5, -1, -2); pow by a
+        # 0-d tensor is its generic kernel (x ** 2: 0.37 vs 0.02 ms, x ** 3: 1.45 ms on GPT-2's GELU input)
+        e, pow_ = float(k.data.reshape(-1)[0]), torch.pow
+        return lambda a, b, attrs=None: pow_(a, e)
     f = getattr(torch, BINARY[call.op.name])
     return lambda a, b, attrs=None: f(a, b)
 
