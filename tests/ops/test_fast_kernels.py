@@ -99,7 +99,8 @@ def test_conv2d_transpose_routes_match_torch(strides, k, pad, dil, groups, out_p
 
 @pytest.mark.parametrize("target", ["numpy", "torch"])
 @pytest.mark.parametrize("shape,order", [((2, 3, 5), "C"), ((2, 3, 5), "T"), ((2, 3, 5), "S"), ((2, 2, 3, 5), "C"),
-                                         ((2, 2, 3, 5), "T"), ((2, 2, 3, 5), "S"), ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C")])
+                                         ((2, 2, 3, 5), "T"), ((2, 2, 3, 5), "S"), ((0, 3, 5), "C"), ((3, 5), "C"), ((5,), "C"),
+                                         ((2, 3, 0), "C"), ((2, 3, 0), "T"), ((0, 3, 0), "T")])
 def test_dense_gemm_over_rows_in_memory_order(shape, order, target):
     from pullback.ops import get_op
 
@@ -249,7 +250,8 @@ def test_softmax_and_index_add_of_empty_arrays(target, shape, axis):
 @pytest.mark.parametrize("k,pad,dil,stride", [((3, 3), (1, 1, 1, 1), (1, 1), (1, 1)), ((3, 3), (2, 2, 2, 2), (2, 2), (1, 1)),
                                               ((1, 1), (0, 0, 0, 0), (1, 1), (1, 1)), ((3, 3), (1, 1, 1, 1), (1, 1), (2, 2)),
                                               ((3, 2), (1, 0, 1, 1), (1, 1), (1, 1)), ((3, 3), (0, 0, 2, 2), (1, 1), (1, 1))])
-def test_convolutions_of_1x1_maps_are_one_gemm_with_their_tap_on_torch(k, pad, dil, stride):
+@pytest.mark.parametrize("n", [4, 0])
+def test_convolutions_of_1x1_maps_are_one_gemm_with_their_tap_on_torch(k, pad, dil, stride, n):
     """A 1x1 map giving a 1x1 result meets one kernel tap: the torch kernels run that GEMM (ResNet's last stage
     on small images) and agree with ATen's convolutions, their data and weight gradients included."""
     torch = pytest.importorskip("torch")
@@ -259,7 +261,7 @@ def test_convolutions_of_1x1_maps_are_one_gemm_with_their_tap_on_torch(k, pad, d
     a = C.Conv2DAttrs(strides=stride, padding=pad, dilation=dil)
     assert single_tap((1, 1), (1, 1), k, a) is not None
     g = torch.Generator().manual_seed(0)
-    x, w, gy = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((4, 6, 1, 1), (5, 6, *k), (4, 5, 1, 1)))
+    x, w, gy = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((n, 6, 1, 1), (5, 6, *k), (n, 5, 1, 1)))
     xp = torch.nn.functional.pad(x, (pad[1], pad[3], pad[0], pad[2]))
     want = torch.nn.functional.conv2d(xp, w, None, stride, 0, dil)
     torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want, rtol=1e-12, atol=1e-12)

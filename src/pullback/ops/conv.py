@@ -382,7 +382,7 @@ def _conv2d_torch(x, w, attrs):
 
     tap = single_tap(x.shape[2:], _conv_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
     if tap is not None:
-        return (x.reshape(x.shape[0], -1) @ w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[0], 1, 1)
+        return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[0], 1, 1)
     x, pad = torch_padding(conv_layout(x, w.numel()), attrs.padding)
     return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
 
@@ -521,7 +521,7 @@ def _conv2d_transpose_torch(x, w, attrs):
     top, left, bottom, right = attrs.padding
     tap = single_tap(x.shape[2:], _convT_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
     if tap is not None:
-        return (x.reshape(x.shape[0], -1) @ w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[1], 1, 1)
+        return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[1], 1, 1)
     x = conv_layout(x, w.numel())
     if top == bottom and left == right:
         return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
@@ -590,7 +590,7 @@ def _backward_weight_torch(gy, x, attrs):
     tap = single_tap(x.shape[2:], gy.shape[2:], attrs.kernel_size, attrs)
     if tap is not None:
         gw = gy.new_zeros(w_shape)
-        gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[0], -1).T @ x.reshape(x.shape[0], -1)
+        gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[:2]).T @ x.reshape(x.shape[:2])
         return gw
     x, pad = torch_padding(conv_layout(x, math.prod(w_shape)), attrs.padding)
     gy = _like_layout(gy, x)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..ir.types import FLOAT_DTYPES
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -315,7 +316,8 @@ def dense_in_memory_order(x, w, attrs=None):
     numpy = isinstance(x, np.ndarray)
     perm = lead + [x.ndim - 1]
     base = x.transpose(perm) if numpy else x.permute(perm)
-    y = (base.reshape(-1, x.shape[-1]) @ w.T).reshape(tuple(base.shape[:-1]) + (w.shape[0],))
+    rows = math.prod(base.shape[:-1])  # not -1: a reshape of an empty array cannot infer it
+    y = (base.reshape(rows, x.shape[-1]) @ w.T).reshape(tuple(base.shape[:-1]) + (w.shape[0],))
     back = [lead.index(i) for i in range(x.ndim - 1)] + [x.ndim - 1]
     return y.transpose(back) if numpy else y.permute(back)
 
