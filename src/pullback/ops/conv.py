@@ -20,7 +20,6 @@ conv2d_backward_weight -> (conv2d, conv2d_transpose).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Optional
 
@@ -160,25 +159,19 @@ def channels_last(x):
 
 
 def conv_layout(x, weight_numel: int):
-    """The data of a convolution in the memory order it runs fastest in: channels-last where the activations
-    outweigh the weight (``4 * weight <= data``; a CNN's early layers: oneDNN is 2-7x faster on them, e.g. a
-    3-channel stem 2.0 -> 0.3 ms, and batch norm and pooling after them keep the order and run 2-7x faster
-    too), else NCHW: with an NCHW weight ATen would convert the whole weight on every call (deep layers)."""
-    if x.ndim != 4:
-        return x
-    return channels_last(x) if 4 * weight_numel <= x.numel() else nchw(x)
-
-
-def _like_layout(y, x):
-    """``y`` in ``x``'s memory order (channels-last or NCHW)."""
-    import torch
-
-    return channels_last(y) if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else nchw(y)
+    """The memory order a convolution of data ``x`` runs fastest in, as a function to apply to its tensors:
+    ``channels_last`` where the activations outweigh the weight (``4 * weight <= data``; a CNN's early layers:
+    oneDNN is 2-7x faster on them, e.g. a 3-channel stem 2.0 -> 0.3 ms, and batch norm and pooling after them
+    keep the order and run 2-7x faster too), else ``nchw``: with an NCHW weight ATen would convert the whole
+    weight on every call (deep layers)."""
+    return channels_last if x.ndim == 4 and 4 * weight_numel <= x.numel() else nchw
 
 
 def nchw(x):
     """``x`` with NCHW strides: ``contiguous()`` keeps a channels-last layout where H = W = 1 (such a tensor is
     both), and ATen would then run a deep layer's convolution channels-last, converting its weight each call."""
+    if x.ndim != 4:
+        return x
     n, c, h, w = x.shape
     if x.stride() == (c * h * w, h * w, w, 1):
         return x
@@ -383,7 +376,7 @@ def _conv2d_torch(x, w, attrs):
     tap = single_tap(x.shape[2:], _conv_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
     if tap is not None:
         return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[0], 1, 1)
-    x, pad = torch_padding(conv_layout(x, w.numel()), attrs.padding)
+    x, pad = torch_padding(conv_layout(x, w.numel())(x), attrs.padding)
     return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
 
 
@@ -522,7 +515,7 @@ def _conv2d_transpose_torch(x, w, attrs):
     tap = single_tap(x.shape[2:], _convT_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
     if tap is not None:
         return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[1], 1, 1)
-    x = conv_layout(x, w.numel())
+    x = conv_layout(x, w.numel())(x)
     if top == bottom and left == right:
         return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
     y = F.conv_transpose2d(x, w, None, attrs.strides, 0, attrs.output_padding, attrs.groups, attrs.dilation)
@@ -592,8 +585,9 @@ def _backward_weight_torch(gy, x, attrs):
         gw = gy.new_zeros(w_shape)
         gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[:2]).T @ x.reshape(x.shape[:2])
         return gw
-    x, pad = torch_padding(conv_layout(x, math.prod(w_shape)), attrs.padding)
-    gy = _like_layout(gy, x)
+    order = conv_layout(x, math.prod(w_shape))
+    x, pad = torch_padding(order(x), attrs.padding)
+    gy = order(gy)
     gw = torch.nn.grad.conv2d_weight(x, w_shape, gy, attrs.strides, pad, attrs.dilation, attrs.groups)
     return gw.contiguous()  # the parameter's own layout (autograd would copy it otherwise)
 

@@ -312,8 +312,6 @@ def _crop_torch(y, x, a):
     return y[:, :, a.padding[0]: a.padding[0] + x.shape[2], a.padding[1]: a.padding[1] + x.shape[3]]
 
 
-
-
 def _max_pool_torch(x, a):
     import torch.nn.functional as F
 
