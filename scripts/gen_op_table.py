@@ -15,6 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from pullback.ir.types import is_complex
 from pullback.ops.registry import FusionKind, list_ops
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "operators.md"
@@ -30,6 +31,8 @@ tensors come first, then attributes positionally or by keyword.
 - **inputs**: number of tensor operands (`list` means one list of tensors, e.g. `concatenate`).
 - **pattern**: the fusion kind FuseOps uses (Relay's `OpPatternKind`).
 - **grad**: whether `FirstOrderGradient` can differentiate through it; when not, the reason.
+- **complex**: whether it takes `complex64`/`complex128` tensors (gradients in PyTorch's convention:
+  the cotangent of `z` is `dL/dRe(z) + i dL/dIm(z)`); every other operator rejects them.
 - **PyTorch**: the name of the equivalent PyTorch operator (`OpDef.torch_name`; a `torch`,
   `torch.nn.functional` or ATen name).
 
@@ -37,8 +40,8 @@ tensors come first, then attributes positionally or by keyword.
 |---|---|
 {patterns}
 
-| operator | inputs | attributes | pattern | grad | PyTorch | description |
-|---|---|---|---|---|---|---|
+| operator | inputs | attributes | pattern | grad | complex | PyTorch | description |
+|---|---|---|---|---|---|---|---|
 """
 
 
@@ -59,7 +62,8 @@ def row(op) -> str:
     inputs = "list" if op.num_inputs < 0 else str(op.num_inputs)
     grad = "yes" if op.differentiable else f"no: {op.nondiff_reason}"
     torch = f"`{op.torch_name}`" if op.torch_name else ""
-    cells = [f"`{op.name}`", inputs, attrs, op.pattern.name, grad, torch, _summary(op.__doc__ or "", op.name)]
+    cplx = "yes" if any(is_complex(d) for d in op.dtypes) else ""
+    cells = [f"`{op.name}`", inputs, attrs, op.pattern.name, grad, cplx, torch, _summary(op.__doc__ or "", op.name)]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 

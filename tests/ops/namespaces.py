@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opgrad import Case, vars_for
+from opgrad import Case, at_precision, vars_for
 from pullback.analysis import infer_expr
 
 
@@ -41,7 +41,7 @@ def check_namespaces(c: Case, targets=("jax", "torch")) -> None:
     """The op's ``impl(target)`` on float32 inputs equals its numpy result, in values and dtype."""
     import pytest
 
-    inputs = [x.astype("float32") if x.dtype.kind == "f" else x for x in c.inputs]
+    inputs = [at_precision(x, "float32") for x in c.inputs]
     call = c.build(*vars_for(inputs))
     infer_expr(call)
     want = _back(call.op.impl("numpy")(*inputs, call.attrs))

@@ -20,7 +20,7 @@ import pullback
 from pullback.analysis import infer_expr
 from pullback.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
 from pullback.ir.traversal import post_order
-from pullback.ir.types import TensorType, TupleType
+from pullback.ir.types import TensorType, TupleType, complex_of, is_complex
 from pullback.ops import get_op
 
 FLOAT = "float64"
@@ -46,7 +46,7 @@ class Case:
     def __post_init__(self):
         self.inputs = [np.asarray(x) for x in self.inputs]
         if self.wrt is None:
-            self.wrt = [i for i, x in enumerate(self.inputs) if x.dtype.kind == "f"]
+            self.wrt = [i for i, x in enumerate(self.inputs) if x.dtype.kind in "fc"]
         if not self.id:
             shapes = "_".join("x".join(map(str, x.shape)) or "s" for x in self.inputs)
             self.id = f"{self.op}-{shapes}"
@@ -72,6 +72,13 @@ def case_tables(exclude: tuple = ("test_registry", "test_all_targets")) -> list:
             if isinstance(value, (list, tuple)) and value and all(isinstance(c, Case) for c in value):
                 out.extend((path.stem, c) for c in value if id(c) not in seen and not seen.add(id(c)))
     return out
+
+
+def at_precision(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A float input in ``dtype`` (float32/float64), a complex one in the complex dtype of that precision."""
+    if x.dtype.kind == "f":
+        return x.astype(dtype)
+    return x.astype(complex_of(dtype)) if x.dtype.kind == "c" else x
 
 
 def vars_for(inputs) -> list:
@@ -139,7 +146,14 @@ def forward(c: Case, inputs=None):
 def cotangent(out_type, rng):
     if isinstance(out_type, TupleType):
         return [cotangent(t, rng) for t in out_type.fields]
+    if is_complex(out_type.dtype):
+        return (rng.standard_normal(out_type.shape) + 1j * rng.standard_normal(out_type.shape)).astype(out_type.dtype)
     return rng.standard_normal(out_type.shape).astype(out_type.dtype)
+
+
+def _pairing(g, y) -> float:
+    """``<g, y>`` over the reals: ``Re(sum(conj(g) * y))`` (PyTorch's convention for complex values)."""
+    return float(np.sum(np.real(np.conj(g) * y)))
 
 
 def _flat(v) -> list:
@@ -175,23 +189,24 @@ def rule_vjp(c: Case, gval) -> list:
 
 
 def fd_vjp(c: Case, gval, i: int, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of <g, f(x)> with respect to input ``i``."""
+    """Central differences of <g, f(x)> with respect to input ``i`` (for a complex input, d/dRe + i d/dIm)."""
     gflat = _flat(gval)
     base = [x.copy() for x in c.inputs]
     xvars = vars_for(base)
     expr = c.build(*xvars)
     infer_expr(expr)
-    out = np.zeros(base[i].shape)
+    out = np.zeros(base[i].shape, dtype=base[i].dtype if base[i].dtype.kind == "c" else np.float64)
     it = np.nditer(base[i], flags=["multi_index"])
     for _ in it:
         k = it.multi_index
-        vals = []
-        for s in (1, -1):
-            xs = [x.copy() for x in base]
-            xs[i][k] += s * eps
-            y = evaluate(expr, dict(zip(xvars, xs)))
-            vals.append(sum(float(np.sum(a * b)) for a, b in zip(gflat, _flat(y))))
-        out[k] = (vals[0] - vals[1]) / (2 * eps)
+        for unit in (1, 1j) if base[i].dtype.kind == "c" else (1,):
+            vals = []
+            for s in (1, -1):
+                xs = [x.copy() for x in base]
+                xs[i][k] += s * eps * unit
+                y = evaluate(expr, dict(zip(xvars, xs)))
+                vals.append(sum(_pairing(a, b) for a, b in zip(gflat, _flat(y))))
+            out[k] += unit * (vals[0] - vals[1]) / (2 * eps)
     return out
 
 
@@ -232,7 +247,7 @@ def torch_check(c: Case, seed: int = 0) -> None:
 
 def dtype_check(c: Case, dtype: str) -> None:
     """Kernels return exactly the inferred dtype and shape when float inputs are ``dtype``."""
-    inputs = [x.astype(dtype) if x.dtype.kind == "f" else x for x in c.inputs]
+    inputs = [at_precision(x, dtype) for x in c.inputs]
     with np.errstate(all="ignore"):
         forward(c, inputs)  # evaluate() checks dtype and shape of every kernel result
 

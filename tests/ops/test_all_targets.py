@@ -20,10 +20,10 @@ from pullback.analysis import infer_expr
 from pullback.ir.errors import TypeInferenceError
 from pullback.ir.expr import Call
 from pullback.ir.traversal import post_order
-from pullback.ir.types import DTYPES, TensorType
+from pullback.ir.types import ALL_DTYPES, TensorType, real_of
 from pullback.ops import list_ops
 
-from opgrad import UNSUPPORTED, case_tables, evaluate, to_target, vars_for
+from opgrad import UNSUPPORTED, at_precision, case_tables, evaluate, to_target, vars_for
 
 # Operators whose jax/torch kernels are being written (kernels-nn): their tests must fail until then.
 # The lead empties this list when merging.
@@ -42,7 +42,7 @@ def _variants():
     out = []
     for _, c in case_tables():
         pending = bool(_ops_in(c) & PENDING)
-        floats = any(x.dtype.kind == "f" for x in c.inputs)
+        floats = any(x.dtype.kind in "fc" for x in c.inputs)
         for target in TARGETS:
             for dt in ("float64", "float32") if floats else ("native",):
                 out.append(pytest.param(c, target, dt, id=f"{c.id}-{target}-{dt}", marks=[PENDING_MARK] if pending else []))
@@ -81,8 +81,8 @@ def _leaves(v) -> list:
 def _compare(got, want, what: str) -> None:
     for g, w in zip(_leaves(got), _leaves(want), strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {g.dtype}{g.shape}, NumPy gives {w.dtype}{w.shape}"
-        if w.dtype.kind == "f":
-            rtol, atol = TOLERANCE[w.dtype.name]
+        if w.dtype.kind in "fc":
+            rtol, atol = TOLERANCE[real_of(w.dtype.name)]
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=what)
         else:
             np.testing.assert_array_equal(g, w, err_msg=what)
@@ -91,7 +91,7 @@ def _compare(got, want, what: str) -> None:
 @pytest.mark.parametrize("c, target, dt", _variants())
 def test_op_gives_numpy_result_on_target(c, target, dt):
     pytest.importorskip(target)
-    inputs = [x.astype(dt) if dt != "native" and x.dtype.kind == "f" else x for x in c.inputs]
+    inputs = [at_precision(x, dt) if dt != "native" else x for x in c.inputs]
     xs = vars_for(inputs)
     expr = c.build(*xs)
     infer_expr(expr)
@@ -134,7 +134,7 @@ def test_pending_list_names_registered_ops():
 def test_declared_dtypes_match_type_inference(o):
     """``OpDef.dtypes`` says exactly which input dtypes ``infer`` accepts."""
     attrs = o.make_attrs(**o.example_attrs) if o.attrs_type is not None else None
-    for dt in DTYPES:
+    for dt in ALL_DTYPES:
         try:
             o.infer([TensorType((2,), dt)] * o.num_inputs, attrs)
             accepted = True

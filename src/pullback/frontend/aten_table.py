@@ -463,7 +463,7 @@ def _fill(cx, x, value):
 def _arange(cx, *args, **kwargs):
     """``arange``; a dynamic length (``arange(batch)``) is ``start + step * (cumsum(ones) - 1)`` over the
     input axis that carries it."""
-    nums = [a for a in args if isinstance(a, (int, float)) or hasattr(a, "node")]
+    nums = [int(a) if isinstance(a, bool) else a for a in args if isinstance(a, (int, float)) or hasattr(a, "node")]
     start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
     length = cx.val.shape[0]
     if static_dim(length) is not Any:
@@ -780,4 +780,4 @@ def _log_softmax(cx, x, dim, *rest):
 __all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static",
            "newshape", "expand_to"]
 
-from . import aten_indexing, aten_nn  # noqa: E402,F401  (registration)
+from . import aten_complex, aten_indexing, aten_nn  # noqa: E402,F401  (registration)

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, Var
-from ..ir.types import DTYPES, Any, TensorType
+from ..ir.types import ALL_DTYPES, Any, TensorType
 
 RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm")
 
@@ -57,8 +57,8 @@ DropoutMask = RandomInput  # the name of earlier releases (a dropout mask is a b
 
 def torch_dtype_name(dtype) -> str:
     name = str(dtype).replace("torch.", "")
-    if name not in DTYPES:
-        raise PullbackError(f"from_torch: dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
+    if name not in ALL_DTYPES:
+        raise PullbackError(f"from_torch: dtype {dtype} is not supported (supported: {', '.join(ALL_DTYPES)})")
     return name
 
 

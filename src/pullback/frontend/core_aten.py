@@ -15,10 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # core overloads pullback does not convert, with the reason (shown on docs/core_aten.md)
-UNSUPPORTED: dict[str, str] = {
-    "aten._fft_r2c.default": "complex results: pullback has no complex dtype",
-    "aten._fft_c2r.default": "complex inputs: pullback has no complex dtype",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from ..ir.errors import PullbackError
-from ..ir.types import DTYPES
+from ..ir.types import ALL_DTYPES, real_of
 
 # core packet (or converted composite) -> OpInfo names (``name`` or ``name.variant``) beyond the ones whose
 # ``aten_name`` already names it
@@ -40,7 +40,10 @@ ALIASES: dict[str, tuple] = {
     "max_pool3d_with_indices": ("nn.functional.max_pool3d",), "elu": ("nn.functional.elu",),
     "reflection_pad2d": ("nn.functional.pad.reflect",), "replication_pad2d": ("nn.functional.pad.replicate",),
     "_cdist_forward": ("cdist",), "_pdist_forward": ("nn.functional.pdist",), "_embedding_bag": ("nn.functional.embedding_bag",),
-    "_fft_r2c": ("fft.rfft",), "_fft_c2r": ("fft.irfft",), "col2im": ("nn.functional.fold",),
+    "_fft_r2c": ("fft.rfft", "fft.rfft2", "fft.rfftn", "fft.ihfft", "fft.ihfft2", "fft.ihfftn", "fft.fft", "fft.fft2",
+                 "fft.fftn", "fft.ifft", "fft.ifft2", "fft.ifftn"),
+    "_fft_c2r": ("fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", "fft.hfftn"),
+    "col2im": ("nn.functional.fold",),
     "native_group_norm": ("nn.functional.group_norm",), "native_layer_norm": ("nn.functional.layer_norm",),
     "_native_batch_norm_legit_no_training": ("nn.functional.batch_norm",), "index": ("__getitem__",),
     "_local_scalar_dense": ("item",), "avg_pool2d": ("nn.functional.avg_pool2d",),
@@ -175,7 +178,7 @@ def _check(info, sample, check_grad: bool) -> bool:
     leaves = _leaves([sample.input, sample.args, sample.kwargs])
     for t in leaves:
         name = str(t.dtype).replace("torch.", "")
-        if name not in DTYPES:
+        if name not in ALL_DTYPES:
             raise _Skip(f"input dtype {name} is not a pullback dtype")
     inputs = [t.detach().clone() for t in leaves]
     module = _call_module(info.op, sample)
@@ -189,7 +192,7 @@ def _check(info, sample, check_grad: bool) -> bool:
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise _Skip("the result is not a tensor (or tuple of tensors)")
     for o in outs:
-        if str(o.dtype).replace("torch.", "") not in DTYPES:
+        if str(o.dtype).replace("torch.", "") not in ALL_DTYPES:
             raise _Skip(f"result dtype {o.dtype} is not a pullback dtype")
     try:
         with warnings.catch_warnings():
@@ -207,10 +210,10 @@ def _check(info, sample, check_grad: bool) -> bool:
     assert len(got) == len(outs) + len(prog.mutations), f"{len(got)} results, PyTorch gives {len(outs)}"
     mutated = [prog.inputs.index(name) for _, name in prog.mutations]  # a sample's module has inputs only
     dtype = str(outs[0].dtype).replace("torch.", "")
-    rtol, atol = VALUE_TOL.get(dtype, (1e-5, 1e-5))
+    rtol, atol = VALUE_TOL.get(real_of(dtype), (1e-5, 1e-5))
     for k, (g, o) in enumerate(zip(got, outs + [after[i] for i in mutated])):
         g = np.asarray(g)
-        want = o.detach().numpy()
+        want = o.detach().resolve_conj().numpy()
         what = f"result {k}" if k < len(outs) else f"new value of input {mutated[k - len(outs)]}"
         assert g.dtype == want.dtype, f"{what}: dtype {g.dtype}, PyTorch {want.dtype}"
         assert g.shape == want.shape, f"{what}: shape {g.shape}, PyTorch {want.shape}"
@@ -237,11 +240,7 @@ def _as_accurate_as_eager(module, inputs, k: int, got, want) -> bool:
         exact = exact.detach().numpy()
     except Exception:  # noqa: BLE001 - no float64 reference: the plain comparison decides
         return False
-    if exact.shape != want.shape or exact.dtype != np.float64:
-        return False
-    eager_err = np.nanmax(np.abs(want - exact), initial=0.0)
-    return bool(np.nanmax(np.abs(got - exact), initial=0.0) <= 2 * eager_err + 1e-6
-                and np.array_equal(np.isnan(got), np.isnan(want)))
+    return exact.dtype == np.float64 and _no_further(got, want, exact)
 
 
 def _problem(diagnostic: str) -> str:
@@ -280,11 +279,10 @@ def _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient, mut
     """Autograd against ``FirstOrderGradient`` (vjp) with respect to the float inputs (those eager differentiates:
     not batch norm's running statistics, nor a leaf the sample updates in place); new values of mutated inputs
     get a zero cotangent."""
-    float_out = [k for k, o in enumerate(outs) if o.is_floating_point()]
-    float_in = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+    float_out = [k for k, o in enumerate(outs) if o.is_floating_point() or o.is_complex()]
+    float_in = [i for i, t in enumerate(inputs) if t.is_floating_point() or t.is_complex()]
     rng = np.random.default_rng(0)
-    cts = [rng.standard_normal(tuple(o.shape)).astype(str(o.dtype).replace("torch.", "")) if o.is_floating_point()
-           else np.zeros(tuple(o.shape), str(o.dtype).replace("torch.", "")) for o in outs]
+    cts = [_cotangent(rng, o) for o in outs]
     if not float_in or not float_out:
         return False
     try:
@@ -306,10 +304,46 @@ def _check_grad(prog, inputs, outs, module, args, build, FirstOrderGradient, mut
     _, grads = build(mod)["main_grad"](*args, ct)
     dtype = str(inputs[wrt_in[0]].dtype).replace("torch.", "")
     rtol, atol = GRAD_TOL.get(dtype, (1e-4, 1e-4))
-    for i, g, w in zip(wrt_in, grads, want):
-        w = np.zeros(tuple(inputs[i].shape), dtype) if w is None else (w.to_dense() if w.is_sparse else w).numpy()
-        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"gradient of input {i}")
+    exact = None
+    for k, (i, g, w) in enumerate(zip(wrt_in, grads, want)):
+        w = np.zeros(tuple(inputs[i].shape), dtype) if w is None else (w.to_dense() if w.is_sparse else w).resolve_conj().numpy()
+        g = np.asarray(g)
+        if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True) and w.dtype == np.float32:
+            exact = _autograd64(module, inputs, wrt_in, cts, float_out) if exact is None else exact
+            if exact is not None and _no_further(g, w, exact[k]):
+                continue
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"gradient of input {i}")
     return True
+
+
+def _autograd64(module, inputs, wrt_in, cts, float_out):
+    """Eager's vjp with float32 inputs and cotangents upcast to float64 (None where eager refuses)."""
+    import torch
+
+    up = [t.double() if t.dtype == torch.float32 else t for t in inputs]
+    try:
+        got = _autograd(module, up, wrt_in, [c.astype(np.float64) if c.dtype == np.float32 else c for c in cts], float_out)
+    except Exception:  # noqa: BLE001 - no float64 reference: the plain comparison decides
+        return None
+    return None if got is None else [np.zeros(up[i].shape) if w is None else w.numpy() for i, w in zip(wrt_in, got)]
+
+
+def _no_further(got: np.ndarray, want: np.ndarray, exact: np.ndarray) -> bool:
+    """A float32 result off by rounding: ``got`` is no further from the float64 result ``exact`` than twice eager's
+    float32 result ``want`` is (ill-conditioned sums: bicubic sampling's grid gradient, long convolutions)."""
+    if exact.shape != want.shape:
+        return False
+    eager_err = np.nanmax(np.abs(want - exact), initial=0.0)
+    return bool(np.nanmax(np.abs(got - exact), initial=0.0) <= 2 * eager_err + 1e-6
+                and np.array_equal(np.isnan(got), np.isnan(want)))
+
+
+def _cotangent(rng, out) -> np.ndarray:
+    """A random cotangent for ``out`` (complex parts both random), zeros for an integer or bool result."""
+    dtype, shape = str(out.dtype).replace("torch.", ""), tuple(out.shape)
+    if out.is_complex():
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype) if out.is_floating_point() else np.zeros(shape, dtype)
 
 
 def _differentiable_in_eager(module, inputs, i: int, cts, float_out) -> bool:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from ..ir.errors import PullbackError
-from ..ir.types import DTYPES
+from ..ir.types import ALL_DTYPES
 
 __all__ = ["check_inputs", "check_module_state", "quiet_torch_logs"]
 
@@ -45,8 +45,8 @@ def check_inputs(values: Sequence, who: str, what: str = "example input") -> Non
         problem = _device_problem(v)
         if problem:
             raise PullbackError(f"{who}: {what} {i} {problem}")
-        if str(v.dtype).removeprefix("torch.") not in DTYPES:
-            raise PullbackError(f"{who}: {what} {i} has dtype {v.dtype}; supported: {', '.join(DTYPES)}")
+        if str(v.dtype).removeprefix("torch.") not in ALL_DTYPES:
+            raise PullbackError(f"{who}: {what} {i} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
 
 
 def check_module_state(module, who: str) -> None:

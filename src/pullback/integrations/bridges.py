@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..ir.types import FLOAT_DTYPES, TensorType
+from ..ir.types import TensorType, is_inexact
 
 
 class Bridge:
@@ -109,7 +109,7 @@ class TorchBridge(Bridge):
 
     def cotangent(self, g, i: int, shape):
         dtype = self.torch_dtypes[i]
-        if g is None or self.out_dtypes[i] not in FLOAT_DTYPES:
+        if g is None or not is_inexact(self.out_dtypes[i]):
             return self.torch.zeros(shape, dtype=dtype)
         return g if g.dtype == dtype else g.to(dtype)
 
@@ -131,9 +131,9 @@ class NumpyBridge(Bridge):
 
     def cotangent(self, g, i: int, shape):
         dtype = self.out_dtypes[i]
-        if g is None or dtype not in FLOAT_DTYPES:
+        if g is None or not is_inexact(dtype):
             return np.zeros(shape, dtype)
-        return g.detach().numpy().astype(dtype, copy=False)
+        return g.detach().resolve_conj().numpy().astype(dtype, copy=False)
 
     @staticmethod
     def address(value):
@@ -173,7 +173,7 @@ class JaxBridge(Bridge):
         import jax.numpy as jnp
 
         dtype = self.out_dtypes[i]
-        if g is None or dtype not in FLOAT_DTYPES:
+        if g is None or not is_inexact(dtype):
             return jnp.zeros(shape, dtype)
         t = self.torch_dtypes[i]
         return jnp.from_dlpack(g.detach().to(t).contiguous())

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
-from ..ir.types import FLOAT_DTYPES, flatten_type
+from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES
@@ -85,7 +85,7 @@ class TrainingProgram:
         self.num_results = len(self.out_types)
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output)
         self.state_keys = [prog.state_key(n) for n in prog.params]
-        self.float_out = [t.dtype in FLOAT_DTYPES for t in self.out_types]
+        self.float_out = [is_inexact(t.dtype) for t in self.out_types]
 
 
 class Phases(dict):
@@ -200,7 +200,7 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
 
 def float_wrt(prog: TorchProgram, names: Sequence[str]) -> list[str]:
     params = {p.name_hint: p for p in prog.main.params}
-    return [n for n in names if params[n].type_annotation.dtype in FLOAT_DTYPES]
+    return [n for n in names if is_inexact(params[n].type_annotation.dtype)]
 
 
 def training_wrt(prog: TorchProgram, inputs: Sequence) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .errors import PullbackError, TypeInferenceError
-from .types import FLOAT_DTYPES, FuncType, TensorType, TupleType, Type, check_dtype
+from .types import FLOAT_DTYPES, FuncType, TensorType, TupleType, Type, check_dtype, is_complex, is_inexact, real_of
 
 _ids = itertools.count()
 
@@ -512,6 +512,7 @@ _RANGE: dict = {}  # dtype -> (min, max) representable (finite floats), NaN and 
 
 
 def _range(dtype: str) -> tuple:
+    dtype = real_of(dtype)
     if dtype in FLOAT_DTYPES:
         return (-math.inf, math.inf) if dtype == "float64" else (-float(np.finfo(dtype).max), float(np.finfo(dtype).max))
     return (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
@@ -524,7 +525,7 @@ def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
     dtype = check_dtype(dtype, f"{what}: ")
     if type(value) is float or (type(value) is int and abs(value) < 2**63):  # a Python number: the quick check
         lo, hi = _RANGE.get(dtype) or _RANGE.setdefault(dtype, _range(dtype))
-        if lo <= value <= hi and (type(value) is int or dtype in FLOAT_DTYPES):
+        if lo <= value <= hi and (type(value) is int or is_inexact(dtype)):
             return np.asarray(value, dtype=dtype)
     try:
         src = np.asarray(value)
@@ -534,14 +535,15 @@ def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
             src = np.asarray(value, dtype=np.float64)
     except (OverflowError, TypeError, ValueError) as e:
         raise PullbackError(f"{what}: {value!r} is not representable in {dtype}: {e}") from None
-    if src.dtype.kind not in "biuf":
-        raise PullbackError(f"{what}: expected numbers, got {src.dtype} values {value!r}")
+    if src.dtype.kind not in ("biufc" if is_complex(dtype) else "biuf"):
+        kind = f"{dtype} holds real numbers" if src.dtype.kind == "c" else "expected numbers"
+        raise PullbackError(f"{what}: {kind}, got {src.dtype} values {value!r}")
     with np.errstate(all="ignore"):
         out = src.astype(dtype)
     bad = None
-    if dtype in FLOAT_DTYPES:
+    if is_inexact(dtype):
         bad = np.isinf(out) & np.isfinite(src)
-        why = f"it overflows to inf (largest {dtype}: {np.finfo(dtype).max:g})"
+        why = f"it overflows to inf (largest {real_of(dtype)}: {np.finfo(dtype).max:g})"
     elif dtype == "bool":
         bad = (src != 0) & (src != 1)
         why = "a bool constant holds 0/1 or True/False"
@@ -571,7 +573,7 @@ def const(value, dtype: Optional[str] = None) -> Constant:
         except (TypeError, ValueError, OverflowError) as e:
             raise PullbackError(f"const: {value!r} is not an array of numbers: {e}") from None
         if not isinstance(value, (np.ndarray, np.generic)):  # Python numbers (and lists): Relay's defaults
-            default = {"float64": "float32", "int64": "int32", "object": "int32"}.get(arr.dtype.name)
+            default = {"float64": "float32", "int64": "int32", "object": "int32", "complex128": "complex64"}.get(arr.dtype.name)
             arr = exact_array(value, default) if default else arr
     else:
         arr = exact_array(value, dtype)
@@ -609,7 +611,7 @@ def weak_const(value, dtype: Optional[str]) -> Constant:
     implicitly); an int or float meeting a bool tensor keeps Relay's default dtype."""
     if dtype is None or (dtype == "bool" and type(value) is not bool):
         return const(value)
-    if dtype not in FLOAT_DTYPES and dtype != "bool" and isinstance(value, float):
+    if not is_inexact(dtype) and dtype != "bool" and isinstance(value, float):
         raise TypeInferenceError(
             f"the Python float {value!r} meets a tensor of dtype {dtype}, and pullback does not promote implicitly: "
             f"cast the tensor (op.cast(x, \"float32\")) or use an integer"

@@ -12,6 +12,8 @@ from .errors import PullbackError
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+COMPLEX_DTYPES = ("complex64", "complex128")  # accepted only by the operators that say so (fft, view_as_real, ...)
+ALL_DTYPES = DTYPES + COMPLEX_DTYPES
 
 
 class _AnyDim:
@@ -43,14 +45,33 @@ def check_dtype(dtype: str, where: str = "") -> str:
 
             dtype = np.dtype(dtype).name
         except TypeError:
-            raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}") from None
-    if dtype not in DTYPES:
-        raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+            raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(ALL_DTYPES)}") from None
+    if dtype not in ALL_DTYPES:
+        raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(ALL_DTYPES)}")
     return dtype
 
 
 def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def is_complex(dtype: str) -> bool:
+    return dtype in COMPLEX_DTYPES
+
+
+def is_inexact(dtype: str) -> bool:
+    """A real or complex floating-point dtype: values that carry gradients."""
+    return dtype in FLOAT_DTYPES or dtype in COMPLEX_DTYPES
+
+
+def complex_of(dtype: str) -> str:
+    """The complex dtype whose parts are ``dtype`` (float32 -> complex64; complex dtypes map to themselves)."""
+    return {"float16": "complex64", "float32": "complex64", "float64": "complex128"}.get(dtype, dtype)
+
+
+def real_of(dtype: str) -> str:
+    """The dtype of the real and imaginary parts of ``dtype`` (complex64 -> float32; others map to themselves)."""
+    return {"complex64": "float32", "complex128": "float64"}.get(dtype, dtype)
 
 
 _INT64_MAX = 2**63 - 1  # dimensions and element counts are int64 (as in the text format)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from ..ir.expr import Call, Expr
+from ..ir.types import ALL_DTYPES
 from .common import tensor_arg
 from .registry import FusionKind, defop, zero_flops
 
@@ -23,6 +24,6 @@ def _grad(call: Call, g: Expr):
 # generated programs use it where values are checked, not gradients
 stop_gradient = defop("stop_gradient", 1, _infer, kernel=lambda xp, x, attrs=None: x, grad=_grad, pattern=FusionKind.ELEMWISE,
                       flops=zero_flops, torch_name="detach", elementwise=True, smooth=False,
-                      doc="``x`` unchanged in the forward, no gradient in the backward (``Tensor.detach``).")
+                      doc="``x`` unchanged in the forward, no gradient in the backward (``Tensor.detach``).", dtypes=ALL_DTYPES)
 
 __all__ = ["stop_gradient"]

@@ -16,12 +16,12 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, as_expr
-from ..ir.types import DTYPES, FLOAT_DTYPES, TensorType, is_float
+from ..ir.types import ALL_DTYPES, DTYPES, FLOAT_DTYPES, TensorType, is_complex, is_inexact
 from . import layout as T
 from . import special
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .kernels import as_array, check_divisor, is_integer, numpy_quiet
-from .registry import FusionKind, Recompute, defop, type_error
+from .registry import FusionKind, Recompute, defop, get_op, type_error
 
 # ------------------------------------------------------------------ helpers
 
@@ -37,8 +37,9 @@ def unbroadcast(grad: Expr, arg: Expr) -> Expr:
 
 
 def is_float_expr(e: Expr) -> bool:
+    """A real or complex floating-point tensor (one that carries a gradient)."""
     t = e.checked_type
-    return isinstance(t, TensorType) and is_float(t.dtype)
+    return isinstance(t, TensorType) and is_inexact(t.dtype)
 
 
 def _flops_per_elem(k: int):
@@ -119,7 +120,7 @@ def _cl(v, c):  # a scalar constant with the dtype of call/arg ``c``
     return scalar_like(v, c)
 
 
-negative = unary("negative", lambda c, g: [negative(g)], dtypes=DTYPES, torch_name="neg")
+negative = unary("negative", lambda c, g: [negative(g)], dtypes=ALL_DTYPES, torch_name="neg")
 abs = unary("abs", lambda c, g: [multiply(g, sign(c.args[0]))], dtypes=DTYPES, kinks=(0.0,), torch_name="abs")  # noqa: A001
 sign = unary("sign", _zero_grad, dtypes=DTYPES, smooth=False, torch_name="sign")
 exp = unary("exp", lambda c, g: [multiply(g, c)], torch_name="exp")
@@ -165,7 +166,7 @@ floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
 ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
 round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001
               doc="Round half to even (NumPy/PyTorch); zero gradient.")
-copy = unary("copy", lambda c, g: [g], kernel=lambda xp, x, attrs=None: xp.asarray(x, copy=True), dtypes=DTYPES,
+copy = unary("copy", lambda c, g: [g], kernel=lambda xp, x, attrs=None: xp.asarray(x, copy=True), dtypes=ALL_DTYPES,
              flops_per_elem=0, torch_name="clone")
 logical_not = unary("logical_not", dtypes=("bool",), differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
                     torch_name="logical_not")
@@ -233,21 +234,29 @@ def binary(name: str, grad=None, *, fn: str = "", kernel=None, out_dtype=None, d
                  elementwise=True, grad=_float_grads(grad) if grad is not None else None, pattern=pattern, **kw)
 
 
-add = binary("add", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(g, c.args[1])], torch_name="add")
+def conj_if_complex(e: Expr) -> Expr:
+    """The conjugate of a complex ``e`` (PyTorch's gradient convention), ``e`` itself when real."""
+    return get_op("conj")(e) if is_complex(e.checked_type.dtype) else e
+
+
+add = binary("add", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(g, c.args[1])], dtypes=ALL_DTYPES,
+             torch_name="add")
 subtract = binary(
-    "subtract", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(negative(g), c.args[1])], torch_name="sub"
+    "subtract", lambda c, g: [unbroadcast(g, c.args[0]), unbroadcast(negative(g), c.args[1])], dtypes=ALL_DTYPES,
+    torch_name="sub"
 )
 multiply = binary(
     "multiply",
-    lambda c, g: [unbroadcast(multiply(g, c.args[1]), c.args[0]), unbroadcast(multiply(g, c.args[0]), c.args[1])],
-    torch_name="mul",
+    lambda c, g: [unbroadcast(multiply(g, conj_if_complex(c.args[1])), c.args[0]),
+                  unbroadcast(multiply(g, conj_if_complex(c.args[0])), c.args[1])],
+    dtypes=ALL_DTYPES, torch_name="mul",
 )
 
 
 def _divide_grad(call: Call, g: Expr):
     a, b = call.args
-    ga = divide(g, b)
-    return [unbroadcast(ga, a), unbroadcast(negative(multiply(ga, call)), b)]
+    ga = divide(g, conj_if_complex(b))
+    return [unbroadcast(ga, a), unbroadcast(negative(multiply(ga, conj_if_complex(call))), b)]
 
 
 def _divide(xp, a, b, attrs=None):
@@ -267,7 +276,8 @@ def _checked_division(name: str, fn: str):
     return kernel
 
 
-divide = binary("divide", _divide_grad, kernel=_divide, ufunc=np.divide, domain=(None, _POSITIVE), torch_name="div",
+divide = binary("divide", _divide_grad, kernel=_divide, ufunc=np.divide, domain=(None, _POSITIVE), dtypes=ALL_DTYPES,
+                torch_name="div",
                 doc="a / b; integer division floors (like floor_divide).")
 
 
@@ -407,6 +417,6 @@ where = defop(
     elementwise=True,
     grad=lambda c, g: [r if r is None or is_float_expr(a) else None for r, a in zip(_where_grad(c, g), c.args)],
     pattern=FusionKind.BROADCAST,
-    torch_name="where",
+    torch_name="where", dtypes=ALL_DTYPES
 )
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr
-from ..ir.types import Any, INT_DTYPES, TensorType, check_dtype, is_float
+from ..ir.types import ALL_DTYPES, Any, INT_DTYPES, TensorType, check_dtype, is_float, is_inexact
 from . import layout as T
 from .common import normalize_axis, tensor_arg
 from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
@@ -34,7 +34,7 @@ def _compatible(a: tuple, b: tuple) -> bool:
 
 
 def _float_only(e: Expr, grad: Expr) -> Optional[Expr]:
-    return grad if is_float(e.checked_type.dtype) else None
+    return grad if is_inexact(e.checked_type.dtype) else None
 
 
 # ------------------------------------------------------------------ strided_slice / strided_set
@@ -122,7 +122,7 @@ strided_slice = defop(
     "strided_slice", 1, _strided_slice_infer, kernel=_strided_slice, attrs_type=StridedSliceAttrs,
     grad=lambda c, g: [_float_only(c, strided_set(T.zeros_like(c.args[0]), g, *_slice_attrs(c.attrs)))],
     pattern=FusionKind.INJECTIVE, recompute=Recompute.VIEW, flops=zero_flops, torch_name="slice",
-    doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.")
+    doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.", dtypes=ALL_DTYPES)
 
 
 def _strided_set_infer(arg_types, attrs):
@@ -148,7 +148,7 @@ def _strided_set_grad(c: Call, g: Expr):
 strided_set = defop(
     "strided_set", 2, _strided_set_infer, kernel=_strided_set, attrs_type=StridedSliceAttrs, grad=_strided_set_grad,
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice_scatter",
-    doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).")
+    doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ take / index_add
 
@@ -214,7 +214,7 @@ take = defop(
     "take", 2, _take_infer, kernel=_take, attrs_type=TakeAttrs,
     grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis, c.attrs.mode)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="take",
-    doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).")
+    doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).", dtypes=ALL_DTYPES)
 
 
 def _index_add_infer(arg_types, attrs):
@@ -244,7 +244,7 @@ def _index_add_grad(c: Call, g: Expr):
 index_add = defop(
     "index_add", 3, _index_add_infer, kernel=_index_add, attrs_type=TakeAttrs, grad=_index_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="index_add",
-    doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.")
+    doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ gather / scatter_add
 
@@ -301,7 +301,8 @@ gather = register(_DataAxisIndicesOp(
     "gather", 2, _gather_infer, kernel=_gather, attrs_type=GatherAttrs,
     grad=lambda c, g: [_float_only(c, scatter_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="gather",
-    doc="``gather(data, axis, indices)``: out[i][j][k] = data[i][indices[i][j][k]][k] for axis=1 (torch.gather)."))
+    doc="``gather(data, axis, indices)``: out[i][j][k] = data[i][indices[i][j][k]][k] for axis=1 (torch.gather).",
+    dtypes=ALL_DTYPES))
 
 
 def _scatter_add_infer(arg_types, attrs):
@@ -326,7 +327,7 @@ def _scatter_add_grad(c: Call, g: Expr):
 scatter_add = defop(
     "scatter_add", 3, _scatter_add_infer, kernel=_scatter_add, attrs_type=GatherAttrs, grad=_scatter_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="scatter_add",
-    doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.")
+    doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ one_hot
 

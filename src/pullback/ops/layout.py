@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import Any, TensorType, check_dtype, is_float
+from ..ir.types import ALL_DTYPES, Any, TensorType, check_dtype, is_inexact
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
 from .kernels import dtype
 from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
@@ -93,7 +93,7 @@ reshape = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="reshape",
+    torch_name="reshape", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ transpose
@@ -143,7 +143,7 @@ transpose = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="permute",
+    torch_name="permute", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ expand_dims
@@ -190,7 +190,7 @@ expand_dims = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="unsqueeze",
+    torch_name="unsqueeze", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ broadcast_to / collapse_sum_to
@@ -232,7 +232,7 @@ broadcast_to = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="expand",
+    torch_name="expand", dtypes=ALL_DTYPES
 )
 
 
@@ -266,7 +266,7 @@ collapse_sum_to = defop(
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [broadcast_to_like(g, c.args[0])],
     pattern=FusionKind.COMM_REDUCE,
-    torch_name="sum_to_size",
+    torch_name="sum_to_size", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ zeros / ones / full
@@ -288,10 +288,10 @@ def _init_infer(arg_types, attrs):
 
 zeros = defop("zeros", 0, _init_infer, kernel=lambda xp, a: xp.zeros(a.shape, dtype=dtype(xp, a.dtype)),
               attrs_type=InitAttrs, grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops,
-              torch_name="zeros")
+              torch_name="zeros", dtypes=ALL_DTYPES)
 ones = defop("ones", 0, _init_infer, kernel=lambda xp, a: xp.ones(a.shape, dtype=dtype(xp, a.dtype)),
              attrs_type=InitAttrs, grad=lambda c, g: [], pattern=FusionKind.ELEMWISE, flops=zero_flops,
-             torch_name="ones")
+             torch_name="ones", dtypes=ALL_DTYPES)
 
 
 def _full_infer(arg_types, attrs):
@@ -303,7 +303,7 @@ def _full_infer(arg_types, attrs):
 
 def _fill_grad(fill: Expr, g: Expr):
     """Gradient of a broadcast scalar fill value: the sum of ``g`` in the fill's dtype."""
-    if not is_float(fill.checked_type.dtype):
+    if not is_inexact(fill.checked_type.dtype):
         return None
     from .reduce import sum as _sum
 
@@ -326,9 +326,9 @@ def _like_result(op):
 
 
 zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
-                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like")
+                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like", dtypes=ALL_DTYPES)
 ones_like = defop("ones_like", 1, _like_result("ones_like"), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
-                  grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like")
+                  grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like", dtypes=ALL_DTYPES)
 
 
 def _full_like_infer(arg_types, attrs):
@@ -398,7 +398,7 @@ reshape_like = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="reshape_as",
+    torch_name="reshape_as", dtypes=ALL_DTYPES
 )
 
 
@@ -414,7 +414,7 @@ collapse_sum_like = defop(
     kernel=lambda xp, x, like, attrs=None: collapse_sum(xp, x, like.shape),
     grad=lambda c, g: [broadcast_to_like(g, c.args[0]), None],
     pattern=FusionKind.COMM_REDUCE,
-    torch_name="sum_to_size",
+    torch_name="sum_to_size", dtypes=ALL_DTYPES
 )
 
 
@@ -435,7 +435,7 @@ broadcast_to_like = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="expand_as",
+    torch_name="expand_as", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ cast
@@ -450,27 +450,34 @@ class CastAttrs:
 
 
 def _cast_grad_to(x: Expr, g: Expr):
-    return cast_like(g, x) if is_float(x.checked_type.dtype) else None
+    return cast_like(g, x) if is_inexact(x.checked_type.dtype) else None
+
+
+def _astype(xp, x, to):
+    """``x`` in dtype ``to``; a complex ``x`` cast to a real dtype keeps its real part (as PyTorch does)."""
+    if "complex" in str(x.dtype) and "complex" not in str(to):
+        x = xp.real(x)
+    return xp.astype(x, to)
 
 
 cast = defop(
     "cast",
     1,
     lambda ts, attrs: TensorType(tensor_arg("cast", ts, 0).shape, attrs.dtype),
-    kernel=lambda xp, x, attrs: xp.astype(x, dtype(xp, attrs.dtype)),
+    kernel=lambda xp, x, attrs: _astype(xp, x, dtype(xp, attrs.dtype)),
     attrs_type=CastAttrs,
-    grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None],
+    grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
-    torch_name="to",
+    torch_name="to", dtypes=ALL_DTYPES
 )
 cast_like = defop(
     "cast_like",
     2,
     lambda ts, attrs: TensorType(tensor_arg("cast_like", ts, 0).shape, tensor_arg("cast_like", ts, 1).dtype),
-    kernel=lambda xp, x, like, attrs=None: xp.astype(x, like.dtype),
-    grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_float(c.checked_type.dtype) else None, None],
+    kernel=lambda xp, x, like, attrs=None: _astype(xp, x, like.dtype),
+    grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None, None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
-    torch_name="type_as",
+    torch_name="type_as", dtypes=ALL_DTYPES
 )

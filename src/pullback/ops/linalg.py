@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.expr import Call, Expr
-from ..ir.types import Any, TensorType
+from ..ir.types import ALL_DTYPES, Any, TensorType
 from . import layout as T
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
+from .elemwise import conj_if_complex
 from .nn import check_bool
 from .registry import FusionKind, defop, type_error
 
@@ -58,12 +59,13 @@ def _matmul(xp, a, b, attrs):
 
 
 def _matmul_grad(call: Call, g: Expr):
-    """C = op(A) op(B): dA = g op(B)^T (or op(B) g^T when A is transposed), likewise dB."""
+    """C = op(A) op(B): dA = g op(B)^T (or op(B) g^T when A is transposed), likewise dB (conjugate transposes
+    for complex matrices)."""
     a, b = call.args
     ta, tb = call.attrs.transpose_a, call.attrs.transpose_b
-    mm = call.op
-    ga = mm(b, g, tb, True) if ta else mm(g, b, False, not tb)
-    gb = mm(g, a, True, ta) if tb else mm(a, g, not ta, False)
+    mm, ca, cb = call.op, conj_if_complex(a), conj_if_complex(b)
+    ga = mm(cb, g, tb, True) if ta else mm(g, cb, False, not tb)
+    gb = mm(g, ca, True, ta) if tb else mm(ca, g, not ta, False)
     if a.checked_type.ndim == 3:  # batch dims may broadcast
         ga, gb = T.collapse_sum_like(ga, a), T.collapse_sum_like(gb, b)
     return [ga, gb]
@@ -71,7 +73,7 @@ def _matmul_grad(call: Call, g: Expr):
 
 _mi, _mf = _mk(2, "nn.matmul")
 matmul = defop("nn.matmul", 2, _mi, kernel=_matmul, attrs_type=MatmulAttrs, grad=_matmul_grad,
-               pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_mf, torch_name="mm")
+               pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_mf, torch_name="mm", dtypes=ALL_DTYPES)
 _bi, _bf = _mk(3, "nn.batch_matmul")
 batch_matmul = defop("nn.batch_matmul", 2, _bi, kernel=_matmul, attrs_type=BatchMatmulAttrs, grad=_matmul_grad,
-                     pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm")
+                     pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm", dtypes=ALL_DTYPES)

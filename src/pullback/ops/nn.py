@@ -9,7 +9,7 @@ array namespace ``xp`` (``numpy``, ``jax.numpy``, array-api-compat's ``torch``).
 
 from __future__ import annotations
 
-from ..ir.types import FLOAT_DTYPES
+from ..ir.types import ALL_DTYPES, FLOAT_DTYPES
 
 import math
 from dataclasses import dataclass
@@ -524,7 +524,7 @@ pad = defop(
     grad=_pad_grad,
     pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
-    torch_name="pad",
+    torch_name="pad", dtypes=ALL_DTYPES
 )
 pad_backward = defop(
     "nn.pad_backward",
@@ -534,7 +534,7 @@ pad_backward = defop(
     attrs_type=PadAttrs,
     grad=lambda c, g: [pad(g, c.attrs.pad_width, 0.0, c.attrs.pad_mode)],
     pattern=FusionKind.INJECTIVE,
-    doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).",
+    doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).", dtypes=ALL_DTYPES
 )
 
 # ------------------------------------------------------------------ dropout (explicit mask: pure)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import Any, TensorType
+from ..ir.types import ALL_DTYPES, Any, TensorType
 from . import layout as T
 from .common import normalize_axes, numel, tensor_arg
 from .kernels import as_array, dtype, is_integer, numpy_quiet
@@ -128,7 +128,7 @@ def _sum_grad(call: Call, g: Expr):
 
 
 sum = reduction("sum", lambda xp, x, ax, kd, a: xp.sum(x, axis=ax, keepdims=kd, dtype=x.dtype), _sum_grad,  # noqa: A001
-                torch_name="sum")
+                torch_name="sum", dtypes=ALL_DTYPES)
 
 
 def _mean_grad(call: Call, g: Expr):
@@ -138,7 +138,7 @@ def _mean_grad(call: Call, g: Expr):
 
 
 mean = reduction("mean", lambda xp, x, ax, kd, a: xp.mean(_acc(xp, x), axis=ax, keepdims=kd), _mean_grad,
-                 torch_name="mean")
+                 torch_name="mean", dtypes=ALL_DTYPES)
 
 
 def _extreme_grad(call: Call, g: Expr):

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 from ..ir.errors import AttrError, PullbackError, TypeInferenceError
 from ..ir.expr import Call, Expr, Op, as_expr
-from ..ir.types import DTYPES, TensorType, Type
+from ..ir.types import COMPLEX_DTYPES, DTYPES, TensorType, Type
 
 
 class FusionKind(enum.IntEnum):
@@ -92,6 +92,19 @@ def zero_flops(arg_types: list, out_type: Type, attrs) -> int:
     return 0
 
 
+def _real_operands(name: str, infer: InferFn) -> InferFn:
+    """``infer`` behind a check that no operand is a complex tensor (operators take complex tensors only when
+    their ``dtypes`` say so: their gradient rules follow the conjugate convention)."""
+
+    def checked(arg_types, attrs):
+        for i, t in enumerate(arg_types):
+            if type(t) is TensorType and t.dtype in COMPLEX_DTYPES:
+                raise type_error(name, arg_types, f"argument {i} is a {t.dtype} tensor; {name} takes no complex tensors")
+        return infer(arg_types, attrs)
+
+    return checked
+
+
 class OpDef(Op):
     """An operator definition. Calling it builds a ``Call``.
 
@@ -105,7 +118,8 @@ class OpDef(Op):
     one dtype (fused NumPy groups call it with ``out=``).
 
     What it accepts (read by tests and the program generator):
-    ``dtypes`` the dtypes of its tensor inputs; ``elementwise`` True when it
+    ``dtypes`` the dtypes of its tensor inputs (type inference rejects complex operands of an
+    operator whose ``dtypes`` has no complex dtype); ``elementwise`` True when it
     maps entries one by one with NumPy broadcasting among its inputs;
     ``domain`` per input an open interval ``(lo, hi)`` of float values on
     which it is finite with finite derivatives, or None for the whole line
@@ -148,13 +162,13 @@ class OpDef(Op):
     ):
         self.name = name
         self.num_inputs = num_inputs
-        self.infer = infer
+        self.dtypes = tuple(dtypes)
+        self.infer = infer if any(d in COMPLEX_DTYPES for d in self.dtypes) else _real_operands(name, infer)
         self.kernel = kernel
         self.impls: dict[str, ComputeFn] = dict(impls or {})
         if compute is not None:  # a NumPy-only kernel: the numpy target's implementation
             self.impls.setdefault("numpy", compute)
         self.ufunc = ufunc  # a NumPy ufunc computing the op on float arrays (fused groups use out=)
-        self.dtypes = tuple(dtypes)
         self.elementwise = elementwise
         self.domain = tuple(domain)
         self.kinks = kinks

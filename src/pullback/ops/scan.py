@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import DTYPES
+from ..ir.types import ALL_DTYPES
 from .common import normalize_axis, numel, tensor_arg
 from .registry import FusionKind, defop, type_error
 
@@ -54,7 +54,7 @@ def _cumsum_grad(call: Call, g: Expr):
 
 
 cumsum = defop("cumsum", 1, _cumsum_infer, kernel=_cumsum_kernel, attrs_type=CumsumAttrs, grad=_cumsum_grad,
-               pattern=FusionKind.OPAQUE, dtypes=tuple(d for d in DTYPES if d != "bool"), flops=lambda ts, out, a: numel(out.shape), torch_name="cumsum",
+               pattern=FusionKind.OPAQUE, dtypes=tuple(d for d in ALL_DTYPES if d != "bool"), flops=lambda ts, out, a: numel(out.shape), torch_name="cumsum",
                doc="``cumsum(x, axis=0, reverse=False)``: running sums along ``axis`` in the input's dtype.")
 
 __all__ = ["cumsum", "CumsumAttrs"]

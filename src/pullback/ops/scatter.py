@@ -22,7 +22,7 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import DTYPES, INT_DTYPES, is_float
+from ..ir.types import DTYPES, INT_DTYPES, is_float, is_inexact
 from . import layout as T
 from .common import normalize_axis, numel, tensor_arg
 from .kernels import check_range, grid, is_integer, set_at
@@ -66,7 +66,7 @@ def _kernel(xp, x, idx, u, attrs):
 
 def _grad(call: Call, g: Expr):
     x, idx, u = call.args
-    if not is_float(x.checked_type.dtype):
+    if not is_inexact(x.checked_type.dtype):
         return [None, None, None]
     return [scatter(g, idx, T.zeros_like(u), call.attrs.axis), None, get_op("gather")(g, call.attrs.axis, idx)]
 

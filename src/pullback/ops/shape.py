@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.errors import AttrError, ExecutionError, PullbackError
 from ..ir.expr import Call, Expr, Tuple, TupleGetItem
-from ..ir.types import Any, TensorType, TupleType, check_dtype
+from ..ir.types import ALL_DTYPES, Any, TensorType, TupleType, check_dtype
 from . import layout as T
 from .common import normalize_axes, normalize_axis, same_dtype, tensor_arg, tensor_args
 from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
@@ -75,7 +75,7 @@ def _squeeze(xp, x, a):
 
 squeeze = defop("squeeze", 1, _squeeze_infer, kernel=_squeeze, attrs_type=SqueezeAttrs,
                 grad=lambda c, g: [T.reshape_like(g, c.args[0])], pattern=FusionKind.INJECTIVE, recompute=Recompute.VIEW,
-                flops=zero_flops, torch_name="squeeze")
+                flops=zero_flops, torch_name="squeeze", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ concatenate / stack
 
@@ -128,7 +128,7 @@ def _concat_grad(call: Call, g: Expr):
 
 concatenate = defop("concatenate", -1, _concat_infer, kernel=lambda xp, *xs: xp.concat(xs[:-1], axis=xs[-1].axis),
                     attrs_type=AxisAttrs, grad=_concat_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops,
-                    torch_name="cat")
+                    torch_name="cat", dtypes=ALL_DTYPES)
 
 
 def _stack_infer(arg_types, attrs):
@@ -143,7 +143,7 @@ def _stack_grad(call: Call, g: Expr):
 
 
 stack = defop("stack", -1, _stack_infer, kernel=lambda xp, *xs: xp.stack(xs[:-1], axis=xs[-1].axis), attrs_type=AxisAttrs,
-              grad=_stack_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="stack")
+              grad=_stack_grad, pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="stack", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ split
 
@@ -208,7 +208,7 @@ def _split(xp, x, a):
 
 split = defop("split", 1, _split_infer, kernel=_split, attrs_type=SplitAttrs, grad=_split_grad,
               pattern=FusionKind.INJECTIVE, flops=zero_flops,
-              torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.")
+              torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.", dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ repeat / tile / flip
 
@@ -249,7 +249,7 @@ def _repeat_grad(call: Call, g: Expr):
 
 repeat = defop("repeat", 1, _repeat_infer, kernel=lambda xp, x, a: xp.repeat(x, a.repeats, axis=a.axis),
                attrs_type=RepeatAttrs,
-               grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave")
+               grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave", dtypes=ALL_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def _tile_grad(call: Call, g: Expr):
 
 
 tile = defop("tile", 1, _tile_infer, kernel=lambda xp, x, a: xp.tile(x, a.reps), attrs_type=TileAttrs, grad=_tile_grad,
-             pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="tile")
+             pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="tile", dtypes=ALL_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -305,7 +305,8 @@ flip = defop("flip", 1, _flip_infer, kernel=lambda xp, x, a: xp.flip(x, axis=a.a
              impls={"numpy": lambda x, a: np.flip(x, axis=a.axis).copy()},  # NumPy's flip is a view of x
              attrs_type=FlipAttrs,
              grad=lambda c, g: [flip(g, c.attrs.axis)], pattern=FusionKind.INJECTIVE, flops=zero_flops,
-             torch_name="flip", doc="Reverse along ``axis`` (Relay's ``reverse``; an int or a tuple of ints).")
+             torch_name="flip", doc="Reverse along ``axis`` (Relay's ``reverse``; an int or a tuple of ints).",
+             dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ arange
 

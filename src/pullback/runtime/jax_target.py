@@ -147,7 +147,7 @@ def _uses_64bit(mod: IRModule) -> bool:
     while stack:
         t = stack.pop()
         if isinstance(t, TensorType):
-            if t.dtype in ("float64", "int64"):
+            if t.dtype in ("float64", "int64", "complex128"):
                 return True
         elif isinstance(t, TupleType):
             stack.extend(t.fields)

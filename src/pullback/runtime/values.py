@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..ir.errors import ExecutionError
-from ..ir.types import DTYPES, Any, TensorType, TupleType, Type
+from ..ir.types import ALL_DTYPES, Any, TensorType, TupleType, Type
 
 # Python data takes the parameter's dtype when its kind matches (like JAX's weak types).
 _KIND_OK = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
@@ -34,7 +34,7 @@ def describe(value) -> str:
     shape = getattr(value, "shape", None)
     if dtype is not None and shape is not None:
         name = dtype_name(dtype)
-        if name in DTYPES:
+        if name in ALL_DTYPES:
             return repr(TensorType(tuple(shape), name))
         return f"an array of shape {tuple(shape)} and dtype {name}"
     if isinstance(value, (tuple, list)):

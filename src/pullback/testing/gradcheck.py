@@ -3,7 +3,9 @@
 - ``to_float64(fn_or_mod)``: the same program computing in float64.
 - ``check_grad(fn_or_mod, inputs, wrt=None)``: the vjp built by
   ``FirstOrderGradient`` with a random cotangent versus central finite
-  differences of ``<ct, f(x)>``; returns the largest absolute error.
+  differences of ``<ct, f(x)>``; returns the largest absolute error. Complex
+  values are pairs of reals: ``<a, b> = Re(sum(conj(a) * b))`` and a complex
+  input's gradient is ``ds/dRe + i ds/dIm`` (PyTorch's convention).
 - ``check_second_order(fn_or_mod, inputs, wrt=None)``: Hessian-vector products
   by AD of ``grad(s) . v`` versus finite differences of ``grad(s)``.
 
@@ -24,10 +26,11 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import transform
-from ..ir.types import FLOAT_DTYPES, TensorType, TupleType, Type
+from ..ir.types import FLOAT_DTYPES, TensorType, TupleType, Type, is_complex, is_inexact
 from ..transform.ad.common import build_struct, leaf_paths
 
 _LOW = tuple(d for d in FLOAT_DTYPES if d != "float64")
+_WIDE = {**{d: "float64" for d in _LOW}, "complex64": "complex128"}  # what to_float64 widens
 
 # ------------------------------------------------------------------ float64
 
@@ -47,8 +50,8 @@ def _type64(ty: Optional[Type]) -> Optional[Type]:
             else:
                 stack.append((path, t, True))
                 stack.extend((path + (i,), f, False) for i, f in enumerate(t.fields))
-        elif isinstance(t, TensorType) and t.dtype in _LOW:
-            out[path] = TensorType(t.shape, "float64")
+        elif isinstance(t, TensorType) and t.dtype in _WIDE:
+            out[path] = TensorType(t.shape, _WIDE[t.dtype])
         else:
             out[path] = t  # int/bool tensors, function types stay
     return out[()]
@@ -60,11 +63,11 @@ def _fn64(fn: Function, gvars: dict) -> Function:
             t = _type64(new.type_annotation)
             return new if t is new.type_annotation else Var(new.name_hint, t)
         if isinstance(new, Constant):
-            return Constant(new.data.astype("float64")) if new.data.dtype.name in _LOW else new
+            return Constant(new.data.astype(_WIDE[new.data.dtype.name])) if new.data.dtype.name in _WIDE else new
         if isinstance(new, Call):
             attrs = new.attrs
-            if dataclasses.is_dataclass(attrs) and getattr(attrs, "dtype", None) in _LOW:
-                attrs = dataclasses.replace(attrs, dtype="float64")
+            if dataclasses.is_dataclass(attrs) and getattr(attrs, "dtype", None) in _WIDE:
+                attrs = dataclasses.replace(attrs, dtype=_WIDE[attrs.dtype])
             op = gvars.get(new.op.name_hint, new.op) if isinstance(new.op, GlobalVar) else new.op
             return new.replace(op=op, attrs=attrs)
         if isinstance(new, GlobalVar):
@@ -79,7 +82,7 @@ def _fn64(fn: Function, gvars: dict) -> Function:
 
 def to_float64(fn_or_mod: Union[Function, IRModule]) -> Union[Function, IRModule]:
     """The same program in float64: float16/float32 parameters, constants and ``dtype`` attributes
-    (zeros, ones, full, cast, ...) become float64. Returns the same kind it was given."""
+    (zeros, ones, full, cast, ...) become float64 (complex64 ones complex128). Returns the same kind it was given."""
     if isinstance(fn_or_mod, Function):
         return _fn64(fn_or_mod, {})
     if not isinstance(fn_or_mod, IRModule):
@@ -114,7 +117,7 @@ def _set(value, path: tuple, leaf):
 
 
 def _dtype64(t: TensorType) -> str:
-    return "float64" if t.dtype in FLOAT_DTYPES else t.dtype
+    return _WIDE.get(t.dtype, t.dtype)
 
 
 def _convert64(value, ty: Type):
@@ -123,19 +126,23 @@ def _convert64(value, ty: Type):
 
 
 def _random_like(ty: Type, rng: np.random.Generator, like=None):
-    """A random value of type ``ty``: standard normal float leaves, zero int/bool leaves.
+    """A random value of type ``ty``: standard normal float leaves (both parts of complex ones), zero int/bool
+    leaves.
 
     Shapes come from ``like`` (a value of type ``ty``, needed when ``ty`` has ``Any`` dims)."""
     def leaf(path, t):
         shape = np.shape(_get(like, path)) if like is not None else tuple(int(d) for d in t.shape)
-        value = rng.standard_normal(shape) if t.dtype in FLOAT_DTYPES else np.zeros(shape, t.dtype)
+        if is_complex(t.dtype):
+            value = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+        else:
+            value = rng.standard_normal(shape) if t.dtype in FLOAT_DTYPES else np.zeros(shape, t.dtype)
         return np.asarray(value, dtype=_dtype64(t))
     return build_struct(ty, leaf, pack=tuple)
 
 
 def _dot(a, b, ty: Type) -> float:
-    """Sum over float leaves of ``sum(a * b)``."""
-    return float(sum(np.sum(_get(a, p) * _get(b, p)) for p, t in leaf_paths(ty) if t.dtype in FLOAT_DTYPES))
+    """Sum over float and complex leaves of ``Re(sum(conj(a) * b))``."""
+    return float(sum(np.sum(np.real(np.conj(_get(a, p)) * _get(b, p))) for p, t in leaf_paths(ty) if is_inexact(t.dtype)))
 
 
 def _prepare(fn_or_mod, func: str, wrt, inputs: Sequence):
@@ -235,19 +242,21 @@ def check_grad(fn_or_mod: Union[Function, IRModule], inputs: Sequence, wrt=None,
     worst = _Worst(rtol, atol)
     for k, (pos, param) in enumerate(zip(positions, params)):
         for path, t in leaf_paths(param.type_annotation):
-            if t.dtype not in FLOAT_DTYPES:
+            if not is_inexact(t.dtype):
                 continue
             base = _get(xs[pos], path)
             analytic = np.asarray(_get(grads[k], path))
+            parts = ((1.0, np.real, ""), (1j, np.imag, ".imag")) if is_complex(t.dtype) else ((1.0, np.real, ""),)
             for idx in _coords(base.shape, max_coords, rng):
-                vals = []
-                for sign in (1.0, -1.0):
-                    leaf = np.array(base, copy=True)
-                    leaf[idx] += sign * eps
-                    args = list(xs)
-                    args[pos] = _set(xs[pos], path, leaf)
-                    vals.append(s(args))
-                worst.add(_label(param, path, idx), float(analytic[idx]), (vals[0] - vals[1]) / (2 * eps))
+                for unit, part, suffix in parts:
+                    vals = []
+                    for sign in (1.0, -1.0):
+                        leaf = np.array(base, copy=True)
+                        leaf[idx] += sign * eps * unit
+                        args = list(xs)
+                        args[pos] = _set(xs[pos], path, leaf)
+                        vals.append(s(args))
+                    worst.add(_label(param, path, idx) + suffix, float(part(analytic[idx])), (vals[0] - vals[1]) / (2 * eps))
     return worst.check(f"check_grad of @{func}")
 
 
@@ -263,8 +272,12 @@ def check_second_order(fn_or_mod: Union[Function, IRModule], inputs: Sequence, w
 
     mod, positions, xs = _prepare(fn_or_mod, func, wrt, inputs)
     fn = mod[func]
-    rng = np.random.default_rng(seed)
     ret_t = fn.checked_type.ret_type
+    leaves = [t for p in fn.params for _, t in leaf_paths(p.type_annotation)] + [t for _, t in leaf_paths(ret_t)]
+    if any(isinstance(t, TensorType) and is_complex(t.dtype) for t in leaves):
+        raise PullbackError(f"check_second_order of @{func}: complex parameters or results are not supported "
+                            f"(check_grad checks their first derivatives)")
+    rng = np.random.default_rng(seed)
     ct = _random_like(ret_t, rng, like=build(mod)[func](*xs))
     mul, total, add = get_op("multiply"), get_op("sum"), get_op("add")
 

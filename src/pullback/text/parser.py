@@ -34,7 +34,7 @@ import numpy as np
 from ..ir.errors import ParseError, PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, exact_array
 from ..ir.module import IRModule
-from ..ir.types import DTYPES, Any, FuncType, TensorType, TupleType
+from ..ir.types import ALL_DTYPES, Any, FuncType, TensorType, TupleType
 from ..ops import registry
 from .unused import ill_typed
 
@@ -647,8 +647,8 @@ class _Parser:
         dtype = None
         if self.kind == ",":
             self.advance()
-            if self.kind != "ident" or self.val not in DTYPES:
-                self.fail(f"expected a dtype ({', '.join(DTYPES)}) but found {self.desc()}")
+            if self.kind != "ident" or self.val not in ALL_DTYPES:
+                self.fail(f"expected a dtype ({', '.join(ALL_DTYPES)}) but found {self.desc()}")
             dtype = self.val
             self.advance()
         self.expect(")")
@@ -702,7 +702,7 @@ class _Parser:
         if index is None:
             fail(f"metadata index {_short(m.group(1))} is out of range (0 to {INT64_MAX})")
         dtype, dim_texts, data = m.group(2), m.group(3).replace(" ", "").replace("\t", "").split(","), m.group(4)
-        if dtype not in DTYPES:
+        if dtype not in ALL_DTYPES:
             fail(f"unknown dtype {dtype!r} in meta[{index}]")
         if index in self.meta:
             fail(f"meta[{index}] is defined twice")
@@ -814,7 +814,7 @@ class _Parser:
                 continue
             elif kind == "ident" and val == "Tensor":
                 value = self.tensor_type()
-            elif kind == "ident" and val in DTYPES:
+            elif kind == "ident" and val in ALL_DTYPES:
                 self.advance()
                 value = TensorType((), val)
             else:
@@ -859,8 +859,8 @@ class _Parser:
                 self.expect(",", "',' or ')'")
         self.advance()
         self.expect(",")
-        if self.kind != "ident" or self.val not in DTYPES:
-            self.fail(f"expected a dtype ({', '.join(DTYPES)}) but found {self.desc()}")
+        if self.kind != "ident" or self.val not in ALL_DTYPES:
+            self.fail(f"expected a dtype ({', '.join(ALL_DTYPES)}) but found {self.desc()}")
         dtype = self.val
         self.advance()
         self.expect("]")

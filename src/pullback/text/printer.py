@@ -170,7 +170,7 @@ def _float_text(x, dtype: str) -> str:
 
 def inline_const_text(arr: np.ndarray) -> Optional[str]:
     """``const(VALUES, dtype)`` if it parses back bit-exactly and is small, else None."""
-    if arr.size == 0 or arr.size > INLINE_CONST_LIMIT:
+    if arr.size == 0 or arr.size > INLINE_CONST_LIMIT or arr.dtype.kind == "c":  # complex: in the metadata
         return None
     dtype = arr.dtype.name
     flat = arr.reshape(-1)

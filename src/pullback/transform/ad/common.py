@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Optional
 from ...ir.types import types_compatible  # noqa: F401 (re-exported for ad.rules)
 from ...ir.errors import PullbackError, TypeInferenceError
 from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
-from ...ir.types import TensorType, TupleType, Type, is_float
+from ...ir.types import TensorType, TupleType, Type, is_inexact
 from ...ops.registry import get_op
 
 Path = tuple
@@ -42,7 +42,7 @@ def type_leaves(ty: Type) -> Iterator[Type]:
 
 
 def _float_tensor(t: Type) -> bool:
-    return isinstance(t, TensorType) and is_float(t.dtype)
+    return isinstance(t, TensorType) and is_inexact(t.dtype)
 
 
 def has_float_leaf(ty: Type) -> bool:

@@ -14,7 +14,7 @@ from typing import Iterable
 from ...analysis.callgraph import CallGraph
 from ...ir.expr import Call, Constant, Function, GlobalVar, If, Var
 from ...ir.module import IRModule
-from ...ir.types import FLOAT_DTYPES, TensorType
+from ...ir.types import TensorType, is_inexact
 from ...ir.traversal import post_order
 from ...ops.registry import OpDef
 from .common import binding, closure_like, has_float_leaf
@@ -31,7 +31,7 @@ def active_nodes(order: list, params: Iterable[Var]) -> set[int]:
         for c in kids:
             if id(c) in active:
                 t = n.checked_type
-                if (t.dtype in FLOAT_DTYPES) if type(t) is TensorType else has_float_leaf(t):
+                if is_inexact(t.dtype) if type(t) is TensorType else has_float_leaf(t):
                     active.add(id(n))
                 break
     return active

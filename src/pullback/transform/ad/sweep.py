@@ -26,7 +26,7 @@ from typing import Optional
 
 from ...ir.expr import Constant, Expr, If, Var
 from ...ir.scope import Scope, ScopeInfo
-from ...ir.types import TensorType, TupleType, is_float
+from ...ir.types import TensorType, TupleType, is_inexact
 from .common import Path, get_item, sum_terms, type_at
 from .residuals import Residuals, fresh_uid
 from .rules import RULES, Branches, transpose_rule
@@ -98,7 +98,7 @@ class ReverseSweep:
             if isinstance(t, TupleType):
                 for i in range(len(t.fields)):
                     stack.append((p + (i,), t.fields[i], get_item(v, i)))
-            elif is_float(t.dtype):
+            elif is_inexact(t.dtype):
                 if local:
                     frame.cts.setdefault(id(node), {}).setdefault(p, []).append(v)
                 else:
