@@ -128,7 +128,7 @@ CATALOGUE = [
     ("attr-reduce-name", lambda: op.mean(X, axes=1), pb.AttrError, ["mean", "axes", "axis"]),
     ("attr-transpose", lambda: op.transpose(X, axes=(0.5,)), pb.AttrError, ["transpose", "axes"]),
     ("attr-zeros-dtype", lambda: op.zeros((2,), "floaty"), pb.AttrError, ["zeros", "dtype", "floaty"]),
-    ("attr-full-dtype", lambda: op.full(pb.const(1.0), (2,), "complex64"), pb.AttrError, ["full", "dtype", "complex64"]),
+    ("attr-full-dtype", lambda: op.full(pb.const(1.0), (2,), "bfloat16"), pb.AttrError, ["full", "dtype", "bfloat16"]),
     ("attr-cast-dtype", lambda: op.cast(X, "str"), pb.AttrError, ["cast", "dtype"]),
     ("attr-conv-layout", lambda: op.nn.conv2d(X, X, data_layout="XYZW"), pb.AttrError, ["nn.conv2d", "data_layout", "XYZW"]),
     ("attr-conv-strides", lambda: op.nn.conv2d(X, X, strides=(0, 1)), pb.AttrError, ["nn.conv2d", "strides"]),
@@ -207,7 +207,7 @@ def _torch_rows():
         from pullback.frontend import from_torch  # noqa: F401
     except ImportError:
         return []
-    return [pytest.param(_torch_unsupported, pb.PullbackError, ["from_torch", "aten._fft_r2c", "forward"], id="torch-unsupported-op"),
+    return [pytest.param(_torch_unsupported, pb.PullbackError, ["from_torch", "aten.cumprod", "forward"], id="torch-unsupported-op"),
             pytest.param(_torch_int_input, pb.PullbackError, ["from_torch: example input 1 is an int (3)", "tensors only"],
                          id="torch-int-input"),
             pytest.param(_torch_meta_input, pb.PullbackError, ["example input 0 is on device meta", "CPU tensors with data"],
@@ -266,7 +266,7 @@ def _torch_unsupported():
 
     class M(torch.nn.Module):
         def forward(self, x):
-            return torch.fft.fft(x).real
+            return torch.cumprod(x, 0)
 
     return from_torch(M(), (torch.ones(4),))
 

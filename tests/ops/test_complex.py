@@ -82,30 +82,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_forward_and_vjp_match_torch(c):
-    pytest.importorskip("torch")
-    torch_check(c)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_gradient_rule_matches_finite_differences(c):
-    check_rule(c)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_ad_pass_gradient(c):
-    check_ad(c)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_kernel_returns_inferred_dtype(c):
+def _complex64_kernels(c):
     dtype_check(c, "float32")  # complex inputs in complex64
 
 
+CHECKS = {"torch": torch_check, "rule-vs-fd": check_rule, "ad-vs-fd": check_ad, "dtype": _complex64_kernels,
+          "namespaces": check_namespaces}
+
+
+@pytest.mark.parametrize("check", list(CHECKS.values()), ids=list(CHECKS))
 @pytest.mark.parametrize("c", CASES, ids=repr)
-def test_kernel_on_every_namespace(c):
-    check_namespaces(c)
+def test_case(c, check):
+    """Forward and vjp equal PyTorch's, the rule and the AD pass equal finite differences, kernels return the
+    inferred dtype in complex64 and give NumPy's result on every namespace."""
+    pytest.importorskip("torch")
+    check(c)
 
 
 def test_abs_gradient_is_zero_at_zero_as_in_pytorch():
