@@ -238,3 +238,24 @@ def test_a_replaced_parameter_is_the_one_trained(target):
     model[0].weight = nn.Parameter(torch.randn(3, 3))
     with pytest.raises(pb.PullbackError, match="0_weight|0.weight"):
         cm(x)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq_divides_each_rows_gradient_by_its_count(mode):
+    """``nn.EmbeddingBag(scale_grad_by_freq=True)``: the values as without it, each row's gradient divided by how
+    often its index occurs. The reference is ``F.embedding(scale_grad_by_freq=True)`` reduced per bag: eager's CPU
+    ``embedding_bag`` backward in torch 2.13 divides some rows by another index's count (pytorch/pytorch#190063,
+    fixed after 2.13; CUDA and ``F.embedding`` were right), which pullback does not copy."""
+    torch.manual_seed(0)
+    bag = nn.EmbeddingBag(6, 3, mode=mode, scale_grad_by_freq=True).double()
+    idx, offsets = torch.tensor([3, 1, 3, 3, 1, 5]), torch.tensor([0, 2, 4])
+    prog = import_torch(bag, (idx, offsets))
+    gmod = pb.transform.FirstOrderGradient(wrt=prog.trainable)(prog.mod)
+    value, (g,) = pb.build(gmod)["main_grad"](*main_inputs(prog, (idx, offsets)))
+    rows = F.embedding(idx, bag.weight, scale_grad_by_freq=True)
+    ref = torch.stack([getattr(rows[a:b], mode)(0) for a, b in ((0, 2), (2, 4), (4, 6))])
+    ref.sum().backward()
+    np.testing.assert_allclose(value, bag(idx, offsets).detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(value, ref.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(g, bag.weight.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert np.abs(g[3]).sum() > 0 and np.abs(g[5]).sum() > 0

@@ -642,19 +642,25 @@ def _nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
     return [_nll(cx, logp, target, weight, reduction, ignore_index), None]
 
 
+def _scaled_by_frequency(cx, looked_up: Expr, w: Expr, idx: Expr) -> Expr:
+    """Rows ``take(w, idx)`` whose gradient is divided by how often each index occurs in ``idx`` (PyTorch's
+    ``scale_grad_by_freq``); the values are unchanged: ``stop_gradient(y) + (y - stop_gradient(y)) / count``."""
+    dt, flat = cx.dtype_of(w), _int64_of(cx, _op("reshape")(idx, (-1,)))
+    rows = static(cx, "embedding", cx.shape_of(w))[0]
+    counts = _op("index_add")(const(np.zeros((rows,), dt)), flat, _op("ones_like")(_op("cast")(flat, dt)), axis=0)
+    per_lookup = _op("expand_dims")(_op("take")(counts, idx, axis=0), cx.ndim_of(idx))
+    frozen = _op("stop_gradient")(looked_up)
+    return _op("add")(frozen, _op("divide")(_op("subtract")(looked_up, frozen), per_lookup))
+
+
 @aten("aten.embedding.default")
 def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight, and with
     ``scale_grad_by_freq`` each lookup's gradient is divided by how often its index occurs in ``idx`` (PyTorch's
-    rules; the values are unchanged: ``stop_gradient(y) + (y - stop_gradient(y)) / count``)."""
+    rules, see ``_scaled_by_frequency``)."""
     out = _op("take")(w, idx, axis=0)
     if scale_grad_by_freq:
-        dt, flat = cx.dtype_of(w), _int64_of(cx, _op("reshape")(idx, (-1,)))
-        rows = static(cx, "embedding", cx.shape_of(w))[0]
-        counts = _op("index_add")(const(np.zeros((rows,), dt)), flat, _op("ones_like")(_op("cast")(flat, dt)), axis=0)
-        per_lookup = _op("expand_dims")(_op("take")(counts, idx, axis=0), cx.ndim_of(idx))
-        frozen = _op("stop_gradient")(out)
-        out = _op("add")(frozen, _op("divide")(_op("subtract")(out, frozen), per_lookup))
+        out = _scaled_by_frequency(cx, out, w, idx)
     if padding_idx is None or padding_idx < 0:
         return out
     pad = _op("expand_dims")(_op("equal")(idx, scalar(padding_idx, cx.dtype_of(idx))), cx.ndim_of(idx))
@@ -734,8 +740,6 @@ def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=
                    include_last_offset=False, padding_idx=-1):
     """``(output, offset2bag, bag_size, max_indices)`` for ``sum``, ``mean`` and ``max`` bags (``max_indices`` is
     not converted); rows at ``padding_idx`` take no part, an empty bag gives zeros."""
-    if scale_grad_by_freq:
-        raise PullbackError("embedding_bag with scale_grad_by_freq=True is not supported")
     dt, it = cx.dtype_of(weight), cx.dtype_of(indices)
     n = static(cx, "embedding_bag", cx.shape_of(indices))[0]
     nb = static(cx, "embedding_bag", cx.shape_of(offsets))[0] - (1 if include_last_offset else 0)
@@ -744,6 +748,8 @@ def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=
     bag = _op("sum")(_op("cast")(_op("less_equal")(_op("expand_dims")(starts, 0), _op("expand_dims")(positions, 1)), "int64"),
                      (1,), False)
     rows = _op("take")(weight, indices, axis=0)
+    if scale_grad_by_freq:
+        rows = _scaled_by_frequency(cx, rows, weight, indices)
     if per_sample_weights is not None:
         rows = _op("multiply")(rows, _op("expand_dims")(per_sample_weights, 1))
     valid = _op("not_equal")(indices, scalar(padding_idx if padding_idx is not None else -1, it))
