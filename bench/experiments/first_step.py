@@ -47,7 +47,7 @@ def stages(name: str, target: str) -> dict:
     t["build"] = time.perf_counter() - t0
     state = dict(wl.model.named_parameters())
     state.update(wl.model.named_buffers())
-    arrays = [x.numpy() for x in wl.example_inputs] + [state[prog.state_names[n]].detach().numpy() for n in prog.params]
+    arrays = [x.numpy() for x in wl.example_inputs] + [state[prog.state_key(n)].detach().numpy() for n in prog.params]
     out_types = [mod["main_fwd"].body.checked_type.fields[0]]
     t0 = time.perf_counter()
     out, res = fwd(*arrays)
