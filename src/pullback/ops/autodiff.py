@@ -24,6 +24,6 @@ def _grad(call: Call, g: Expr):
 # generated programs use it where values are checked, not gradients
 stop_gradient = defop("stop_gradient", 1, _infer, kernel=lambda xp, x, attrs=None: x, grad=_grad, pattern=FusionKind.ELEMWISE,
                       flops=zero_flops, torch_name="detach", elementwise=True, smooth=False,
-                      doc="``x`` unchanged in the forward, no gradient in the backward (``Tensor.detach``).", dtypes=ALL_DTYPES)
+                      dtypes=ALL_DTYPES, doc="``x`` unchanged in the forward, no gradient in the backward (``Tensor.detach``).")
 
 __all__ = ["stop_gradient"]

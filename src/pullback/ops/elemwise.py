@@ -417,6 +417,7 @@ where = defop(
     elementwise=True,
     grad=lambda c, g: [r if r is None or is_float_expr(a) else None for r, a in zip(_where_grad(c, g), c.args)],
     pattern=FusionKind.BROADCAST,
-    torch_name="where", dtypes=ALL_DTYPES
+    torch_name="where",
+    dtypes=ALL_DTYPES,
 )
 

@@ -122,7 +122,7 @@ strided_slice = defop(
     "strided_slice", 1, _strided_slice_infer, kernel=_strided_slice, attrs_type=StridedSliceAttrs,
     grad=lambda c, g: [_float_only(c, strided_set(T.zeros_like(c.args[0]), g, *_slice_attrs(c.attrs)))],
     pattern=FusionKind.INJECTIVE, recompute=Recompute.VIEW, flops=zero_flops, torch_name="slice",
-    doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.", dtypes=ALL_DTYPES)
+    dtypes=ALL_DTYPES, doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.")
 
 
 def _strided_set_infer(arg_types, attrs):
@@ -148,7 +148,7 @@ def _strided_set_grad(c: Call, g: Expr):
 strided_set = defop(
     "strided_set", 2, _strided_set_infer, kernel=_strided_set, attrs_type=StridedSliceAttrs, grad=_strided_set_grad,
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice_scatter",
-    doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).", dtypes=ALL_DTYPES)
+    dtypes=ALL_DTYPES, doc="``x`` with the strided slice replaced by ``v`` (the adjoint of strided_slice).")
 
 # ------------------------------------------------------------------ take / index_add
 
@@ -214,7 +214,7 @@ take = defop(
     "take", 2, _take_infer, kernel=_take, attrs_type=TakeAttrs,
     grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis, c.attrs.mode)), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="take",
-    doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).", dtypes=ALL_DTYPES)
+    dtypes=ALL_DTYPES, doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).")
 
 
 def _index_add_infer(arg_types, attrs):
@@ -244,7 +244,7 @@ def _index_add_grad(c: Call, g: Expr):
 index_add = defop(
     "index_add", 3, _index_add_infer, kernel=_index_add, attrs_type=TakeAttrs, grad=_index_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="index_add",
-    doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.", dtypes=ALL_DTYPES)
+    dtypes=ALL_DTYPES, doc="``data`` plus ``updates`` scattered (added) at take's positions: the adjoint of take.")
 
 # ------------------------------------------------------------------ gather / scatter_add
 
@@ -327,7 +327,7 @@ def _scatter_add_grad(c: Call, g: Expr):
 scatter_add = defop(
     "scatter_add", 3, _scatter_add_infer, kernel=_scatter_add, attrs_type=GatherAttrs, grad=_scatter_add_grad,
     pattern=FusionKind.OPAQUE, torch_name="scatter_add",
-    doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.", dtypes=ALL_DTYPES)
+    dtypes=ALL_DTYPES, doc="``scatter_add(data, indices, updates, axis)``: data with updates added at gather's positions.")
 
 # ------------------------------------------------------------------ one_hot
 

@@ -93,7 +93,8 @@ reshape = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="reshape", dtypes=ALL_DTYPES
+    torch_name="reshape",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ transpose
@@ -143,7 +144,8 @@ transpose = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="permute", dtypes=ALL_DTYPES
+    torch_name="permute",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ expand_dims
@@ -190,7 +192,8 @@ expand_dims = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="unsqueeze", dtypes=ALL_DTYPES
+    torch_name="unsqueeze",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ broadcast_to / collapse_sum_to
@@ -232,7 +235,8 @@ broadcast_to = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="expand", dtypes=ALL_DTYPES
+    torch_name="expand",
+    dtypes=ALL_DTYPES,
 )
 
 
@@ -266,7 +270,8 @@ collapse_sum_to = defop(
     attrs_type=ShapeAttrs,
     grad=lambda c, g: [broadcast_to_like(g, c.args[0])],
     pattern=FusionKind.COMM_REDUCE,
-    torch_name="sum_to_size", dtypes=ALL_DTYPES
+    torch_name="sum_to_size",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ zeros / ones / full
@@ -326,9 +331,11 @@ def _like_result(op):
 
 
 zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
-                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like", dtypes=ALL_DTYPES)
+                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like",
+                   dtypes=ALL_DTYPES)
 ones_like = defop("ones_like", 1, _like_result("ones_like"), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
-                  grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like", dtypes=ALL_DTYPES)
+                  grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like",
+                  dtypes=ALL_DTYPES)
 
 
 def _full_like_infer(arg_types, attrs):
@@ -398,7 +405,8 @@ reshape_like = defop(
     pattern=FusionKind.INJECTIVE,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="reshape_as", dtypes=ALL_DTYPES
+    torch_name="reshape_as",
+    dtypes=ALL_DTYPES,
 )
 
 
@@ -414,7 +422,8 @@ collapse_sum_like = defop(
     kernel=lambda xp, x, like, attrs=None: collapse_sum(xp, x, like.shape),
     grad=lambda c, g: [broadcast_to_like(g, c.args[0]), None],
     pattern=FusionKind.COMM_REDUCE,
-    torch_name="sum_to_size", dtypes=ALL_DTYPES
+    torch_name="sum_to_size",
+    dtypes=ALL_DTYPES,
 )
 
 
@@ -435,7 +444,8 @@ broadcast_to_like = defop(
     pattern=FusionKind.BROADCAST,
     recompute=Recompute.VIEW,
     flops=zero_flops,
-    torch_name="expand_as", dtypes=ALL_DTYPES
+    torch_name="expand_as",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ cast
@@ -469,7 +479,8 @@ cast = defop(
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
-    torch_name="to", dtypes=ALL_DTYPES
+    torch_name="to",
+    dtypes=ALL_DTYPES,
 )
 cast_like = defop(
     "cast_like",
@@ -479,5 +490,6 @@ cast_like = defop(
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None, None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,
-    torch_name="type_as", dtypes=ALL_DTYPES
+    torch_name="type_as",
+    dtypes=ALL_DTYPES,
 )

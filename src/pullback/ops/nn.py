@@ -524,7 +524,8 @@ pad = defop(
     grad=_pad_grad,
     pattern=FusionKind.INJECTIVE,
     flops=zero_flops,
-    torch_name="pad", dtypes=ALL_DTYPES
+    torch_name="pad",
+    dtypes=ALL_DTYPES,
 )
 pad_backward = defop(
     "nn.pad_backward",
@@ -534,7 +535,8 @@ pad_backward = defop(
     attrs_type=PadAttrs,
     grad=lambda c, g: [pad(g, c.attrs.pad_width, 0.0, c.attrs.pad_mode)],
     pattern=FusionKind.INJECTIVE,
-    doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).", dtypes=ALL_DTYPES
+    doc="Adjoint of ``nn.pad`` in edge/reflect mode (folds borders back; used by its gradient).",
+    dtypes=ALL_DTYPES,
 )
 
 # ------------------------------------------------------------------ dropout (explicit mask: pure)

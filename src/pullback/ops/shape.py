@@ -208,7 +208,8 @@ def _split(xp, x, a):
 
 split = defop("split", 1, _split_infer, kernel=_split, attrs_type=SplitAttrs, grad=_split_grad,
               pattern=FusionKind.INJECTIVE, flops=zero_flops,
-              torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.", dtypes=ALL_DTYPES)
+              torch_name="tensor_split", doc="Split into a tuple along ``axis``: a number of equal sections or split indices.",
+              dtypes=ALL_DTYPES)
 
 # ------------------------------------------------------------------ repeat / tile / flip
 
@@ -249,7 +250,8 @@ def _repeat_grad(call: Call, g: Expr):
 
 repeat = defop("repeat", 1, _repeat_infer, kernel=lambda xp, x, a: xp.repeat(x, a.repeats, axis=a.axis),
                attrs_type=RepeatAttrs,
-               grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave", dtypes=ALL_DTYPES)
+               grad=_repeat_grad, pattern=FusionKind.BROADCAST, flops=zero_flops, torch_name="repeat_interleave",
+               dtypes=ALL_DTYPES)
 
 
 @dataclass(frozen=True)
