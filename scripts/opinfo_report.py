@@ -92,7 +92,8 @@ def main(argv=None) -> int:
           f"{s['skipped']} skipped, {s['failed']} failed, {s['unrun']} not run (time budget) in {time.time() - start:.0f}s")
     if not args.no_write:
         command = "python scripts/opinfo_report.py" + (f" --limit {args.limit}" if args.limit else "") + (
-            f" --budget {args.budget:g}" if args.budget is not None else "")
+            f" --budget {args.budget:g}" if args.budget is not None else "") + (
+            f" --results {args.results.name}" if args.results is not None else "")
         args.out.write_text(opinfo.report(results, command, args.budget))
         print(f"wrote {args.out}")
     return 1 if s["failed"] else 0

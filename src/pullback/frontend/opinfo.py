@@ -508,7 +508,10 @@ def report(results: Sequence[SampleResult], command: str, budget: Optional[float
         "Every sample input of PyTorch's OpInfo database (`op_db`) for the operators of the Core ATen table "
         "(float32 and float64) is exported with `torch.export`, imported by `pullback.frontend`, run on the numpy "
         "target and compared with eager PyTorch; where PyTorch has a gradient, `FirstOrderGradient` is compared "
-        "with autograd on a random cotangent. `make opinfo` regenerates this page; `make test` runs a few samples "
+        "with autograd on a random cotangent (complex results: a complex cotangent, PyTorch's conjugate convention). "
+        "Tolerances per dtype; a float32 value or gradient outside them still passes when it is no further from "
+        "eager's float64 result than twice eager's own float32 error (ill-conditioned sums, such as bicubic "
+        "sampling's grid gradient). `make opinfo` regenerates this page; `make test` runs a few samples "
         "per operator (`tests/frontend/test_opinfo.py`).", "",
         f"This run{limited}: " + ("every sample" if "--limit" not in command else "the samples spread over each list")
         + " of each OpInfo, float32 and float64 (integer and bool for the bitwise operators).", "",
