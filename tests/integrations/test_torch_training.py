@@ -225,3 +225,28 @@ def test_no_copies_between_torch_and_the_target(target):
     cm(x).sum().backward()
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_zero_cotangents_of_written_back_buffers_are_made_once(target):
+    """BatchNorm's running statistics and batch count come back from the forward only to be written back:
+    their cotangents are zeros the backward never propagates, made once per shape (not every step); the
+    steps still match eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(12, 2))
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 2, 4, 4)
+    cm = pb_compile(model, (x,), target=target)
+    (tp,) = cm._programs.values()
+    assert len(tp.bridge.inert) == 3  # running_mean, running_var, num_batches_tracked
+    made = []
+    for m in (cm, ref):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+            if m is cm:
+                made.append({k: id(v) for k, v in tp.bridge.inert_zeros.items()})
+    assert len(made[0]) == 3 and made[0] == made[1] == made[2]
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -30,14 +30,17 @@ class Bridge:
     """Runs built ``@main_fwd`` / ``@main_bwd`` of one target on torch tensors.
 
     ``out_types``: the types of the forward's flat outputs (their cotangents' types);
-    ``single``: the program returns one tensor (else a tuple)."""
+    ``single``: the program returns one tensor (else a tuple); ``inert``: the outputs whose cotangents the
+    backward never propagates (their zeros are made once and reused)."""
 
     saves_tensors = False  # residuals are torch tensors (ctx.save_for_backward) rather than other arrays
 
-    def __init__(self, fwd, bwd, out_types: Sequence, single: bool):
+    def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
         import torch
 
         self.torch = torch
+        self.inert = frozenset(inert)
+        self.inert_zeros: dict = {}
         self.fwd, self.bwd = fwd, bwd
         self.single = single
         self.out_dtypes = [t.dtype for t in out_types]
@@ -60,9 +63,17 @@ class Bridge:
     def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
         """The gradients (torch tensors, one per ``wrt``) from the residuals and the outputs' gradients
         (None for an output that got none: zeros of its ``shapes`` entry)."""
-        cts = [self.cotangent(g, i, s) for i, (g, s) in enumerate(zip(grads, shapes))]
+        cts = [self.cotangent(g, i, s) if g is not None or i not in self.inert else self.inert_zero(i, s)
+               for i, (g, s) in enumerate(zip(grads, shapes))]
         gs = self.bwd.call_native([*residuals, cts[0] if self.single else tuple(cts)], check=False)
         return [self.to_torch(g) for g in gs]
+
+    def inert_zero(self, i: int, shape):
+        key = (i, tuple(shape))
+        z = self.inert_zeros.get(key)
+        if z is None:
+            z = self.inert_zeros[key] = self.cotangent(None, i, shape)
+        return z
 
     def unalias(self, residuals: Sequence, mutated: Sequence) -> tuple:
         """``residuals`` with a copy of each one whose memory lies in one of the ``mutated`` tensors'."""
@@ -154,8 +165,8 @@ class JaxBridge(Bridge):
     """The jax target: DLPack both ways; residuals stay jax arrays (results of XLA: they never alias an input,
     so ``unalias`` has nothing to copy)."""
 
-    def __init__(self, fwd, bwd, out_types: Sequence, single: bool):
-        super().__init__(fwd, bwd, out_types, single)
+    def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
+        super().__init__(fwd, bwd, out_types, single, inert)
         import jax
 
         self.jax = jax

@@ -83,9 +83,12 @@ class TrainingProgram:
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.num_results = len(self.out_types)
-        self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output)
-        self.state_keys = [prog.state_key(n) for n in prog.params]
         self.float_out = [is_inexact(t.dtype) for t in self.out_types]
+        # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
+        # buffers (under stop_gradient): their zero cotangents are made once, not every step
+        inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
+        self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
+        self.state_keys = [prog.state_key(n) for n in prog.params]
 
 
 class Phases(dict):
@@ -125,6 +128,7 @@ def _function():
             if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
                 residuals = bridge.unalias(residuals, mutated)
             ctx.tp = tp
+            ctx.set_materialize_grads(False)  # an output without a gradient: None, the bridge makes its zeros
             if bridge.saves_tensors:
                 ctx.save_for_backward(*residuals)
             else:

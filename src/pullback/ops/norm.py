@@ -433,6 +433,8 @@ def _batch_norm_grad_numpy(g, x, gamma, a):
 
 def _aten_results(res, gamma, a) -> tuple:
     dx, dgamma, dbeta = res
+    if a.scale and a.center:
+        return dx, dgamma, dbeta
     zero = gamma.new_zeros(gamma.shape)
     return dx, dgamma if a.scale else zero, dbeta if a.center else zero
 
