@@ -224,3 +224,28 @@ def test_slices_that_do_not_tile_stay_a_sum(case):
     after = SimplifyExpr()(before)
     assert "concatenate" not in pb.astext(after)
     assert_same_results(before, after)
+
+
+def test_a_block_written_into_zeros_is_a_zero_pad():
+    """``strided_set(zeros, v)`` over two axes (a convolution's one-tap weight gradient) -> ``nn.pad(v)``."""
+    v = pb.var("v", shape=(4, 3, 1, 1))
+    before = mod_of([v], op.tanh(op.strided_set(op.zeros((4, 3, 3, 3), "float32"), v, (1, 1), (2, 2), None, (2, 3))))
+    expected = mod_of([v], op.tanh(op.nn.pad(v, ((0, 0), (0, 0), (1, 1), (1, 1)), 0.0, "constant")))
+    _check(SimplifyExpr(), before, expected)
+
+
+@pytest.mark.parametrize("case", ["strided", "one_axis", "nonzero_base"])
+def test_other_writes_into_a_tensor_stay_strided_sets(case):
+    v = pb.var("v", shape=(4, 3, 1, 2))
+    base = op.zeros((4, 3, 3, 3), "float32") if case != "nonzero_base" else op.ones((4, 3, 3, 3), "float32")
+    if case == "strided":
+        body = op.strided_set(base, v, (0, 0), (1, 3), (1, 2), (2, 3))
+    elif case == "one_axis":
+        v = pb.var("v", shape=(4, 3, 1, 3))
+        body = op.strided_set(base, v, (1,), (2,), None, (2,))
+    else:
+        body = op.strided_set(base, v, (1, 0), (2, 2), None, (2, 3))
+    before = mod_of([v], op.tanh(body))
+    after = SimplifyExpr()(before)
+    assert "nn.pad" not in pb.astext(after)
+    assert_same_results(before, after)

@@ -13,6 +13,7 @@ Rules (one table, applied by the pattern driver until none fires):
   one ``strided_set`` of ``concatenate([a, b])`` over both (the values themselves when the ranges cover the
   axis): the gradient of a tensor split by slices (attention's q, k, v) is one concatenation, not a sum of
   zero-padded copies;
+- ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
 - every ConcretizeLike rule and every EliminateIdentity rule.
 
 ``x * zeros`` is *not* folded to zeros (``inf * 0`` is NaN).
@@ -27,6 +28,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops import layout as T
 from ..ops.indexing import strided_set
+from ..ops.nn import pad
 from ..ops.shape import concatenate
 from ..pattern import is_op, wildcard
 from .concretize_like import concretize_rules
@@ -123,6 +125,25 @@ def _pieces(node: Expr, c: dict) -> Optional[Expr]:
     return strided_set(first.args[0], joined, (begin,), (end,), None, (ax,))
 
 
+def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
+    """``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros: one
+    pass writing the result instead of a copy of the zeros and a strided write (the weight gradient of a
+    convolution that meets one kernel tap). One-axis writes are ``_pieces``' to join first."""
+    t = node._checked_type
+    if not (isinstance(t, TensorType) and t.is_static and len(node.attrs.begin) >= 2):
+        return None
+    u = uniform_value(node.args[0])
+    if u is None or u != 0 or node.args[1]._checked_type.dtype != t.dtype:
+        return None
+    widths = [(0, 0)] * t.ndim
+    for ax, (b, e, step) in node.attrs.slices("strided_set", (), t.ndim).items():
+        b, e, step = slice(b, e, step).indices(t.shape[ax])
+        if step != 1 or e <= b:
+            return None
+        widths[ax] = (b, t.shape[ax] - e)
+    return pad(node.args[1], tuple(widths), 0.0, "constant")
+
+
 def shape_rules() -> list:
     """The shape-op rules of SimplifyExpr (without ConcretizeLike / EliminateIdentity)."""
     inner_t = is_op("transpose")(wildcard()).named("inner")
@@ -133,6 +154,7 @@ def shape_rules() -> list:
         (is_op("transpose"), _transpose),
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
+        (is_op("strided_set"), _zero_embedding),
     ]
 
 
