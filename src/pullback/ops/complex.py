@@ -21,7 +21,8 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, const
 from ..ir.types import COMPLEX_DTYPES, Any, TensorType, complex_of, is_complex, real_of
 from . import layout as T
-from .common import normalize_axes, tensor_arg
+from .common import normalize_axes, numel, tensor_arg
+from .kernels import dtype, dtype_name
 from .registry import FusionKind, defop, get_op, type_error
 
 # ------------------------------------------------------------------ real and imaginary parts
@@ -107,7 +108,7 @@ def _complex_abs_grad(call: Call, g: Expr):
 
 complex_abs = defop("complex_abs", 1, _complex_unary_infer("complex_abs", True),
                     kernel=lambda xp, x, attrs=None: xp.abs(x), grad=_complex_abs_grad, dtypes=COMPLEX_DTYPES,
-                    elementwise=True, pattern=FusionKind.ELEMWISE, flops=lambda ts, out, a: 3 * math.prod(out.shape),
+                    elementwise=True, pattern=FusionKind.ELEMWISE, flops=lambda ts, out, a: 3 * numel(out.shape),
                     torch_name="abs", doc="The magnitude ``|z|`` of a complex tensor (a real tensor).")
 
 # ------------------------------------------------------------------ Fourier transforms
@@ -205,13 +206,13 @@ def _c2c_infer(arg_types, attrs):
 def _r2c_kernel(xp, x, attrs):
     norm = _FORWARD_NORM[attrs.normalization]
     out = (xp.fft.rfftn if attrs.onesided else xp.fft.fftn)(x, axes=attrs.axes, norm=norm)
-    return xp.astype(out, getattr(xp, complex_of(str(x.dtype).rpartition(".")[2])))
+    return xp.astype(out, dtype(xp, complex_of(dtype_name(x))))
 
 
 def _c2r_kernel(xp, x, attrs):
     s = [x.shape[a] for a in attrs.axes[:-1]] + [attrs.last_size]
     out = xp.fft.irfftn(x, s=s, axes=attrs.axes, norm=_INVERSE_NORM[attrs.normalization])
-    return xp.astype(out, getattr(xp, real_of(str(x.dtype).rpartition(".")[2])))
+    return xp.astype(out, dtype(xp, real_of(dtype_name(x))))
 
 
 def _c2c_kernel(xp, x, attrs):

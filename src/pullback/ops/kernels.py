@@ -47,6 +47,17 @@ def is_integer(xp, x) -> bool:
     return kind in "iu" if kind is not None else xp.isdtype(x.dtype, "integral")
 
 
+def is_complex_array(x) -> bool:
+    """``x`` (a NumPy or jax array, a torch tensor) holds complex numbers."""
+    kind = getattr(x.dtype, "kind", None)  # NumPy and jax dtypes
+    return kind == "c" if kind is not None else bool(x.dtype.is_complex)
+
+
+def dtype_name(x) -> str:
+    """The dtype of array ``x`` by name (``"float32"``) on every target."""
+    return str(x.dtype).rpartition(".")[2]
+
+
 def numpy_quiet(kernel: Callable, **errors: str) -> Callable:
     """``kernel`` on NumPy with the given floating-point warnings ignored (``np.errstate``)."""
     errors = errors or {"divide": "ignore", "invalid": "ignore"}

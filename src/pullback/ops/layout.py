@@ -14,9 +14,9 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import ALL_DTYPES, Any, TensorType, check_dtype, is_inexact
+from ..ir.types import ALL_DTYPES, Any, TensorType, check_dtype, is_complex, is_inexact
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
-from .kernels import dtype
+from .kernels import dtype, dtype_name, is_complex_array
 from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
 
 
@@ -463,18 +463,18 @@ def _cast_grad_to(x: Expr, g: Expr):
     return cast_like(g, x) if is_inexact(x.checked_type.dtype) else None
 
 
-def _astype(xp, x, to):
-    """``x`` in dtype ``to``; a complex ``x`` cast to a real dtype keeps its real part (as PyTorch does)."""
-    if "complex" in str(x.dtype) and "complex" not in str(to):
+def _astype(xp, x, name: str):
+    """``x`` in the dtype named ``name``; a complex ``x`` cast to a real dtype keeps its real part (as PyTorch does)."""
+    if is_complex_array(x) and not is_complex(name):
         x = xp.real(x)
-    return xp.astype(x, to)
+    return xp.astype(x, dtype(xp, name))
 
 
 cast = defop(
     "cast",
     1,
     lambda ts, attrs: TensorType(tensor_arg("cast", ts, 0).shape, attrs.dtype),
-    kernel=lambda xp, x, attrs: _astype(xp, x, dtype(xp, attrs.dtype)),
+    kernel=lambda xp, x, attrs: _astype(xp, x, attrs.dtype),
     attrs_type=CastAttrs,
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None],
     pattern=FusionKind.ELEMWISE,
@@ -486,7 +486,7 @@ cast_like = defop(
     "cast_like",
     2,
     lambda ts, attrs: TensorType(tensor_arg("cast_like", ts, 0).shape, tensor_arg("cast_like", ts, 1).dtype),
-    kernel=lambda xp, x, like, attrs=None: _astype(xp, x, like.dtype),
+    kernel=lambda xp, x, like, attrs=None: _astype(xp, x, dtype_name(like)),
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None, None],
     pattern=FusionKind.ELEMWISE,
     flops=zero_flops,

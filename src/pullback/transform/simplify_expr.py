@@ -92,17 +92,31 @@ def _reshape_reshape(node: Expr, c: dict) -> Optional[Expr]:
     return None
 
 
-def _written_range(call: Call) -> Optional[tuple]:
-    """``(axis, begin, end)``: the unit-stride range of one static axis that ``strided_set(zeros, v)`` writes."""
+def _zero_writes(call: Call) -> Optional[dict]:
+    """``{axis: (begin, end)}``: the unit-stride, non-empty ranges of static axes that ``strided_set(zeros, v)``
+    writes, or None (another base, a stride, an empty range, a dynamic shape)."""
     t = call._checked_type
-    if not (isinstance(t, TensorType) and t.is_static and len(call.attrs.begin) == 1):
+    if not (isinstance(t, TensorType) and t.is_static):
         return None
     u = uniform_value(call.args[0])
     if u is None or u != 0:
         return None
-    ((ax, (b, e, step)),) = call.attrs.slices("strided_set", (), t.ndim).items()
-    b, e, step = slice(b, e, step).indices(t.shape[ax])
-    return (ax, b, e) if step == 1 and e > b else None
+    out = {}
+    for ax, (b, e, step) in call.attrs.slices("strided_set", (), t.ndim).items():
+        b, e, step = slice(b, e, step).indices(t.shape[ax])
+        if step != 1 or e <= b:
+            return None
+        out[ax] = (b, e)
+    return out
+
+
+def _written_range(call: Call) -> Optional[tuple]:
+    """``(axis, begin, end)``: the range of the one axis that ``strided_set(zeros, v)`` writes."""
+    r = _zero_writes(call)
+    if r is None or len(r) != 1:
+        return None
+    ((ax, (b, e)),) = r.items()
+    return ax, b, e
 
 
 def _pieces(node: Expr, c: dict) -> Optional[Expr]:
@@ -129,19 +143,12 @@ def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
     """``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros: one
     pass writing the result instead of a copy of the zeros and a strided write (the weight gradient of a
     convolution that meets one kernel tap). One-axis writes are ``_pieces``' to join first."""
+    r = _zero_writes(node)
     t = node._checked_type
-    if not (isinstance(t, TensorType) and t.is_static and len(node.attrs.begin) >= 2):
+    if r is None or len(r) < 2 or node.args[1]._checked_type.dtype != t.dtype:
         return None
-    u = uniform_value(node.args[0])
-    if u is None or u != 0 or node.args[1]._checked_type.dtype != t.dtype:
-        return None
-    widths = [(0, 0)] * t.ndim
-    for ax, (b, e, step) in node.attrs.slices("strided_set", (), t.ndim).items():
-        b, e, step = slice(b, e, step).indices(t.shape[ax])
-        if step != 1 or e <= b:
-            return None
-        widths[ax] = (b, t.shape[ax] - e)
-    return pad(node.args[1], tuple(widths), 0.0, "constant")
+    widths = tuple(r[ax][0:1] + (n - r[ax][1],) if ax in r else (0, 0) for ax, n in enumerate(t.shape))
+    return pad(node.args[1], widths, 0.0, "constant")
 
 
 def shape_rules() -> list:
