@@ -324,3 +324,25 @@ def test_mutated_buffers_pass_no_gradient_back():
     want = [xt.grad] + [p.grad for p in model.parameters()]
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("conv", [dict(kernel_size=3, padding=1), dict(kernel_size=(3, 5), padding=(1, 4), dilation=(1, 2)),
+                                  dict(kernel_size=3, padding=1, stride=2)])
+def test_one_tap_convolution_imports_as_a_dense_layer(conv):
+    """A convolution of a 1x1 map to a 1x1 map meets one tap: it imports as nn.dense on that tap, with
+    torch's values and gradients (input, weight: zero outside the tap, bias) in float64."""
+    torch.manual_seed(0)
+    model = nn.Conv2d(6, 5, **conv).double()
+    x = torch.randn(3, 6, 1, 1, dtype=torch.float64, requires_grad=True)
+    prog = import_torch(model, (x.detach(),))
+    names = {n.op.name for n in pullback.ir.post_order(prog.main.body) if isinstance(n, pullback.ir.Call)}
+    assert "nn.dense" in names and "nn.conv2d" not in names
+    mod = transform.FirstOrderGradient(wrt=prog.inputs + prog.trainable)(prog.mod)
+    for target in ("numpy", "torch"):
+        out, grads = pullback.build(mod, target=target)["main_grad"](*main_inputs(prog, (x.detach(),)))
+        y = model(x)
+        np.testing.assert_allclose(np.asarray(out), y.detach().numpy(), rtol=1e-12, atol=1e-12)
+        want = torch.autograd.grad(y.sum(), [x, model.weight, model.bias])
+        assert len(grads) == 3
+        for g, w in zip(grads, want):
+            np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-12, atol=1e-12)

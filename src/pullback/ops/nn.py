@@ -24,7 +24,7 @@ from . import elemwise as E
 from . import reduce as R
 from . import layout as T
 from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, tensor_arg
-from .registry import FusionKind, Recompute, defop, get_op, seq_of_int, type_error, zero_flops
+from .registry import FusionKind, Recompute, array_namespace, defop, get_op, seq_of_int, type_error, zero_flops
 
 # ------------------------------------------------------------------ helpers shared by the nn modules
 
@@ -479,6 +479,16 @@ def _pad_numpy(x, attrs):
     return np.pad(x, widths, mode=attrs.pad_mode)
 
 
+def _pad_torch(x, attrs):
+    """ATen's ``constant_pad_nd``: one allocation (negative widths crop); other modes by the common kernel."""
+    if attrs.pad_mode != "constant":
+        return _pad_kernel(array_namespace("torch"), x, attrs)
+    import torch
+
+    widths = [w for pair in reversed(attrs.pad_width) for w in pair]
+    return torch.constant_pad_nd(x, widths, attrs.pad_value)
+
+
 def _pad_backward_kernel(xp, g, attrs):
     """Adjoint of edge/reflect padding: fold each padded border back onto the input, axis by axis."""
     reflect = attrs.pad_mode == "reflect"
@@ -519,7 +529,7 @@ pad = defop(
     1,
     _pad_infer,
     kernel=_pad_kernel,
-    impls={"numpy": _pad_numpy},
+    impls={"numpy": _pad_numpy, "torch": _pad_torch},
     attrs_type=PadAttrs,
     grad=_pad_grad,
     pattern=FusionKind.INJECTIVE,

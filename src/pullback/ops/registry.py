@@ -41,8 +41,8 @@ class Recompute(enum.IntEnum):
     """What recomputing an op's result in the backward costs (``PartitionForwardBackward(policy="min_cut")``
     turns a class into nanoseconds per element per target: ``transform.partition.RECOMPUTE_NS``).
 
-    ``VIEW``: layout only, a view of the input on NumPy and torch (reshape, transpose, squeeze, slices);
-    ``CHEAP``: one pass over memory (arithmetic, comparisons, exp/log/tanh/sqrt, copies: 0.4-1 ns per
+    ``VIEW``: layout only, a view of the input on NumPy and torch (reshape, transpose, squeeze);
+    ``CHEAP``: one pass over memory (arithmetic, comparisons, exp/log/tanh/sqrt, copies, slices: 0.4-1 ns per
     float32 element on NumPy and torch); ``SPECIAL``: a special function or a kernel of several passes
     (erf, gelu, sigmoid, silu, inverse trigonometry, mod: 5-40 ns per element on NumPy); ``NEVER``: GEMMs,
     convolutions, reductions, normalisations, softmax and opaque ops are never recomputed. The default
