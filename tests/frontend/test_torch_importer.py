@@ -346,3 +346,49 @@ def test_one_tap_convolution_imports_as_a_dense_layer(conv):
         assert len(grads) == 3
         for g, w in zip(grads, want):
             np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+class NegativeIndexing(nn.Module):
+    """Falcon's multi-query split (``qkv[..., [-2], :]``) and a list index counting from both ends."""
+
+    def forward(self, x):
+        return x[..., [-2], :] * 2.0 + x[:, [0, -1, -3]].sum(1, keepdim=True)[:, :, :1]
+
+
+def test_negative_advanced_indices_count_from_the_end_like_torch():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    prog = import_torch(NegativeIndexing(), (x.detach(),))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs)(prog.mod)
+    y = NegativeIndexing()(x)
+    (want,) = torch.autograd.grad(y.sum(), [x])
+    for target in ("numpy", "torch"):
+        out, (dx,) = pullback.build(mod, target=target)["main_grad"](x.detach().numpy())
+        np.testing.assert_allclose(np.asarray(out), y.detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(dx), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_an_index_out_of_range_is_an_error_not_a_clipped_read():
+    class Select(nn.Module):
+        def forward(self, x, i):
+            return torch.index_select(x, 0, i) + x[i]
+
+    x, i = torch.randn(4, 3), torch.tensor([0, 3])
+    prog = import_torch(Select(), (x, i))
+    run = pullback.build(prog.mod)["main"]
+    np.testing.assert_allclose(run(x.numpy(), i.numpy()), Select()(x, i).numpy(), rtol=1e-6)
+    with pytest.raises(pullback.ExecutionError, match="index 4 out of range"):
+        run(x.numpy(), np.array([0, 4]))
+
+
+def test_in_place_dropout_trains_like_eager():
+    """``nn.Dropout(inplace=True)`` exports as ``empty_permuted`` + ``bernoulli.p`` (MobileViT's head): the mask is
+    a random input drawn as eager draws it, so training matches eager step for step."""
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.SiLU(), nn.Dropout(0.3, inplace=True), nn.Linear(6, 2)).train()
+    batches = [((torch.randn(5, 4),), torch.randn(5, 2)) for _ in range(3)]
+    result = train_side_by_side(model, batches, F.mse_loss, target="numpy", verbose=False)
+    assert len(set(result["eager"])) == 3  # the masks differ per step: every loss is a new number
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)

@@ -77,6 +77,26 @@ def bart():
     return LossOf(BartForConditionalGeneration(cfg), ("input_ids", "labels")), (_ids(BATCH, SEQ, low=3), _ids(BATCH, 4, low=3))
 
 
+def llama():
+    """The Llama family's block (Mistral, Qwen, Gemma share it): RMSNorm, rotary positions, grouped-query attention
+    (one key/value head for two query heads), a SiLU-gated MLP."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=16, attention_dropout=0.1)
+    ids = _ids(BATCH, SEQ)
+    return LossOf(LlamaForCausalLM(cfg), ("input_ids", "labels")), (ids, ids.clone())
+
+
+def falcon():
+    """Multi-query attention split from one fused projection with negative list indices (``qkv[..., [-2], :]``)."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    cfg = FalconConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, hidden_dropout=0.1)
+    ids = _ids(BATCH, SEQ)
+    return LossOf(FalconForCausalLM(cfg), ("input_ids", "labels")), (ids, ids.clone())
+
+
 # ------------------------------------------------------------------ ResNet (torchvision's layout)
 
 
@@ -269,6 +289,6 @@ def mlp():
     return MLP(), (torch.randn(8, 5), torch.randn(8, 2))
 
 
-ZOO = {f.__name__: f for f in (bert, gpt2, vit, t5, bart, resnet, unet_transpose, unet_upsample, lstm, gru, causal_sdpa,
+ZOO = {f.__name__: f for f in (bert, gpt2, vit, t5, bart, llama, falcon, resnet, unet_transpose, unet_upsample, lstm, gru, causal_sdpa,
                                causal_tril, mlp)}
 

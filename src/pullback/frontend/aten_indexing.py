@@ -39,7 +39,7 @@ def _index_select(cx, x, dim, index):
         return _op("reshape")(x, cx.out_shape)
     if cx.ndim_of(index) == 0:
         index = _op("reshape")(index, (1,))
-    return _op("take")(x, index, axis=norm_axis(dim, cx.ndim_of(x)))
+    return _op("take")(x, index, axis=norm_axis(dim, cx.ndim_of(x)), mode="fast")  # out of range: an error
 
 
 # ------------------------------------------------------------------ advanced indexing
@@ -109,7 +109,7 @@ def _result_layout(pos: list, batch: tuple, rest_rank: int) -> tuple:
 def _index(cx, x, indices):
     pos = [i for i, idx in enumerate(indices) if idx is not None]
     if len(pos) == 1 and cx.dtype_of(indices[pos[0]]) != "bool":  # one index tensor: take along its axis
-        return _op("take")(x, _int64(cx, indices[pos[0]]), axis=pos[0])
+        return _op("take")(x, _int64(cx, indices[pos[0]]), axis=pos[0], mode="fast")  # negative indices wrap
     flat_x, flat, pos, batch, rest, _ = _linearized(cx, x, indices)
     out = _op("take")(flat_x, flat, axis=0)
     layout = _result_layout(pos, batch, len(rest))

@@ -439,7 +439,8 @@ def _full(cx, *args, **kwargs):
 
 
 @aten("aten.zeros.default", "aten.new_zeros.default", "aten.empty.memory_format", "aten.empty_strided.default",
-      "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty_like.default", "aten.zeros_like.default")
+      "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty_like.default", "aten.zeros_like.default",
+      "aten.empty_permuted.default")
 def _zeros(cx, *args, **kwargs):
     return _filled(cx, 0)  # uninitialised memory in PyTorch (empty*): zeros here
 
