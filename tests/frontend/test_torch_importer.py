@@ -392,3 +392,47 @@ def test_in_place_dropout_trains_like_eager():
     result = train_side_by_side(model, batches, F.mse_loss, target="numpy", verbose=False)
     assert len(set(result["eager"])) == 3  # the masks differ per step: every loss is a new number
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
+class Norms(nn.Module):
+    def __init__(self, ord, dim, keepdim):
+        super().__init__()
+        self.ord, self.dim, self.keepdim = ord, dim, keepdim
+
+    def forward(self, x):
+        return torch.linalg.vector_norm(x, ord=self.ord, dim=self.dim, keepdim=self.keepdim)
+
+
+@pytest.mark.parametrize("ord,dim,keepdim", [(2, None, False), (2, (1, 2), True), (1, -1, False), (float("inf"), 1, False),
+                                             (float("-inf"), -1, True), (3, 0, False), (0.5, -1, False), (0, -1, False)])
+def test_vector_norm_values_and_gradients_match_torch(ord, dim, keepdim):
+    """``linalg_vector_norm`` (not core: F.normalize, Swin v2, ConvNeXt v2): values and float64 gradients, an
+    all-zero row included (its gradient 0, not NaN)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    if ord != 0.5:  # x ** (p - 1) at 0 is inf for p < 1: torch's gradient is NaN there too
+        x[1, 2] = 0.0
+    x.requires_grad_(True)
+    m = Norms(ord, dim, keepdim)
+    prog = import_torch(m, (x.detach(),))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs)(prog.mod)
+    y = m(x)
+    # ord 0 counts nonzeros: torch's backward raises, pullback's gradient is 0
+    want = torch.zeros_like(x) if ord == 0 else torch.autograd.grad(y.sum(), [x])[0]
+    out, (dx,) = pullback.build(mod)["main_grad"](x.detach().numpy())
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (7, 0, 0), (5, -1.0, 0.5)])
+def test_histc_counts_like_torch(bins, lo, hi):
+    """Mixture-of-experts routing counts tokens per expert with histc."""
+
+    class Hist(nn.Module):
+        def forward(self, x):
+            return torch.histc(x, bins=bins, min=lo, max=hi)
+
+    torch.manual_seed(0)
+    for x in (torch.randn(6, 5), torch.randint(0, 4, (9,)).float(), torch.full((3,), 2.0)):
+        prog = import_torch(Hist(), (x,))
+        np.testing.assert_array_equal(run_main(prog, (x,)), Hist()(x).numpy())

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
-from ..ir.types import Any, FLOAT_DTYPES
+from ..ir.types import Any, FLOAT_DTYPES, is_complex
 from ..ops.registry import get_op
 from .context import static_dim
 
@@ -764,6 +764,52 @@ def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None)
     n = math.prod(shape[a] for a in (axis if axis is not None else range(len(shape))))
     biased = _op("variance")(x, axis, bool(keepdim), False, False)
     return _op("multiply")(biased, scalar(n / (n - ddof) if n != ddof else math.inf, cx.out_dtype))
+
+
+@aten("aten.linalg_vector_norm.default")
+def _vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """``torch.linalg.vector_norm`` (``F.normalize``, Swin v2, ConvNeXt v2): ord 2, 1, inf, -inf, 0 or any p.
+    An all-zero slice has norm 0 and gradient 0 (PyTorch's subgradient), not NaN."""
+    dt = cx.out_dtype
+    a = _op("complex_abs")(x) if is_complex(cx.dtype_of(x)) else x
+    a = cast(cx, a, dt)
+    if cx.ndim_of(a) == 0:
+        a, dim = _op("reshape")(a, (1,)), None
+    axis, keep, p = axes_of(dim, cx.ndim_of(a)), bool(keepdim), float(ord)
+    if p in (math.inf, -math.inf):
+        return _op("max" if p > 0 else "min")(_op("abs")(a), axis, keep)
+    if p == 0:
+        return _op("sum")(_op("cast")(_op("not_equal")(a, scalar(0, dt)), dt), axis, keep)
+    if p == 1:
+        return _op("sum")(_op("abs")(a), axis, keep)
+    s = _op("sum")(_op("multiply")(a, a) if p == 2 else _op("power")(_op("abs")(a), scalar(p, dt)), axis, keep)
+    if p < 0:
+        return _op("power")(s, scalar(1.0 / p, dt))
+    nonzero = _op("greater")(s, scalar(0, dt))
+    safe = _op("where")(nonzero, s, scalar(1, dt))  # the root's gradient at 0 would be inf * 0
+    root = _op("sqrt")(safe) if p == 2 else _op("power")(safe, scalar(1.0 / p, dt))
+    return _op("where")(nonzero, root, scalar(0, dt))
+
+
+@aten("aten.histc.default")
+def _histc(cx, x, bins=100, min=0, max=0):
+    """Counts of ``x`` in ``bins`` equal bins over [min, max] (the data's range when min == max, widened by one
+    each way if that is empty too); values outside are left out, the maximum falls in the last bin. The
+    token counts of mixture-of-experts routing; no gradient, as in PyTorch."""
+    dt = cx.out_dtype
+    x = _op("reshape")(x, (-1,))
+    if min == max:
+        lo, hi = _op("min")(x, None, False), _op("max")(x, None, False)
+        same = _op("equal")(lo, hi)
+        lo = _op("where")(same, _op("subtract")(lo, scalar(1, dt)), lo)
+        hi = _op("where")(same, _op("add")(hi, scalar(1, dt)), hi)
+    else:
+        lo, hi = scalar(min, dt), scalar(max, dt)
+    pos = _op("floor")(_op("divide")(_op("multiply")(_op("subtract")(x, lo), scalar(bins, dt)), _op("subtract")(hi, lo)))
+    idx = _op("clip")(_op("cast")(pos, "int64"), 0, int(bins) - 1)
+    inside = _op("logical_and")(_op("greater_equal")(x, lo), _op("less_equal")(x, hi))
+    counts = _op("zeros")((int(bins),), dt)
+    return _op("index_add")(counts, _op("where")(inside, idx, scalar(0, "int64")), _op("cast")(inside, dt), axis=0)
 
 
 @aten("aten._softmax.default", "aten.softmax.int", "aten._safe_softmax.default")

@@ -62,6 +62,12 @@ PRESERVED = (
     "silu.default", "softplus.default",
 )
 PARAMS_AS = ("inputs", "constants")
+# libraries' own operators (torch.library custom ops, opaque to the importer) and what to do instead
+CUSTOM_OP_HINTS = {
+    "transformers.grouped_mm_fallback.default":
+        "transformers' mixture-of-experts grouped GEMM (a Python loop over data-dependent expert groups); build the "
+        "model with experts_implementation=\"batched_mm\" in its config: that path imports and trains",
+}
 
 
 class UnsupportedOperatorError(DiagnosticError):
@@ -305,7 +311,7 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         key = str(node.target)
         conv = ATEN_TABLE.get(key)
         if conv is None:
-            problems.add(key, node, UNSUPPORTED.get(key, ""))  # a known gap (the FFTs) says why
+            problems.add(key, node, UNSUPPORTED.get(key) or CUSTOM_OP_HINTS.get(key, ""))  # a known gap says why
             return _MISSING
         try:
             value = conv(cx, *args, **kwargs)
