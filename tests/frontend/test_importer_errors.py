@@ -92,6 +92,25 @@ def test_export_failure_is_one_error_without_torch_log_lines(capfd):
     assert capfd.readouterr().err == ""
 
 
+def test_a_branch_on_a_tensor_value_says_how_to_make_it_static():
+    """nn.Transformer compares a given tgt_mask with a causal one to decide (a data-dependent branch)."""
+    model = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(3)
+
+    class Causal(torch.nn.Module):
+        def __init__(self, **kw):
+            super().__init__()
+            self.t, self.kw = model, kw
+
+        def forward(self, a, b):
+            return self.t(a, b, tgt_mask=mask, **self.kw)
+
+    a, b = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
+    with pytest.raises(pb.PullbackError, match=r"branches on a tensor's value.*tgt_is_causal=True"):
+        from_torch(Causal(), (a, b))
+    from_torch(Causal(tgt_is_causal=True), (a, b))  # the static choice imports
+
+
 def test_an_fft_imports_and_differentiates_like_eager():
     """FFTs were this page's example of a missing operator; they convert now (complex tensors)."""
 

@@ -436,3 +436,65 @@ def test_histc_counts_like_torch(bins, lo, hi):
     for x in (torch.randn(6, 5), torch.randint(0, 4, (9,)).float(), torch.full((3,), 2.0)):
         prog = import_torch(Hist(), (x,))
         np.testing.assert_array_equal(run_main(prog, (x,)), Hist()(x).numpy())
+
+
+class NoGradBlock(nn.Module):
+    """A ``with torch.no_grad():`` block: its parameters get no gradient, the rest trains through its result."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen, self.head = nn.Linear(6, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = torch.tanh(self.frozen(x))
+        with torch.enable_grad():
+            y = self.head(h * x)
+        return y.pow(2).mean()
+
+
+def test_no_grad_blocks_pass_no_gradient_like_eager():
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    model = NoGradBlock().double()
+    prog = import_torch(model, (x.detach(),))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs + prog.trainable)(prog.mod)
+    _, grads = pullback.build(mod)["main_grad"](*main_inputs(prog, (x.detach(),)))
+    model(x).backward()
+    want = [x.grad] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    assert model.frozen.weight.grad is None
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-12)
+    batches = [((torch.randn(4, 6),), None) for _ in range(3)]
+    result = train_side_by_side(NoGradBlock(), batches, lambda loss, _: loss, target="torch", verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
+@pytest.mark.parametrize("rnn", [lambda: nn.LSTM(4, 6, num_layers=2, bidirectional=True, batch_first=True, dropout=0.3),
+                                 lambda: nn.GRU(4, 5, num_layers=3, dropout=0.4),
+                                 lambda: nn.RNN(4, 5, num_layers=2, nonlinearity="relu", dropout=0.5)])
+def test_stacked_rnn_dropout_between_layers_trains_like_eager(rnn):
+    """PyTorch's RNN decomposition in torch 2.13 drops the dropout between layers; the importer applies it where
+    eager does, with eager's masks."""
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    class Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn()
+            self.head = nn.LazyLinear(1)
+
+        def forward(self, x):
+            y, _ = self.rnn(x)
+            return self.head(y).pow(2).mean()
+
+    torch.manual_seed(0)
+    model, x = Seq(), torch.randn(3, 5, 4)
+    model(x)  # materialise the lazy head
+    prog = import_torch(model.train(), (x,))
+    layers = model.rnn.num_layers
+    assert [m.rate for m in prog.masks] == [model.rnn.dropout] * (layers - 1)
+    result = train_side_by_side(model, [((x,), None)] * 3, lambda loss, _: loss, target="torch", verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
