@@ -124,3 +124,77 @@ def test_an_fft_imports_and_differentiates_like_eager():
     Spectrum()(x).backward()
     np.testing.assert_allclose(value, Spectrum()(x).item(), rtol=1e-12)
     np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+class _RoundSTE(torch.autograd.Function):
+    """A straight-through estimator: round forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Quantized(torch.nn.Module):
+    def __init__(self, detach_form: bool):
+        super().__init__()
+        self.lin, self.detach_form = torch.nn.Linear(3, 3), detach_form
+
+    def forward(self, x):
+        h = self.lin(x) * 3
+        q = h + (torch.round(h) - h).detach() if self.detach_form else _RoundSTE.apply(h)
+        return q.pow(2).mean()
+
+
+def test_a_custom_autograd_function_is_refused_not_differentiated_through_its_forward():
+    """torch.export keeps only a Function's forward: differentiating round() would give a zero gradient where
+    the user's backward passes it straight through. The error names the Function and the rewrite that imports."""
+    with pytest.raises(pb.PullbackError, match=r"_RoundSTE \(applied at .*test_importer_errors.py:\d+: its backward differs.*round\(x\) - x\)\.detach\(\)"):
+        from_torch(_Quantized(detach_form=False), (X,))
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    result = train_side_by_side(_Quantized(detach_form=True), [((X,), None)] * 3, lambda loss, _: loss, verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
+class _Softplus(torch.autograd.Function):
+    """A Function whose backward is its forward's derivative (a memory-saving rewrite, like Bloom's GELU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.log1p(torch.exp(x))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)
+
+
+class _Smooth(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return _Softplus.apply(self.lin(x)).pow(2).mean()
+
+
+def test_a_custom_autograd_function_whose_backward_is_the_derivative_imports_and_trains_like_eager():
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    batches = [((torch.randn(4, 3),), None) for _ in range(3)]
+    result = train_side_by_side(_Smooth(), batches, lambda loss, _: loss, verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
+def test_torch_compile_backend_refuses_a_custom_autograd_function():
+    import pullback.integrations.dynamo_backend  # noqa: F401  (registers the backend)
+
+    compiled = torch.compile(_Quantized(detach_form=False), backend="pullback")
+    with pytest.raises(Exception, match="custom torch.autograd.Function"):
+        compiled(X)

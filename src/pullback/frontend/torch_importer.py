@@ -47,6 +47,7 @@ from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
+from . import custom_functions
 from .aten_table import ATEN_TABLE, _op
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
@@ -178,10 +179,12 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         # nn.RNN modules refresh _flat_weights in forward: torch.export's notice, not the user's to act on
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         try:
-            ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
+            with custom_functions.recorded() as applied:
+                ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             hint = DATA_DEPENDENT_HINT if "GuardOnDataDependent" in type(e).__name__ else ""
             raise PullbackError(f"from_torch: torch.export failed{hint}: {type(e).__name__}: {e}") from e
+        custom_functions.check(applied)
         _detach_no_grad_blocks(ep)
         if not decompose:
             return ep

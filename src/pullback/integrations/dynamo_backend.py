@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..frontend.context import source_line
+from ..frontend.custom_functions import custom_function_error
 from ..frontend.torch_importer import export, import_exported, tied_keys
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, training_wrt
 
@@ -89,11 +91,25 @@ class _Layout:
         return tuple(out)
 
 
+def _refuse_custom_functions(gm) -> None:
+    """Dynamo keeps a custom ``torch.autograd.Function`` as ``autograd_function_apply`` (its forward and backward
+    graphs, not its class): exporting the graph would keep only the forward, and the backend cannot check that
+    backward against it as ``pullback.integrations.torch.compile`` does (``frontend.custom_functions``)."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "autograd_function_apply", None)
+    uses = [f"(at {source_line(n)}; pullback.integrations.torch.compile checks a Function's backward against its "
+            "forward and imports it when they agree)" for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    if uses:
+        raise custom_function_error(uses, "pullback_backend")
+
+
 def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
     """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
+    _refuse_custom_functions(gm)
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))

@@ -1,0 +1,153 @@
+"""Custom ``torch.autograd.Function``s met while exporting.
+
+torch.export keeps only a Function's forward: the importer differentiates that forward and never runs the
+user's backward. That is right when the backward is the forward's derivative (Bloom's tanh-GELU, written as a
+Function to save memory) and wrong otherwise (a straight-through estimator, a gradient reversal). ``recorded``
+notes every Function applied while exporting (class outside torch, where, the shapes it got); ``check`` runs each
+once on random float64 inputs of those shapes and compares its backward with autograd through its forward, and
+refuses the module, naming each Function whose backward differs.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from ..ir.errors import PullbackError
+
+
+@dataclass
+class Use:
+    """The first application of a Function while exporting: where, and its arguments (tensors as
+    ``(shape, dtype)``, other values as given)."""
+
+    where: str
+    args: tuple
+
+
+@contextmanager
+def recorded() -> Iterator[dict]:
+    """Record ``class -> Use`` for the ``torch.autograd.Function`` subclasses outside torch applied inside."""
+    import torch
+
+    applied: dict = {}
+    base = torch.autograd.Function
+    original = base.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        if not cls.__module__.startswith("torch.") and cls not in applied:
+            caller = sys._getframe(1)
+            specs = tuple((_static_shape(a), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+            applied[cls] = Use(f"{caller.f_code.co_filename}:{caller.f_lineno}", specs)
+        return original.__func__(cls, *args, **kwargs)
+
+    base.apply = classmethod(apply)
+    try:
+        yield applied
+    finally:
+        base.apply = original
+
+
+def _static_shape(t) -> tuple:
+    """The tensor's shape, a symbolic dimension taken as 3 (the check needs sizes, not the traced ones)."""
+    return tuple(d if isinstance(d, int) else 3 for d in t.shape)
+
+
+def check(applied: dict) -> None:
+    """Raise unless every recorded Function's backward equals autograd through its forward."""
+    bad = []
+    for cls, use in applied.items():
+        problem = _backward_mismatch(cls, use.args)
+        if problem:
+            bad.append(f"{cls.__qualname__} (applied at {use.where}: {problem})")
+    if bad:
+        raise custom_function_error(bad)
+
+
+class _Ctx:
+    """A stand-in ``ctx`` for calling a Function's forward as plain code (autograd through its operations)."""
+
+    saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *args):
+        pass
+
+    def mark_dirty(self, *args):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _backward_mismatch(cls, specs: tuple) -> str:
+    """'' when ``cls``'s backward matches autograd through its forward on random inputs, else what differs."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs():
+        out = []
+        for s in specs:
+            if isinstance(s, tuple) and len(s) == 2 and isinstance(s[1], torch.dtype):
+                shape, dtype = s
+                if dtype.is_floating_point:
+                    out.append(torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(True))
+                else:
+                    out.append(torch.zeros(shape, dtype=dtype))
+            else:
+                out.append(s)
+        return out
+
+    try:
+        args = inputs()
+        custom = cls.apply(*args)
+        plain_args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        overridden = cls.setup_context is not torch.autograd.Function.setup_context
+        plain = cls.forward(*plain_args) if overridden else cls.forward(_Ctx(), *plain_args)
+        outs_c, outs_p = _tensors(custom), _tensors(plain)
+        cts = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_c]
+        wrt = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        g_c = _grads(outs_c, cts, [args[i] for i in wrt])
+        g_p = _grads(outs_p, cts, [plain_args[i] for i in wrt])
+    except Exception as e:  # noqa: BLE001 - a Function that cannot run on float64 inputs is not checked: refused
+        return f"its backward could not be compared with its forward on float64 inputs ({type(e).__name__}: {e})"
+    for i, a, b in zip(wrt, g_c, g_p):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
+            return f"its backward differs from its forward's derivative for argument {i} by up to {float((a - b).abs().max()):.3g}"
+    return ""
+
+
+def _tensors(value) -> list:
+    import torch
+
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return [v for v in values if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
+
+
+def _grads(outs: list, cts: list, wrt: list) -> list:
+    import torch
+
+    pairs = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+    if not pairs:
+        return [torch.zeros_like(w) for w in wrt]
+    got = torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True)
+    return [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt)]
+
+
+def custom_function_error(uses: Sequence[str], who: str = "from_torch") -> PullbackError:
+    """The error for custom ``torch.autograd.Function`` uses whose backward pullback cannot follow."""
+    return PullbackError(
+        f"{who}: the module applies custom torch.autograd.Function{'s' if len(uses) > 1 else ''} "
+        f"{', '.join(uses)}. torch.export keeps only a Function's forward, so pullback differentiates the forward "
+        "and never runs its backward (a straight-through estimator would get a zero gradient, a gradient reversal "
+        "the wrong sign). Write the backward into the forward with detach(), e.g. a straight-through round as "
+        "x + (torch.round(x) - x).detach() and a gradient reversal as 2 * x.detach() - x, or train this module "
+        "eagerly")
+
+
+__all__ = ["Use", "recorded", "check", "custom_function_error"]
