@@ -92,7 +92,7 @@ def test_export_failure_is_one_error_without_torch_log_lines(capfd):
     assert capfd.readouterr().err == ""
 
 
-def test_a_branch_on_a_tensor_value_says_how_to_make_it_static():
+def test_a_branch_on_a_tensor_value_says_how_to_make_it_static(capfd):
     """nn.Transformer compares a given tgt_mask with a causal one to decide (a data-dependent branch)."""
     model = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)
     mask = torch.nn.Transformer.generate_square_subsequent_mask(3)
@@ -108,6 +108,7 @@ def test_a_branch_on_a_tensor_value_says_how_to_make_it_static():
     a, b = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
     with pytest.raises(pb.PullbackError, match=r"branches on a tensor's value.*tgt_is_causal=True"):
         from_torch(Causal(), (a, b))
+    assert capfd.readouterr().err == ""  # torch.export's partial graph dump is not passed on
     from_torch(Causal(tgt_is_causal=True), (a, b))  # the static choice imports
 
 
@@ -198,3 +199,22 @@ def test_torch_compile_backend_refuses_a_custom_autograd_function():
     compiled = torch.compile(_Quantized(detach_form=False), backend="pullback")
     with pytest.raises(Exception, match="custom torch.autograd.Function"):
         compiled(X)
+
+
+def test_a_converter_that_cannot_take_its_arguments_is_a_listed_problem(monkeypatch):
+    """An argument form a converter does not handle (a TypeError inside it) is reported like an unsupported
+    operator, with the source line, never a bare TypeError."""
+    from pullback.frontend.aten_table import ATEN_TABLE
+
+    def cannot(cx, *args, **kwargs):
+        return args[0] < 0  # an Expr compared with an int
+
+    monkeypatch.setitem(ATEN_TABLE, "aten.tanh.default", cannot)
+
+    class Tanh(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x)
+
+    with pytest.raises(pb.PullbackError, match=r"(?s)aten.tanh.default \(1 use\).*test_importer_errors.py:\d+.*"
+                                               r"these arguments are not supported \(TypeError"):
+        from_torch(Tanh(), (X,))

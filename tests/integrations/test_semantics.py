@@ -259,3 +259,35 @@ def test_embedding_bag_scale_grad_by_freq_divides_each_rows_gradient_by_its_coun
     np.testing.assert_allclose(value, ref.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(g, bag.weight.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert np.abs(g[3]).sum() > 0 and np.abs(g[5]).sum() > 0
+
+
+class PartlyUsed(nn.Module):
+    """Parameters that never reach the loss (``unused``), only through an index (``picker``: argmax) or only
+    under no_grad (``frozen``): eager leaves their ``.grad`` None, so AdamW gives them no weight decay."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.unused = nn.Linear(4, 2), nn.Parameter(torch.ones(3))
+        self.picker, self.frozen = nn.Parameter(torch.randn(4)), nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = self.frozen(x)
+        return (self.lin(x + h).pow(2).sum() + x[:, self.picker.argmax()].sum()) / 10
+
+
+def test_parameters_without_a_path_to_the_loss_get_no_gradient_like_eager(target):
+    torch.manual_seed(0)
+    model, x = PartlyUsed(), torch.randn(5, 4)
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,), target=target)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (eager, model)]
+    for _ in range(3):
+        for m, opt in zip((eager, cm), opts):
+            opt.zero_grad()
+            m(x).backward()
+            opt.step()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        torch.testing.assert_close(q, p, msg=name)
+    assert model.unused.grad is None and model.picker.grad is None and model.frozen.weight.grad is None

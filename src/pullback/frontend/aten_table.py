@@ -588,6 +588,8 @@ def _expand(cx, x, *args):
 def _select(cx, x, dim, index):
     n = cx.ndim_of(x)
     dim = norm_axis(dim, n)
+    if isinstance(index, Expr):  # an index computed by the program (``x[:, t.argmax()]``)
+        return _op("take")(x, cast(cx, index, "int64"), axis=dim, mode="fast")
     size = cx.shape_of(x)[dim]
     if index < 0:
         index = index + static(cx, "select with a negative index", (size,))[0]

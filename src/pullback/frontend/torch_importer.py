@@ -33,10 +33,12 @@ the whole statement of user code of every use.
 from __future__ import annotations
 
 import functools
+import io
 import operator
 import re
+import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
@@ -178,18 +180,29 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.simplefilter("ignore", FutureWarning)
         # nn.RNN modules refresh _flat_weights in forward: torch.export's notice, not the user's to act on
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
+        printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
-            with custom_functions.recorded() as applied:
+            with custom_functions.recorded() as applied, redirect_stderr(printed):
                 ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
+            _pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
             hint = DATA_DEPENDENT_HINT if "GuardOnDataDependent" in type(e).__name__ else ""
             raise PullbackError(f"from_torch: torch.export failed{hint}: {type(e).__name__}: {e}") from e
+        _pass_on(printed.getvalue())
         custom_functions.check(applied)
         _detach_no_grad_blocks(ep)
         if not decompose:
             return ep
         with _rnn_dropout_between_layers():
             return ep.run_decompositions(decomposition_table())
+
+
+def _pass_on(text: str, drop=None) -> None:
+    """Write what the model printed to stderr while exporting back to stderr, without torch's ``drop``."""
+    if drop is not None:
+        text = text.replace(str(drop), "")
+    if text.strip():
+        sys.stderr.write(text)
 
 
 @contextmanager
@@ -392,6 +405,9 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
             value = conv(cx, *args, **kwargs)
         except PullbackError as e:
             problems.add(key, node, str(e).replace("from_torch: ", ""))
+            return _MISSING
+        except (TypeError, ValueError, IndexError, KeyError) as e:  # a form the converter does not handle
+            problems.add(key, node, f"these arguments are not supported ({type(e).__name__}: {e})")
             return _MISSING
     if isinstance(value, list):
         for e, val in zip(value, node.meta.get("val", ())):

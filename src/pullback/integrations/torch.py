@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
+from ..ir.expr import Call, Constant, Tuple
 from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
@@ -80,6 +81,9 @@ class TrainingProgram:
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
         self.fwd.plan.ensure()
         lap("build", self.bwd.plan.ensure())
+        # wrt positions whose gradient is structurally zero (the parameter does not reach the loss, or only through
+        # non-differentiable or no_grad paths): None, as eager leaves .grad (optimizers then skip it: no weight decay)
+        self.no_path = _structural_zeros(self.mod["main_bwd"].body)
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.num_results = len(self.out_types)
@@ -89,6 +93,13 @@ class TrainingProgram:
         inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
         self.state_keys = [prog.state_key(n) for n in prog.params]
+
+
+def _structural_zeros(body) -> frozenset:
+    """Positions of the gradient tuple ``body`` that are ``zeros`` calls or all-zero constants."""
+    fields = body.fields if isinstance(body, Tuple) else (body,)
+    return frozenset(k for k, f in enumerate(fields) if (isinstance(f, Call) and getattr(f.op, "name", None) == "zeros")
+                     or (isinstance(f, Constant) and not f.data.any()))
 
 
 class Phases(dict):
@@ -153,7 +164,7 @@ def _function():
             full = [None] * tp.num_inputs
             needs = ctx.needs_input_grad
             for k, i in enumerate(tp.wrt_index):
-                if needs[2 + i]:
+                if needs[2 + i] and k not in tp.no_path:
                     full[i] = gs[k]
             return (None, None, *full)
 

@@ -1,0 +1,240 @@
+"""Train Hugging Face model families through pullback, side by side with eager PyTorch (docs/zoo.md's census).
+
+    python scripts/hf_census.py                      # every family, torch target
+    python scripts/hf_census.py --target numpy llama falcon
+
+Each model is built from its config class with a tiny configuration and random weights (no downloads), trained
+one step (float64 by default, dropout active, the same seeds) eagerly and through
+``pullback.integrations.torch.compile``: ``OK`` when the loss and every parameter gradient agree within 1e-5
+(relative; gradients to the largest one), else ``DIFF``, or the error. Three SGD steps side by side are reported
+too. torch.export cannot trace a forward that branches on tensor values: those families are ``EXPECTED`` to fail,
+with the reason; ``SKIPPED`` when eager PyTorch itself fails in the dtype. Exits 1 on a ``DIFF`` or an unexpected
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "zoo"))
+from models import BATCH, SEQ, VOCAB, LossOf, _ids  # noqa: E402
+
+import pullback.integrations.torch as pbt  # noqa: E402
+
+LR = 0.05
+H = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, vocab_size=VOCAB)
+KV = dict(num_key_value_heads=1)
+S2S = dict(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+           pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+AUDIO = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+             conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2, num_conv_pos_embeddings=4,
+             num_conv_pos_embedding_groups=2)
+
+
+def _build(cfg_name: str, model_name: str, **kw):
+    tr = importlib.import_module("transformers")
+    return getattr(tr, model_name)(getattr(tr, cfg_name)(**kw))
+
+
+def causal(cfg, model, **kw):
+    def make():
+        ids = _ids(BATCH, SEQ)
+        return LossOf(_build(cfg, model, **kw), ["input_ids", "labels"]), (ids, ids.clone())
+    return make
+
+
+def seq2seq(cfg, model, **kw):
+    return lambda: (LossOf(_build(cfg, model, **kw), ["input_ids", "labels"]), (_ids(BATCH, SEQ, low=3), _ids(BATCH, 4, low=3)))
+
+
+def classify(cfg, model, key="input_ids", shape=None, **kw):
+    def make():
+        x = _ids(BATCH, SEQ) if shape is None else torch.randn(*shape)
+        return LossOf(_build(cfg, model, num_labels=3, **kw), [key, "labels"]), (x, torch.randint(0, 3, (BATCH,)))
+    return make
+
+
+def image(cfg, model, **kw):
+    return classify(cfg, model, "pixel_values", (BATCH, 3, 32, 32), **kw)
+
+
+FAMILIES = {
+    # decoder-only LMs
+    "llama": causal("LlamaConfig", "LlamaForCausalLM", **H, **KV),
+    "mistral": causal("MistralConfig", "MistralForCausalLM", **H, **KV),
+    "qwen2": causal("Qwen2Config", "Qwen2ForCausalLM", **H, **KV),
+    "qwen3": causal("Qwen3Config", "Qwen3ForCausalLM", **H, **KV, head_dim=8),
+    "gemma": causal("GemmaConfig", "GemmaForCausalLM", **H, **KV, head_dim=8),
+    "gemma2": causal("Gemma2Config", "Gemma2ForCausalLM", **H, **KV, head_dim=8),
+    "phi": causal("PhiConfig", "PhiForCausalLM", **H),
+    "phi3": causal("Phi3Config", "Phi3ForCausalLM", **H, pad_token_id=0),
+    "gpt_neox": causal("GPTNeoXConfig", "GPTNeoXForCausalLM", **H),
+    "opt": causal("OPTConfig", "OPTForCausalLM", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, ffn_dim=32,
+                  word_embed_proj_dim=16, vocab_size=VOCAB),
+    "bloom": causal("BloomConfig", "BloomForCausalLM", hidden_size=16, n_layer=2, n_head=2, vocab_size=VOCAB),
+    "falcon": causal("FalconConfig", "FalconForCausalLM", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     vocab_size=VOCAB),
+    "gptj": causal("GPTJConfig", "GPTJForCausalLM", n_embd=16, n_layer=2, n_head=2, rotary_dim=4, vocab_size=VOCAB),
+    "codegen": causal("CodeGenConfig", "CodeGenForCausalLM", n_embd=16, n_layer=2, n_head=2, rotary_dim=4, vocab_size=VOCAB),
+    "olmo": causal("OlmoConfig", "OlmoForCausalLM", **H),
+    "granite": causal("GraniteConfig", "GraniteForCausalLM", **H),
+    "cohere": causal("CohereConfig", "CohereForCausalLM", **H, **KV),
+    "starcoder2": causal("Starcoder2Config", "Starcoder2ForCausalLM", **H, **KV),
+    "persimmon": causal("PersimmonConfig", "PersimmonForCausalLM", **H),
+    "mpt": causal("MptConfig", "MptForCausalLM", d_model=16, n_heads=2, n_layers=2, vocab_size=VOCAB),
+    "biogpt": causal("BioGptConfig", "BioGptForCausalLM", **H),
+    "xglm": causal("XGLMConfig", "XGLMForCausalLM", vocab_size=VOCAB, d_model=16, num_layers=2, attention_heads=2, ffn_dim=32),
+    "ctrl": causal("CTRLConfig", "CTRLLMHeadModel", vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, dff=32),
+    "gpt_bigcode": causal("GPTBigCodeConfig", "GPTBigCodeForCausalLM", vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2),
+    "gpt_neo": causal("GPTNeoConfig", "GPTNeoForCausalLM", vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
+                      attention_types=[[["global", "local"], 1]], window_size=4),
+    "mixtral": causal("MixtralConfig", "MixtralForCausalLM", **H, **KV, num_local_experts=4, num_experts_per_tok=2,
+                      experts_implementation="batched_mm"),
+    "mamba": causal("MambaConfig", "MambaForCausalLM", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, state_size=4,
+                    expand=2),
+    "rwkv": causal("RwkvConfig", "RwkvForCausalLM", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                   attention_hidden_size=16, intermediate_size=32, context_length=16),
+    # encoders
+    "roberta": classify("RobertaConfig", "RobertaForSequenceClassification", **H),
+    "xlm_roberta": classify("XLMRobertaConfig", "XLMRobertaForSequenceClassification", **H),
+    "distilbert": classify("DistilBertConfig", "DistilBertForSequenceClassification", dim=16, n_layers=2, n_heads=2,
+                           hidden_dim=32, vocab_size=VOCAB),
+    "albert": classify("AlbertConfig", "AlbertForSequenceClassification", embedding_size=8, **H),
+    "electra": classify("ElectraConfig", "ElectraForSequenceClassification", embedding_size=8, **H),
+    "modernbert": classify("ModernBertConfig", "ModernBertForSequenceClassification", **H, pad_token_id=0),
+    "mpnet": classify("MPNetConfig", "MPNetForSequenceClassification", **H),
+    "funnel": classify("FunnelConfig", "FunnelForSequenceClassification", vocab_size=VOCAB, block_sizes=[1, 1], d_model=16,
+                       n_head=2, d_head=8, d_inner=32),
+    "convbert": classify("ConvBertConfig", "ConvBertForSequenceClassification", **H, embedding_size=16),
+    "squeezebert": classify("SqueezeBertConfig", "SqueezeBertForSequenceClassification", **H, embedding_size=16),
+    "layoutlm": classify("LayoutLMConfig", "LayoutLMForSequenceClassification", **H),
+    "xlnet": classify("XLNetConfig", "XLNetForSequenceClassification", vocab_size=VOCAB, d_model=16, n_layer=2, n_head=2,
+                      d_inner=32),
+    "deberta_v2": classify("DebertaV2Config", "DebertaV2ForSequenceClassification", **H),
+    # encoder-decoders
+    "mbart": seq2seq("MBartConfig", "MBartForConditionalGeneration", **S2S),
+    "pegasus": seq2seq("PegasusConfig", "PegasusForConditionalGeneration", **S2S),
+    "marian": seq2seq("MarianConfig", "MarianMTModel", **S2S),
+    "blenderbot_small": seq2seq("BlenderbotSmallConfig", "BlenderbotSmallForConditionalGeneration", **S2S),
+    "mt5": seq2seq("MT5Config", "MT5ForConditionalGeneration", vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                   num_decoder_layers=1, num_heads=2, relative_attention_num_buckets=8, decoder_start_token_id=0,
+                   pad_token_id=0),
+    # vision
+    "convnext": image("ConvNextConfig", "ConvNextForImageClassification", hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+    "convnextv2": image("ConvNextV2Config", "ConvNextV2ForImageClassification", hidden_sizes=[8, 16], depths=[1, 1],
+                        num_stages=2),
+    "swin": image("SwinConfig", "SwinForImageClassification", image_size=32, patch_size=4, embed_dim=8, depths=[1, 1],
+                  num_heads=[1, 2], window_size=4),
+    "swinv2": image("Swinv2Config", "Swinv2ForImageClassification", image_size=32, patch_size=4, embed_dim=8,
+                    depths=[1, 1], num_heads=[1, 2], window_size=4),
+    "resnet": image("ResNetConfig", "ResNetForImageClassification", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]),
+    "regnet": image("RegNetConfig", "RegNetForImageClassification", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                    groups_width=8),
+    "mobilevit": image("MobileViTConfig", "MobileViTForImageClassification", image_size=32, hidden_sizes=[16, 16, 16],
+                       neck_hidden_sizes=[8, 8, 16, 16, 16, 16, 32]),
+    "mobilenet_v2": image("MobileNetV2Config", "MobileNetV2ForImageClassification", image_size=32, depth_multiplier=0.25),
+    "deit": image("DeiTConfig", "DeiTForImageClassification", image_size=32, patch_size=8, hidden_size=16,
+                  num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+    "beit": image("BeitConfig", "BeitForImageClassification", image_size=32, patch_size=8, hidden_size=16,
+                  num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+    "dinov2": image("Dinov2Config", "Dinov2ForImageClassification", image_size=32, patch_size=8, hidden_size=16,
+                    num_hidden_layers=2, num_attention_heads=2),
+    "vit_msn": image("ViTMSNConfig", "ViTMSNForImageClassification", image_size=32, patch_size=8, hidden_size=16,
+                     num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+    "segformer": image("SegformerConfig", "SegformerForImageClassification", num_encoder_blocks=2, depths=[1, 1],
+                       sr_ratios=[2, 1], hidden_sizes=[8, 16], num_attention_heads=[1, 2], patch_sizes=[7, 3],
+                       strides=[4, 2], mlp_ratios=[2, 2]),
+    "poolformer": image("PoolFormerConfig", "PoolFormerForImageClassification", num_encoder_blocks=2, depths=[1, 1],
+                        hidden_sizes=[8, 16], patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1]),
+    "levit": image("LevitConfig", "LevitForImageClassification", image_size=32, hidden_sizes=[16, 24, 32],
+                   num_attention_heads=[1, 2, 2], depths=[1, 1, 1], key_dim=[8, 8, 8], patch_size=16, stride=2,
+                   kernel_size=3, padding=1),
+    "focalnet": image("FocalNetConfig", "FocalNetForImageClassification", image_size=32, patch_size=4, embed_dim=8,
+                      depths=[1, 1]),
+    # audio
+    "whisper_encoder": classify("WhisperConfig", "WhisperForAudioClassification", "input_features", (BATCH, 8, 32),
+                                d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, num_mel_bins=8,
+                                max_source_positions=16, vocab_size=VOCAB),
+    "ast": classify("ASTConfig", "ASTForAudioClassification", "input_values", (BATCH, 32, 16), hidden_size=16,
+                    num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, max_length=32, num_mel_bins=16,
+                    patch_size=8, frequency_stride=8, time_stride=8),
+    "wav2vec2": classify("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification", "input_values", (BATCH, 400), **AUDIO),
+    "hubert": classify("HubertConfig", "HubertForSequenceClassification", "input_values", (BATCH, 400), **AUDIO),
+}
+
+# families torch.export cannot trace in training mode (a branch on a tensor's value), with the reason
+EXPECTED = {
+    "deberta_v2": "its loss branches on `label_index.size(0) > 0` (a data-dependent size)",
+    "wav2vec2": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training (even at layerdrop=0)",
+    "hubert": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training (even at layerdrop=0)",
+}
+
+
+def run(name: str, target: str, dtype: str) -> tuple[str, str]:
+    """``(status, detail)``: the first step's loss and every gradient against eager's (relative to the largest
+    gradient), then three SGD steps side by side (their losses, for the record: a tiny model whose gradients are
+    in the thousands diverges from rounding alone)."""
+    torch.manual_seed(0)
+    model, inputs = FAMILIES[name]()
+    if dtype == "float64":
+        model, inputs = model.double(), tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    model.train()
+    eager = copy.deepcopy(model)
+    try:
+        eager(*inputs)
+    except Exception as e:  # noqa: BLE001 - the family itself does not run so
+        return "SKIPPED", f"eager PyTorch fails in {dtype}: {type(e).__name__}: {e}"
+    compiled = pbt.compile(model, inputs, target=target)
+    grads = []
+    for m in (eager, compiled):
+        torch.manual_seed(1)  # the same dropout masks
+        loss = m(*inputs)
+        loss.backward()
+        grads.append((loss.item(), [p.grad for p in (m.parameters() if m is eager else model.parameters())]))
+    (le, ge), (lp, gp) = grads
+    scale = max((float(g.abs().max()) for g in ge if g is not None), default=1.0) or 1.0
+    worst = max((float((a - b).abs().max()) / scale for a, b in zip(ge, gp) if a is not None and b is not None), default=0.0)
+    missing = sum((a is None) != (b is None) for a, b in zip(ge, gp))
+    loss_gap = abs(le - lp) / max(abs(le), 1e-12)
+    ok = loss_gap < 1e-5 and worst < 1e-5 and not missing
+    torch.manual_seed(0)
+    model, inputs = FAMILIES[name]()
+    if dtype == "float64":
+        model, inputs = model.double(), tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    res = pbt.train_side_by_side(model.train(), [(inputs, None)] * 3, lambda loss, _: loss, lr=LR, target=target,
+                                 verbose=False)
+    steps = max(abs(e - p) / max(abs(e), 1e-12) for e, p in zip(res["eager"], res["pullback"]))
+    return ("OK" if ok else "DIFF"), (f"first step: loss {loss_gap:.1e}, gradients {worst:.1e} apart (relative to "
+                                      f"the largest, {scale:.2g}); 3 steps: losses {steps:.1e} apart")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="families to run (default: all)")
+    ap.add_argument("--target", default="torch", choices=pbt.TARGETS)
+    ap.add_argument("--dtype", default="float64", choices=("float64", "float32"),
+                    help="float64 (default) keeps tiny BatchNorm batches from amplifying float32 rounding")
+    args = ap.parse_args(argv)
+    bad = 0
+    for name in args.names or list(FAMILIES):
+        t0 = time.perf_counter()
+        try:
+            status, detail = run(name, args.target, args.dtype)
+        except Exception as e:  # noqa: BLE001 - the census reports every failure and goes on
+            status = "EXPECTED" if name in EXPECTED else "ERROR"
+            detail = EXPECTED.get(name) or f"{type(e).__name__}: {str(e)[:300]}".replace("\n", " ")
+        bad += status in ("DIFF", "ERROR")
+        print(f"{name:18s} {status:9s} {time.perf_counter() - t0:5.1f}s  {detail}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
