@@ -498,3 +498,25 @@ def test_stacked_rnn_dropout_between_layers_trains_like_eager(rnn):
     assert [m.rate for m in prog.masks] == [model.rnn.dropout] * (layers - 1)
     result = train_side_by_side(model, [((x,), None)] * 3, lambda loss, _: loss, target="torch", verbose=False)
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(4, 5), (5,)])
+def test_multilabel_margin_loss_stops_at_the_first_minus_one_like_torch(reduction, shape):
+    """PyTorch's own decomposition sums the entries after a -1 too (read as class 0); the importer keeps the op."""
+
+    class Loss(nn.Module):
+        def forward(self, y, t):
+            return F.multilabel_margin_loss(y, t, reduction=reduction)
+
+    torch.manual_seed(0)
+    y = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([[0, 3, -1, 0, 0], [1, -1, 0, 0, 0], [4, 2, 1, -1, 0], [0, 1, 2, 3, 4]])[: shape[0] if len(shape) == 2 else 1]
+    t = t.reshape(shape)
+    prog = import_torch(Loss(), (y.detach(), t))
+    mod = transform.FirstOrderGradient(wrt=[prog.inputs[0]])(prog.mod)
+    out, (dy,) = pullback.build(mod)["main_grad"](y.detach().numpy(), t.numpy())
+    want = Loss()(y, t)
+    (g,) = torch.autograd.grad(want.sum(), [y])
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dy, g.numpy(), rtol=1e-12, atol=1e-12)

@@ -650,6 +650,41 @@ def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100, l
     return _op("add")(_op("multiply")(nll, scalar(1 - label_smoothing, dt)), _op("multiply")(smooth, scalar(label_smoothing / c, dt)))
 
 
+def _multilabel_margin(cx, x, target, reduction):
+    """``(loss, is_target)``: per sample, sum over its targets j (the entries before the first -1) and the
+    non-targets i of ``max(0, 1 - x[j] + x[i]) / C``. (PyTorch's own decomposition also sums the entries after
+    the -1, read as class 0: a wrong loss.)"""
+    shape = tuple(cx.shape_of(x))
+    dt = cx.dtype_of(x)
+    x2, t2 = (x, target) if len(shape) == 2 else (_op("reshape")(x, (1, -1)), _op("reshape")(target, (1, -1)))
+    c = static(cx, "multilabel_margin_loss", shape[-1:])[0]
+    t2 = _op("cast")(t2, "int64")
+    idx = const(np.arange(c, dtype=np.int64))
+    end = _op("min")(_op("where")(_op("equal")(t2, scalar(-1, "int64")), idx, scalar(c, "int64")), (1,), True)
+    valid = _op("less")(idx, end)  # (N, J): j is a target
+    picked = _op("gather")(x2, _op("where")(valid, t2, scalar(0, "int64")), axis=1)  # x[n, t[n, j]]
+    hit = _op("equal")(_op("expand_dims")(_op("where")(valid, t2, scalar(-1, "int64")), 2), idx)  # (N, J, I)
+    is_target = _op("greater")(_op("sum")(_op("cast")(hit, "int64"), (1,), False), scalar(0, "int64"))  # (N, I)
+    z = _op("add")(_op("subtract")(scalar(1.0, dt), _op("expand_dims")(picked, 2)), _op("expand_dims")(x2, 1))
+    keep = _op("logical_and")(_op("expand_dims")(valid, 2), _op("expand_dims")(_op("logical_not")(is_target), 1))
+    z = _op("where")(keep, _op("divide")(_op("maximum")(z, scalar(0.0, dt)), scalar(float(c), dt)), scalar(0.0, dt))
+    per_sample = _op("sum")(z, (1, 2), False)
+    red = _REDUCTIONS[reduction]
+    loss = {"sum": lambda: _op("sum")(per_sample), "mean": lambda: _op("mean")(per_sample, None, False),
+            "none": lambda: per_sample if len(shape) == 2 else _op("reshape")(per_sample, ())}[red]()
+    return [loss, _op("reshape")(_op("cast")(is_target, dt), shape)]
+
+
+@aten("aten.multilabel_margin_loss.default")
+def _multilabel_margin_loss(cx, x, target, reduction=1):
+    return _multilabel_margin(cx, x, target, reduction)[0]
+
+
+@aten("aten.multilabel_margin_loss_forward.default")
+def _multilabel_margin_loss_forward(cx, x, target, reduction):
+    return _multilabel_margin(cx, x, target, reduction)
+
+
 @aten("aten.nll_loss.default", "aten.nll_loss_nd.default", "aten.nll_loss2d.default")
 def _nll_loss(cx, logp, target, weight=None, reduction=1, ignore_index=-100):
     return _nll(cx, logp, target, weight, reduction, ignore_index)

@@ -772,11 +772,11 @@ def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None)
 def _vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):
     """``torch.linalg.vector_norm`` (``F.normalize``, Swin v2, ConvNeXt v2): ord 2, 1, inf, -inf, 0 or any p.
     An all-zero slice has norm 0 and gradient 0 (PyTorch's subgradient), not NaN."""
+    if cx.ndim_of(x) == 0:  # the norm of one element, a scalar whatever dim and keepdim say
+        return _vector_norm(cx, _op("reshape")(x, (1,)), ord, None, False, dtype)
     dt = cx.out_dtype
     a = _op("complex_abs")(x) if is_complex(cx.dtype_of(x)) else x
     a = cast(cx, a, dt)
-    if cx.ndim_of(a) == 0:
-        a, dim = _op("reshape")(a, (1,)), None
     axis, keep, p = axes_of(dim, cx.ndim_of(a)), bool(keepdim), float(ord)
     if p in (math.inf, -math.inf):
         return _op("max" if p > 0 else "min")(_op("abs")(a), axis, keep)
@@ -799,6 +799,8 @@ def _histc(cx, x, bins=100, min=0, max=0):
     each way if that is empty too); values outside are left out, the maximum falls in the last bin. The
     token counts of mixture-of-experts routing; no gradient, as in PyTorch."""
     dt = cx.out_dtype
+    if 0 in tuple(cx.shape_of(x)):  # nothing to count
+        return _op("zeros")((int(bins),), dt)
     x = _op("reshape")(x, (-1,))
     if min == max:
         lo, hi = _op("min")(x, None, False), _op("max")(x, None, False)

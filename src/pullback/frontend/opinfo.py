@@ -50,6 +50,8 @@ ALIASES: dict[str, tuple] = {
     "scaled_dot_product_attention": ("nn.functional.scaled_dot_product_attention",),
     "linear": ("nn.functional.linear",), "cross_entropy_loss": ("nn.functional.cross_entropy",),
     "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
+    "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
+    "histc": ("histc",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

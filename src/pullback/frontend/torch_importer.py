@@ -36,11 +36,10 @@ import functools
 import io
 import operator
 import re
-import sys
 import warnings
-from contextlib import contextmanager, redirect_stderr
+from contextlib import redirect_stderr
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -49,7 +48,7 @@ from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
-from . import custom_functions
+from . import custom_functions, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
@@ -64,12 +63,9 @@ PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
     "silu.default", "softplus.default",
+    "multilabel_margin_loss.default",  # PyTorch's decomposition sums the entries after a -1 too (a wrong loss)
 )
 PARAMS_AS = ("inputs", "constants")
-DATA_DEPENDENT_HINT = (
-    " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
-    "torch.export follows one path: make the choice a Python setting, e.g. nn.Transformer(..., tgt_is_causal=True) "
-    "or layerdrop=0 in a model's config)")
 # libraries' own operators (torch.library custom ops, opaque to the importer) and what to do instead
 CUSTOM_OP_HINTS = {
     "transformers.grouped_mm_fallback.default":
@@ -185,84 +181,16 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
             with custom_functions.recorded() as applied, redirect_stderr(printed):
                 ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
-            _pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
-            hint = DATA_DEPENDENT_HINT if "GuardOnDataDependent" in type(e).__name__ else ""
+            export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
+            hint = export_repairs.DATA_DEPENDENT_HINT if "GuardOnDataDependent" in type(e).__name__ else ""
             raise PullbackError(f"from_torch: torch.export failed{hint}: {type(e).__name__}: {e}") from e
-        _pass_on(printed.getvalue())
+        export_repairs.pass_on(printed.getvalue())
         custom_functions.check(applied)
-        _detach_no_grad_blocks(ep)
+        export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
-        with _rnn_dropout_between_layers():
+        with export_repairs.rnn_dropout_between_layers():
             return ep.run_decompositions(decomposition_table())
-
-
-def _pass_on(text: str, drop=None) -> None:
-    """Write what the model printed to stderr while exporting back to stderr, without torch's ``drop``."""
-    if drop is not None:
-        text = text.replace(str(drop), "")
-    if text.strip():
-        sys.stderr.write(text)
-
-
-@contextmanager
-def _rnn_dropout_between_layers() -> Iterator[None]:
-    """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
-    lowers them through ``torch._decomp.decompositions._rnn_helper``, which in torch 2.13 never applies ``dropout`` (its
-    test ``num_layers < i - 1`` is always false): a training-mode ``nn.LSTM(num_layers=2, dropout=p)`` would
-    train without dropout. Here the helper runs one layer at a time and the dropout is applied between layers,
-    where eager applies it (the masks are drawn in eager's order)."""
-    import torch
-    from torch._decomp import decompositions
-
-    original = decompositions._rnn_helper
-
-    def layer_by_layer(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
-                       layer_fn):
-        if not (dropout and train and num_layers > 1):
-            return original(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
-                            layer_fn)
-        dirs = 2 if bidirectional else 1
-        finals = []
-        for i in range(num_layers):
-            layer = slice(i * dirs, (i + 1) * dirs)
-            input, last = original(input, hidden[layer], params[layer], has_biases, 1, 0.0, train, bidirectional,
-                                   batch_first, layer_fn)
-            finals.extend(last)
-            if i < num_layers - 1:
-                input = torch.dropout(input, dropout, train=True)
-        return input, finals
-
-    decompositions._rnn_helper = layer_by_layer
-    try:
-        yield
-    finally:
-        decompositions._rnn_helper = original
-
-
-def _detach_no_grad_blocks(ep) -> None:
-    """Give each result of a ``with torch.no_grad():`` block a ``detach``: torch.export keeps the block as a
-    ``wrap_with_set_grad_enabled(False, ...)`` call, which ``run_decompositions`` inlines, losing the grad mode
-    (the block's parameters would be trained). ``detach`` is kept whole and converts to ``stop_gradient``."""
-
-    import torch
-
-    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
-    graph = ep.graph_module.graph
-    changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not hop or node.args[0] is not False:
-            continue
-        for user in list(node.users):
-            if user.target is not operator.getitem:
-                continue
-            with graph.inserting_after(user):
-                detached = graph.call_function(torch.ops.aten.detach.default, (user,))
-            detached.meta.update({k: v for k, v in user.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
-            user.replace_all_uses_with(detached, delete_user_cb=lambda n, d=detached: n is not d)
-            changed = True
-    if changed:
-        ep.graph_module.recompile()
 
 
 def _to_numpy(t) -> np.ndarray:

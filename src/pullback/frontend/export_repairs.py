@@ -1,0 +1,89 @@
+"""What ``torch.export`` and its decompositions lose or add, put right before conversion (``torch_importer.export``).
+
+- a ``with torch.no_grad():`` block is inlined by ``run_decompositions``: its results get a ``detach``;
+- torch 2.13's RNN decomposition never applies the dropout between stacked layers: it is applied as eager does;
+- a failed trace prints its partial graph to stderr: only what the model itself printed is passed on;
+- a trace that branches on a tensor's value fails: the error says how to make the branch static.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+DATA_DEPENDENT_HINT = (
+    " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
+    "torch.export follows one path: make the choice a Python setting, e.g. nn.Transformer(..., tgt_is_causal=True) "
+    "or layerdrop=0 in a model's config)")
+
+
+def pass_on(text: str, drop=None) -> None:
+    """Write what the model printed to stderr while exporting back to stderr, without torch's ``drop``."""
+    if drop is not None:
+        text = text.replace(str(drop), "")
+    if text.strip():
+        sys.stderr.write(text)
+
+
+@contextmanager
+def rnn_dropout_between_layers() -> Iterator[None]:
+    """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
+    lowers them through ``torch._decomp.decompositions._rnn_helper``, which in torch 2.13 never applies ``dropout`` (its
+    test ``num_layers < i - 1`` is always false): a training-mode ``nn.LSTM(num_layers=2, dropout=p)`` would
+    train without dropout. Here the helper runs one layer at a time and the dropout is applied between layers,
+    where eager applies it (the masks are drawn in eager's order)."""
+    import torch
+    from torch._decomp import decompositions
+
+    original = decompositions._rnn_helper
+
+    def layer_by_layer(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                       layer_fn):
+        if not (dropout and train and num_layers > 1):
+            return original(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                            layer_fn)
+        dirs = 2 if bidirectional else 1
+        finals = []
+        for i in range(num_layers):
+            layer = slice(i * dirs, (i + 1) * dirs)
+            input, last = original(input, hidden[layer], params[layer], has_biases, 1, 0.0, train, bidirectional,
+                                   batch_first, layer_fn)
+            finals.extend(last)
+            if i < num_layers - 1:
+                input = torch.dropout(input, dropout, train=True)
+        return input, finals
+
+    decompositions._rnn_helper = layer_by_layer
+    try:
+        yield
+    finally:
+        decompositions._rnn_helper = original
+
+
+def detach_no_grad_blocks(ep) -> None:
+    """Give each result of a ``with torch.no_grad():`` block a ``detach``: torch.export keeps the block as a
+    ``wrap_with_set_grad_enabled(False, ...)`` call, which ``run_decompositions`` inlines, losing the grad mode
+    (the block's parameters would be trained). ``detach`` is kept whole and converts to ``stop_gradient``."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    graph = ep.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not hop or node.args[0] is not False:
+            continue
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                continue
+            with graph.inserting_after(user):
+                detached = graph.call_function(torch.ops.aten.detach.default, (user,))
+            detached.meta.update({k: v for k, v in user.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+            user.replace_all_uses_with(detached, delete_user_cb=lambda n, d=detached: n is not d)
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+__all__ = ["DATA_DEPENDENT_HINT", "pass_on", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
