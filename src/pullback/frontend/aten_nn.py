@@ -656,8 +656,8 @@ def _multilabel_margin(cx, x, target, reduction):
     the -1, read as class 0: a wrong loss.)"""
     shape = tuple(cx.shape_of(x))
     dt = cx.dtype_of(x)
-    x2, t2 = (x, target) if len(shape) == 2 else (_op("reshape")(x, (1, -1)), _op("reshape")(target, (1, -1)))
-    c = static(cx, "multilabel_margin_loss", shape[-1:])[0]
+    c = static(cx, "multilabel_margin_loss", shape[-1:])[0] if shape else 1  # (C,) and () are one sample
+    x2, t2 = (x, target) if len(shape) == 2 else (_op("reshape")(x, (1, c)), _op("reshape")(target, (1, c)))
     t2 = _op("cast")(t2, "int64")
     idx = const(np.arange(c, dtype=np.int64))
     end = _op("min")(_op("where")(_op("equal")(t2, scalar(-1, "int64")), idx, scalar(c, "int64")), (1,), True)
