@@ -218,3 +218,12 @@ def test_a_converter_that_cannot_take_its_arguments_is_a_listed_problem(monkeypa
     with pytest.raises(pb.PullbackError, match=r"(?s)aten.tanh.default \(1 use\).*test_importer_errors.py:\d+.*"
                                                r"these arguments are not supported \(TypeError"):
         from_torch(Tanh(), (X,))
+
+
+def test_an_operator_with_side_effects_is_named_with_its_line():
+    class Inverse(torch.nn.Module):
+        def forward(self, a):
+            return torch.linalg.inv(a).sum()
+
+    with pytest.raises(pb.PullbackError, match=r"side effects.*_linalg_check_errors.* at .*test_importer_errors.py:\d+"):
+        from_torch(Inverse(), (torch.eye(3),))

@@ -520,3 +520,43 @@ def test_multilabel_margin_loss_stops_at_the_first_minus_one_like_torch(reductio
     (g,) = torch.autograd.grad(want.sum(), [y])
     np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dy, g.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_safe_softmax_gradient_is_zero_on_fully_masked_rows_like_torch():
+    """PyTorch's decomposition of _safe_softmax multiplies a NaN softmax by 0 in the backward."""
+
+    class Safe(nn.Module):
+        def forward(self, x):
+            return torch.ops.aten._safe_softmax.default(x, -1)
+
+    x = torch.randn(3, 4, dtype=torch.float64)
+    x[1] = -float("inf")
+    x[2, :2] = -float("inf")
+    x.requires_grad_(True)
+    ct = torch.randn(3, 4, dtype=torch.float64)
+    prog = import_torch(Safe(), (x.detach(),))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs, mode="vjp")(prog.mod)
+    out, (dx,) = pullback.build(mod)["main_grad"](x.detach().numpy(), ct.numpy())
+    y = Safe()(x)
+    (want,) = torch.autograd.grad(y, [x], ct)
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [2.5, "tensor"])
+def test_index_fill_counts_a_repeated_index_once_like_torch(value):
+    class Fill(nn.Module):
+        def forward(self, x, v):
+            return x.index_fill(-1, torch.tensor([0, 2, 2, 4]), v if value == "tensor" else value)
+
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    v = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    ct = torch.randn(3, 5, dtype=torch.float64)
+    prog = import_torch(Fill(), (x.detach(), v.detach()))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs, mode="vjp")(prog.mod)
+    out, grads = pullback.build(mod)["main_grad"](x.detach().numpy(), v.detach().numpy(), ct)
+    y = Fill()(x, v)
+    want = torch.autograd.grad(y, [x, v], ct, allow_unused=True)
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, np.zeros(()) if w is None else w.numpy(), rtol=1e-12, atol=1e-12)

@@ -17,7 +17,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
 from ..ir.types import Any
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, aten, cast, expand_to, newshape, norm_axis, scalar, slice_bounds, static
+from .aten_table import _op, as_dtype, aten, cast, expand_to, newshape, norm_axis, scalar, slice_bounds, static
 
 
 def _int64(cx, i: Expr) -> Expr:
@@ -40,6 +40,23 @@ def _index_select(cx, x, dim, index):
     if cx.ndim_of(index) == 0:
         index = _op("reshape")(index, (1,))
     return _op("take")(x, index, axis=norm_axis(dim, cx.ndim_of(x)), mode="fast")  # out of range: an error
+
+
+@aten("aten.index_fill.int_Tensor", "aten.index_fill.int_Scalar")
+def _index_fill(cx, x, dim, index, value):
+    """``x`` with the slices at ``index`` along ``dim`` set to ``value``: a ``where`` over a mask of the indexed
+    positions, so a repeated index is one position (the value's gradient sums each filled element once, as
+    PyTorch's index_fill backward does)."""
+    n = cx.ndim_of(x)
+    if n == 0:
+        return _op("reshape")(as_dtype(cx, value, cx.dtype_of(x)), ())
+    axis = norm_axis(dim, n)
+    size = static(cx, "index_fill", (cx.shape_of(x)[axis],))[0]
+    idx = _op("remainder")(_op("reshape")(_int64(cx, index), (-1, 1)), scalar(size, "int64"))  # -1 is the last
+    hit = _op("equal")(idx, const(np.arange(size, dtype=np.int64)))  # (K, size)
+    mask = _op("greater")(_op("sum")(_op("cast")(hit, "int64"), (0,), False), scalar(0, "int64"))  # (size,)
+    mask = _op("reshape")(mask, tuple(size if i == axis else 1 for i in range(n)))
+    return _op("where")(mask, as_dtype(cx, value, cx.dtype_of(x)), x)
 
 
 # ------------------------------------------------------------------ advanced indexing

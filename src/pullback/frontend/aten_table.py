@@ -816,10 +816,24 @@ def _histc(cx, x, bins=100, min=0, max=0):
     return _op("index_add")(counts, _op("where")(inside, idx, scalar(0, "int64")), _op("cast")(inside, dt), axis=0)
 
 
-@aten("aten._softmax.default", "aten.softmax.int", "aten._safe_softmax.default")
+@aten("aten._softmax.default", "aten.softmax.int")
 def _softmax(cx, x, dim, *rest):
     x = cast(cx, x, cx.out_dtype)
     return _op("nn.softmax")(x, axis=dim) if cx.ndim_of(x) else _op("ones_like")(x)
+
+
+@aten("aten._safe_softmax.default")
+def _safe_softmax(cx, x, dim, dtype=None):
+    """Softmax with 0 on a slice that is -inf throughout (an attention row masked everywhere), and gradient 0
+    there: the slice is replaced by zeros before the softmax, so no NaN reaches the gradient."""
+    x = cast(cx, x, cx.out_dtype)
+    if not cx.ndim_of(x):
+        return _op("ones_like")(x)
+    dt = cx.out_dtype
+    live = _op("cast")(_op("not_equal")(x, scalar(-np.inf, dt)), "int64")
+    empty = _op("equal")(_op("sum")(live, (norm_axis(dim, cx.ndim_of(x)),), True), scalar(0, "int64"))
+    p = _op("nn.softmax")(_op("where")(empty, scalar(0.0, dt), x), axis=dim)
+    return _op("where")(empty, scalar(0.0, dt), p)
 
 
 @aten("aten._log_softmax.default", "aten.log_softmax.int")

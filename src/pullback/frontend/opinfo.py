@@ -51,7 +51,7 @@ ALIASES: dict[str, tuple] = {
     "linear": ("nn.functional.linear",), "cross_entropy_loss": ("nn.functional.cross_entropy",),
     "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
     "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
-    "histc": ("histc",),
+    "histc": ("histc",), "index_fill": ("index_fill",), "_safe_softmax": ("torch.ops.aten._safe_softmax.default",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

@@ -63,7 +63,10 @@ PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
     "silu.default", "softplus.default",
-    "multilabel_margin_loss.default",  # PyTorch's decomposition sums the entries after a -1 too (a wrong loss)
+    # PyTorch's decompositions of these change the gradient: multilabel_margin_loss also sums the entries after a
+    # -1 (a wrong loss); _safe_softmax's gives NaN (0 * NaN) on fully masked rows; index_fill's counts a repeated
+    # index once per repeat in the fill value's gradient
+    "multilabel_margin_loss.default", "_safe_softmax.default", "index_fill.int_Tensor", "index_fill.int_Scalar",
 )
 PARAMS_AS = ("inputs", "constants")
 # libraries' own operators (torch.library custom ops, opaque to the importer) and what to do instead
@@ -242,6 +245,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
                     entry = by_tensor[id(tensor)] = [v, [spec.target], spec.kind == InputKind.PARAMETER]
                     state_vars.append(entry)
                     params[v.name_hint] = _to_numpy(tensor)
+            elif spec.kind == InputKind.TOKEN:  # threaded through operators with side effects
+                raise _effects_error(ep.graph)
             else:
                 raise PullbackError(f"from_torch: input {node.name} of kind {spec.kind.name} is not supported")
             env[node] = v
@@ -310,6 +315,17 @@ class _Problems:
         header = (f"from_torch: cannot import the module: {len(self.by_op)} operator{'s' if len(self.by_op) != 1 else ''} "
                   f"({total} node{'s' if total != 1 else ''}) not supported; everything else converted")
         return UnsupportedOperatorError(header, diags)
+
+
+def _effects_error(graph) -> PullbackError:
+    """The error for operators torch.export runs with an effect token (``with_effects``: linalg's error
+    checks, prints), listed with the user code that calls them."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "with_effects", None)
+    uses = [f"{n.args[1]} at {source_line(n)}" for n in graph.nodes if n.op == "call_function" and n.target is hop]
+    return PullbackError("from_torch: the module calls operators with side effects, which pullback does not convert "
+                         f"(torch.export threads an effect token through them): {'; '.join(uses) or 'none found'}")
 
 
 def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
