@@ -193,12 +193,24 @@ def test_a_custom_autograd_function_whose_backward_is_the_derivative_imports_and
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
-def test_torch_compile_backend_refuses_a_custom_autograd_function():
+def test_torch_compile_backend_checks_a_custom_autograd_function():
+    """Dynamo keeps the Function's forward and backward graphs: the backend runs both on random inputs and
+    refuses a backward that is not the forward's derivative; one that is trains like eager."""
+    import copy
+
     import pullback.integrations.dynamo_backend  # noqa: F401  (registers the backend)
 
     compiled = torch.compile(_Quantized(detach_form=False), backend="pullback")
-    with pytest.raises(Exception, match="custom torch.autograd.Function"):
+    with pytest.raises(Exception, match="custom torch.autograd.Function.*its backward differs"):
         compiled(X)
+    torch.manual_seed(0)
+    model, x = _Smooth(), torch.randn(4, 3)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="pullback")
+    for m in (eager, compiled):
+        m(x).backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
 
 
 def test_a_converter_that_cannot_take_its_arguments_is_a_listed_problem(monkeypatch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..ir.errors import PullbackError
 
@@ -88,6 +88,17 @@ def _backward_mismatch(cls, specs: tuple) -> str:
     """'' when ``cls``'s backward matches autograd through its forward on random inputs, else what differs."""
     import torch
 
+    overridden = cls.setup_context is not torch.autograd.Function.setup_context
+    return mismatch(lambda args: cls.apply(*args),
+                    lambda args: cls.forward(*args) if overridden else cls.forward(_Ctx(), *args), specs)
+
+
+def mismatch(custom: Callable, plain: Callable, specs: tuple) -> str:
+    """'' when ``custom(args)`` (run with the user's backward) and ``plain(args)`` (the forward as plain code,
+    differentiated by autograd) give the same gradients on random float64 inputs built from ``specs`` (tensors
+    as ``(shape, dtype)``, other values as given), else what differs."""
+    import torch
+
     gen = torch.Generator().manual_seed(0)
 
     def inputs():
@@ -105,11 +116,11 @@ def _backward_mismatch(cls, specs: tuple) -> str:
 
     try:
         args = inputs()
-        custom = cls.apply(*args)
-        plain_args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
-        overridden = cls.setup_context is not torch.autograd.Function.setup_context
-        plain = cls.forward(*plain_args) if overridden else cls.forward(_Ctx(), *plain_args)
-        outs_c, outs_p = _tensors(custom), _tensors(plain)
+        with torch.enable_grad():
+            outs_c = _tensors(custom(args))
+            plain_args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a
+                          for a in args]
+            outs_p = _tensors(plain(plain_args))
         cts = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_c]
         wrt = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
         g_c = _grads(outs_c, cts, [args[i] for i in wrt])
@@ -125,7 +136,9 @@ def _backward_mismatch(cls, specs: tuple) -> str:
 def _tensors(value) -> list:
     import torch
 
-    values = value if isinstance(value, (tuple, list)) else (value,)
+    values = list(value) if isinstance(value, (tuple, list)) else [value]
+    while any(isinstance(v, (tuple, list)) for v in values):  # nested results (Dynamo's forward graphs)
+        values = [w for v in values for w in (v if isinstance(v, (tuple, list)) else (v,))]
     return [v for v in values if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
 
 
@@ -150,4 +163,4 @@ def custom_function_error(uses: Sequence[str], who: str = "from_torch") -> Pullb
         "eagerly")
 
 
-__all__ = ["Use", "recorded", "check", "custom_function_error"]
+__all__ = ["Use", "recorded", "check", "mismatch", "custom_function_error"]

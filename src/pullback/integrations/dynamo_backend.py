@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..frontend.context import source_line
-from ..frontend.custom_functions import custom_function_error
+from ..frontend.custom_functions import custom_function_error, mismatch
 from ..frontend.torch_importer import export, import_exported, tied_keys
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, training_wrt
 
@@ -91,17 +91,74 @@ class _Layout:
         return tuple(out)
 
 
-def _refuse_custom_functions(gm) -> None:
-    """Dynamo keeps a custom ``torch.autograd.Function`` as ``autograd_function_apply`` (its forward and backward
-    graphs, not its class): exporting the graph would keep only the forward, and the backend cannot check that
-    backward against it as ``pullback.integrations.torch.compile`` does (``frontend.custom_functions``)."""
+def _plain_custom_functions(gm):
+    """``gm`` with each custom ``torch.autograd.Function`` as plain code, or a pullback error.
+
+    Dynamo keeps a Function as ``autograd_function_apply`` (its forward and backward graphs, the forward run
+    under no_grad); exporting the graph would keep only that forward, with no gradient. Each one is run on
+    random float64 inputs with its backward and as plain code differentiated by autograd
+    (``frontend.custom_functions.mismatch``): when they agree, the call becomes the plain forward (in Dynamo's
+    graph, which the backend owns; parameters stay its inputs), whose gradient is then pullback's; when they
+    differ, the graph is refused."""
     import torch
 
     hop = getattr(torch.ops.higher_order, "autograd_function_apply", None)
-    uses = [f"(at {source_line(n)}; pullback.integrations.torch.compile checks a Function's backward against its "
-            "forward and imports it when they agree)" for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
-    if uses:
-        raise custom_function_error(uses, "pullback_backend")
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    if not calls:
+        return gm
+    bad, plains = [], []
+    for n in calls:
+        fwd, bwd = (getattr(gm, a.target) for a in n.args[:2])
+        plain = _with_grad(fwd)
+        specs = tuple(_spec(a) for a in n.args[2:])
+        problem = mismatch(lambda args, f=fwd, b=bwd, kw=n.kwargs: hop(f, b, *args, **kw),
+                           lambda args, p=plain: p(*args)[0], specs)
+        if problem:
+            bad.append(f"(at {source_line(n)}: {problem})")
+        plains.append(plain)
+    if bad:
+        raise custom_function_error(bad, "pullback_backend")
+
+    class Outputs(torch.nn.Module):
+        """A Function's forward graph as a module returning its outputs (not the tensors it saves)."""
+
+        def __init__(self, fwd):
+            super().__init__()
+            self.fwd = fwd
+
+        def forward(self, *args):
+            return self.fwd(*args)[0]
+
+    for k, (n, plain) in enumerate(zip(calls, plains)):
+        name = f"_pullback_plain_function_{k}"
+        gm.add_submodule(name, Outputs(plain))
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_module(name, tuple(n.args[2:]))
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+    gm.recompile()
+    return gm
+
+
+def _spec(arg):
+    """``(shape, dtype)`` of a graph tensor argument (its example value), else the value itself."""
+    val = arg.meta.get("example_value") if hasattr(arg, "meta") else None
+    return (tuple(val.shape), val.dtype) if val is not None else arg
+
+
+def _with_grad(fwd):
+    """A copy of Dynamo's forward graph of a Function without its ``_set_grad_enabled`` calls (plain code)."""
+    import copy
+
+    import torch
+
+    gm = copy.deepcopy(fwd)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
 
 
 def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
@@ -109,7 +166,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
-    _refuse_custom_functions(gm)
+    gm = _plain_custom_functions(gm)
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))
