@@ -560,3 +560,29 @@ def test_index_fill_counts_a_repeated_index_once_like_torch(value):
     np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12)
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g, np.zeros(()) if w is None else w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_attention_rows_masked_everywhere_give_zero_and_no_nan_gradient(kind):
+    """A query row that may attend nowhere (a boolean mask of False, or an additive mask of -inf) gives 0 and a
+    zero gradient, as PyTorch's safe softmax does (the additive case used to give NaN gradients)."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    if kind == "bool":
+        mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+        mask[..., 1, :] = False
+    else:
+        mask = torch.zeros(1, 1, 3, 3, dtype=torch.float64)
+        mask[..., 1, :] = -float("inf")
+
+    class Attend(nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q * 2, q, mask).pow(2).sum()
+
+    prog = import_torch(Attend(), (q.detach(),))
+    mod = transform.FirstOrderGradient(wrt=prog.inputs)(prog.mod)
+    out, (dq,) = pullback.build(mod)["main_grad"](q.detach().numpy())
+    y = Attend()(q)
+    (want,) = torch.autograd.grad(y, [q])
+    np.testing.assert_allclose(out, y.item(), rtol=1e-12)
+    np.testing.assert_allclose(dq, want.numpy(), rtol=1e-10, atol=1e-12)

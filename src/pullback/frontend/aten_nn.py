@@ -16,7 +16,7 @@ from ..ir.expr import Expr, const
 from ..ir.types import FLOAT_DTYPES
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
-from .aten_table import _op, aten, cast, expand_to, newshape, scalar, static
+from .aten_table import _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
 
 # ------------------------------------------------------------------ dropout and random draws
 
@@ -571,10 +571,8 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
             s = _op("add")(s, cast(cx, attn_mask, dt))
     if keep is not None:
         s = _op("where")(keep, s, scalar(-np.inf, dt))
-    p = _op("nn.softmax")(s, axis=-1)
-    if attn_mask is not None:  # a row masked everywhere: 0, not NaN
-        empty = _op("equal")(_op("max")(s, (len(batch) + 1,), True), scalar(-np.inf, dt))
-        p = _op("where")(empty, scalar(0.0, dt), p)
+    # a row masked everywhere (a boolean or an additive -inf mask): 0, with gradient 0, not NaN
+    p = safe_softmax(cx, s, -1) if attn_mask is not None else _op("nn.softmax")(s, axis=-1)
     if dropout_p > 0.0:
         p = _op("nn.dropout")(p, cx.dropout_mask(batch + (L, S), dropout_p), rate=float(dropout_p))
     out = _op("nn.batch_matmul")(_op("reshape")(p, (-1, L, S)), v3, transpose_b=False)

@@ -822,18 +822,20 @@ def _softmax(cx, x, dim, *rest):
     return _op("nn.softmax")(x, axis=dim) if cx.ndim_of(x) else _op("ones_like")(x)
 
 
+def safe_softmax(cx, x: Expr, axis: int) -> Expr:
+    """Softmax over ``axis`` with 0 on a slice that is -inf throughout (an attention row masked everywhere) and
+    gradient 0 there: the slice is replaced by zeros before the softmax, so no NaN reaches the gradient."""
+    dt = cx.dtype_of(x)
+    axis = norm_axis(axis, cx.ndim_of(x))
+    empty = _op("equal")(_op("max")(x, (axis,), True), scalar(-np.inf, dt))
+    p = _op("nn.softmax")(_op("where")(empty, scalar(0.0, dt), x), axis=axis)
+    return _op("where")(empty, scalar(0.0, dt), p)
+
+
 @aten("aten._safe_softmax.default")
 def _safe_softmax(cx, x, dim, dtype=None):
-    """Softmax with 0 on a slice that is -inf throughout (an attention row masked everywhere), and gradient 0
-    there: the slice is replaced by zeros before the softmax, so no NaN reaches the gradient."""
     x = cast(cx, x, cx.out_dtype)
-    if not cx.ndim_of(x):
-        return _op("ones_like")(x)
-    dt = cx.out_dtype
-    live = _op("cast")(_op("not_equal")(x, scalar(-np.inf, dt)), "int64")
-    empty = _op("equal")(_op("sum")(live, (norm_axis(dim, cx.ndim_of(x)),), True), scalar(0, "int64"))
-    p = _op("nn.softmax")(_op("where")(empty, scalar(0.0, dt), x), axis=dim)
-    return _op("where")(empty, scalar(0.0, dt), p)
+    return safe_softmax(cx, x, dim) if cx.ndim_of(x) else _op("ones_like")(x)
 
 
 @aten("aten._log_softmax.default", "aten.log_softmax.int")
@@ -843,6 +845,6 @@ def _log_softmax(cx, x, dim, *rest):
 
 
 __all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static",
-           "newshape", "expand_to"]
+           "newshape", "expand_to", "safe_softmax"]
 
 from . import aten_complex, aten_indexing, aten_nn  # noqa: E402,F401  (registration)
