@@ -112,26 +112,15 @@ def _plain_custom_functions(gm):
         plain = _with_grad(fwd)
         specs = tuple(_spec(a) for a in n.args[2:])
         problem = mismatch(lambda args, f=fwd, b=bwd, kw=n.kwargs: hop(f, b, *args, **kw),
-                           lambda args, p=plain: p(*args)[0], specs)
+                           lambda args, p=plain: p(*args), specs)
         if problem:
             bad.append(f"(at {source_line(n)}: {problem})")
         plains.append(plain)
     if bad:
         raise custom_function_error(bad, "pullback_backend")
-
-    class Outputs(torch.nn.Module):
-        """A Function's forward graph as a module returning its outputs (not the tensors it saves)."""
-
-        def __init__(self, fwd):
-            super().__init__()
-            self.fwd = fwd
-
-        def forward(self, *args):
-            return self.fwd(*args)[0]
-
     for k, (n, plain) in enumerate(zip(calls, plains)):
         name = f"_pullback_plain_function_{k}"
-        gm.add_submodule(name, Outputs(plain))
+        gm.add_submodule(name, plain)
         with gm.graph.inserting_before(n):
             new = gm.graph.call_module(name, tuple(n.args[2:]))
         new.meta.update(n.meta)
@@ -148,7 +137,8 @@ def _spec(arg):
 
 
 def _with_grad(fwd):
-    """A copy of Dynamo's forward graph of a Function without its ``_set_grad_enabled`` calls (plain code)."""
+    """A copy of Dynamo's forward graph of a Function as plain code: without its ``_set_grad_enabled`` calls,
+    returning its outputs only (not the tensors it saves for the backward)."""
     import copy
 
     import torch
@@ -157,6 +147,8 @@ def _with_grad(fwd):
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
             gm.graph.erase_node(node)
+        elif node.op == "output":
+            node.args = (node.args[0][0],)
     gm.recompile()
     return gm
 

@@ -28,10 +28,11 @@ from typing import Optional, Sequence
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
-from ..ir.expr import Call, Constant, Tuple
+from ..ir.expr import Tuple
 from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
+from ..transform.eliminate_identity import uniform_value
 from .bridges import BRIDGES
 
 TARGETS = ("torch", "numpy", "jax")
@@ -96,10 +97,9 @@ class TrainingProgram:
 
 
 def _structural_zeros(body) -> frozenset:
-    """Positions of the gradient tuple ``body`` that are ``zeros`` calls or all-zero constants."""
+    """Positions of the gradient tuple ``body`` that are evidently zero (a zeros fill or constant)."""
     fields = body.fields if isinstance(body, Tuple) else (body,)
-    return frozenset(k for k, f in enumerate(fields) if (isinstance(f, Call) and getattr(f.op, "name", None) == "zeros")
-                     or (isinstance(f, Constant) and not f.data.any()))
+    return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
 
 
 class Phases(dict):

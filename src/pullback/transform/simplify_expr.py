@@ -147,7 +147,7 @@ def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
     t = node._checked_type
     if r is None or len(r) < 2 or node.args[1]._checked_type.dtype != t.dtype:
         return None
-    widths = tuple(r[ax][0:1] + (n - r[ax][1],) if ax in r else (0, 0) for ax, n in enumerate(t.shape))
+    widths = tuple((r[ax][0], n - r[ax][1]) if ax in r else (0, 0) for ax, n in enumerate(t.shape))
     return pad(node.args[1], widths, 0.0, "constant")
 
 
