@@ -52,9 +52,9 @@ def _index_fill(cx, x, dim, index, value):
         return _op("reshape")(as_dtype(cx, value, cx.dtype_of(x)), ())
     axis = norm_axis(dim, n)
     size = static(cx, "index_fill", (cx.shape_of(x)[axis],))[0]
-    idx = _op("remainder")(_op("reshape")(_int64(cx, index), (-1, 1)), scalar(size, "int64"))  # -1 is the last
-    hit = _op("equal")(idx, const(np.arange(size, dtype=np.int64)))  # (K, size)
-    mask = _op("greater")(_op("sum")(_op("cast")(hit, "int64"), (0,), False), scalar(0, "int64"))  # (size,)
+    idx = _op("remainder")(_op("reshape")(_int64(cx, index), (-1,)), scalar(size, "int64"))  # -1 is the last
+    hits = _op("one_hot")(idx, scalar(1, "int64"), scalar(0, "int64"), depth=size, dtype="int64")  # (K, size)
+    mask = _op("greater")(_op("sum")(hits, (0,), False), scalar(0, "int64"))  # (size,)
     mask = _op("reshape")(mask, tuple(size if i == axis else 1 for i in range(n)))
     return _op("where")(mask, as_dtype(cx, value, cx.dtype_of(x)), x)
 

@@ -661,8 +661,9 @@ def _multilabel_margin(cx, x, target, reduction):
     end = _op("min")(_op("where")(_op("equal")(t2, scalar(-1, "int64")), idx, scalar(c, "int64")), (1,), True)
     valid = _op("less")(idx, end)  # (N, J): j is a target
     picked = _op("gather")(x2, _op("where")(valid, t2, scalar(0, "int64")), axis=1)  # x[n, t[n, j]]
-    hit = _op("equal")(_op("expand_dims")(_op("where")(valid, t2, scalar(-1, "int64")), 2), idx)  # (N, J, I)
-    is_target = _op("greater")(_op("sum")(_op("cast")(hit, "int64"), (1,), False), scalar(0, "int64"))  # (N, I)
+    hits = _op("one_hot")(_op("where")(valid, t2, scalar(-1, "int64")), scalar(1, "int64"), scalar(0, "int64"),
+                          depth=c, dtype="int64")  # (N, J, I); -1 (no target) is all zeros
+    is_target = _op("greater")(_op("sum")(hits, (1,), False), scalar(0, "int64"))  # (N, I)
     z = _op("add")(_op("subtract")(scalar(1.0, dt), _op("expand_dims")(picked, 2)), _op("expand_dims")(x2, 1))
     keep = _op("logical_and")(_op("expand_dims")(valid, 2), _op("expand_dims")(_op("logical_not")(is_target), 1))
     z = _op("where")(keep, _op("divide")(_op("maximum")(z, scalar(0.0, dt)), scalar(float(c), dt)), scalar(0.0, dt))
