@@ -711,3 +711,36 @@ def test_a_skipped_subclass_pass_is_reported_never_silent(caplog):
     assert [e[1:] for e in rec.events if e[0] == "skip"] == reasons
     logged = [r.getMessage() for r in caplog.records if r.name == "pullback.transform"]
     assert all(any(n in m and why in m for m in logged) for n, why in reasons)
+
+
+def test_fixed_point_stops_once_each_pass_in_a_row_returned_its_input(registry):
+    """Passes run in turn; after the last change every pass (the changing one too) runs once more, no more."""
+    log = []
+
+    @dataclass(frozen=True)
+    class Shrink(transform.ModulePass, register=False):
+        """Drops one function per run until only main is left (changes twice on make_mod + a copy)."""
+
+        name: str = "shrink"
+
+        def transform_module(self, mod, ctx):
+            log.append(self.name)
+            extra = [n for n in mod if n != "main"]
+            return mod.without_function(extra[0]) if extra else mod
+
+    @dataclass(frozen=True)
+    class Look(transform.ModulePass, register=False):
+        name: str = "look"
+
+        def transform_module(self, mod, ctx):
+            log.append(self.name)
+            return mod
+
+    inner = transform.Sequential([Look("a"), Shrink("s"), Look("b")])
+    mod = make_mod().with_function("twin", make_mod()["helper"])
+    out = transform.FixedPoint(inner, max_rounds=8)(mod)
+    assert list(out) == ["main"]
+    # s changes twice (rounds 1 and 2); then b, a, and s itself must each see the result unchanged
+    assert log == ["a", "s", "b", "a", "s", "b", "a", "s"]
+    log.clear()
+    assert transform.FixedPoint(inner, max_rounds=1)(mod) is not mod and log == ["a", "s", "b"]

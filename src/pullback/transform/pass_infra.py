@@ -229,20 +229,26 @@ class Sequential(Pass, register=False):
     def transform_module(self, mod: IRModule, ctx: "PassContext") -> IRModule:
         ran_on: dict[str, IRModule] = {}  # pass name -> module it produced when it last ran
         for p in self.passes:
-            for req in p.info.required:
-                if req in ran_on and (ran_on[req] is mod or req not in _REGISTRY):
-                    continue
-                if req not in _REGISTRY:
-                    raise PassError(
-                        f"pass {p.info.name} requires {req}, which did not run earlier in {self.info.name} "
-                        f"and is not registered (registered: {', '.join(sorted(_REGISTRY)) or 'none'})"
-                    )
-                mod, ran = ctx._run(get_pass(req), mod, force=True)
-                if ran:
-                    ran_on[req] = mod
-            mod, ran = ctx._run(p, mod)
+            mod = self.run_entry(p, mod, ctx, ran_on)
+        return mod
+
+    def run_entry(self, p: Pass, mod: IRModule, ctx: "PassContext", ran_on: dict) -> IRModule:
+        """Run one of ``self.passes`` (its missing requirements first); ``ran_on`` maps a pass name to
+        the module it produced when it last ran in this Sequential."""
+        for req in p.info.required:
+            if req in ran_on and (ran_on[req] is mod or req not in _REGISTRY):
+                continue
+            if req not in _REGISTRY:
+                raise PassError(
+                    f"pass {p.info.name} requires {req}, which did not run earlier in {self.info.name} "
+                    f"and is not registered (registered: {', '.join(sorted(_REGISTRY)) or 'none'})"
+                )
+            mod, ran = ctx._run(get_pass(req), mod, force=True)
             if ran:
-                ran_on[p.info.name] = mod
+                ran_on[req] = mod
+        mod, ran = ctx._run(p, mod)
+        if ran:
+            ran_on[p.info.name] = mod
         return mod
 
     def __repr__(self) -> str:
@@ -462,7 +468,8 @@ class PassContext:
             inst.run_before_pass(mod, info)
         pending = 0  # instruments[pending:] have not had run_after_pass yet
         try:
-            out = p.transform_module(mod, self)
+            with gc_paused():  # passes make many new acyclic nodes: the cyclic GC would only rescan them
+                out = p.transform_module(mod, self)
             if not isinstance(out, IRModule):
                 raise PassError(f"pass {info.name} returned {type(out).__name__}, expected an IRModule")
             for inst in instruments:

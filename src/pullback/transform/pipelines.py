@@ -7,8 +7,8 @@
     EliminateCommonSubexpr  merge duplicated work (scope-aware)
     DeadCodeElimination     tuple projections, constant Ifs, unreachable functions
 
-repeated until a round returns the very same module object (every pass
-returns its input when it changes nothing), at most ``max_rounds`` times.
+repeated in turn until each pass in a row has returned the very module object it was
+given (every pass returns its input when it changes nothing), at most ``max_rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from .simplify_expr import SimplifyExpr
 
 @dataclass(frozen=True)
 class FixedPoint(Pass, register=False):
-    """Run ``inner`` (a Sequential) until the module stops changing (identity), at most ``max_rounds`` times."""
+    """Run the passes of ``inner`` (a Sequential) in turn until each of them in a row returns its input unchanged
+    (identity), at most ``max_rounds`` rounds."""
 
     inner: Sequential
     name: str = "fixed_point"
@@ -49,11 +50,16 @@ class FixedPoint(Pass, register=False):
         return self.inner.passes
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        for _ in range(self.max_rounds):
-            new = self.inner.transform_module(mod, ctx)
-            if new is mod:
-                break
+        # cycles through the passes and stops once every pass in turn has returned the module it was given:
+        # the passes after the last change run once more, those before it too, none twice without a change
+        passes, ran_on = self.inner.passes, {}
+        quiet = 0  # passes in a row that returned their input
+        for step in range(self.max_rounds * len(passes)):
+            new = self.inner.run_entry(passes[step % len(passes)], mod, ctx, ran_on)
+            quiet = quiet + 1 if new is mod else 0
             mod = new
+            if quiet == len(passes):
+                break
         return mod
 
 
