@@ -89,3 +89,71 @@ def test_power_by_a_constant_scalar_gives_the_numpy_result(k):
     got = pb.build(fn, target="torch")["main"](xs)
     assert tuple(got.shape) == want.shape and got.numpy().dtype == want.dtype
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, equal_nan=True)
+
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """The calls reaching oneDNN's inner product, with the size threshold lowered to every weight."""
+    from pullback.runtime import torch_kernels
+
+    torch_kernels._load()
+    real = torch_kernels._onednn_linear()
+    if real is None:
+        pytest.skip("this torch has no oneDNN")
+    calls = []
+    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda: lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 1)
+    return calls
+
+
+@pytest.mark.parametrize("x_shape, w_shape, x_t, w_t, dtype", [
+    ((6, 5), (4, 5), False, False, "float32"),   # row-major rows: oneDNN
+    ((2, 3, 5), (4, 5), False, False, "float32"),  # 3-D rows: oneDNN
+    ((5, 6), (4, 5), True, False, "float32"),    # a weight gradient's transposed rows: MKL
+    ((6, 5), (5, 4), False, True, "float32"),    # a transposed weight (an input gradient's W.T): oneDNN
+    ((0, 5), (4, 5), False, False, "float32"),   # no rows
+    ((6, 0), (4, 0), False, False, "float32"),   # K = 0: never oneDNN (it has no such primitive)
+    ((6, 5), (4, 5), False, False, "float64"),   # oneDNN has no float64 inner product
+])
+def test_dense_on_every_layout_equals_numpy_and_row_major_float32_runs_onednn(onednn_calls, x_shape, w_shape, x_t,
+                                                                           w_t, dtype):
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
+    x_val = torch.from_numpy(xs).t() if x_t else torch.from_numpy(xs)
+    w_val = torch.from_numpy(ws).t() if w_t else torch.from_numpy(ws)
+    x, w = var("x", shape=tuple(x_val.shape), dtype=dtype), var("w", shape=tuple(w_val.shape), dtype=dtype)
+    fn = Function([x, w], pb.op.nn.dense(x, w))
+    got = pb.build(fn, target="torch")["main"](x_val, w_val)
+    want = pb.build(fn)["main"](x_val.numpy(), w_val.numpy())
+    assert tuple(got.shape) == want.shape and got.numpy().dtype == want.dtype
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert len(onednn_calls) == (dtype == "float32" and x_shape[-1] > 0 and not x_t)
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_matmul_of_rows_runs_onednn_with_the_numpy_result(onednn_calls, ta, tb):
+    """2-D ``nn.matmul`` (GPT-2's Conv1D, every input gradient) of row-major rows runs oneDNN's inner product;
+    a transposed left operand (a weight gradient) stays with MKL."""
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((5, 6) if ta else (6, 5)).astype("float32")
+    ys = rng.standard_normal((4, 5) if tb else (5, 4)).astype("float32")
+    x, y = var("x", shape=xs.shape), var("y", shape=ys.shape)
+    fn = Function([x, y], pb.op.nn.matmul(x, y, transpose_a=ta, transpose_b=tb))
+    got = pb.build(fn, target="torch")["main"](xs, ys)
+    np.testing.assert_allclose(got.numpy(), pb.build(fn)["main"](xs, ys), rtol=1e-5, atol=1e-5)
+    assert len(onednn_calls) == (not ta)
+
+
+
+def test_small_weights_stay_with_mkl(onednn_calls, monkeypatch):
+    """oneDNN's per-call cost doubles a classifier's tiny GEMM: only weights of 256 x 256 elements or more go there."""
+    from pullback.runtime import torch_kernels
+
+    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 256 * 256)
+    for n, k, used in [(10, 512, False), (256, 255, False), (256, 256, True)]:
+        x, w = var("x", shape=(4, k)), var("w", shape=(n, k))
+        onednn_calls.clear()
+        pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](np.ones((4, k), "float32"),
+                                                                                  np.ones((n, k), "float32"))
+        assert len(onednn_calls) == used, (n, k)
