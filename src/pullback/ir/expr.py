@@ -91,9 +91,10 @@ class Expr:
     _fields: tuple = ()
 
     def __init__(self) -> None:
-        self._checked_type: Optional[Type] = None
-        self._uid = next(_ids)
-        self.span = None
+        _set = object.__setattr__  # the fields below are mutable, but not through this class's __setattr__: speed
+        _set(self, "_checked_type", None)
+        _set(self, "_uid", next(_ids))
+        _set(self, "span", None)
 
     # immutability: fields are set once in __init__ through object.__setattr__
     def __setattr__(self, key, value):

@@ -25,7 +25,8 @@ _MARK = object()  # post-order marker: the node below it on the stack is finishe
 
 def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
     """Every node reachable from ``root`` once, operands before users (explicit stack)."""
-    visited: set[int] = set()
+    # nodes hash by identity (Expr defines no __eq__): a set of them is a set of ids without the id() calls
+    visited: set[Expr] = set()
     add = visited.add
     order: list[Expr] = []
     emit = order.append
@@ -38,21 +39,20 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
         if node is mark:
             emit(pop())
             continue
-        nid = id(node)
-        if nid in visited:
+        if node in visited:
             continue
-        add(nid)
+        add(node)
         push(node)
         push(mark)
         kids = children(node, True) if into_functions else node.children()
         if len(kids) == 1:
             c = kids[0]
-            if id(c) not in visited:
+            if c not in visited:
                 push(c)
         else:
             for i in range(len(kids) - 1, -1, -1):
                 c = kids[i]
-                if id(c) not in visited:
+                if c not in visited:
                     push(c)
     return order
 

@@ -6,10 +6,10 @@ with 170-750 operator calls per step, as much as the small kernels themselves. F
 operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
 arithmetic, comparisons and math on one float dtype, sums and means over static axes, layout
-changes to static shapes, ``nn.dense`` (``F.linear``), the matmuls, ``zeros``/``ones``. Anything else
-(other dtypes, ``?`` dimensions, operators not listed) keeps the operator's own kernel, so results
-are the kernel's in every case (``tests/runtime/test_torch_target.py`` runs the op table through
-this target).
+changes to static shapes, ``nn.dense`` (``F.linear``) and the matmuls (oneDNN's inner product for
+float32 rows on the CPU), ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators
+not listed) keeps the operator's own kernel, so results are the kernel's in every case
+(``tests/runtime/test_torch_target.py`` runs the op table through this target).
 
 ``inplace_kernel(call, i)`` is the elementwise call writing its result into argument ``i``
 (``torch.mul(a, b, out=a)``), for the plan's buffer reuse (``runtime.plan``); ``allocates(call)``

@@ -24,7 +24,7 @@ from ..ir.traversal import post_order, rebuild
 from .pass_infra import FunctionPass, PassContext
 
 
-def _call_key(node: Call, ids: tuple) -> Optional[tuple]:
+def _call_key(node: Call, args: tuple) -> Optional[tuple]:
     op = node.op
     callee = ("global", op.name_hint) if isinstance(op, GlobalVar) else op  # operators, primitive Functions: by identity
     attrs = node.attrs
@@ -32,23 +32,24 @@ def _call_key(node: Call, ids: tuple) -> Optional[tuple]:
         hash(attrs)
     except TypeError:
         return None
-    return ("call", callee, type(attrs), attrs, ids)
+    return ("call", callee, type(attrs), attrs, args)
 
 
 def _key(node: Expr) -> Optional[tuple]:
-    """A hashable description of ``node`` over the ids of its operands, or None (never merged)."""
+    """A hashable description of ``node`` over its operands (nodes hash and compare by identity), or None
+    (never merged)."""
     cls = type(node)
     if cls is Call or isinstance(node, Call):
-        return _call_key(node, tuple([id(a) for a in node.args]))
+        return _call_key(node, node.args)
     if isinstance(node, Constant):
         d = node.data
         return ("const", d.dtype.str, d.shape, d.tobytes())
     if isinstance(node, Tuple):
-        return ("tuple", tuple([id(f) for f in node.fields]))
+        return ("tuple", node.fields)
     if isinstance(node, TupleGetItem):
-        return ("get", node.index, id(node.tuple_value))
+        return ("get", node.index, node.tuple_value)
     if isinstance(node, If):
-        return ("if", id(node.cond), id(node.true_branch), id(node.false_branch))
+        return ("if", node.cond, node.true_branch, node.false_branch)
     return None  # Var, GlobalVar, Function
 
 
@@ -62,11 +63,11 @@ def cse_expr(body: Expr) -> Expr:
         if isinstance(node, If):
             scopes = ScopeInfo(body, order).scope_of
             break
-    memo: dict[int, Expr] = {}  # id(node) -> what replaces it (only nodes that changed)
+    memo: dict[Expr, Expr] = {}  # node -> what replaces it (only nodes that changed)
     get = memo.get
 
     def mapped(c):
-        return get(id(c), c)
+        return get(c, c)
 
     table: dict = {}  # the only table when there is no If
     tables: dict[int, dict] = {}  # id(scope) -> {key: representative}
@@ -74,13 +75,13 @@ def cse_expr(body: Expr) -> Expr:
         new = node
         if memo:
             for c in node.children():
-                if id(c) in memo:
+                if c in memo:
                     new = rebuild(node, mapped)
                     break
         key = _key(new)
         if key is None:
             if new is not node:
-                memo[id(node)] = new
+                memo[node] = new
             continue
         if scopes is None:
             found = table.setdefault(key, new)
@@ -94,8 +95,8 @@ def cse_expr(body: Expr) -> Expr:
             if found is None:
                 tables.setdefault(id(scope), {})[key] = found = new
         if found is not node:
-            memo[id(node)] = found
-    return memo.get(id(body), body)
+            memo[node] = found
+    return memo.get(body, body)
 
 
 @dataclass(frozen=True)

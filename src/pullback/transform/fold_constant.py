@@ -88,7 +88,7 @@ def fold_rules(max_new_elements: int = 1024) -> list:
 class _Folder:
     """FoldConstant's rule applied in one bottom-up walk.
 
-    ``res[id(node)]`` is what a visited node became: an expression, or (for a folded
+    ``res[node]`` is what a visited node became: an expression, or (for a folded
     node) its value, made a Constant only when a node that does not fold uses it. A
     chain of folds thus computes arrays without building a Constant per step; the
     result is the fixed point the rule reaches (``fold_rules`` with the rewrite driver).
@@ -96,12 +96,12 @@ class _Folder:
 
     def __init__(self, max_new_elements: int):
         self.max_new = max_new_elements
-        self.res: dict[int, object] = {}
+        self.res: dict[Expr, object] = {}
 
     def mapped(self, c: Expr) -> Expr:
-        r = self.res.get(id(c), c)
+        r = self.res.get(c, c)
         if type(r) is np.ndarray:
-            r = self.res[id(c)] = Constant(r)
+            r = self.res[c] = Constant(r)
         return r
 
     def value_of(self, node: Call, t) -> Optional[np.ndarray]:
@@ -109,7 +109,7 @@ class _Folder:
         res, ndarray = self.res, np.ndarray
         biggest = 0
         for a in node.args:
-            r = res[id(a)]
+            r = res[a]
             if type(r) is ndarray:
                 biggest = max(biggest, r.size)
             elif isinstance(r, Constant):
@@ -120,7 +120,7 @@ class _Folder:
             return None
         values = []
         for a in node.args:
-            r = res[id(a)]
+            r = res[a]
             v = r if type(r) is ndarray else (r.data if isinstance(r, Constant) else _creator_value(r))
             if v is None:
                 return None
@@ -133,29 +133,28 @@ class _Folder:
     def run(self, body: Expr) -> Expr:
         res, mapped = self.res, self.mapped
         order = post_order(body)
-        users: dict[int, int] = {}  # id(node) -> users not visited yet: a folded value dies with its last user
+        users: dict[Expr, int] = {}  # node -> users not visited yet: a folded value dies with its last user
         for node in order:
             for c in node.children():
-                users[id(c)] = users.get(id(c), 0) + 1
+                users[c] = users.get(c, 0) + 1
         with np.errstate(all="ignore"):
             for node in order:
-                k = id(node)
-                if k in res:
+                if node in res:
                     continue
                 if isinstance(node, Call) and isinstance(node.op, OpDef) and node.args and node.op.name not in CREATORS:
                     t = node._checked_type
                     if isinstance(t, TensorType) and t.is_static:
                         v = self.value_of(node, t)
                         if v is not None:
-                            res[k] = v
+                            res[node] = v
                             self.release(node, users)
                             continue
                 cur = node
                 for c in node.children():
-                    if res[id(c)] is not c:
+                    if res[c] is not c:
                         cur = rebuild(node, mapped)  # keeps the type (a fold keeps the type of what it replaces)
                         break
-                res[k] = cur
+                res[node] = cur
                 self.release(node, users)
         return mapped(body)
 
@@ -164,10 +163,10 @@ class _Folder:
         (folded, never made a Constant) is dropped, so a chain of folds holds two arrays at a time."""
         res = self.res
         for c in node.children():
-            n = users[id(c)] - 1
-            users[id(c)] = n
-            if n == 0 and type(res.get(id(c))) is np.ndarray:
-                res[id(c)] = _FREED
+            n = users[c] - 1
+            users[c] = n
+            if n == 0 and type(res.get(c)) is np.ndarray:
+                res[c] = _FREED
 
 
 _FREED = object()  # stands for a folded value no user needs any more (never read: its users are done)
