@@ -78,7 +78,8 @@ class Partition:
 
     ``nodes``: graph nodes in topological order; ``group_of[i]``: index of the root
     node of node ``i``'s group; ``reasons[i]``: why node ``i`` was not fused into its
-    post-dominator (None when it was, or when it is a group's own root by design).
+    post-dominator (None when it was, or when it is a group's own root by design);
+    ``index[node]``: the position of a graph node in ``nodes``.
     """
 
     body: Expr
@@ -103,7 +104,7 @@ class Partition:
         index = self.index
         for ci, n in enumerate(self.nodes):
             for c in n.children():
-                pi = index.get(id(c))
+                pi = index.get(c)
                 if pi is not None:
                     yield pi, ci
 
@@ -119,7 +120,7 @@ class _Partitioner:
         order = post_order(body)
         nodes = [n for n in order if not isinstance(n, (Var, Constant, GlobalVar, Function))]
         self.nodes = nodes
-        self.index = {id(n): i for i, n in enumerate(nodes)}
+        self.index = {n: i for i, n in enumerate(nodes)}  # nodes hash by identity
         self.fuse_opt_level = fuse_opt_level
         self.max_depth = max_depth
         self.max_args = max_args
@@ -136,7 +137,7 @@ class _Partitioner:
     # -- 1. the dataflow graph
     def _build_graph(self) -> None:
         index, nodes, scope_of = self.index, self.nodes, self.scope_of
-        root = self.index.get(id(self.body))
+        root = self.index.get(self.body)
         if root is not None:
             self.extern[root] = True
             self.extern_reason[root] = "the function's result"
@@ -144,13 +145,13 @@ class _Partitioner:
             if isinstance(c, If):
                 for kid, what in ((c.cond, "an If condition"), (c.true_branch, "an If branch result"),
                                   (c.false_branch, "an If branch result")):
-                    pi = index.get(id(kid))
+                    pi = index.get(kid)
                     if pi is not None:
                         self.extern[pi] = True
                         self.extern_reason[pi] = self.extern_reason[pi] or f"used as {what}"
                 continue
             for a in c.children():
-                pi = index.get(id(a))
+                pi = index.get(a)
                 if pi is None:
                     continue
                 if scope_of is not None and scope_of[id(a)] is not scope_of[id(c)]:
@@ -259,7 +260,7 @@ class _Partitioner:
         return out
 
     def _union_args(self, roots: set) -> set:
-        """External inputs (node ids) of the union of the groups ``roots``."""
+        """External inputs (nodes) of the union of the groups ``roots``."""
         out: set = set()
         for r in roots:
             out |= self.args[r]
@@ -305,7 +306,7 @@ class _Partitioner:
         self.size = [1] * n
         self.gpattern = list(self.pattern)
         self.anchor = [p == OUT_EWISE for p in self.pattern]
-        self.args = [{id(a) for a in x.children() if not is_inline_constant(a)} for x in self.nodes]
+        self.args = [{a for a in x.children() if not is_inline_constant(a)} for x in self.nodes]
         self._post_dominators()
         if self.fuse_opt_level > 0:
             reasons: list = [None] * n

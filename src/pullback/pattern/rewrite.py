@@ -156,27 +156,26 @@ class _Driver:
         self.index = _RuleIndex(_normalize_rules(rules))
         self.mod = mod
         self.max_rewrites = max_rewrites
-        # id(node) -> what it became: itself once settled as a fixed point, else its replacement
-        # (which may itself be forwarded). Every node keyed here is kept alive by ``keep``.
-        self.fwd: dict[int, Expr] = {}
-        self.keep: list = []
-        self.depth: dict[int, int] = {}  # id(replacement) -> how many rewrites led to it
+        # node -> what it became: itself once settled as a fixed point, else its replacement (which may
+        # itself be forwarded). Nodes hash by identity, and the keys keep the nodes they stand for alive.
+        self.fwd: dict[Expr, Expr] = {}
+        self.depth: dict[Expr, int] = {}  # replacement -> how many rewrites led to it
         self.last_pattern: Optional[DFPattern] = None
 
     def resolve(self, x: Expr) -> Expr:
         fwd = self.fwd
-        y = fwd.get(id(x), x)
+        y = fwd.get(x, x)
         if y is x:
             return x
-        z = fwd.get(id(y), y)
+        z = fwd.get(y, y)
         while z is not y:
             y = z
-            z = fwd.get(id(y), y)
-        fwd[id(x)] = y
+            z = fwd.get(y, y)
+        fwd[x] = y
         return y
 
     def run(self, root: Expr) -> Expr:
-        fwd, keep, resolve, type_new = self.fwd, self.keep, self.resolve, self.type_new
+        fwd, resolve, type_new = self.fwd, self.resolve, self.type_new
         rules_cache, rules_for = self.index.cache, self.index.rules_for
         mark = _MARK
         stack: list = [root]
@@ -184,23 +183,22 @@ class _Driver:
         while stack:
             node = pop()
             if node is not mark:
-                if id(node) in fwd:
+                if node in fwd:
                     continue
                 push(node)
                 push(mark)
                 kids = node.children()
                 for i in range(len(kids) - 1, -1, -1):
                     k = kids[i]
-                    if id(k) not in fwd:
+                    if k not in fwd:
                         push(k)
                 continue
             node = pop()
-            nid = id(node)
-            if nid in fwd:  # settled meanwhile (a replacement reached it first)
+            if node in fwd:  # settled meanwhile (a replacement reached it first)
                 continue
             cur = node
             for k in node.children():
-                if fwd[id(k)] is not k:
+                if fwd[k] is not k:
                     cur = rebuild(node, resolve)
                     break
             if cur._checked_type is None:
@@ -211,21 +209,18 @@ class _Driver:
                 rules = rules_for(cur)
             replacement = self.apply(rules, node, cur) if rules else None
             if replacement is None:
-                fwd[nid] = cur
+                fwd[node] = cur
                 if cur is not node:
-                    keep.append(cur)
-                    fwd[id(cur)] = cur
+                    fwd[cur] = cur
                 continue
-            d = self.depth.get(nid, 0) + 1
+            d = self.depth.get(node, 0) + 1
             if d > self.max_rewrites:
                 raise PassError(f"rewrite did not reach a fixed point: {self.max_rewrites} successive rewrites of one node "
                                 f"(last pattern: {self.last_pattern!r})")
-            self.depth[id(replacement)] = d
-            keep.append(replacement)
-            fwd[nid] = replacement
+            self.depth[replacement] = d
+            fwd[node] = replacement
             if cur is not node:
-                keep.append(cur)
-                fwd[id(cur)] = replacement
+                fwd[cur] = replacement
             push(replacement)  # settle the replacement before any user of ``node``
         return resolve(root)
 

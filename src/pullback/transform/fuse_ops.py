@@ -40,31 +40,31 @@ def _fuse_function(fn: Function, fuse_opt_level: int, max_depth: int, max_args: 
     groups = {r: m for r, m in part.groups().items() if num_ops(nodes[i] for i in m) > 1}
     if not groups:
         return fn
-    fused_root: dict[int, int] = {}  # id(member) -> group root index, for members of fused groups
+    fused_root: dict[Expr, int] = {}  # member -> group root index, for members of fused groups (identity keys)
     for r, members in groups.items():
         for i in members:
-            fused_root[id(nodes[i])] = r
+            fused_root[nodes[i]] = r
     _check_single_output(nodes, fused_root, fn.body)
-    memo: dict[int, Expr] = {}  # id(old node in fn) -> node in the new body (only nodes that changed)
+    memo: dict[Expr, Expr] = {}  # old node in fn -> node in the new body (only nodes that changed)
     get = memo.get
 
     def mapped(c):
-        return get(id(c), c)
+        return get(c, c)
 
     for i, node in enumerate(nodes):
-        r = fused_root.get(id(node))
+        r = fused_root.get(node)
         if r is None:
             for c in node.children():
-                if id(c) in memo:
-                    memo[id(node)] = rebuild(node, mapped)
+                if c in memo:
+                    memo[node] = rebuild(node, mapped)
                     break
         elif r == i:
             prim, inputs = _make_group(nodes, groups[r], fn, fused_root, r)
-            call = Call(prim, [get(id(a), a) for a in inputs])
+            call = Call(prim, [get(a, a) for a in inputs])
             if node.span is not None:
                 call.span = node.span
-            memo[id(node)] = call
-    body = memo.get(id(fn.body), fn.body)
+            memo[node] = call
+    body = memo.get(fn.body, fn.body)
     return fn.replace(body=body)
 
 
@@ -72,44 +72,43 @@ def _check_single_output(nodes: list, fused_root: dict, body: Expr) -> None:
     """Only a group's root may be used outside the group (else the partition is wrong)."""
     for n in nodes:
         for c in n.children():
-            r = fused_root.get(id(c))
-            if r is not None and nodes[r] is not c and fused_root.get(id(n)) != r:
+            r = fused_root.get(c)
+            if r is not None and nodes[r] is not c and fused_root.get(n) != r:
                 at = next(i for i, x in enumerate(nodes) if x is c)
                 raise PassError(f"FuseOps: internal error: {c.op_name if isinstance(c, Call) else type(c).__name__} "
                                 f"#{at} is used outside its group")
-    r = fused_root.get(id(body))
+    r = fused_root.get(body)
     if r is not None and nodes[r] is not body:
         raise PassError("FuseOps: internal error: the function result is inside a group")
 
 
 def _make_group(nodes: list, members: list, fn: Function, fused_root: dict, r: int) -> tuple[Function, list]:
     """The primitive Function of one group and the outer expressions it takes as arguments."""
-    member_ids = {id(nodes[i]) for i in members}
+    members_set = {nodes[i] for i in members}
     inputs: list[Expr] = []
-    local: dict[int, Expr] = {}
+    local: dict[Expr, Expr] = {}  # node of fn -> its counterpart in the group's body
     params: list[Var] = []
     for i in members:
         node = nodes[i]
         for a in node.children():
-            key = id(a)
-            if key in member_ids or key in local:
+            if a in members_set or a in local:
                 continue
             if is_inline_constant(a):
-                local[key] = Constant(a.data)
+                local[a] = Constant(a.data)
                 continue
             p = Var(_param_name(a, len(params)), a.checked_type)
             params.append(p)
             inputs.append(a)
-            local[key] = p
+            local[a] = p
     for i in members:
         node = nodes[i]
         if isinstance(node, Call) and isinstance(node.op, Function):
             raise PassError(f"FuseOps: a call to a function cannot be part of a group (in group of {nodes[r]!r})")
-        local[id(node)] = rebuild(node, lambda c: local[id(c)])
+        local[node] = rebuild(node, local.__getitem__)
     root = nodes[r]
     if members[-1] != r:
         raise PassError("FuseOps: internal error: a group's root is not its last node")
-    prim = Function(params, local[id(root)], ret_type=root.checked_type, attrs={"Primitive": 1})
+    prim = Function(params, local[root], ret_type=root.checked_type, attrs={"Primitive": 1})
     return prim, inputs
 
 
