@@ -20,19 +20,20 @@ from ...ops.registry import OpDef
 from .common import binding, closure_like, has_float_leaf
 
 
-def active_nodes(order: list, params: Iterable[Var]) -> set[int]:
-    """ids of nodes in ``order`` (operands first) that carry a float value depending on ``params``."""
-    active = {id(p) for p in params}
+def active_nodes(order: list, params: Iterable[Var]) -> set:
+    """The nodes of ``order`` (operands first) that carry a float value depending on ``params`` (a set of
+    nodes: they hash by identity)."""
+    active = set(params)
     skip = (Var, Constant, GlobalVar, Function)
     for n in order:
         if isinstance(n, skip):
             continue
         kids = (n.true_branch, n.false_branch) if type(n) is If else n.children()
         for c in kids:
-            if id(c) in active:
+            if c in active:
                 t = n.checked_type
                 if is_inexact(t.dtype) if type(t) is TensorType else has_float_leaf(t):
-                    active.add(id(n))
+                    active.add(n)
                 break
     return active
 
@@ -54,7 +55,7 @@ class FunctionScan:
         self.problems: list[str] = []
         self.callees: list[tuple[str, Call]] = []  # (callee name, first call site)
         self.primitives: list[Function] = []
-        needed = {id(fn.body)} if id(fn.body) in active else set()
+        needed = {fn.body} if fn.body in active else set()
         seen_callees: set[str] = set()
         for n in reversed(order):
             if closure_like(n):
@@ -69,14 +70,14 @@ class FunctionScan:
                         self.callees.append((op.name_hint, n))
                 elif isinstance(op, Function):
                     self.primitives.append(op)
-            if id(n) not in needed:
+            if n not in needed:
                 continue
             if type(n) is Call and isinstance(n.op, OpDef) and (n.op.grad is None or not n.op.differentiable):
                 self.problems.append(f"{_no_grad_reason(n.op)}, {binding(fn_name, fn, n)}")
             kids = (n.true_branch, n.false_branch) if type(n) is If else n.children()
             for c in kids:
-                if id(c) in active:
-                    needed.add(id(c))
+                if c in active:
+                    needed.add(c)
 
     @property
     def has_calls(self) -> bool:

@@ -42,7 +42,7 @@ class Frame:
         self.scope = scope
         self.nodes = nodes
         self.i = len(nodes) - 1
-        self.cts: dict[int, dict[Path, list]] = {}  # local nodes: id -> leaf path -> contributions
+        self.cts: dict[Expr, dict[Path, list]] = {}  # local nodes -> leaf path -> contributions
         self.outside: dict[tuple[int, Path], tuple[Expr, Path, list]] = {}  # nodes of enclosing scopes
         self.parent = parent
         self.pending: Optional[Branches] = None  # an If whose branch frames are being swept
@@ -53,7 +53,7 @@ class Frame:
 class ReverseSweep:
     """Cotangents of ``body`` seeded at its result; ``param_adjoint`` gives the parameters' gradients."""
 
-    def __init__(self, body: Expr, order: list, active: set[int], fn_name: str = "main", fn=None):
+    def __init__(self, body: Expr, order: list, active: set, fn_name: str = "main", fn=None):
         self.body = body
         self.active = active
         self.fn_name = fn_name
@@ -75,7 +75,7 @@ class ReverseSweep:
     # ------------------------------------------------------------ cotangents
     def write(self, frame: Frame, node: Expr, path: Path, value) -> None:
         """Add ``value`` (of the type of ``node`` at ``path``) to the cotangent of ``node``."""
-        if value is None or type(value) is Zero or id(node) not in self.active:
+        if value is None or type(value) is Zero or node not in self.active:
             return
         local = frame.parent is None
         if not local:
@@ -84,9 +84,9 @@ class ReverseSweep:
         t = node.checked_type
         if not path and type(t) is TensorType:  # the common case: a tensor node
             if local:
-                entry = frame.cts.get(id(node))
+                entry = frame.cts.get(node)
                 if entry is None:
-                    frame.cts[id(node)] = {(): [value]}
+                    frame.cts[node] = {(): [value]}
                 else:
                     entry.setdefault((), []).append(value)
             else:
@@ -100,7 +100,7 @@ class ReverseSweep:
                     stack.append((p + (i,), t.fields[i], get_item(v, i)))
             elif is_inexact(t.dtype):
                 if local:
-                    frame.cts.setdefault(id(node), {}).setdefault(p, []).append(v)
+                    frame.cts.setdefault(node, {}).setdefault(p, []).append(v)
                 else:
                     self._outside(frame, node, p, v)
 
@@ -115,7 +115,7 @@ class ReverseSweep:
 
     def read(self, frame: Frame, node: Expr):
         """The cotangent of ``node``: ``{leaf path: summed expression}``, or ``Zero`` if nothing reached it."""
-        entry = frame.cts.pop(id(node), None)
+        entry = frame.cts.pop(node, None)
         if not entry:
             return Zero(node.checked_type)
         return {p: sum_terms(terms) for p, terms in entry.items()}
@@ -140,7 +140,7 @@ class ReverseSweep:
                 continue
             frame.i = i - 1
             node = frame.nodes[i]
-            if id(node) not in active:
+            if node not in active:
                 continue
             rule = rules.get(type(node)) or transpose_rule(node)
             if rule is None:  # a parameter: its cotangent stays in the root frame
