@@ -213,8 +213,17 @@ def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: O
     t = root._checked_type
     if t is not None:
         return t
-    bad = problems.bad if problems is not None else ()
     rules = _RULES
+    if problems is None:  # the common case, a new node over typed operands: no stack
+        for k in _operands(root):
+            if k._checked_type is None:
+                break
+        else:
+            cls = type(root)
+            t = (rules.get(cls) or _rule(cls))(root, global_type, fn_name)
+            root._checked_type = t
+            return t
+    bad = problems.bad if problems is not None else ()
     stack = [root]
     push, pop = stack.append, stack.pop
     while stack:
