@@ -31,8 +31,8 @@ def _reused(f, target) -> dict:
     exe = _build(f, target, True)
     fn = exe.mod["main"]
     order = pb.ir.traversal.post_order(fn.body)
-    return {n.op.name: i for n in order if id(n) in (r := buffer_reuse(order, fn.body, exe.target))
-            for i in [r[id(n)][0]]}
+    return {n.op.name: i for n in order if n in (r := buffer_reuse(order, fn.body, exe.target))
+            for i in [r[n][0]]}
 
 
 def _same_with_and_without_reuse(f, inputs, target):

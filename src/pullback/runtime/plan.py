@@ -98,20 +98,20 @@ class _RootOnly:
 
 
 def _assign_slots(fn: Function, order: list, where: str, constant: Callable) -> tuple[dict, list]:
-    slot: dict[int, int] = {}
+    slot: dict[Expr, int] = {}  # node (identity hash) -> its slot
     template: list = []
     for p in fn.params:
-        slot[id(p)] = len(template)
+        slot[p] = len(template)
         template.append(None)
     for n in order:
         t = type(n)
         if t is Call or t is Tuple or t is TupleGetItem or t is If:
-            slot[id(n)] = len(template)
+            slot[n] = len(template)
             template.append(None)
-        elif id(n) in slot:
+        elif n in slot:
             continue
         elif isinstance(n, Constant):
-            slot[id(n)] = len(template)
+            slot[n] = len(template)
             template.append(constant(n.data))
         elif isinstance(n, Var):
             raise ExecutionError(f"{where}: variable %{n.name_hint} is not a parameter (closures are not supported by the executor)")
@@ -120,7 +120,7 @@ def _assign_slots(fn: Function, order: list, where: str, constant: Callable) -> 
         elif isinstance(n, Function):
             raise ExecutionError(f"{where}: a function value (closure) in the body; the executor runs first-order programs only")
         else:
-            slot[id(n)] = len(template)
+            slot[n] = len(template)
             template.append(None)
     return slot, template
 
@@ -176,13 +176,13 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
                 if scope_of is None:  # fast path: one scope, positions increase
                     for c in _operands(n):
                         if type(c) is not Constant:
-                            here[slot[id(c)]] = p
+                            here[slot[c]] = p
                     continue
                 uses = tuple((c, s, p) for c in _operands(n))
             for c, us, q in uses:
                 if type(c) is Constant:
                     continue
-                k = slot[id(c)]
+                k = slot[c]
                 home = root if scope_of is None or isinstance(c, Var) else scope_of[id(c)]
                 if us.depth > home.depth + PRECISE_DEPTH:  # a use of the whole branch at the cap
                     below = ancestor_at(us, home.depth + PRECISE_DEPTH + 1)
@@ -235,7 +235,7 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
 
 
 def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
-    """``{id(call): (i, kernel)}``: calls that may write their result into argument ``i``'s buffer with
+    """``{call: (i, kernel)}``: calls that may write their result into argument ``i``'s buffer with
     ``kernel`` (``target.inplace_kernel``), for a body without ``If`` whose nodes are ``order``.
 
     A buffer is the memory a call allocates (``target.allocates``: its result shares memory with
@@ -246,43 +246,42 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     written), and no other argument aliases it."""
     allocates = target.allocates
     inplace = target.inplace_kernel
-    pos = {id(n): p for p, n in enumerate(order)}
+    pos = {n: p for p, n in enumerate(order)}  # nodes hash by identity
     end = len(order)
-    last: dict[int, int] = {id(body): end}  # the returned value lives on
+    last: dict[Expr, int] = {body: end}  # the returned value lives on
     for p, n in enumerate(order):
         for c in _operands(n):
-            last[id(c)] = p
+            last[c] = p
     owned: set = set()
-    holds: dict[int, frozenset] = {}  # id(node) -> buffers (ids of allocating calls) it may alias
-    buffer_last: dict[int, int] = {}
+    holds: dict[Expr, frozenset] = {}  # node -> buffers (allocating calls) it may alias
+    buffer_last: dict[Expr, int] = {}
     no_buffers: frozenset = frozenset()
     for n in order:
         t = type(n)
         if t is Call and isinstance(n.op, OpDef) and allocates(n):
-            owned.add(id(n))
-            b = frozenset((id(n),))
+            owned.add(n)
+            b = frozenset((n,))
         else:  # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers
             ops = _operands(n)
-            b = frozenset().union(*(holds[id(c)] for c in ops)) if ops else no_buffers
-        holds[id(n)] = b
-        until = last.get(id(n), pos[id(n)])
+            b = frozenset().union(*(holds[c] for c in ops)) if ops else no_buffers
+        holds[n] = b
+        until = last.get(n, pos[n])
         for k in b:
             if buffer_last.get(k, -1) < until:
                 buffer_last[k] = until
     reuse: dict = {}
     for n in order:
-        if type(n) is not Call or id(n) not in owned:
+        if type(n) is not Call or n not in owned:
             continue
-        p = pos[id(n)]
+        p = pos[n]
         for i, c in enumerate(n.args):
-            k = id(c)
-            if k not in owned or buffer_last[k] != p:
+            if c not in owned or buffer_last[c] != p:
                 continue
-            if any(k in holds[id(e)] for j, e in enumerate(n.args) if j != i and e is not c):
+            if any(c in holds[e] for j, e in enumerate(n.args) if j != i and e is not c):
                 continue
             fn = inplace(n, i)
             if fn is not None:
-                reuse[id(n)] = (i, fn)
+                reuse[n] = (i, fn)
                 break
     return reuse
 
@@ -337,30 +336,30 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
                 i += 1
                 if t is Var or t is Constant or isinstance(n, (Var, Constant)):
                     continue
-                out = slot[id(n)]
+                out = slot[n]
                 if t is Call or isinstance(n, Call):
                     op = n.op
                     nargs = n.args
                     group = group_kernel(op) if isinstance(op, Function) and op.is_primitive else None
                     if group is not None:
-                        emit((CALLN, group, None, tuple([slot[id(a)] for a in nargs]), out, frees, n))
+                        emit((CALLN, group, None, tuple([slot[a] for a in nargs]), out, frees, n))
                     elif isinstance(op, OpDef):
-                        k = reuse[id(n)][1] if id(n) in reuse else kernel(n)
+                        k = reuse[n][1] if n in reuse else kernel(n)
                         if len(nargs) == 1:
-                            emit((CALL1, k, n.attrs, slot[id(nargs[0])], out, frees, n))
+                            emit((CALL1, k, n.attrs, slot[nargs[0]], out, frees, n))
                         elif len(nargs) == 2:
-                            emit((CALL2, k, n.attrs, slot[id(nargs[0])], slot[id(nargs[1])], out, frees, n))
+                            emit((CALL2, k, n.attrs, slot[nargs[0]], slot[nargs[1]], out, frees, n))
                         else:
-                            args = tuple([slot[id(a)] for a in nargs])
+                            args = tuple([slot[a] for a in nargs])
                             emit((CALLN, k, n.attrs, args, out, frees, n))
                     elif isinstance(op, (GlobalVar, Function)):
-                        emit((FN, resolve(op), tuple([slot[id(a)] for a in nargs]), out, frees, n))
+                        emit((FN, resolve(op), tuple([slot[a] for a in nargs]), out, frees, n))
                     else:
                         raise ExecutionError(f"{where}: cannot run a call to {op!r} (not an OpDef, GlobalVar or Function)")
                 elif isinstance(n, Tuple):
-                    emit((TUPLE, tuple(slot[id(f)] for f in n.fields), out, frees, n))
+                    emit((TUPLE, tuple(slot[f] for f in n.fields), out, frees, n))
                 elif isinstance(n, TupleGetItem):
-                    emit((GET, slot[id(n.tuple_value)], n.index, out, frees, n))
+                    emit((GET, slot[n.tuple_value], n.index, out, frees, n))
                 elif isinstance(n, If):
                     if_pc = len(code)
                     emit(None)  # patched once the else branch's pc is known
@@ -377,7 +376,7 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
         elif kind == "end":  # a branch finished: its result goes into the If's slot
             _, n, b, if_pc = task
             res = n.true_branch if b == 0 else n.false_branch
-            ins = (END, slot[id(res)], slot[id(n)], tuple(branch_end.get((id(n), b), no_frees)))
+            ins = (END, slot[res], slot[n], tuple(branch_end.get((id(n), b), no_frees)))
             if b == 0:
                 emit(ins)  # next_pc (after the else branch) patched at the If's end
                 code[if_pc] = len(code) - 1  # remember this END's pc until "else" patches the IF
@@ -386,11 +385,11 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
                 emit(ins + (end_pc,))
                 _if, cond, else_pc, then_frees, else_frees, node = code[if_pc]
                 code[else_pc - 1] += (end_pc,)
-                code[if_pc] = (IF, cond, else_pc, then_frees, else_frees, end_pc, slot[id(n)], node)
+                code[if_pc] = (IF, cond, else_pc, then_frees, else_frees, end_pc, slot[n], node)
         elif kind == "else":
             _, n, if_pc = task
             then_end = code[if_pc]
-            code[if_pc] = (IF, slot[id(n.cond)], then_end + 1, tuple(branch_start.get((id(n), 0), no_frees)),
+            code[if_pc] = (IF, slot[n.cond], then_end + 1, tuple(branch_start.get((id(n), 0), no_frees)),
                            tuple(branch_start.get((id(n), 1), no_frees)), n)
-    emit((RET, slot[id(body)]))
+    emit((RET, slot[body]))
     return code, template
