@@ -156,8 +156,8 @@ class Mismatch(NamedTuple):
 
 
 def _compare_expr(a: Expr, b: Expr, map_free_vars: bool, prefix: str, track: bool) -> Optional[Mismatch]:
-    amap: dict[int, Expr] = {}
-    bmap: dict[int, Expr] = {}
+    amap: dict[Expr, Expr] = {}  # nodes hash by identity
+    bmap: dict[Expr, Expr] = {}
     stack: list = [(a, b, None)]
     pop, push = stack.pop, stack.append
 
@@ -166,12 +166,12 @@ def _compare_expr(a: Expr, b: Expr, map_free_vars: bool, prefix: str, track: boo
 
     while stack:
         x, y, where = pop()
-        mx = amap.get(id(x))
+        mx = amap.get(x)
         if mx is not None:
             if mx is not y:
                 return fail(x, y, "sharing differs: the left node is already matched to another right node", where)
             continue
-        if id(y) in bmap:
+        if y in bmap:
             return fail(x, y, "sharing differs: the right node is already matched to another left node", where)
         why = _local_diff(x, y)
         if why is not None:
@@ -181,20 +181,20 @@ def _compare_expr(a: Expr, b: Expr, map_free_vars: bool, prefix: str, track: boo
         if isinstance(x, Var) and not map_free_vars and x is not y:
             return fail(x, y, f"free variables %{x.name_hint} and %{y.name_hint} are different objects "
                         "(pass map_free_vars=True to map free variables)", where)
-        amap[id(x)] = y
-        bmap[id(y)] = x
+        amap[x] = y
+        bmap[y] = x
         if isinstance(x, Function):
             for i, (p, q) in enumerate(zip(x.params, y.params)):
                 pwhere = (where, x, -i - 1) if track else None
-                mp = amap.get(id(p))
-                if mp is not None or id(q) in bmap:
+                mp = amap.get(p)
+                if mp is not None or q in bmap:
                     if mp is not q:
                         return fail(p, q, "a parameter is bound twice or used before its function", pwhere)
                     continue
                 if p.type_annotation != q.type_annotation:
                     return fail(p, q, f"different annotations of parameter {i}: {p.type_annotation!r} and {q.type_annotation!r}", pwhere)
-                amap[id(p)] = q
-                bmap[id(q)] = p
+                amap[p] = q
+                bmap[q] = p
         xs, ys = _operands(x), _operands(y)
         for i in range(len(xs) - 1, -1, -1):
             push((xs[i], ys[i], (where, x, i) if track else None))
@@ -315,7 +315,7 @@ def _local_token(x: Expr):
 def _hash_expr(root: Expr) -> int:
     """Pre-order token stream; a node seen before contributes its first-visit index,
     so the hash depends on sharing but not on names or object identities."""
-    index: dict[int, int] = {}
+    index: dict[Expr, int] = {}  # nodes hash by identity
     h = hash("pullback.expr")
     stack = [root]
     pop, push = stack.pop, stack.append
@@ -324,17 +324,17 @@ def _hash_expr(root: Expr) -> int:
         if isinstance(x, GlobalVar):
             h = hash((h, "gv", x.name_hint))
             continue
-        k = index.get(id(x))
+        k = index.get(x)
         if k is not None:
             h = hash((h, "ref", k))
             continue
-        index[id(x)] = len(index)
+        index[x] = len(index)
         h = hash((h, _local_token(x)))
         if isinstance(x, Function):
             for p in x.params:
-                pk = index.get(id(p))
+                pk = index.get(p)
                 if pk is None:
-                    index[id(p)] = len(index)
+                    index[p] = len(index)
                 else:
                     h = hash((h, "ref", pk))
         ops = _operands(x)
