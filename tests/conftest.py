@@ -50,3 +50,19 @@ def _well_formed_after_every_pass():
     previous = transform.set_default_instruments([transform.WellFormedCheck()])
     yield
     transform.set_default_instruments(previous)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """The calls that reach the torch target's oneDNN inner product (``runtime.torch_kernels``); skips
+    without torch or oneDNN. The size threshold stays: tests that want small weights there lower it."""
+    pytest.importorskip("torch")
+    from pullback.runtime import torch_kernels
+
+    torch_kernels._load()
+    real = torch_kernels._onednn_linear()
+    if real is None:
+        pytest.skip("this torch has no oneDNN")
+    calls = []
+    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda: lambda *a: calls.append(1) or real(*a))
+    return calls

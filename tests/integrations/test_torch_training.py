@@ -252,17 +252,9 @@ def test_zero_cotangents_of_written_back_buffers_are_made_once(target):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_onednn_gemms_train_like_eager(monkeypatch):
+def test_onednn_gemms_train_like_eager(onednn_calls):
     """Layers wide enough for the torch target's oneDNN inner product (forward and input-gradient GEMMs; the
     weight gradients stay with MKL) train like eager: losses and weights after 3 SGD steps."""
-    from pullback.runtime import torch_kernels
-
-    torch_kernels._load()
-    real = torch_kernels._onednn_linear()
-    if real is None:
-        pytest.skip("this torch has no oneDNN")
-    calls = []
-    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda: lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.LayerNorm(256), nn.Linear(256, 8))
     ref = copy.deepcopy(model)
@@ -277,7 +269,7 @@ def test_onednn_gemms_train_like_eager(monkeypatch):
             loss.backward()
             opt.step()
             losses.setdefault(tag, []).append(loss.item())
-    assert calls  # the wide layers' GEMMs ran on oneDNN
+    assert onednn_calls  # the wide layers' GEMMs ran on oneDNN
     np.testing.assert_allclose(losses["pullback"], losses["eager"], rtol=1e-5)
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -92,20 +92,13 @@ def test_power_by_a_constant_scalar_gives_the_numpy_result(k):
 
 
 
+
 @pytest.fixture
-def onednn_calls(monkeypatch):
-    """The calls reaching oneDNN's inner product, with the size threshold lowered to every weight."""
+def any_weight(monkeypatch):
+    """oneDNN's size threshold lowered to every weight (the layout tests use small ones)."""
     from pullback.runtime import torch_kernels
 
-    torch_kernels._load()
-    real = torch_kernels._onednn_linear()
-    if real is None:
-        pytest.skip("this torch has no oneDNN")
-    calls = []
-    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda: lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 1)
-    return calls
-
 
 @pytest.mark.parametrize("x_shape, w_shape, x_t, w_t, dtype", [
     ((6, 5), (4, 5), False, False, "float32"),   # row-major rows: oneDNN
@@ -116,8 +109,8 @@ def onednn_calls(monkeypatch):
     ((6, 0), (4, 0), False, False, "float32"),   # K = 0: never oneDNN (it has no such primitive)
     ((6, 5), (4, 5), False, False, "float64"),   # oneDNN has no float64 inner product
 ])
-def test_dense_on_every_layout_equals_numpy_and_row_major_float32_runs_onednn(onednn_calls, x_shape, w_shape, x_t,
-                                                                           w_t, dtype):
+def test_dense_on_every_layout_equals_numpy_and_row_major_float32_runs_onednn(onednn_calls, any_weight, x_shape,
+                                                                           w_shape, x_t, w_t, dtype):
     rng = np.random.default_rng(0)
     xs, ws = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
     x_val = torch.from_numpy(xs).t() if x_t else torch.from_numpy(xs)
@@ -132,7 +125,7 @@ def test_dense_on_every_layout_equals_numpy_and_row_major_float32_runs_onednn(on
 
 
 @pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
-def test_matmul_of_rows_runs_onednn_with_the_numpy_result(onednn_calls, ta, tb):
+def test_matmul_of_rows_runs_onednn_with_the_numpy_result(onednn_calls, any_weight, ta, tb):
     """2-D ``nn.matmul`` (GPT-2's Conv1D, every input gradient) of row-major rows runs oneDNN's inner product;
     a transposed left operand (a weight gradient) stays with MKL."""
     rng = np.random.default_rng(1)
@@ -146,11 +139,8 @@ def test_matmul_of_rows_runs_onednn_with_the_numpy_result(onednn_calls, ta, tb):
 
 
 
-def test_small_weights_stay_with_mkl(onednn_calls, monkeypatch):
+def test_small_weights_stay_with_mkl(onednn_calls):
     """oneDNN's per-call cost doubles a classifier's tiny GEMM: only weights of 256 x 256 elements or more go there."""
-    from pullback.runtime import torch_kernels
-
-    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 256 * 256)
     for n, k, used in [(10, 512, False), (256, 255, False), (256, 256, True)]:
         x, w = var("x", shape=(4, k)), var("w", shape=(n, k))
         onednn_calls.clear()
