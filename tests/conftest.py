@@ -10,8 +10,8 @@
 - A watchdog: a test still running after ``WATCHDOG_SECONDS`` ends its process (faulthandler's C thread, so
   it fires even when a hang holds the GIL; pytest-timeout's 900 s thread timeout catches the others first with
   a readable report). Under xdist the worker is replaced and the test reported as crashed.
-- Markers: ``fuzz`` (long-running randomized tests) and ``slow``; deselect them
-  with ``-m "not fuzz and not slow"``.
+- Markers: ``fuzz`` (long-running randomized tests) and ``slow`` (run first, so that the xdist workers
+  share them out); deselect them with ``-m "not fuzz and not slow"``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "fuzz: long-running randomized (fuzz) tests")
-    config.addinivalue_line("markers", "slow: slow tests")
+    config.addinivalue_line("markers", "slow: slow tests (about 8 s or more of CPU each); they run first")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first (stable order otherwise): under xdist the workers share them out at the start and
+    fill in with short tests, instead of one worker finishing a long test alone at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -22,6 +22,7 @@ def chain_module():
     return pb.IRModule.from_expr(pb.Function([x], e))
 
 
+@pytest.mark.slow
 def test_chain_infers_hashes_prints_parses_and_runs(chain_module):
     mod = pb.transform.InferType()(chain_module)
     assert mod["main"].body.checked_type == pb.TensorType((2,), "float32")

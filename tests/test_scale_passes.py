@@ -49,6 +49,7 @@ def test_million_node_chain_through_passes_and_executor():
     np.testing.assert_array_equal(dx, np.ones(2, "float32"))
 
 
+@pytest.mark.slow
 def test_hundred_thousand_wide_fan_out():
     n = 100_000
     mod = fan_out(n)
@@ -80,6 +81,7 @@ def _peak_kb(n: int) -> int:
     return int(res.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_program_size():
     small, large = _peak_kb(25_000), _peak_kb(50_000)
     assert small > 1000

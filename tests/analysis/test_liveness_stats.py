@@ -168,6 +168,7 @@ def test_program_stats_fan_out():
     assert set(stats) == {"ops", "calls", "like_ops", "identity_arith", "flops", "peak_bytes", "peak_bytes_no_reuse"}
 
 
+@pytest.mark.slow
 def test_million_node_chain_liveness():
     x = pb.var("x", TensorType((4,), "float32"))
     e = x

@@ -137,6 +137,7 @@ def test_infer_100k_nodes_is_fast_enough():
     assert e.checked_type == T(4)
 
 
+@pytest.mark.slow
 def test_million_node_chain_infers():
     x = pb.var("x", shape=(2,))
     e = x

@@ -59,6 +59,7 @@ def _train(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_over_compiled_module_matches_ddp_over_eager(tmp_path):
     import torch.multiprocessing as mp
 

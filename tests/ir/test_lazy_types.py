@@ -87,6 +87,7 @@ def test_infer_expr_with_a_module_types_only_what_it_needs():
     assert mod["f"].has_type and not mod["g"].has_type
 
 
+@pytest.mark.slow
 def test_million_node_chain_built_without_infer_type_is_typed_on_first_access():
     x = pb.var("x", shape=(2,))
     e = x

@@ -195,6 +195,7 @@ def test_random_programs_hash_consistency():
     assert collisions == 0
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     n = 1_000_000
 

@@ -95,6 +95,7 @@ def test_bad_rules_raise():
         rewrite([(is_op("exp"), lambda n, c: 3)], op.exp(x))
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     x = pb.var("x", shape=(2,))
     e = x

@@ -373,6 +373,7 @@ def test_profile_counts_kernels_inside_called_functions():
     assert prof.outputs == 50
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     x = var("x", shape=(2,))
     e = x

@@ -365,6 +365,7 @@ def test_expr_with_free_vars_annotated_at_first_use():
 # ------------------------------------------------------------------ scale
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     x = f32("x", 2)
     e = x
@@ -380,6 +381,7 @@ def test_million_node_chain():
     assert body.op is neg and body.span == "1000001:3"
 
 
+@pytest.mark.slow
 def test_deep_nested_parentheses_and_tuples():
     depth = 100_000
     e = pb.parse_expr("(" * depth + "%x" + ")" * depth)

@@ -140,6 +140,7 @@ def test_input_not_mutated_and_one_table():
                                           "collapse_sum_like", "broadcast_to_like", "cast_like"}
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     x = pb.var("x", shape=(2,))
     body = op.zeros_like(chain(x, 1_000_000, op.negative))

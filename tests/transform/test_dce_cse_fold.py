@@ -124,6 +124,7 @@ def test_cse_never_pulls_an_outer_node_into_a_branch():
     assert_valid(after)
 
 
+@pytest.mark.slow
 def test_cse_million_node_chain():
     x = pb.var("x", shape=(2,))
     body = chain(x, 1_000_000, op.negative)
@@ -168,6 +169,7 @@ def test_fold_dtype_and_errors():
         FoldConstant(max_new_elements=-1)
 
 
+@pytest.mark.slow
 def test_fold_million_node_chain():
     body = chain(pb.const(np.float32(1.0)), 1_000_000, op.negative)
     x = pb.var("x", shape=())
@@ -248,6 +250,7 @@ def test_standard_cleanup_gradient_of_mlp():
     assert standard_cleanup()(clean) is clean
 
 
+@pytest.mark.slow
 def test_standard_cleanup_million_node_chain():
     x = pb.var("x", shape=(2,))
     zero = op.zeros_like(x)
@@ -256,6 +259,7 @@ def test_standard_cleanup_million_node_chain():
     assert after["main"].body.args[0] is after["main"].params[0]
 
 
+@pytest.mark.slow
 def test_other_passes_on_million_node_chain():
     from pullback.transform import EliminateIdentity, RemoveUnusedParameters
 

@@ -175,6 +175,7 @@ def test_x_times_zeros_is_kept():
     assert SimplifyExpr()(before) is before
 
 
+@pytest.mark.slow
 def test_million_node_chain():
     x = pb.var("x", shape=(2,))
     zero = op.zeros((2,), "float32")

@@ -57,38 +57,39 @@ class _Checker:
 
     # -- binding
     def check_binding(self, root: Expr, nodes: list, fn_name: Optional[str]) -> None:
-        binder: dict[int, Function] = {}
+        # nodes hash by identity (Expr defines no __eq__): tables keyed by node, without id() calls
+        binder: dict[Var, Function] = {}
         functions = [n for n in nodes if isinstance(n, Function)]
         for f in functions:
             for p in f.params:
-                if id(p) in binder and binder[id(p)] is not f:
+                if p in binder and binder[p] is not f:
                     self.report(fn_name, p, f"variable %{p.name_hint} is bound by two functions")
-                binder[id(p)] = f
+                binder[p] = f
         if functions == [root]:  # fast path: one scope
             for n in nodes:
-                if isinstance(n, Var) and id(n) not in binder:
+                if isinstance(n, Var) and n not in binder:
                     self.report(fn_name, n, f"free variable %{n.name_hint} (not a parameter of any enclosing function)")
             return
         # walk each function body in its own scope, with the params of enclosing functions in view
         # a bare expression may use free variables; a function may not
         outer_bound = frozenset() if isinstance(root, Function) else frozenset(
-            id(n) for n in nodes if isinstance(n, Var) and id(n) not in binder)
+            n for n in nodes if isinstance(n, Var) and n not in binder)
         stack: list = [(root, outer_bound)]
-        seen_fn: set[int] = set()
-        reported: set[int] = set()
+        seen_fn: set[Function] = set()
+        reported: set[Var] = set()
         while stack:
             body, bound = stack.pop()
             if isinstance(body, Function):
-                if id(body) in seen_fn:
+                if body in seen_fn:
                     continue
-                seen_fn.add(id(body))
-                bound = bound | {id(p) for p in body.params}
+                seen_fn.add(body)
+                bound = bound | set(body.params)
                 body = body.body
             for n in post_order(body):
                 if isinstance(n, Var):
-                    if id(n) not in bound and id(n) not in reported:
-                        reported.add(id(n))
-                        if id(n) in binder:
+                    if n not in bound and n not in reported:
+                        reported.add(n)
+                        if n in binder:
                             self.report(fn_name, n, f"variable %{n.name_hint} is used outside the function that binds it")
                         else:
                             self.report(fn_name, n, f"free variable %{n.name_hint} (not a parameter of any enclosing function)")
@@ -99,20 +100,20 @@ class _Checker:
 
     # -- globals, arity and cached types
     def check_nodes(self, nodes: list, fn_name: Optional[str], verified: Optional[dict] = None) -> None:
-        """Check every node; with ``verified`` (``id(node) -> cached type`` of nodes that passed
-        an earlier check and are still alive), skip a node whose own checks cannot have a
-        different outcome: same cached type object, every operand skipped as well, and no
-        reference to a module function (those depend on the module)."""
-        skipped: set[int] = set()
+        """Check every node; with ``verified`` (``node -> cached type`` of nodes that passed an
+        earlier check), skip a node whose own checks cannot have a different outcome: same
+        cached type object, every operand skipped as well, and no reference to a module
+        function (those depend on the module)."""
+        skipped: set[Expr] = set()
         for n in nodes:
             if verified is not None and type(n) is not GlobalVar:
-                t, now = verified.get(id(n), _ABSENT), n._checked_type
+                t, now = verified.get(n, _ABSENT), n._checked_type
                 if t is (now if now is not None else _UNTYPED) and not (isinstance(n, Call) and isinstance(n.op, GlobalVar)):
                     for c in children(n, True):
-                        if id(c) not in skipped:
+                        if c not in skipped:
                             break
                     else:
-                        skipped.add(id(n))
+                        skipped.add(n)
                         continue
             if isinstance(n, GlobalVar):
                 self.check_global(n, fn_name)
@@ -186,13 +187,13 @@ _UNTYPED = object()  # the recorded "type" of a node verified while untyped
 
 class VerifiedNodes:
     """What a successful ``check_well_formed`` verified, for an incremental re-check of the next
-    module (e.g. a pass's output, which shares most nodes with its input). Keeps those nodes alive."""
+    module (e.g. a pass's output, which shares most nodes with its input): ``types`` maps each
+    node (which it keeps alive) to its cached type then."""
 
-    __slots__ = ("types", "nodes")
+    __slots__ = ("types",)
 
-    def __init__(self, types: Optional[dict] = None, nodes: Optional[list] = None):
+    def __init__(self, types: Optional[dict] = None):
         self.types = types
-        self.nodes = nodes or []
 
 
 def _check_well_formed(target: Checkable, mod: Optional[IRModule], verified: Optional[VerifiedNodes]) -> None:
@@ -216,9 +217,8 @@ def _check_well_formed(target: Checkable, mod: Optional[IRModule], verified: Opt
         raise err
     if verified is not None:  # everything checked is consistent: remember it (and keep it alive)
         untyped = _UNTYPED
-        verified.types = {id(n): (n._checked_type if n._checked_type is not None else untyped)
+        verified.types = {n: (n._checked_type if n._checked_type is not None else untyped)
                           for nodes in orders for n in nodes}
-        verified.nodes = orders
 
 
 def is_well_formed(target: Checkable, mod: Optional[IRModule] = None) -> bool:

@@ -8,6 +8,7 @@ from typing import Callable, Union
 from ..ir.errors import PullbackError
 from ..ir.expr import Function
 from ..ir.module import IRModule
+from ..transform.pass_infra import gc_paused
 
 # target name -> factory(mod, **options) returning an executable, or "module:attr"
 # naming one (imported on first use, so optional dependencies stay optional).
@@ -49,4 +50,6 @@ def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_output
         mod = IRModule.from_expr(mod)
     if not isinstance(mod, IRModule):
         raise PullbackError(f"build expects an IRModule or a Function, got {type(mod).__name__}")
-    return _factory(target)(mod, check_outputs=check_outputs, **options)
+    factory = _factory(target)
+    with gc_paused():  # type inference and the call graph make many acyclic objects: the cyclic GC would only rescan them
+        return factory(mod, check_outputs=check_outputs, **options)

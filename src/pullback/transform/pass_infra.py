@@ -468,13 +468,14 @@ class PassContext:
             inst.run_before_pass(mod, info)
         pending = 0  # instruments[pending:] have not had run_after_pass yet
         try:
-            with gc_paused():  # passes make many new acyclic nodes: the cyclic GC would only rescan them
+            # passes make many new acyclic nodes, and checks after them type them: the cyclic GC would only rescan them
+            with gc_paused():
                 out = p.transform_module(mod, self)
-            if not isinstance(out, IRModule):
-                raise PassError(f"pass {info.name} returned {type(out).__name__}, expected an IRModule")
-            for inst in instruments:
-                pending += 1  # an instrument raising from run_after_pass has closed its own state
-                inst.run_after_pass(out, info)
+                if not isinstance(out, IRModule):
+                    raise PassError(f"pass {info.name} returned {type(out).__name__}, expected an IRModule")
+                for inst in instruments:
+                    pending += 1  # an instrument raising from run_after_pass has closed its own state
+                    inst.run_after_pass(out, info)
         except BaseException as exc:
             for inst in instruments[pending:]:
                 inst.on_error(mod, info, exc)
