@@ -25,8 +25,9 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core-installed
 	$(BIN)/python -m pullback demo
 
+# worksteal: a worker that runs out of tests takes half of the other's queue (the slow tests run first, see tests/conftest.py)
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -n auto tests
+	$(BIN)/python -m pytest -n auto --dist worksteal tests
 
 # long property runs and the parser fuzzer (CI runs a bounded number of examples in `make test`)
 FUZZ_SECONDS ?= 300
