@@ -90,6 +90,30 @@ def test_attr_validation_names_op_and_attribute():
         op.add(x)
 
 
+
+def test_builders_and_call_check_their_operands():
+    x = pb.var("x", shape=(2, 3))
+    s = op.sum(x)  # expressions only, defaulted attributes: the builder's fast path still makes validated attrs
+    assert s.attrs == op.sum.make_attrs() and s.args == (x,)
+    assert op.negative(x).attrs is None
+    assert op.add(x, 2).args[1].checked_type == pb.TensorType((), "float32")  # a weak scalar still converts
+    with pytest.raises(pb.PullbackError, match=r"Call to add: argument 1 is not an expression: 'y'"):
+        pb.Call(op.add, [x, "y"])
+    with pytest.raises(pb.PullbackError, match="op must be an operator"):
+        pb.Call("add", [x, x])
+
+
+def test_operator_namespaces_resolve_once_and_reject_unknown_names():
+    import pullback.op as op_module
+
+    assert op.negative is pb.ops.registry.get_op("negative") and op.nn.dense is pb.ops.registry.get_op("nn.dense")
+    assert "negative" in vars(op_module)  # kept after the first lookup: later ones are plain attribute reads
+    with pytest.raises(AttributeError, match="pullback.op has no operator 'no_such_op'"):
+        _ = op.no_such_op
+    with pytest.raises(AttributeError, match="pullback.op.nn has no operator 'dense2'"):
+        _ = op.nn.dense2
+    assert "no_such_op" not in vars(op_module)
+
 def test_module_updates_do_not_mutate():
     x = pb.var("x", shape=(2,))
     f = pb.Function([x], op.exp(x))

@@ -12,6 +12,8 @@ an ``Any`` dimension counts 0 bytes.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple, Optional, Union
 
 import numpy as np
@@ -38,6 +40,7 @@ class Live(NamedTuple):
     last_use: int
 
 
+@functools.lru_cache(maxsize=4096)  # types are immutable and hashable; a program has few distinct ones
 def type_bytes(ty: Type) -> int:
     """Bytes of a tensor or (nested) tuple type; a tensor with an ``Any`` dim counts 0."""
     total = 0
@@ -47,7 +50,7 @@ def type_bytes(ty: Type) -> int:
         if isinstance(t, TupleType):
             stack.extend(t.fields)
         elif isinstance(t, TensorType) and t.is_static:
-            total += int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+            total += math.prod(t.shape) * np.dtype(t.dtype).itemsize
     return total  # function types (closures, globals) own no tensor memory
 
 
@@ -81,23 +84,23 @@ def liveness(func: Function, order: Optional[list] = None) -> list[Live]:
     if not isinstance(func, Function):
         raise PullbackError(f"liveness expects a Function, got {type(func).__name__}")
     order = post_order(func.body) if order is None else order
-    index = {id(n): i for i, n in enumerate(order)}
+    index = {n: i for i, n in enumerate(order)}  # nodes hash by identity (Expr defines no __eq__)
     end = len(order)
     last = [-1] * end
-    last[index[id(func.body)]] = end
+    last[index[func.body]] = end
     for i in range(end - 1, -1, -1):
         n = order[i]
         if isinstance(n, If):
-            c = index[id(n.cond)]
+            c = index[n.cond]
             last[c] = max(last[c], i)
         if isinstance(n, _ALIASES):
             reach = last[i]
             for c in _alias_operands(n):
-                k = index[id(c)]
+                k = index[c]
                 last[k] = max(last[k], reach)
         else:
             for c in n.children():
-                k = index[id(c)]
+                k = index[c]
                 last[k] = max(last[k], i)
     return [Live(n, i, last[i] if last[i] >= 0 else end) for i, n in enumerate(order)]
 
@@ -120,10 +123,10 @@ def peak_memory(target: Union[IRModule, Function], func: str = "main", reuse: bo
 def peak_memories(fn: Function) -> tuple[int, int]:
     """``(peak bytes with reuse, peak bytes without)`` of a typed Function (see ``peak_memory``)."""
     order = post_order(fn.body)
-    params = {id(p) for p in fn.params}
+    params = set(fn.params)
     resident = sum(type_bytes(p.checked_type) for p in fn.params)
     resident += sum(type_bytes(n.checked_type) for n in order
-                    if isinstance(n, Constant) or isinstance(n, Var) and id(n) not in params)
+                    if isinstance(n, Constant) or isinstance(n, Var) and n not in params)
     steps = len(order)
     delta = [0] * (steps + 2)  # +bytes at first_def, -bytes after last_use
     allocated = 0

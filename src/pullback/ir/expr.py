@@ -241,16 +241,21 @@ class Call(Expr):
     _fields = ("op", "args", "attrs")
 
     def __init__(self, op, args: Sequence[Expr], attrs=None):
-        super().__init__()
         if not isinstance(op, (Op, GlobalVar, Function)):
             raise PullbackError(f"Call: op must be an operator, GlobalVar or Function, got {op!r}")
-        args = tuple(args)
-        for i, a in enumerate(args):
+        if type(args) is not tuple:
+            args = tuple(args)
+        for a in args:
             if not isinstance(a, Expr):
-                raise PullbackError(f"Call to {getattr(op, 'name', getattr(op, 'name_hint', op))}: argument {i} is not an expression: {a!r}")
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "args", args)
-        object.__setattr__(self, "attrs", attrs)
+                i = next(i for i, a in enumerate(args) if not isinstance(a, Expr))
+                raise PullbackError(f"Call to {getattr(op, 'name', getattr(op, 'name_hint', op))}: argument {i} is not an expression: {args[i]!r}")
+        _set = object.__setattr__  # Expr.__init__'s fields, inlined: calls are the nodes built most
+        _set(self, "_checked_type", None)
+        _set(self, "_uid", next(_ids))
+        _set(self, "span", None)
+        _set(self, "op", op)
+        _set(self, "args", args)
+        _set(self, "attrs", attrs)
 
     def children(self) -> tuple:
         return self.args

@@ -10,7 +10,7 @@ from ..ops.registry import list_ops as _list_ops
 from . import nn  # noqa: F401
 from .nn import _op_getattr
 
-__getattr__ = _op_getattr("", "pullback.op")
+__getattr__ = _op_getattr("", "pullback.op", globals())
 
 
 def __dir__():

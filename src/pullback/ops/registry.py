@@ -243,6 +243,12 @@ class OpDef(Op):
 
     def __call__(self, *args, **kwargs) -> Call:
         n = self.num_inputs
+        if n == len(args) and not kwargs:  # the common case, expressions and no attributes: no conversions
+            for a in args:
+                if not isinstance(a, Expr):
+                    break
+            else:
+                return Call(self, args, self.make_attrs() if self.attrs_type is not None else None)
         if n < 0:
             if not args or not isinstance(args[0], (list, tuple)):
                 raise PullbackError(f"op {self.name} takes a list of tensors as its first argument")
