@@ -249,10 +249,8 @@ class Call(Expr):
             if not isinstance(a, Expr):
                 i = next(i for i, a in enumerate(args) if not isinstance(a, Expr))
                 raise PullbackError(f"Call to {getattr(op, 'name', getattr(op, 'name_hint', op))}: argument {i} is not an expression: {args[i]!r}")
-        _set = object.__setattr__  # Expr.__init__'s fields, inlined: calls are the nodes built most
-        _set(self, "_checked_type", None)
-        _set(self, "_uid", next(_ids))
-        _set(self, "span", None)
+        Expr.__init__(self)
+        _set = object.__setattr__
         _set(self, "op", op)
         _set(self, "args", args)
         _set(self, "attrs", attrs)
