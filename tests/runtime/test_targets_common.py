@@ -276,3 +276,35 @@ def test_profile_frees_a_chain(target):
     assert prof.peak_bytes == 2 * N * 4  # one operand and one result, not 100
     assert [(r.op, r.calls) for r in prof.rows] == [("xp.negative", 100)]
     np.testing.assert_array_equal(as_numpy(prof.outputs), xs)
+
+
+# ---------------------------------------------------------------- lifetime
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_dropped_executable_frees_its_program_at_once(target):
+    """No reference cycle keeps a built program (and the constants it holds: a model's weights) alive
+    until the cyclic GC runs: refcounting frees it as soon as the executable and its entries are dropped."""
+    import gc
+    import weakref
+
+    mod = _calls_module()  # module functions, a primitive group, Ifs and a constant
+    exe = pb.build(mod, target=target)
+    for name in ("main", "helper"):  # compiled, entered and cached
+        exe[name](*((np.array(True), np.ones(3, F32)) if name == "main" else (np.ones(3, F32),)))
+    f = exe["helper"]
+    main = mod["main"]
+    alive = weakref.ref(exe), weakref.ref(main), weakref.ref(main.body.fields[1])  # a node of the body's root scope
+    del main
+    del mod
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del exe
+        assert alive[0]() is not None, "an entry keeps its executable"
+        np.testing.assert_array_equal(as_numpy(f(np.ones(3, F32))), np.zeros(3, F32))
+        del f
+        assert [r() for r in alive] == [None, None, None]
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -23,16 +23,18 @@ class Scope:
     branch: int = 0  # 0: true branch, 1: false branch
     depth: int = 0
     nodes: list = field(default_factory=list)  # nodes evaluated here, operands first
-    jump: Optional["Scope"] = field(default=None, repr=False)  # skew-binary ancestor pointer (``_lca``)
+    up: Optional["Scope"] = field(default=None, repr=False)  # ``jump`` below the root (None at the root)
 
     def __post_init__(self):
         p = self.parent
-        if p is None:
-            self.jump = self
-        elif p.depth - p.jump.depth == p.jump.depth - p.jump.jump.depth:
-            self.jump = p.jump.jump
-        else:
-            self.jump = p
+        if p is not None:
+            self.up = p.jump.jump if p.depth - p.jump.depth == p.jump.depth - p.jump.jump.depth else p
+
+    @property
+    def jump(self) -> "Scope":
+        """The skew-binary ancestor pointer (``_lca``); the root's is itself, without a stored
+        self-reference: a reference cycle would keep the scope's nodes alive until the cyclic GC."""
+        return self if self.up is None else self.up
 
     def __repr__(self) -> str:
         if self.if_node is None:

@@ -17,6 +17,7 @@ being the same loop over the branch's range of the plan.
 
 from __future__ import annotations
 
+import weakref
 from time import perf_counter
 from typing import Callable, Optional, Sequence
 
@@ -313,6 +314,10 @@ class Executable:
     Each function is compiled once, on first use, to a flat plan. ``max_call_depth``
     bounds how many functions may be active at once, the called one included (an
     ``ExecutionError`` naming the function beyond it, instead of running out of memory).
+
+    No reference cycle runs through an executable: an entry (``exe["main"]``) keeps it alive,
+    it keeps its plans, and plans reach it back only weakly, so a dropped executable and its
+    module (a model's weights, when they are constants) are freed at once, not by the cyclic GC.
     """
 
     def __init__(self, mod: IRModule, target: Target, check_outputs: bool = False,
@@ -327,7 +332,7 @@ class Executable:
         self.max_call_depth = max_call_depth
         self._plans: dict[str, FunctionPlan] = {}
         self._fn_plans: dict[int, tuple] = {}
-        self._entries: dict[str, object] = {}
+        self._resolver = _weak_resolver(self)
 
     @property
     def functions(self) -> list[str]:
@@ -345,7 +350,7 @@ class Executable:
         if p is None:
             if name not in self.mod:
                 raise ExecutionError(f"the module has no function @{name} (functions: {', '.join('@' + k for k in self.mod)})")
-            p = self._plans[name] = FunctionPlan(name, self.mod[name], self._resolve, self.target)
+            p = self._plans[name] = FunctionPlan(name, self.mod[name], self._resolver, self.target)
         return p
 
     def _resolve(self, callee: Expr) -> FunctionPlan:
@@ -355,7 +360,7 @@ class Executable:
             raise ExecutionError(f"cannot call {callee!r}")
         entry = self._fn_plans.get(id(callee))
         if entry is None:  # the Function is kept with its plan: ids stay valid
-            plan = FunctionPlan(f"fn#{callee._uid}", callee, self._resolve, self.target)
+            plan = FunctionPlan(f"fn#{callee._uid}", callee, self._resolver, self.target)
             entry = self._fn_plans[id(callee)] = (plan, callee)
         return entry[0]
 
@@ -363,10 +368,9 @@ class Executable:
         return CompiledFunction(self, self._plan(name))
 
     def __getitem__(self, name: str):
-        f = self._entries.get(name)
-        if f is None:
-            f = self._entries[name] = self._entry(name)
-        return f
+        # a new entry each time (a few fields; what it compiles is kept here): an entry keeps the executable
+        # alive, so the executable keeping its entries would make a cycle
+        return self._entry(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.mod
@@ -394,6 +398,19 @@ class Executable:
 
     def __repr__(self) -> str:
         return f"<Executable target={self.target.name} functions={self.functions}>"
+
+
+def _weak_resolver(exe: Executable) -> Callable[[Expr], FunctionPlan]:
+    """``exe._resolve`` through a weak reference: plans hold it, and the executable holds its plans."""
+    ref = weakref.ref(exe)
+
+    def resolve(callee: Expr) -> FunctionPlan:
+        owner = ref()
+        if owner is None:
+            raise ExecutionError("this plan's executable was freed: keep the executable or one of its entries")
+        return owner._resolve(callee)
+
+    return resolve
 
 
 __all__ = ["Target", "Executable", "CompiledFunction", "run", "DEFAULT_MAX_CALL_DEPTH"]

@@ -217,12 +217,10 @@ class _Scoped64:
 class JaxFunction(CompiledFunction):
     """``exe["name"]``: the evaluator traced once under ``jax.jit``; NumPy arrays out."""
 
-    def __init__(self, exe: "JaxExecutable", name: str):
+    def __init__(self, exe: "JaxExecutable", name: str, jitted: "_Scoped64"):
         super().__init__(exe, exe._plan(name))
-        plan, check, depth = self.plan, exe.check_outputs, exe.max_call_depth
-        self.func = plan.func
-        jitted = jax.jit(lambda *args: _checked_run(plan, list(args), check, depth), **exe._jit_options(plan.func, name))
-        self._jitted = _Scoped64(jitted, exe.x64)
+        self.func = self.plan.func
+        self._jitted = jitted
 
     def __call__(self, *inputs):
         return to_output(self.call_native(inputs), np.asarray)
@@ -258,6 +256,7 @@ class JaxExecutable(Executable):
         super().__init__(mod, JaxTarget(), check_outputs, max_call_depth)
         self._check_kernels()
         self.x64 = _uses_64bit(self.mod)
+        self._jitted: dict[str, _Scoped64] = {}  # name -> its jitted evaluator (traced and compiled once)
         self.mesh = None
         self.batch_axis = dict(batch_axis or {})
         if devices is not None or batch_axis:
@@ -326,10 +325,15 @@ class JaxExecutable(Executable):
 
     # -- entry points
     def _entry(self, name: str) -> JaxFunction:
-        self._plan(name)  # an unknown name is an error here
-        _check_no_recursion(self.mod, name)
-        _check_cond_depth(self.mod, name)
-        return JaxFunction(self, name)
+        jitted = self._jitted.get(name)
+        if jitted is None:
+            plan = self._plan(name)  # an unknown name is an error here
+            _check_no_recursion(self.mod, name)
+            _check_cond_depth(self.mod, name)
+            check, depth = self.check_outputs, self.max_call_depth  # the traced function holds no executable
+            fn = jax.jit(lambda *args: _checked_run(plan, list(args), check, depth), **self._jit_options(plan.func, name))
+            jitted = self._jitted[name] = _Scoped64(fn, self.x64)
+        return JaxFunction(self, name, jitted)
 
     def __repr__(self) -> str:
         devs = f" devices={len(self.devices)}" if self.mesh is not None else ""
