@@ -305,6 +305,9 @@ def test_a_dropped_executable_frees_its_program_at_once(target):
         np.testing.assert_array_equal(as_numpy(f(np.ones(3, F32))), np.zeros(3, F32))
         del f
         assert [r() for r in alive] == [None, None, None]
+        plan = pb.build(_calls_module(), target=target)["main"].plan  # not compiled yet; it calls @helper
+        with pytest.raises(pb.ExecutionError, match="this plan's executable was freed"):
+            plan.ensure()
     finally:
         if was_enabled:
             gc.enable()
