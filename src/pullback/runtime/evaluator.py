@@ -331,7 +331,7 @@ class Executable:
         self.check_outputs = check_outputs
         self.max_call_depth = max_call_depth
         self._plans: dict[str, FunctionPlan] = {}
-        self._fn_plans: dict[int, tuple] = {}
+        self._fn_plans: dict[Function, FunctionPlan] = {}  # called primitive Functions (identity hash)
         self._resolver = _weak_resolver(self)
 
     @property
@@ -358,11 +358,10 @@ class Executable:
             return self._plan(callee.name_hint)
         if not isinstance(callee, Function):
             raise ExecutionError(f"cannot call {callee!r}")
-        entry = self._fn_plans.get(id(callee))
-        if entry is None:  # the Function is kept with its plan: ids stay valid
-            plan = FunctionPlan(f"fn#{callee._uid}", callee, self._resolver, self.target)
-            entry = self._fn_plans[id(callee)] = (plan, callee)
-        return entry[0]
+        plan = self._fn_plans.get(callee)
+        if plan is None:
+            plan = self._fn_plans[callee] = FunctionPlan(f"fn#{callee._uid}", callee, self._resolver, self.target)
+        return plan
 
     def _entry(self, name: str):
         return CompiledFunction(self, self._plan(name))

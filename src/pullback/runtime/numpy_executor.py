@@ -44,7 +44,7 @@ class NumpyTarget(Target):
         self.fuse = fuse
         self.reuses_buffers = reuse
         self.blas_limit = BlasThreads(blas_threads)
-        self._groups: dict[int, tuple] = {}  # id(primitive Function) -> (kernel, Function): ids stay valid
+        self._groups: dict[Function, Callable] = {}  # primitive Function (identity hash) -> its kernel
 
     def allocates(self, call: Call) -> bool:
         name = call.op.name
@@ -73,10 +73,10 @@ class NumpyTarget(Target):
     def group_kernel(self, fn: Function) -> Optional[Callable]:
         if not self.fuse:
             return None
-        entry = self._groups.get(id(fn))
-        if entry is None:
-            entry = self._groups[id(fn)] = (compile_group(fn), fn)
-        return entry[0]
+        kernel = self._groups.get(fn)
+        if kernel is None:
+            kernel = self._groups[fn] = compile_group(fn)
+        return kernel
 
     def run_context(self):
         return self.blas_limit() if self.blas_limit.n is not None else None
