@@ -160,3 +160,15 @@ def test_torch_tensors_go_in_by_dlpack_and_results_come_out_native():
     back = torch.from_dlpack(out)
     assert back.data_ptr() == out.unsafe_buffer_pointer()
     np.testing.assert_array_equal(fn(t, idx)[0], t.numpy().T)  # __call__: NumPy arrays out
+
+
+def test_power_keeps_the_exact_cases_of_pow_after_exp():
+    """XLA rewrites pow(exp(u), v) to exp(u * v): 1 ** nan, 1 ** inf and nan ** 0 must still be 1, as in NumPy
+    (found by the edge-value property test)."""
+    x, y = var("x", shape=(2, 4), dtype="float64"), var("y", shape=(4,), dtype="float64")
+    mod = IRModule.from_expr(Function([x, y], op.power(op.exp(op.tanh(x)), y)))
+    xs = np.array([[0.0] * 4, [np.nan] * 4])
+    ys = np.array([np.nan, np.inf, -np.inf, 0.0])
+    want = pb.build(mod)["main"](xs, ys)
+    np.testing.assert_array_equal(want[0], np.ones(4))
+    np.testing.assert_array_equal(pb.build(mod, target="jax")["main"](xs, ys), want)

@@ -308,7 +308,16 @@ def _power_numpy(a, b, attrs=None):
     return _power_quiet(a, b, attrs)
 
 
-power = binary("power", _power_grad, kernel=_power_kernel, ufunc=np.power, impls={"numpy": _power_numpy},
+def _power_jax(a, b, attrs=None):
+    """``jnp.power`` keeping C ``pow``'s exact cases ``x ** 0 = 1`` and ``1 ** y = 1`` (NaN and inf included):
+    XLA rewrites ``pow(exp(u), v)`` to ``exp(u * v)``, which gives NaN there (``0 * inf``, ``nan * 0``)."""
+    import jax.numpy as jnp
+
+    p = jnp.power(a, b)
+    return jnp.where((a == 1) | (b == 0), jnp.ones((), p.dtype), p)
+
+
+power = binary("power", _power_grad, kernel=_power_kernel, ufunc=np.power, impls={"numpy": _power_numpy, "jax": _power_jax},
                domain=(_POSITIVE, None), flops=_flops_per_elem(4), torch_name="pow",
                doc="a ** b; the exponent gets a zero gradient where a <= 0.")
 
