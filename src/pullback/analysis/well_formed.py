@@ -23,11 +23,11 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from ..ir.errors import PullbackError, WellFormedError
-from ..ir.expr import Call, Expr, Function, GlobalVar, Var
+from ..ir.expr import Call, Expr, Function, GlobalVar, Op, Var
 from ..ir.module import IRModule
 from ..ir.structural import describe_node
 from ..ir.traversal import children, post_order
-from ..ir.type_rules import node_type
+from ..ir.type_rules import node_type, op_result_type
 from ..ir.types import FuncType
 from ..ops.registry import OpDef
 
@@ -51,6 +51,8 @@ class _Checker:
     def __init__(self, mod: Optional[IRModule]):
         self.mod = mod
         self.problems: list[str] = []
+        self.skipped: set[Expr] = set()  # nodes verified before and unchanged (check_nodes)
+        self.done: set[Expr] = set()  # nodes checked (problems reported once, not per function sharing them)
 
     def report(self, fn_name: Optional[str], node: Expr, message: str) -> None:
         self.problems.append(f"{_where(fn_name, node)}: {message} [{describe_node(node)}]")
@@ -104,8 +106,10 @@ class _Checker:
         earlier check), skip a node whose own checks cannot have a different outcome: same
         cached type object, every operand skipped as well, and no reference to a module
         function (those depend on the module)."""
-        skipped: set[Expr] = set()
+        skipped, done = self.skipped, self.done
         for n in nodes:
+            if n in done:  # a node shared with a function checked before
+                continue
             if verified is not None and type(n) is not GlobalVar:
                 t, now = verified.get(n, _ABSENT), n._checked_type
                 if t is (now if now is not None else _UNTYPED) and not (isinstance(n, Call) and isinstance(n.op, GlobalVar)):
@@ -119,6 +123,10 @@ class _Checker:
                 self.check_global(n, fn_name)
             elif isinstance(n, Call):
                 self.check_call(n, fn_name)
+                if not isinstance(n.op, GlobalVar):  # calls of module functions are checked in each caller
+                    done.add(n)
+            else:
+                done.add(n)
             if n._checked_type is not None:
                 self.check_type(n, fn_name)
 
@@ -153,7 +161,18 @@ class _Checker:
 
     def expected_type(self, n: Expr):
         """The type ``n`` should have given its operands' cached types (None: cannot tell)."""
-        if isinstance(n, Var):
+        if type(n) is Call and isinstance(n.op, Op):  # the common case, without the generic rule's dispatch
+            arg_types = []
+            for a in n.args:
+                t = a._checked_type
+                if t is None:
+                    return None
+                arg_types.append(t)
+            try:
+                return op_result_type(n.op, arg_types, n.attrs)
+            except PullbackError:
+                pass  # node_type below raises it again, with the operator and the place in its message
+        elif isinstance(n, Var):
             return n.type_annotation
         for c in children(n, True):
             if c._checked_type is None:
@@ -169,7 +188,7 @@ class _Checker:
         except PullbackError as e:
             self.report(fn_name, n, f"cached type {n._checked_type!r} is inconsistent: {e}")
             return
-        if want is not None and want != n._checked_type:
+        if want is not None and want is not n._checked_type and want != n._checked_type:
             source = "its annotation is" if isinstance(n, Var) else "its operands give"
             self.report(fn_name, n, f"cached type {n._checked_type!r} but {source} {want!r}")
 

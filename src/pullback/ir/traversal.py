@@ -44,7 +44,10 @@ def post_order(root: Expr, into_functions: bool = False) -> list[Expr]:
         add(node)
         push(node)
         push(mark)
-        kids = children(node, True) if into_functions else node.children()
+        if into_functions and (isinstance(node, Function) or isinstance(node, Call) and isinstance(node.op, Function)):
+            kids = children(node, True)
+        else:
+            kids = node.children()
         if len(kids) == 1:
             c = kids[0]
             if c not in visited:

@@ -73,8 +73,18 @@ def _var(node: Var, global_type, fn_name) -> Type:
     return node.type_annotation
 
 
+_CONSTANT_TYPES: dict = {}  # (shape, numpy dtype) -> TensorType: numpy's dtype.name is slow
+
+
 def _constant(node: Constant, global_type, fn_name) -> Type:
-    return TensorType(node.data.shape, node.data.dtype.name)
+    data = node.data
+    key = (data.shape, data.dtype)
+    t = _CONSTANT_TYPES.get(key)
+    if t is None:
+        if len(_CONSTANT_TYPES) >= _OP_TYPES_MAX:
+            _CONSTANT_TYPES.clear()
+        t = _CONSTANT_TYPES[key] = TensorType(data.shape, data.dtype.name)
+    return t
 
 
 def _global_var(node: GlobalVar, global_type, fn_name) -> Type:
@@ -85,8 +95,8 @@ _OP_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
 _OP_TYPES_MAX = 100_000
 
 
-def _op_type(op: Op, arg_types: list, attrs) -> Type:
-    """``op.infer(arg_types, attrs)``, remembered: a type relation is a pure function of the operator,
+def op_result_type(op: Op, arg_types: list, attrs) -> Type:
+    """``op.infer(arg_types, attrs)`` (arity checked), remembered: a type relation is a pure function of the operator,
     its attrs and its operand types, and a gradient program repeats a few such signatures thousands
     of times (an n-layer network's backward), so each is inferred once."""
     try:
@@ -109,7 +119,7 @@ def _call(node: Call, global_type, fn_name) -> Type:
     op = node.op
     if isinstance(op, Op):
         try:
-            return _op_type(op, arg_types, node.attrs)
+            return op_result_type(op, arg_types, node.attrs)
         except TypeInferenceError as e:
             raise TypeInferenceError(f"{e}{where(fn_name, node)}") from None
         except PullbackError as e:
@@ -262,4 +272,4 @@ def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: O
     return root._checked_type
 
 
-__all__ = ["GlobalType", "TypeProblems", "UntypedCallee", "infer_types", "node_type", "where", "join_types", "types_compatible"]
+__all__ = ["GlobalType", "TypeProblems", "UntypedCallee", "infer_types", "node_type", "op_result_type", "where", "join_types", "types_compatible"]
