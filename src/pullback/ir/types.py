@@ -119,7 +119,7 @@ class TensorType(Type):
 
     @property
     def is_static(self) -> bool:
-        return all(d is not Any for d in self.shape)
+        return Any not in self.shape  # identity: _AnyDim defines no __eq__, and an int is never equal to it
 
     def __repr__(self) -> str:
         dims = ", ".join(repr(d) for d in self.shape)

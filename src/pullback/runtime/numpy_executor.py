@@ -9,13 +9,14 @@ as one kernel reusing its own buffers (``runtime.fused``).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import numpy as np
 
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
-from ..ir.types import FLOAT_DTYPES, TensorType
+from ..ir.types import FLOAT_DTYPES, Any, TensorType
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
 from .tuning import BlasThreads, keep_freed_memory
@@ -31,7 +32,25 @@ MATMUL_OPS = frozenset({"nn.dense", "nn.batch_matmul", "nn.matmul"})  # np.matmu
 
 
 def _array_type(t) -> bool:
-    return isinstance(t, TensorType) and t.is_static and t.ndim > 0
+    """A static shape of rank 1 or more."""
+    return isinstance(t, TensorType) and len(t.shape) > 0 and Any not in t.shape
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace(uf, i: Optional[int]) -> Callable:
+    """``uf`` writing into its operand (unary: ``i`` None) or into operand ``i`` (binary, quiet); one
+    kernel per ufunc and position, shared by every call of a plan."""
+    if i is None:
+        return lambda x, attrs=None: uf(x, out=x)
+    if i == 0:
+        def quiet(a, b, attrs=None):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return uf(a, b, out=a)
+    else:
+        def quiet(a, b, attrs=None):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return uf(a, b, out=b)
+    return quiet
 
 
 class NumpyTarget(Target):
@@ -54,21 +73,13 @@ class NumpyTarget(Target):
         name, out = call.op.name, call.checked_type
         if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in FLOAT_DTYPES:
             return None
-        types = [a.checked_type for a in call.args]
-        if any(not isinstance(t, TensorType) or t.dtype != out.dtype for t in types) or types[i].shape != out.shape:
+        for a in call.args:
+            t = a.checked_type
+            if not isinstance(t, TensorType) or t.dtype != out.dtype:
+                return None
+        if call.args[i].checked_type.shape != out.shape:
             return None
-        uf = call.op.ufunc
-        if name in UFUNC_OPS:
-            return lambda x, attrs=None: uf(x, out=x)
-        if i == 0:
-            def quiet(a, b, attrs=None):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    return uf(a, b, out=a)
-        else:
-            def quiet(a, b, attrs=None):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    return uf(a, b, out=b)
-        return quiet
+        return _inplace(call.op.ufunc, None if name in UFUNC_OPS else i)
 
     def group_kernel(self, fn: Function) -> Optional[Callable]:
         if not self.fuse:

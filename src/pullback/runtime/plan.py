@@ -27,7 +27,7 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
@@ -246,38 +246,38 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     written), and no other argument aliases it."""
     allocates = target.allocates
     inplace = target.inplace_kernel
-    pos = {n: p for p, n in enumerate(order)}  # nodes hash by identity
     end = len(order)
     last: dict[Expr, int] = {body: end}  # the returned value lives on
     for p, n in enumerate(order):
         for c in _operands(n):
             last[c] = p
     owned: set = set()
-    holds: dict[Expr, frozenset] = {}  # node -> buffers (allocating calls) it may alias
+    holds: dict[Expr, Iterable] = {}  # node -> buffers (allocating calls) it may alias
     buffer_last: dict[Expr, int] = {}
-    no_buffers: frozenset = frozenset()
-    for n in order:
-        t = type(n)
-        if t is Call and isinstance(n.op, OpDef) and allocates(n):
+    no_buffers: tuple = ()
+    candidates = []  # (position, call): owned calls with an operand that may die there
+    for p, n in enumerate(order):
+        until = last.get(n, p)
+        if type(n) is Call and isinstance(n.op, OpDef) and allocates(n):
             owned.add(n)
-            b = frozenset((n,))
-        else:  # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers
-            ops = _operands(n)
-            b = frozenset().union(*(holds[c] for c in ops)) if ops else no_buffers
+            holds[n] = (n,)
+            buffer_last[n] = until
+            candidates.append((p, n))
+            continue
+        # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers
+        ops = _operands(n)
+        b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
         holds[n] = b
-        until = last.get(n, pos[n])
         for k in b:
-            if buffer_last.get(k, -1) < until:
+            if buffer_last[k] < until:
                 buffer_last[k] = until
     reuse: dict = {}
-    for n in order:
-        if type(n) is not Call or n not in owned:
-            continue
-        p = pos[n]
-        for i, c in enumerate(n.args):
+    for p, n in candidates:
+        args = n.args
+        for i, c in enumerate(args):
             if c not in owned or buffer_last[c] != p:
                 continue
-            if any(c in holds[e] for j, e in enumerate(n.args) if j != i and e is not c):
+            if len(args) > 1 and any(c in holds[e] for j, e in enumerate(args) if j != i and e is not c):
                 continue
             fn = inplace(n, i)
             if fn is not None:
