@@ -8,7 +8,7 @@ from typing import Callable, Union
 from ..ir.errors import PullbackError
 from ..ir.expr import Function
 from ..ir.module import IRModule
-from ..transform.pass_infra import gc_paused
+from ..ir.gc_pause import gc_paused
 
 # target name -> factory(mod, **options) returning an executable, or "module:attr"
 # naming one (imported on first use, so optional dependencies stay optional).

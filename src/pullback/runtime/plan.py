@@ -34,7 +34,7 @@ from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, Tupl
 from ..ir.scope import Scope, ScopeInfo, ancestor_at
 from ..ir.traversal import post_order
 from ..ops.registry import OpDef
-from ..transform.pass_infra import gc_paused
+from ..ir.gc_pause import gc_paused
 from .fused import group_label
 
 if TYPE_CHECKING:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..ir.errors import ParseError, PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, exact_array
+from ..ir.gc_pause import gc_paused
 from ..ir.module import IRModule
 from ..ir.types import ALL_DTYPES, Any, FuncType, TensorType, TupleType
 from ..ops import registry
@@ -924,7 +925,8 @@ def parse(text: str, source_name: str = "<string>"):
     """An ``IRModule`` from its text (``def @name(...) {...}`` per function)."""
     p = _Parser(text, source_name, expr_mode=False)
     try:
-        return p.module()
+        with gc_paused():
+            return p.module()
     except ParseError:
         raise
     except PullbackError as e:
@@ -935,7 +937,8 @@ def parse_expr(text: str, source_name: str = "<string>") -> Expr:
     """An expression (bindings then a result, or ``fn (...) {...}``); undefined %vars are free."""
     p = _Parser(text, source_name, expr_mode=True)
     try:
-        expr = p.run(_Block("eof"))
+        with gc_paused():
+            expr = p.run(_Block("eof"))
         p.check_unused({})
         return expr
     except ParseError:

@@ -32,7 +32,8 @@ from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typ
 from .ad.inline import inline_calls
 from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
-from .pass_infra import ModulePass, PassContext, gc_paused
+from ..ir.gc_pause import gc_paused
+from .pass_infra import ModulePass, PassContext
 
 WrtSpec = Optional[Union[str, Var, Sequence[Union[str, Var]]]]
 MODES = ("grad", "vjp")

@@ -20,7 +20,8 @@ from ..ir.module import IRModule
 from ..ir.traversal import rebuild
 from dataclasses import dataclass
 from ..analysis.type_infer import infer_module
-from .pass_infra import FunctionPass, PassContext, gc_paused
+from ..ir.gc_pause import gc_paused
+from .pass_infra import FunctionPass, PassContext
 
 
 def _param_name(node: Expr, k: int) -> str:

@@ -16,31 +16,18 @@ Like TVM's Python API (``tvm.transform``), with these differences:
 
 from __future__ import annotations
 
-import gc
 import inspect
 import logging
 import threading
-from contextlib import contextmanager
 from dataclasses import FrozenInstanceError, dataclass
 from types import MappingProxyType
-from typing import Callable, ClassVar, Iterable, Iterator, Mapping, Optional
+from typing import Callable, ClassVar, Iterable, Mapping, Optional
 
 from ..ir.errors import PassError
 from ..ir.expr import Function
+from ..ir.gc_pause import gc_paused
 from ..ir.module import IRModule
 from ..pattern import rewrite_module
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic GC paused inside (a pass making many new acyclic nodes: it would only rescan them), then restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 logger = logging.getLogger("pullback.transform")
