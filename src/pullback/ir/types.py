@@ -112,6 +112,13 @@ class TensorType(Type):
             if what:
                 raise PullbackError(f"shape {shape} is too large: {what} over {_INT64_MAX} (int64)")
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:  # computed once: types key the type-relation memo of every call
+        return self._hash
+
+    def __reduce__(self):  # rebuilt from its fields: a str hash differs between processes
+        return (TensorType, (self.shape, self.dtype))
 
     @property
     def ndim(self) -> int:
