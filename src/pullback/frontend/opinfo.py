@@ -15,6 +15,7 @@ A developer tool: needs torch (and ``expecttest``, which ``op_db`` imports).
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import warnings
 from dataclasses import dataclass
@@ -371,8 +372,9 @@ def _autograd(module, inputs, wrt_in, cts, float_out):
 
 
 def samples(info, dtype: str, limit: Optional[int] = None) -> list:
-    """``(index, sample)`` pairs of ``info`` for ``dtype``; with ``limit``, that many spread over the list.
-    The values are drawn after ``torch.manual_seed(0)``: the same in every process."""
+    """``(index, sample)`` pairs of ``info`` for ``dtype``; with ``limit``, that many spread over the list
+    (``limit=1``: the first sample, without drawing the others). The values are drawn after
+    ``torch.manual_seed(0)``: the same in every process."""
     import torch
 
     tdtype = getattr(torch, dtype)
@@ -380,7 +382,8 @@ def samples(info, dtype: str, limit: Optional[int] = None) -> list:
         return []
     torch.manual_seed(0)
     try:
-        all_ = list(info.sample_inputs("cpu", tdtype, requires_grad=False))
+        drawn = info.sample_inputs("cpu", tdtype, requires_grad=False)
+        all_ = list(itertools.islice(drawn, 1) if limit == 1 else drawn)
     except Exception:  # noqa: BLE001 - a sample generator that fails here has nothing to run
         return []
     idx = list(range(len(all_)))
