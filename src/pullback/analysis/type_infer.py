@@ -82,7 +82,9 @@ def infer_module(mod: IRModule) -> IRModule:
     if all(fn._checked_type is not None for _, fn in mod.items()):
         return mod
     problems = TypeProblems()
-    _ModuleTypes(mod).type_functions(CallGraph(mod).callees_first(), problems)
+    # one function: no order to find (a call to itself takes its annotations); else callees first
+    names = [name for name, _ in mod.items()] if len(mod) == 1 else CallGraph(mod).callees_first()
+    _ModuleTypes(mod).type_functions(names, problems)
     _raise(problems, "the module")
     return mod
 

@@ -12,6 +12,7 @@ dtype (``x(3,) * ones((2, 3))``), it becomes ``broadcast_to(x, (2, 3))``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -43,7 +44,7 @@ def uniform_value(e: Expr) -> Optional[np.ndarray]:
     if isinstance(e, Call) and isinstance(e.op, OpDef):
         name = e.op.name
         if name in _FILL_FROM_ATTRS:
-            return np.asarray(_FILL_FROM_ATTRS[name], dtype=t.dtype)
+            return _fill(_FILL_FROM_ATTRS[name], t.dtype)
         if name in _FILL_ARG:
             fill = e.args[_FILL_ARG[name]]
             if isinstance(fill, Constant) and fill.data.ndim == 0:
@@ -51,10 +52,18 @@ def uniform_value(e: Expr) -> Optional[np.ndarray]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _fill(value: int, dtype: str) -> np.ndarray:
+    """``value`` as a read-only 0-d array of ``dtype`` (made once per pair)."""
+    a = np.asarray(value, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
 def _is_value(v) -> Callable[[Expr], bool]:
     def pred(e: Expr) -> bool:
         u = uniform_value(e)
-        return u is not None and bool(u == v)
+        return u is not None and u.item() == v
 
     return pred
 
