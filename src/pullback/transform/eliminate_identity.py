@@ -37,8 +37,8 @@ def uniform_value(e: Expr) -> Optional[np.ndarray]:
         return None
     if isinstance(e, Constant):
         d = e.data
-        if d.size == 0:
-            return None
+        if d.size <= 1:
+            return d.reshape(()) if d.size else None
         first = d.reshape(-1)[0]
         return np.asarray(first) if np.all(d == first) else None
     if isinstance(e, Call) and isinstance(e.op, OpDef):
