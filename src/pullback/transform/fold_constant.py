@@ -14,6 +14,7 @@ are left alone. The kernels are ``OpDef.compute`` (no runtime import).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -133,12 +134,11 @@ class _Folder:
     def run(self, body: Expr) -> Expr:
         res, mapped = self.res, self.mapped
         order = post_order(body)
-        users: dict[Expr, int] = {}  # node -> users not visited yet: a folded value dies with its last user
-        for node in order:
-            for c in node.children():
-                users[c] = users.get(c, 0) + 1
+        # node -> users not visited yet, so that a folded value dies with its last user; counted from the
+        # first fold on (before it, no folded value is held: a program where nothing folds never counts)
+        users: Optional[dict[Expr, int]] = None
         with np.errstate(all="ignore"):
-            for node in order:
+            for p, node in enumerate(order):
                 if node in res:
                     continue
                 if isinstance(node, Call) and isinstance(node.op, OpDef) and node.args and node.op.name not in CREATORS:
@@ -147,6 +147,8 @@ class _Folder:
                         v = self.value_of(node, t)
                         if v is not None:
                             res[node] = v
+                            if users is None:
+                                users = _users(order, p)
                             self.release(node, users)
                             continue
                 cur = node
@@ -155,7 +157,8 @@ class _Folder:
                         cur = rebuild(node, mapped)  # keeps the type (a fold keeps the type of what it replaces)
                         break
                 res[node] = cur
-                self.release(node, users)
+                if users is not None:
+                    self.release(node, users)
         return mapped(body)
 
     def release(self, node: Expr, users: dict) -> None:
@@ -167,6 +170,15 @@ class _Folder:
             users[c] = n
             if n == 0 and type(res.get(c)) is np.ndarray:
                 res[c] = _FREED
+
+
+def _users(order: list, start: int) -> dict:
+    """Operand -> how many of the nodes ``order[start:]`` use it."""
+    users: dict[Expr, int] = {}
+    for node in itertools.islice(order, start, None):
+        for c in node.children():
+            users[c] = users.get(c, 0) + 1
+    return users
 
 
 _FREED = object()  # stands for a folded value no user needs any more (never read: its users are done)
