@@ -73,6 +73,7 @@ def _var(node: Var, global_type, fn_name) -> Type:
     return node.type_annotation
 
 
+_MEMO_MAX = 100_000  # entries of each memo table below (cleared when full)
 _CONSTANT_TYPES: dict = {}  # (shape, numpy dtype) -> TensorType: numpy's dtype.name is slow
 
 
@@ -81,7 +82,7 @@ def _constant(node: Constant, global_type, fn_name) -> Type:
     key = (data.shape, data.dtype)
     t = _CONSTANT_TYPES.get(key)
     if t is None:
-        if len(_CONSTANT_TYPES) >= _OP_TYPES_MAX:
+        if len(_CONSTANT_TYPES) >= _MEMO_MAX:
             _CONSTANT_TYPES.clear()
         t = _CONSTANT_TYPES[key] = TensorType(data.shape, data.dtype.name)
     return t
@@ -92,7 +93,6 @@ def _global_var(node: GlobalVar, global_type, fn_name) -> Type:
 
 
 _OP_TYPES: dict = {}  # (op, attrs, operand types...) -> result type
-_OP_TYPES_MAX = 100_000
 
 
 def op_result_type(op: Op, arg_types: list, attrs) -> Type:
@@ -108,7 +108,7 @@ def op_result_type(op: Op, arg_types: list, attrs) -> Type:
     if t is None:
         op.check_arity(len(arg_types))
         t = op.infer(arg_types, attrs)
-        if len(_OP_TYPES) >= _OP_TYPES_MAX:
+        if len(_OP_TYPES) >= _MEMO_MAX:
             _OP_TYPES.clear()
         _OP_TYPES[key] = t
     return t

@@ -255,7 +255,7 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     holds: dict[Expr, Iterable] = {}  # node -> buffers (allocating calls) it may alias
     buffer_last: dict[Expr, int] = {}
     no_buffers: tuple = ()
-    candidates = []  # (position, call): owned calls with an operand that may die there
+    candidates = []  # (position, call) of every owned call, in order
     for p, n in enumerate(order):
         until = last.get(n, p)
         if type(n) is Call and isinstance(n.op, OpDef) and allocates(n):
