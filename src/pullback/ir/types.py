@@ -118,7 +118,7 @@ class TensorType(Type):
         return self._hash
 
     def __reduce__(self):  # rebuilt from its fields: a str hash differs between processes
-        return (TensorType, (self.shape, self.dtype))
+        return (type(self), (self.shape, self.dtype))
 
     @property
     def ndim(self) -> int:
