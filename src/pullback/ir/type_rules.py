@@ -77,15 +77,18 @@ _MEMO_MAX = 100_000  # entries of each memo table below (cleared when full)
 _CONSTANT_TYPES: dict = {}  # (shape, numpy dtype) -> TensorType: numpy's dtype.name is slow
 
 
+def _remember(table: dict, key, t: Type) -> Type:
+    if len(table) >= _MEMO_MAX:
+        table.clear()
+    table[key] = t
+    return t
+
+
 def _constant(node: Constant, global_type, fn_name) -> Type:
     data = node.data
     key = (data.shape, data.dtype)
     t = _CONSTANT_TYPES.get(key)
-    if t is None:
-        if len(_CONSTANT_TYPES) >= _MEMO_MAX:
-            _CONSTANT_TYPES.clear()
-        t = _CONSTANT_TYPES[key] = TensorType(data.shape, data.dtype.name)
-    return t
+    return t if t is not None else _remember(_CONSTANT_TYPES, key, TensorType(data.shape, data.dtype.name))
 
 
 def _global_var(node: GlobalVar, global_type, fn_name) -> Type:
@@ -107,10 +110,7 @@ def op_result_type(op: Op, arg_types: list, attrs) -> Type:
         return op.infer(arg_types, attrs)
     if t is None:
         op.check_arity(len(arg_types))
-        t = op.infer(arg_types, attrs)
-        if len(_OP_TYPES) >= _MEMO_MAX:
-            _OP_TYPES.clear()
-        _OP_TYPES[key] = t
+        t = _remember(_OP_TYPES, key, op.infer(arg_types, attrs))
     return t
 
 

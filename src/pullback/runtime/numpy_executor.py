@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
-from ..ir.types import FLOAT_DTYPES, Any, TensorType
+from ..ir.types import FLOAT_DTYPES, TensorType
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
 from .tuning import BlasThreads, keep_freed_memory
@@ -33,7 +33,7 @@ MATMUL_OPS = frozenset({"nn.dense", "nn.batch_matmul", "nn.matmul"})  # np.matmu
 
 def _array_type(t) -> bool:
     """A static shape of rank 1 or more."""
-    return isinstance(t, TensorType) and len(t.shape) > 0 and Any not in t.shape
+    return isinstance(t, TensorType) and len(t.shape) > 0 and t.is_static
 
 
 @functools.lru_cache(maxsize=None)
