@@ -10,6 +10,10 @@ tensors back; the residuals stay the target's own arrays between forward and bac
   non-contiguous result is copied once, a tensor cannot be read-only);
 - ``jax``: DLPack both ways (``jnp.from_dlpack`` / ``torch.from_dlpack``), residuals kept as jax arrays.
 
+Around each program run, the cores change hands (``runtime.tuning.CoreHandover``): on the numpy target,
+PyTorch's idle OpenMP workers exit before the kernels and NumPy's OpenBLAS workers after them, so neither
+pool's spinning workers slow the other side's next calls (the optimizer's update, the next forward).
+
 The forward's inputs are checked against ``@main_fwd``'s parameters like every executable's, with a fast
 path: tensors on the CPU whose shapes and dtypes are the (static) parameters' own go straight to the
 target's ``take``; the backward's residuals are the forward's own results and go in unchecked
@@ -24,6 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..ir.types import TensorType, is_inexact
+from ..runtime.tuning import CoreHandover
 
 
 class Bridge:
@@ -34,6 +39,7 @@ class Bridge:
     backward never propagates (their zeros are made once and reused)."""
 
     saves_tensors = False  # residuals are torch tensors (ctx.save_for_backward) rather than other arrays
+    handover: Optional[CoreHandover] = None  # what the cores do at the crossings (None: nothing)
 
     def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
         import torch
@@ -54,9 +60,9 @@ class Bridge:
         if want is not None and len(tensors) == len(want) and all(
                 t.shape == s and t.dtype == d and t.is_cpu for t, (s, d) in zip(tensors, want)):
             take = self.take
-            out, res = self.fwd.call_native([take(t) for t in tensors], check=False)
+            out, res = self.run(self.fwd, [take(t) for t in tensors], check=False)
         else:  # checked: the error says which input is wrong
-            out, res = self.fwd.call_native(tensors)
+            out, res = self.run(self.fwd, tensors, check=True)
         outs = [out] if self.single else list(out)
         return [self.to_torch(o) for o in outs], res
 
@@ -65,8 +71,19 @@ class Bridge:
         (None for an output that got none: zeros of its ``shapes`` entry)."""
         cts = [self.cotangent(g, i, s) if g is not None or i not in self.inert else self.inert_zero(i, s)
                for i, (g, s) in enumerate(zip(grads, shapes))]
-        gs = self.bwd.call_native([*residuals, cts[0] if self.single else tuple(cts)], check=False)
+        gs = self.run(self.bwd, [*residuals, cts[0] if self.single else tuple(cts)], check=False)
         return [self.to_torch(g) for g in gs]
+
+    def run(self, fn, args: Sequence, check: bool):
+        """``fn.call_native(args, check)``, the cores handed over before and after."""
+        h = self.handover
+        if h is None:
+            return fn.call_native(args, check=check)
+        h.enter()
+        try:
+            return fn.call_native(args, check=check)
+        finally:
+            h.leave()
 
     def inert_zero(self, i: int, shape):
         key = (i, tuple(shape))
@@ -140,6 +157,8 @@ class TorchBridge(Bridge):
 class NumpyBridge(Bridge):
     """The numpy target: zero-copy views of the tensors' memory."""
 
+    handover = CoreHandover(openmp=True, blas=True)
+
     def cotangent(self, g, i: int, shape):
         dtype = self.out_dtypes[i]
         if g is None or not is_inexact(dtype):
@@ -164,6 +183,8 @@ class NumpyBridge(Bridge):
 class JaxBridge(Bridge):
     """The jax target: DLPack both ways; residuals stay jax arrays (results of XLA: they never alias an input,
     so ``unalias`` has nothing to copy)."""
+
+    handover = CoreHandover(openmp=True, blas=False)
 
     def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
         super().__init__(fwd, bwd, out_types, single, inert)
