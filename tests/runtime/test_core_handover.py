@@ -75,7 +75,7 @@ def test_enter_and_leave_stop_the_idle_workers_and_they_come_back():
         assert n1 < n0, "the OpenMP worker did not exit"
         assert n2 < n1, "the OpenBLAS worker did not exit"
         got = _wake_both(a, t)
-        assert _threads() == n0  # both pools made their workers again
+        assert _threads() >= n2 + 2  # both pools made their workers again
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
         assert torch.equal(t, torch.full((1 << 20,), 3.0))
 
