@@ -17,7 +17,7 @@ after each parallel call (libgomp for a few ms, OpenBLAS for 2^28 cycles, ~0.1 s
 so where PyTorch and a NumPy program take turns on few cores, each pool's spinning
 workers steal the cores from the other's. The PyTorch integration hands the cores
 over at each crossing (measured on the 2-core bench machine, transformer step on the
-numpy target: the optimizer's 1.5 MB update took 26-31 ms instead of 0.6 ms after a
+numpy target: the SGD update of its 3 MB of parameters took 26-31 ms instead of 0.6 ms after a
 backward's GEMMs, and the forward 32 ms instead of 23 ms after the update).
 """
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from functools import lru_cache
 from contextlib import nullcontext
+from functools import lru_cache
 from typing import Optional
 
 from ..ir.errors import ExecutionError
@@ -72,6 +72,7 @@ class BlasThreads:
 
 
 OMP_PAUSE_SOFT = 1  # OpenMP 5.0's omp_pause_soft
+_PAUSE, _SHUTDOWN = "omp_pause_resource_all", "blas_thread_shutdown_"  # in OpenMP runtimes, in OpenBLAS
 
 
 @lru_cache(maxsize=1)
@@ -83,22 +84,21 @@ def _pool_calls() -> tuple[tuple, tuple]:
             paths = {fields[5].strip() for fields in (line.split(None, 5) for line in f) if len(fields) == 6}
     except OSError:
         return (), ()
-    pause, shutdown = [], []
+    found: dict[str, list] = {_PAUSE: [], _SHUTDOWN: []}
     for path in sorted(paths):
         name = path.rsplit("/", 1)[-1]
         if ".so" not in name:
             continue
-        want = ("omp_pause_resource_all", pause) if name.startswith(("libgomp", "libiomp", "libomp")) else \
-            ("blas_thread_shutdown_", shutdown) if "openblas" in name else None
-        if want is None:
+        symbol = _PAUSE if name.startswith(("libgomp", "libiomp", "libomp")) else _SHUTDOWN if "openblas" in name else None
+        if symbol is None:
             continue
         try:
-            fn = getattr(ctypes.CDLL(path), want[0], None)
+            fn = getattr(ctypes.CDLL(path), symbol, None)
         except OSError:
             continue
         if fn is not None:
-            want[1].append(fn)
-    return tuple(pause), tuple(shutdown)
+            found[symbol].append(fn)
+    return tuple(found[_PAUSE]), tuple(found[_SHUTDOWN])
 
 
 class CoreHandover:
