@@ -11,7 +11,7 @@
   it fires even when a hang holds the GIL; pytest-timeout's 900 s thread timeout catches the others first with
   a readable report). Under xdist the worker is replaced and the test reported as crashed.
 - Markers: ``fuzz`` (long-running randomized tests) and ``slow`` (run first, so that the xdist workers
-  share them out); deselect them with ``-m "not fuzz and not slow"``.
+  share them out, and with the cyclic GC paused); deselect them with ``-m "not fuzz and not slow"``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from hypothesis import settings
 
 from pullback import transform
+from pullback.ir.gc_pause import gc_paused
 
 settings.register_profile("ci", max_examples=50, deadline=None)
 settings.register_profile("long", max_examples=5000, deadline=None)
@@ -50,6 +51,17 @@ def pytest_collection_modifyitems(config, items):
     worker's queue while the other worker runs, then takes over, the short tests; no worker is left finishing a
     long test alone at the end of the run."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _gc_paused_in_slow_tests(request):
+    """The slow tests build million-node programs in Python loops: the cyclic GC, rescanning every node at each
+    full collection, would take about 40% of the building (passes, the parser and ``build`` pause it themselves)."""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    with gc_paused():
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
