@@ -91,12 +91,12 @@ class Expr:
     _fields: tuple = ()
 
     def __init__(self) -> None:
-        _set = object.__setattr__  # the fields below are mutable, but not through this class's __setattr__: speed
-        _set(self, "_checked_type", None)
-        _set(self, "_uid", next(_ids))
-        _set(self, "span", None)
+        # the slots' own setters: the fields below are mutable, but not through this class's __setattr__ (speed)
+        set_type(self, None)
+        _set_uid(self, next(_ids))
+        set_span(self, None)
 
-    # immutability: fields are set once in __init__ through object.__setattr__
+    # immutability: fields are set once in __init__ through the slots' setters or object.__setattr__
     def __setattr__(self, key, value):
         if key in ("_checked_type", "span", "_uid") or not hasattr(self, "_uid"):
             object.__setattr__(self, key, value)
@@ -179,6 +179,13 @@ class Expr:
         return text if text is not None else f"<{type(self).__name__} #{self._uid}>"
 
 
+# The slots' setters, for the hot paths that give a node its type or span (``node._checked_type = t`` goes
+# through ``Expr.__setattr__``, a Python call, on every node a pass types)
+set_type = Expr._checked_type.__set__
+set_span = Expr.span.__set__
+_set_uid = Expr._uid.__set__
+
+
 class Var(Expr):
     """A variable: function parameter. ``type_annotation`` is required for typing."""
 
@@ -249,11 +256,12 @@ class Call(Expr):
             if not isinstance(a, Expr):
                 i = next(i for i, a in enumerate(args) if not isinstance(a, Expr))
                 raise PullbackError(f"Call to {getattr(op, 'name', getattr(op, 'name_hint', op))}: argument {i} is not an expression: {args[i]!r}")
-        Expr.__init__(self)
-        _set = object.__setattr__
-        _set(self, "op", op)
-        _set(self, "args", args)
-        _set(self, "attrs", attrs)
+        set_type(self, None)  # Expr.__init__, inline: calls are most of the nodes
+        _set_uid(self, next(_ids))
+        set_span(self, None)
+        _set_op(self, op)
+        _set_args(self, args)
+        _set_attrs(self, attrs)
 
     def children(self) -> tuple:
         return self.args
@@ -266,6 +274,9 @@ class Call(Expr):
         if isinstance(op, GlobalVar):
             return "@" + op.name_hint
         return "fn"
+
+
+_set_op, _set_args, _set_attrs = Call.op.__set__, Call.args.__set__, Call.attrs.__set__
 
 
 class Tuple(Expr):

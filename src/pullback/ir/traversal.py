@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, set_span, set_type
 
 
 def children(node: Expr, into_functions: bool = False) -> tuple:
@@ -66,7 +66,7 @@ def _new_like(node: Expr, new: Expr) -> Expr:
     are a pure function of kind, callee, attributes and operand types (not for a call to a module
     function, whose signature a pass may change)."""
     if node.span is not None:
-        new.span = node.span
+        set_span(new, node.span)
     t = node._checked_type
     if t is None or (type(new) is Call and type(new.op) is GlobalVar):
         return new
@@ -80,7 +80,7 @@ def _new_like(node: Expr, new: Expr) -> Expr:
             ta = a._checked_type
             if ta is not tb and ta != tb:
                 return new
-    new._checked_type = t
+    set_type(new, t)
     return new
 
 
@@ -97,7 +97,7 @@ def _rebuild_call(node: Call, mapped, into_functions: bool) -> Expr:
             return node
         return _new_like(node, Call(op, new_args, node.attrs))
     new = Call(new_op, new_args, node.attrs)
-    new.span = node.span
+    set_span(new, node.span)
     return new
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .errors import PullbackError, TypeInferenceError
-from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
+from .expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var, set_type
 from .types import FuncType, TensorType, TupleType, Type, join_types, types_compatible
 
 GlobalType = Callable[[GlobalVar], FuncType]
@@ -231,7 +231,7 @@ def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: O
         else:
             cls = type(root)
             t = (rules.get(cls) or _rule(cls))(root, global_type, fn_name)
-            root._checked_type = t
+            set_type(root, t)
             return t
     bad = problems.bad if problems is not None else ()
     stack = [root]
@@ -260,10 +260,10 @@ def infer_types(root: Expr, global_type: Optional[GlobalType] = None, fn_name: O
             cls = type(n)
             rule = rules.get(cls) or _rule(cls)
             if problems is None:
-                n._checked_type = rule(n, global_type, fn_name)
+                set_type(n, rule(n, global_type, fn_name))
                 continue
             try:
-                n._checked_type = rule(n, global_type, fn_name)
+                set_type(n, rule(n, global_type, fn_name))
             except UntypedCallee:
                 bad.add(id(n))
             except TypeInferenceError as e:

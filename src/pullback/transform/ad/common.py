@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Optional
 
 from ...ir.types import types_compatible  # noqa: F401 (re-exported for ad.rules)
 from ...ir.errors import PullbackError, TypeInferenceError
-from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
+from ...ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var, set_type
 from ...ir.types import TensorType, TupleType, Type, is_inexact
 from ...ops.registry import get_op
 
@@ -26,7 +26,7 @@ _ones, _ones_like, _add = (get_op(n) for n in ("ones", "ones_like", "add"))
 def typed_as(node: Expr, ty: Type) -> Expr:
     """``node`` given the type ``ty`` it is known to have (the If of a nested residual bundle:
     inferring it would compare both branches' whole type trees, quadratic in nesting depth)."""
-    node._checked_type = ty
+    set_type(node, ty)
     return node
 
 
