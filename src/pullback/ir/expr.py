@@ -84,6 +84,15 @@ def _same(old, new) -> bool:
     return False
 
 
+def _infer_types(node: "Expr"):
+    """``type_rules.infer_types`` (which imports this module): bound on first use, then called directly."""
+    global _infer_types
+    from .type_rules import infer_types
+
+    _infer_types = infer_types
+    return infer_types(node)
+
+
 class Expr:
     """Base class of expressions."""
 
@@ -112,9 +121,7 @@ class Expr:
         ``analysis.infer_expr(expr, mod)``) for those. Type errors raise TypeInferenceError."""
         t = self._checked_type
         if t is None:
-            from .type_rules import infer_types
-
-            t = infer_types(self)
+            t = _infer_types(self)
         return t
 
     @property
