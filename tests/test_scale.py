@@ -13,7 +13,7 @@ from pullback import op
 N = 1_000_000
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def chain_module():
     x = pb.var("x", shape=(2,))
     e = x
