@@ -3,11 +3,15 @@
 - a ``with torch.no_grad():`` block is inlined by ``run_decompositions``: its results get a ``detach``;
 - torch 2.13's RNN decomposition never applies the dropout between stacked layers: it is applied as eager does;
 - a failed trace prints its partial graph to stderr: only what the model itself printed is passed on;
-- a trace that branches on a tensor's value fails: the error says how to make the branch static.
+- a trace that branches on a tensor's value fails: the error says how to make the branch static;
+- ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
+  while it runs (``memoised_callable_aliases``).
 """
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import operator
 import sys
 from contextlib import contextmanager
@@ -25,6 +29,36 @@ def pass_on(text: str, drop=None) -> None:
         text = text.replace(str(drop), "")
     if text.strip():
         sys.stderr.write(text)
+
+
+@contextmanager
+def memoised_callable_aliases() -> Iterator[None]:
+    """``collections.abc.Callable[args]`` gives one alias per distinct hashable ``args`` inside the block (as
+    ``typing.Callable[...]`` always does); unhashable ones (``Callable[[int], str]``) are built as before.
+
+    ``torch/_ops.py`` does not postpone its annotations, so each ``OperatorBase.py_impl`` call builds
+    ``Callable[_P, _T]`` anew, and ``run_decompositions`` registers and removes a few thousand Python kernels
+    of composite operators on every call: 40% of a small module's export went to building these aliases
+    (profiled on the OpInfo samples). The aliases are immutable, so a shared one is indistinguishable."""
+    cls = collections.abc.Callable
+    original = cls.__dict__.get("__class_getitem__")
+    if not isinstance(original, classmethod):  # another Python: leave it alone
+        yield
+        return
+    build = original.__get__(None, cls)
+    memo = functools.lru_cache(maxsize=256)(build)
+
+    def alias(cls, args):
+        try:
+            return memo(args)
+        except TypeError:  # unhashable arguments (a list of parameter types)
+            return build(args)
+
+    cls.__class_getitem__ = classmethod(alias)
+    try:
+        yield
+    finally:
+        cls.__class_getitem__ = original
 
 
 @contextmanager

@@ -181,7 +181,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
-            with custom_functions.recorded() as applied, redirect_stderr(printed):
+            with (custom_functions.recorded() as applied, redirect_stderr(printed),
+                  export_repairs.memoised_callable_aliases()):
                 ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
@@ -192,7 +193,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
-        with export_repairs.rnn_dropout_between_layers():
+        with export_repairs.rnn_dropout_between_layers(), export_repairs.memoised_callable_aliases():
             return ep.run_decompositions(decomposition_table())
 
 

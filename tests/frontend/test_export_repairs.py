@@ -1,0 +1,36 @@
+"""``frontend.export_repairs``' helpers that do not need torch: the memoised ``Callable[...]`` aliases."""
+
+from __future__ import annotations
+
+import collections.abc
+
+from pullback.frontend.export_repairs import memoised_callable_aliases
+
+Callable = collections.abc.Callable
+
+
+def test_memoised_callable_aliases_share_hashable_ones_and_restore_the_class():
+    original = Callable.__dict__["__class_getitem__"]
+    assert Callable[..., int] is not Callable[..., int]  # a new alias each time, as Python builds them
+    with memoised_callable_aliases():
+        a, b = Callable[..., int], Callable[..., int]
+        assert a is b
+        assert a == Callable[..., int] and a.__args__ == (Ellipsis, int)
+        lists = Callable[[int, str], bytes], Callable[[int, str], bytes]  # unhashable: built each time, equal
+        assert lists[0] == lists[1] and lists[0].__args__ == (int, str, bytes)
+        assert Callable[[int], str] != Callable[[str], str]
+    assert Callable.__dict__["__class_getitem__"] is original
+    assert Callable[..., int] is not Callable[..., int]
+
+
+def test_memoised_callable_aliases_nest_and_restore_after_an_error():
+    original = Callable.__dict__["__class_getitem__"]
+    try:
+        with memoised_callable_aliases():
+            with memoised_callable_aliases():
+                assert Callable[[int], int] == Callable[[int], int]
+            assert Callable[..., str] is Callable[..., str]
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert Callable.__dict__["__class_getitem__"] is original
