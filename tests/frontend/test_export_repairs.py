@@ -34,3 +34,35 @@ def test_memoised_callable_aliases_nest_and_restore_after_an_error():
     except KeyError:
         pass
     assert Callable.__dict__["__class_getitem__"] is original
+
+
+def test_memoised_callable_aliases_overlapping_in_two_threads_restore_the_class():
+    """Thread A opens a block, B opens one, A closes, B closes: the class stays patched until B's block ends, and
+    is the original after it (blocks that restored what they found would leave A's patch behind)."""
+    import threading
+
+    original = Callable.__dict__["__class_getitem__"]
+    steps = [threading.Event() for _ in range(3)]
+    seen = {}
+
+    def a():
+        with memoised_callable_aliases():
+            steps[0].set()
+            steps[1].wait()
+        seen["a closed"] = Callable[..., bytes] is Callable[..., bytes]  # B's block is still open
+        steps[2].set()
+
+    def b():
+        steps[0].wait()
+        with memoised_callable_aliases():
+            steps[1].set()
+            steps[2].wait()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"a closed": True}
+    assert Callable.__dict__["__class_getitem__"] is original
+    assert Callable[..., int] is not Callable[..., int]

@@ -14,6 +14,7 @@ import collections.abc
 import functools
 import operator
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -31,6 +32,11 @@ def pass_on(text: str, drop=None) -> None:
         sys.stderr.write(text)
 
 
+_ALIAS_LOCK = threading.Lock()
+_alias_blocks = 0  # blocks open in any thread: the first patches the class, the last restores it
+_alias_original = None
+
+
 @contextmanager
 def memoised_callable_aliases() -> Iterator[None]:
     """``collections.abc.Callable[args]`` gives one alias per distinct hashable ``args`` inside the block (as
@@ -39,13 +45,30 @@ def memoised_callable_aliases() -> Iterator[None]:
     ``torch/_ops.py`` does not postpone its annotations, so each ``OperatorBase.py_impl`` call builds
     ``Callable[_P, _T]`` anew, and ``run_decompositions`` registers and removes a few thousand Python kernels
     of composite operators on every call: 40% of a small module's export went to building these aliases
-    (profiled on the OpInfo samples). The aliases are immutable, so a shared one is indistinguishable."""
+    (profiled on the OpInfo samples). The aliases are immutable, so a shared one is indistinguishable. Blocks
+    may nest and overlap across threads: the class is patched while any is open, and restored after the last."""
+    global _alias_blocks, _alias_original
     cls = collections.abc.Callable
-    original = cls.__dict__.get("__class_getitem__")
-    if not isinstance(original, classmethod):  # another Python: leave it alone
+    with _ALIAS_LOCK:
+        if _alias_blocks == 0:
+            original = cls.__dict__.get("__class_getitem__")
+            if not isinstance(original, classmethod):  # another Python: leave it alone
+                original = None
+            else:
+                cls.__class_getitem__ = classmethod(_memoised(original.__get__(None, cls)))
+            _alias_original = original
+        _alias_blocks += 1
+    try:
         yield
-        return
-    build = original.__get__(None, cls)
+    finally:
+        with _ALIAS_LOCK:
+            _alias_blocks -= 1
+            if _alias_blocks == 0 and _alias_original is not None:
+                cls.__class_getitem__ = _alias_original
+                _alias_original = None
+
+
+def _memoised(build):
     memo = functools.lru_cache(maxsize=256)(build)
 
     def alias(cls, args):
@@ -54,11 +77,7 @@ def memoised_callable_aliases() -> Iterator[None]:
         except TypeError:  # unhashable arguments (a list of parameter types)
             return build(args)
 
-    cls.__class_getitem__ = classmethod(alias)
-    try:
-        yield
-    finally:
-        cls.__class_getitem__ = original
+    return alias
 
 
 @contextmanager
