@@ -175,14 +175,14 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     check_inputs(example_inputs, "from_torch")
     flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
     dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
-    with warnings.catch_warnings(), quiet_torch_logs():  # torch.export's internal notices are not the user's to act on
+    # torch.export's internal notices are not the user's to act on
+    with warnings.catch_warnings(), quiet_torch_logs(), export_repairs.memoised_callable_aliases():
         warnings.simplefilter("ignore", FutureWarning)
         # nn.RNN modules refresh _flat_weights in forward: torch.export's notice, not the user's to act on
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
-            with (custom_functions.recorded() as applied, redirect_stderr(printed),
-                  export_repairs.memoised_callable_aliases()):
+            with custom_functions.recorded() as applied, redirect_stderr(printed):
                 ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
@@ -193,7 +193,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
-        with export_repairs.rnn_dropout_between_layers(), export_repairs.memoised_callable_aliases():
+        with export_repairs.rnn_dropout_between_layers():
             return ep.run_decompositions(decomposition_table())
 
 

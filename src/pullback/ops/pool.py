@@ -320,7 +320,9 @@ def _max_pool_torch(x, a):
 
 
 def _max_pool_grad_torch(g, x, a):
-    """ATen's max_pool2d_with_indices then its backward (no scatter where ATen pads itself)."""
+    """ATen's max_pool2d_with_indices then its backward (no scatter where ATen pads itself); both take ``x``
+    channels-last, converted once here."""
+    x = channels_last(x)
     return _with_indices_grad_torch(g, x, _with_indices_torch(x, a)[1], a)
 
 
