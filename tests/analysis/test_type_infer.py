@@ -147,6 +147,6 @@ def test_million_node_chain_infers():
 
 
 def test_import_pullback_needs_numpy_only():
-    code = "import sys, pullback; bad = [m for m in ('torch', 'jax', 'networkx', 'graphviz') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    code = "import sys, pullback; bad = [m for m in ('torch', 'jax', 'networkx', 'graphviz', 'numba') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

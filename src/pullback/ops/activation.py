@@ -19,7 +19,7 @@ import numpy as np
 from ..ir.expr import Call, Expr
 from . import elemwise as E
 from . import reduce as R
-from . import special
+from . import numba_kernels, special
 from .npfast import as_rows, blockwise, row_blocks, sum_along
 from .common import float_arg, normalize_axis
 from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
@@ -95,8 +95,10 @@ def _gelu_kernel(xp, x, attrs):
 
 
 def _gelu_numpy(x, attrs):
-    """``_gelu_kernel`` on NumPy in place (two temporaries fewer), on blocks that stay in the cache."""
-    return blockwise(lambda b: _gelu_block(b, attrs), x)
+    """``_gelu_kernel`` compiled by numba (float32, ``numba_kernels``), else on NumPy in place (two temporaries
+    fewer), on blocks that stay in the cache."""
+    out = numba_kernels.gelu(x, attrs.approximate)
+    return blockwise(lambda b: _gelu_block(b, attrs), x) if out is None else out
 
 
 def _gelu_block(x, attrs):
@@ -140,8 +142,10 @@ def _gelu_grad_kernel(xp, g, x, attrs):
 
 
 def _gelu_grad_numpy(g, x, attrs):
-    """``_gelu_grad_kernel`` in place (two buffers), on blocks that stay in the cache."""
-    return blockwise(lambda gb, xb: _gelu_grad_block(gb, xb, attrs), g, x)
+    """``_gelu_grad_kernel`` compiled by numba (float32, ``numba_kernels``), else in place (two buffers), on blocks
+    that stay in the cache."""
+    out = numba_kernels.gelu_grad(g, x, attrs.approximate)
+    return blockwise(lambda gb, xb: _gelu_grad_block(gb, xb, attrs), g, x) if out is None else out
 
 
 def _gelu_grad_block(g, x, attrs):

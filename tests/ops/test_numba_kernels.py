@@ -1,0 +1,92 @@
+"""GELU and its gradient compiled by numba (``ops.numba_kernels``) against float64 references, the NumPy
+kernels' handling of NaN, inf and overflow, and the fallback when numba is off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pullback.ops import get_op
+from pullback.ops import numba_kernels as NK
+
+pytest.importorskip("numba")
+RNG = np.random.default_rng(11)
+APPROX = ["none", "tanh"]
+
+
+def _reference(name, arrays, approximate):
+    o = get_op(name)
+    return o.kernel(np, *[a.astype(np.float64) for a in arrays], o.make_attrs(approximate=approximate))
+
+
+def _numpy_kernel(name, arrays, approximate, monkeypatch):
+    """The op's NumPy implementation with numba turned off."""
+    with monkeypatch.context() as m:
+        m.setenv("PULLBACK_NUMBA", "0")
+        NK._compiled.cache_clear()
+        o = get_op(name)
+        out = o.compute(*arrays, o.make_attrs(approximate=approximate))
+    NK._compiled.cache_clear()
+    return out
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_gelu_and_its_gradient_are_within_float32_rounding_of_float64(approximate):
+    x = np.linspace(-14, 14, 200_001, dtype=np.float32)
+    g = RNG.uniform(-2, 2, x.shape).astype(np.float32)
+    y, gy = NK.gelu(x, approximate), NK.gelu_grad(g, x, approximate)
+    assert y.dtype == gy.dtype == np.float32
+    want_y = _reference("nn.gelu", [x], approximate)
+    want_g = _reference("nn.gelu_grad", [g, x], approximate)
+    # a few ulp of the result, and 1e-6 absolute where the result is near zero (cancellation in the reference)
+    np.testing.assert_allclose(y, want_y, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(gy, want_g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_special_values_give_what_the_numpy_kernel_gives(approximate, monkeypatch):
+    """NaN stays NaN; +-inf and values whose cube overflows give the NumPy kernel's IEEE results."""
+    x = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 50, -50, 3e-39, -5, 5, 1e-20], np.float32)
+    g = np.ones_like(x)
+    with np.errstate(all="ignore"):
+        for name, args in (("nn.gelu", [x]), ("nn.gelu_grad", [g, x])):
+            got = NK.gelu(x, approximate) if name == "nn.gelu" else NK.gelu_grad(g, x, approximate)
+            want = _numpy_kernel(name, args, approximate, monkeypatch)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_the_numpy_target_uses_the_compiled_kernels_on_any_layout(approximate):
+    """Through the op: C-contiguous, transposed and strided float32 inputs give the float64 reference's values
+    (closer than the NumPy kernel, whose ``1 - tanh^2`` cancels), and the inputs are not written."""
+    base = RNG.standard_normal((64, 96)).astype(np.float32) * 3
+    gbase = RNG.standard_normal((64, 96)).astype(np.float32)
+    for x, g in ((base, gbase), (base.T, gbase.T), (base[::2, ::3], gbase[::2, ::3])):
+        keep = x.copy(), g.copy()
+        for name, args in (("nn.gelu", [x]), ("nn.gelu_grad", [g, x])):
+            o = get_op(name)
+            got = o.compute(*args, o.make_attrs(approximate=approximate))
+            want = _reference(name, args, approximate)
+            assert got.shape == want.shape and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(x, keep[0])
+        np.testing.assert_array_equal(g, keep[1])
+
+
+def test_other_dtypes_shapes_and_numba_off_fall_back_to_numpy(monkeypatch):
+    x32 = np.ones((3, 4), np.float32)
+    assert NK.gelu(x32.astype(np.float64), "none") is None
+    assert NK.gelu(x32.astype(np.float16), "none") is None
+    assert NK.gelu(np.float32(1.0) * np.ones((), np.float32), "none") is None  # 0-d: the NumPy kernel
+    assert NK.gelu_grad(np.ones((4,), np.float32), x32, "none") is None  # different shapes
+    assert NK.gelu(np.zeros((0, 5), np.float32), "tanh").shape == (0, 5)
+    monkeypatch.setenv("PULLBACK_NUMBA", "0")
+    NK._compiled.cache_clear()
+    try:
+        assert not NK.enabled()
+        assert NK.gelu(x32, "none") is None and NK.gelu_grad(x32, x32, "tanh") is None
+    finally:
+        monkeypatch.delenv("PULLBACK_NUMBA")
+        NK._compiled.cache_clear()
+    assert NK.enabled() and NK.gelu(x32, "none") is not None
