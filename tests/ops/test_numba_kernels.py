@@ -90,3 +90,62 @@ def test_other_dtypes_shapes_and_numba_off_fall_back_to_numpy(monkeypatch):
         monkeypatch.delenv("PULLBACK_NUMBA")
         NK._compiled.cache_clear()
     assert NK.enabled() and NK.gelu(x32, "none") is not None
+
+
+def test_exp_is_float32_accurate_on_its_whole_range():
+    from pullback.ops.numba_loops import exp
+
+    v = np.concatenate([np.linspace(-100, 100, 20_001), [-87.0, 88.7, 88.72, 0.0, -0.0]]).astype(np.float32)
+    got = np.array([exp(x) for x in v], np.float32)
+    want = np.exp(v.astype(np.float64))
+    normal = (v >= -87) & (v <= 88.7)
+    np.testing.assert_allclose(got[normal], want[normal], rtol=3e-7)
+    assert np.all(got[v < -87] <= 2e-38) and np.all(got[v > 88.72] == np.inf)
+    assert np.isnan(exp(np.float32(np.nan)))
+
+
+def _rows_cases():
+    x = RNG.standard_normal((37, 129)).astype(np.float32) * 4
+    g = RNG.standard_normal((37, 129)).astype(np.float32)
+    gamma, beta = RNG.standard_normal(129).astype(np.float32), RNG.standard_normal(129).astype(np.float32)
+    sm = np.exp(x - x.max(-1, keepdims=True))
+    sm /= sm.sum(-1, keepdims=True)
+    return [("nn.softmax", [x], {}), ("nn.log_softmax", [x], {}), ("nn.softmax_grad", [g, sm], {}),
+            ("nn.log_softmax_grad", [g, np.log(sm)], {}), ("nn.log_softmax_grad", [g, x], {}),  # any y, exp of y > 0
+            ("nn.layer_norm", [x + 3, gamma, beta], {}), ("nn.layer_norm", [x, gamma, beta], dict(scale=False)),
+            ("nn.layer_norm", [x, gamma, beta], dict(center=False, epsilon=0.1)),
+            ("nn.layer_norm_grad", [g, x + 3, gamma], {}), ("nn.layer_norm_grad", [g, x, gamma], dict(scale=False)),
+            ("nn.layer_norm_grad", [g, x, gamma], dict(center=False, scale=False))]
+
+
+@pytest.mark.parametrize("k", range(len(_rows_cases())))
+def test_row_loops_match_float64_and_the_numpy_kernels(k, monkeypatch):
+    name, arrays, attrs = _rows_cases()[k]
+    o = get_op(name)
+    a = o.make_attrs(**attrs)
+    got = o.compute(*arrays, a)
+    want = o.kernel(np, *[v.astype(np.float64) for v in arrays], a)
+    with monkeypatch.context() as m:
+        m.setenv("PULLBACK_NUMBA", "0")
+        NK._compiled.cache_clear()
+        plain = o.compute(*arrays, a)
+    NK._compiled.cache_clear()
+    as_tuple = lambda v: v if isinstance(v, tuple) else (v,)  # noqa: E731
+    for gv, wv, pv in zip(as_tuple(got), as_tuple(want), as_tuple(plain)):
+        assert gv.dtype == np.float32 and gv.shape == wv.shape
+        scale = max(1.0, float(np.abs(wv).max()))
+        # at least as close to float64 as the NumPy kernel (or within 4e-7 of the scale)
+        assert np.abs(gv - wv).max() <= max(4e-7 * scale, 1.5 * np.abs(pv - wv).max()), name
+
+
+def test_row_loops_keep_nan_and_inf_as_numpy_does():
+    x = RNG.standard_normal((4, 9)).astype(np.float32)
+    x[0, 3] = np.nan
+    x[1, :] = -np.inf
+    x[2, 5] = -np.inf
+    x[3, 2] = np.inf
+    o = get_op("nn.softmax")
+    with np.errstate(all="ignore"):
+        got = o.compute(x, o.make_attrs())
+    assert np.isnan(got[0]).all() and np.isnan(got[1]).all() and np.isnan(got[3]).all()
+    assert got[2, 5] == 0 and np.isclose(got[2].sum(), 1, rtol=1e-6)

@@ -288,9 +288,10 @@ def _log_softmax_kernel(xp, x, attrs):
     return as_dtype(xp, z - xp.log(xp.sum(xp.exp(z), axis=attrs.axis, keepdims=True)), x.dtype)
 
 
-def numpy_rows(kernel, block):
-    """A NumPy implementation running ``block(out, *arrays, attrs)`` on blocks of rows (in place in ``out``'s rows)
-    when ``attrs.axis`` is the last axis of float32/64 arrays of one shape, else ``kernel`` on NumPy."""
+def numpy_rows(kernel, block, compiled: str):
+    """A NumPy implementation for arrays of one shape, float32/64, ``attrs.axis`` last: the numba row loop
+    ``compiled`` (float32, ``numba_kernels.rows``), else ``block(out, *arrays, attrs)`` on blocks of rows (in place
+    in ``out``'s rows); ``kernel`` on NumPy for other arrays."""
 
     def run(*args):
         *arrays, attrs = args
@@ -300,8 +301,9 @@ def numpy_rows(kernel, block):
             return kernel(np, *arrays, attrs)
         rows = [as_rows(a) for a in arrays]
         out = np.empty_like(rows[-1])
-        for r in row_blocks(*out.shape):
-            block(out[r], *(a[r] for a in rows), attrs)
+        if not numba_kernels.rows(compiled, out, *rows):
+            for r in row_blocks(*out.shape):
+                block(out[r], *(a[r] for a in rows), attrs)
         return out.reshape(x.shape)
 
     return run
@@ -331,11 +333,11 @@ def _log_softmax_torch(x, attrs):
 
 
 softmax = defop("nn.softmax", 1, _softmax_infer("nn.softmax"), kernel=_softmax_kernel,
-                impls={"numpy": numpy_rows(_softmax_kernel, _softmax_block), "torch": _softmax_torch},
+                impls={"numpy": numpy_rows(_softmax_kernel, _softmax_block, "softmax"), "torch": _softmax_torch},
                 attrs_type=SoftmaxAttrs, grad=lambda c, g: [softmax_grad(g, c, c.attrs.axis)],
                 pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="softmax")
 log_softmax = defop("nn.log_softmax", 1, _softmax_infer("nn.log_softmax"), kernel=_log_softmax_kernel,
-                    impls={"numpy": numpy_rows(_log_softmax_kernel, _log_softmax_block), "torch": _log_softmax_torch},
+                    impls={"numpy": numpy_rows(_log_softmax_kernel, _log_softmax_block, "log_softmax"), "torch": _log_softmax_torch},
                     attrs_type=SoftmaxAttrs,
                     grad=lambda c, g: [log_softmax_grad(g, c, c.attrs.axis)],
                     pattern=FusionKind.OPAQUE, flops=numel_flops(5), torch_name="log_softmax")
@@ -406,13 +408,13 @@ def _log_softmax_grad_grad(call: Call, h: Expr):
 
 
 softmax_grad = defop("nn.softmax_grad", 2, _softmax_grad_infer("nn.softmax_grad"), kernel=_softmax_grad_kernel,
-                     impls={"numpy": numpy_rows(_softmax_grad_kernel, _softmax_grad_block), "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+                     impls={"numpy": numpy_rows(_softmax_grad_kernel, _softmax_grad_block, "softmax_grad"), "torch": _softmax_grad_torch}, attrs_type=SoftmaxAttrs,
                      grad=_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
                      torch_name="_softmax_backward_data",
                      doc="Gradient of ``nn.softmax``: ``(out_grad, output) -> output * (out_grad - sum(out_grad * output))``.")
 log_softmax_grad = defop(
     "nn.log_softmax_grad", 2, _softmax_grad_infer("nn.log_softmax_grad"), kernel=_log_softmax_grad_kernel,
-    impls={"numpy": numpy_rows(_log_softmax_grad_kernel, _log_softmax_grad_block), "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
+    impls={"numpy": numpy_rows(_log_softmax_grad_kernel, _log_softmax_grad_block, "log_softmax_grad"), "torch": _log_softmax_grad_torch}, attrs_type=SoftmaxAttrs,
     grad=_log_softmax_grad_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(4), dtypes=FLOAT_DTYPES,
     torch_name="_log_softmax_backward_data",
     doc="Gradient of ``nn.log_softmax``: ``(out_grad, output) -> out_grad - exp(output) * sum(out_grad)``.")
