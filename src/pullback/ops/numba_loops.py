@@ -103,18 +103,23 @@ def gelu_grad_tanh(g, x, out):
         out[i] = g[i] * (s + TWO * v * s * s1 * (K + K3C * v2))
 
 
+@inline
+def exp_row(x, i, out):  # out[i] = exp(x[i] - max x[i]); returns (the max, the sum of out[i])
+    m = x[i, 0]
+    for j in range(1, x.shape[1]):
+        m = max(m, x[i, j])
+    s = ZERO
+    for j in range(x.shape[1]):
+        e = exp(x[i, j] - m)
+        out[i, j] = e
+        s += e
+    return m, s
+
+
 @jit
 def softmax_rows(x, out):
     for i in range(x.shape[0]):
-        m = x[i, 0]
-        for j in range(1, x.shape[1]):
-            m = max(m, x[i, j])
-        s = ZERO
-        for j in range(x.shape[1]):
-            e = exp(x[i, j] - m)
-            out[i, j] = e
-            s += e
-        inv = ONE / s
+        inv = ONE / exp_row(x, i, out)[1]
         for j in range(x.shape[1]):
             out[i, j] *= inv
 
@@ -122,12 +127,7 @@ def softmax_rows(x, out):
 @jit
 def log_softmax_rows(x, out):
     for i in range(x.shape[0]):
-        m = x[i, 0]
-        for j in range(1, x.shape[1]):
-            m = max(m, x[i, j])
-        s = ZERO
-        for j in range(x.shape[1]):
-            s += exp(x[i, j] - m)
+        m, s = exp_row(x, i, out)
         shift = m + np.log(s)
         for j in range(x.shape[1]):
             out[i, j] = x[i, j] - shift
