@@ -48,6 +48,7 @@ from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
+from ..transform.recognize_ops import RecognizeOps
 from . import custom_functions, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .core_aten import UNSUPPORTED
@@ -281,6 +282,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
     fn_params = user_vars + [entry[0] for entry in state_vars] + cx.mask_vars
     mod = IRModule({"main": Function(fn_params, body)})
     infer_module(mod)
+    mod = RecognizeOps()(mod)  # decomposed formulas (Hugging Face's gelu_new) back into operators
     state_names = {}
     for v, keys, _ in state_vars:
         more = [k for key in keys for k in (tied or {}).get(key, ()) if k not in keys]

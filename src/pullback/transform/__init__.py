@@ -7,6 +7,7 @@ from .first_order_gradient import FirstOrderGradient, gradient  # noqa: F401
 from .concretize_like import LIKE_OPS, ConcretizeLike  # noqa: F401
 from .eliminate_identity import EliminateIdentity  # noqa: F401
 from .simplify_expr import SimplifyExpr  # noqa: F401
+from .recognize_ops import RecognizeOps  # noqa: F401
 from .remove_unused_params import RemoveUnusedParameters  # noqa: F401
 from .dead_code import DeadCodeElimination  # noqa: F401
 from .cse import EliminateCommonSubexpr  # noqa: F401

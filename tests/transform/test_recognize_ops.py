@@ -1,0 +1,117 @@
+"""RecognizeOps: the decomposed tanh GELU (Hugging Face's gelu_new) becomes nn.gelu(approximate="tanh"), in
+every operand order; near misses stay as they are; the importer applies it."""
+
+import math
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import op
+from pullback.transform import FirstOrderGradient, RecognizeOps
+
+from cleanup_util import assert_same_results, assert_valid, mod_of
+
+K = math.sqrt(2.0 / math.pi)
+
+
+def _mul(a, b, swap):
+    return op.multiply(b, a) if swap else op.multiply(a, b)
+
+
+def _add(a, b, swap):
+    return op.add(b, a) if swap else op.add(a, b)
+
+
+def new_gelu(x, swaps=(False,) * 7, cube="power", c=0.044715, k=K, half=0.5):
+    """``0.5 x (1 + tanh(k (x + c x^3)))`` with each commutative call's operands optionally swapped."""
+    s = iter(swaps)
+    x3 = {"power": lambda: op.power(x, 3.0),
+          "xx*x": lambda: op.multiply(op.multiply(x, x), x),
+          "x*xx": lambda: op.multiply(x, op.multiply(x, x))}[cube]()
+    inner = _add(x, _mul(x3, c, next(s)), next(s))
+    t = op.tanh(_mul(inner, k, next(s)))
+    return _mul(_mul(x, half, next(s)), _add(t, 1.0, next(s)), next(s))
+
+
+def _pair(build_body, shape=(4, 6), dtype="float32"):
+    x = pb.var("x", shape=shape, dtype=dtype)
+    before = mod_of([x], build_body(x))
+    x2 = pb.var("x", shape=shape, dtype=dtype)
+    expected = mod_of([x2], op.nn.gelu(x2, approximate="tanh"))
+    return before, expected
+
+
+@pytest.mark.parametrize("swaps", [(False,) * 6, (True,) * 6, (True, False, True, False, True, False),
+                                   (False, True, False, True, False, True)])
+@pytest.mark.parametrize("cube", ["power", "xx*x", "x*xx"])
+def test_decomposed_tanh_gelu_becomes_one_op(swaps, cube):
+    before, expected = _pair(lambda x: new_gelu(x, swaps, cube))
+    after = RecognizeOps()(before)
+    pb.assert_structural_equal(after, expected)
+    assert_valid(after)
+    assert_same_results(before, after)
+    assert RecognizeOps()(after) is after
+
+
+def test_gelu_inside_a_program_keeps_the_rest_and_other_users_of_parts():
+    x, w = pb.var("x", shape=(3, 5)), pb.var("w", shape=(5, 5))
+    h = op.nn.dense(x, w)
+    t_used_twice = op.tanh(op.multiply(op.add(h, op.multiply(op.power(h, 3.0), 0.044715)), K))
+    g = op.multiply(op.multiply(h, 0.5), op.add(t_used_twice, 1.0))
+    before = mod_of([x, w], pb.Tuple([op.exp(g), t_used_twice]))
+    after = RecognizeOps()(before)
+    calls = {n.op.name for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and hasattr(n.op, "name")}
+    assert "nn.gelu" in calls and "tanh" in calls  # the tanh is still computed for its other user
+    assert_same_results(before, after)
+
+
+@pytest.mark.parametrize("change", [dict(c=0.04), dict(k=0.8), dict(half=0.25)])
+def test_other_constants_are_not_gelu(change):
+    x = pb.var("x", shape=(4, 6))
+    before = mod_of([x], new_gelu(x, **change))
+    assert RecognizeOps()(before) is before
+
+
+def test_a_different_cube_or_a_broadcasting_constant_is_not_gelu():
+    x, y = pb.var("x", shape=(4, 6)), pb.var("y", shape=(4, 6))
+    x3 = op.power(y, 3.0)  # y^3, not x^3
+    body = op.multiply(op.multiply(x, 0.5),
+                       op.add(op.tanh(op.multiply(op.add(x, op.multiply(x3, 0.044715)), K)), 1.0))
+    before = mod_of([x, y], body)
+    assert RecognizeOps()(before) is before
+    x = pb.var("x", shape=(6,))
+    wide = pb.const(np.full((4, 6), 0.5, "float32"))  # broadcasts x: the result is not x's type
+    body = op.multiply(op.multiply(x, wide), op.add(op.tanh(op.multiply(
+        op.add(x, op.multiply(op.power(x, 3.0), 0.044715)), K)), 1.0))
+    before = mod_of([x], body)
+    assert RecognizeOps()(before) is before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gradient_of_the_recognized_op_matches_the_formula(dtype):
+    before, _ = _pair(lambda x: op.sum(new_gelu(x) * x), shape=(3, 7), dtype=dtype)
+    after = RecognizeOps()(before)
+    x = np.random.default_rng(3).standard_normal((3, 7)).astype(dtype) * 3
+    want = pb.build(FirstOrderGradient()(before))["main_grad"](x)
+    got = pb.build(FirstOrderGradient()(after))["main_grad"](x)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[0], want[0], **tol)
+    np.testing.assert_allclose(got[1][0], want[1][0], **tol)
+
+
+def test_the_importer_recognizes_hugging_faces_gelu_new():
+    torch = pytest.importorskip("torch")
+    from pullback.frontend import from_torch
+
+    class NewGELU(torch.nn.Module):  # transformers.activations.NewGELUActivation
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), NewGELU())
+    x = torch.randn(4, 8)
+    mod, params = from_torch(m, (x,))
+    names = [n.op.name for n in pb.ir.traversal.post_order(mod["main"].body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    assert "nn.gelu" in names and "tanh" not in names and "power" not in names
+    args = [x.numpy()] + [params[p.name_hint] for p in mod["main"].params[1:]]
+    np.testing.assert_allclose(pb.build(mod)["main"](*args), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
