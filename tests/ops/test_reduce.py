@@ -174,3 +174,28 @@ def test_prod_gradient_is_exact_with_zeros(values, axis):
     (t.prod() if axis is None else t.prod(dim=axis)).sum().backward()
     np.testing.assert_allclose(grad, t.grad.numpy(), rtol=1e-12, atol=0)
     check_grad(f, [a])
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("name", ["variance", "std"])
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_variance_of_a_scalar_is_numpys_on_every_target(name, unbiased):
+    """A 0-d input (no axis reduced): 0 for a finite value, NaN for NaN and inf and with unbiased=True (NumPy's
+    ``var``); array-api-compat's torch ``var`` returns zeros there, NaN or not."""
+    values = [np.nan, np.inf, -3.0, 2.5]
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if unbiased else _no_warning():
+        var = [np.var(v, ddof=int(unbiased)) for v in values]
+    want = np.sqrt(var) if name == "std" else np.array(var)
+    for target in ("numpy", "jax", "torch"):
+        pytest.importorskip({"numpy": "numpy", "jax": "jax", "torch": "torch"}[target])
+        x = pullback.var("x", shape=(), dtype="float64")
+        exe = pullback.build(pullback.IRModule.from_expr(pullback.Function([x], getattr(op, name)(x, unbiased=unbiased))),
+                             target=target)
+        with np.errstate(all="ignore"):
+            got = [float(np.asarray(exe["main"](np.array(v)))) for v in values]
+        np.testing.assert_equal(got, want, err_msg=f"{target} {name}(unbiased={unbiased})")

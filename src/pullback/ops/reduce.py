@@ -206,6 +206,9 @@ def _var(xp, x, ax, kd, a):
     """The variance around each slice's first entry (the same value; exactly 0 for a constant slice on
     every target, where the mean's rounding would leave a target-dependent 1e-17)."""
     x = _acc(xp, x)
+    if not ax:  # each entry its own slice: 0, NaN for NaN/inf (array-api-compat's torch var gives zeros here)
+        d = x - x
+        return d * d / (1 - int(a.unbiased))
     if math.prod(x.shape):
         x = x - _first_of_slice(x, ax)
     return xp.var(x, axis=ax, keepdims=kd, correction=int(a.unbiased))
