@@ -3,6 +3,9 @@ kernels' handling of NaN, inf and overflow, and the fallback when numba is off."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -46,7 +49,8 @@ def test_gelu_and_its_gradient_are_within_float32_rounding_of_float64(approximat
 @pytest.mark.parametrize("approximate", APPROX)
 def test_special_values_give_what_the_numpy_kernel_gives(approximate, monkeypatch):
     """NaN stays NaN; +-inf and values whose cube overflows give the NumPy kernel's IEEE results."""
-    x = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 50, -50, 3e-39, -5, 5, 1e-20], np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 50, -50, 3e-39, -5, 5, 1e-20], np.float32)
+    x = np.resize(specials, NK.MIN_SIZE)  # large enough for the compiled loops
     g = np.ones_like(x)
     with np.errstate(all="ignore"):
         for name, args in (("nn.gelu", [x]), ("nn.gelu_grad", [g, x])):
@@ -60,9 +64,10 @@ def test_special_values_give_what_the_numpy_kernel_gives(approximate, monkeypatc
 def test_the_numpy_target_uses_the_compiled_kernels_on_any_layout(approximate):
     """Through the op: C-contiguous, transposed and strided float32 inputs give the float64 reference's values
     (closer than the NumPy kernel, whose ``1 - tanh^2`` cancels), and the inputs are not written."""
-    base = RNG.standard_normal((64, 96)).astype(np.float32) * 3
-    gbase = RNG.standard_normal((64, 96)).astype(np.float32)
-    for x, g in ((base, gbase), (base.T, gbase.T), (base[::2, ::3], gbase[::2, ::3])):
+    base = RNG.standard_normal((768, 192)).astype(np.float32) * 3
+    gbase = RNG.standard_normal((768, 192)).astype(np.float32)
+    for x, g in ((base, gbase), (base.T, gbase.T), (base[::2, ::2], gbase[::2, ::2])):
+        assert x.size >= NK.MIN_SIZE
         keep = x.copy(), g.copy()
         for name, args in (("nn.gelu", [x]), ("nn.gelu_grad", [g, x])):
             o = get_op(name)
@@ -80,16 +85,18 @@ def test_other_dtypes_shapes_and_numba_off_fall_back_to_numpy(monkeypatch):
     assert NK.gelu(x32.astype(np.float16), "none") is None
     assert NK.gelu(np.float32(1.0) * np.ones((), np.float32), "none") is None  # 0-d: the NumPy kernel
     assert NK.gelu_grad(np.ones((4,), np.float32), x32, "none") is None  # different shapes
-    assert NK.gelu(np.zeros((0, 5), np.float32), "tanh").shape == (0, 5)
+    assert NK.gelu(np.zeros((0, 5), np.float32), "tanh") is None
+    assert NK.gelu(np.ones((NK.MIN_SIZE - 1,), np.float32), "tanh") is None  # small: NumPy's kernel
+    big = np.ones((NK.MIN_SIZE,), np.float32)
     monkeypatch.setenv("PULLBACK_NUMBA", "0")
     NK._compiled.cache_clear()
     try:
         assert not NK.enabled()
-        assert NK.gelu(x32, "none") is None and NK.gelu_grad(x32, x32, "tanh") is None
+        assert NK.gelu(big, "none") is None and NK.gelu_grad(big, big, "tanh") is None
     finally:
         monkeypatch.delenv("PULLBACK_NUMBA")
         NK._compiled.cache_clear()
-    assert NK.enabled() and NK.gelu(x32, "none") is not None
+    assert NK.enabled() and NK.gelu(big, "none") is not None
 
 
 def test_exp_is_float32_accurate_on_its_whole_range():
@@ -105,8 +112,8 @@ def test_exp_is_float32_accurate_on_its_whole_range():
 
 
 def _rows_cases():
-    x = RNG.standard_normal((37, 129)).astype(np.float32) * 4
-    g = RNG.standard_normal((37, 129)).astype(np.float32)
+    x = RNG.standard_normal((257, 129)).astype(np.float32) * 4  # above NK.MIN_SIZE
+    g = RNG.standard_normal((257, 129)).astype(np.float32)
     gamma, beta = RNG.standard_normal(129).astype(np.float32), RNG.standard_normal(129).astype(np.float32)
     sm = np.exp(x - x.max(-1, keepdims=True))
     sm /= sm.sum(-1, keepdims=True)
@@ -139,7 +146,7 @@ def test_row_loops_match_float64_and_the_numpy_kernels(k, monkeypatch):
 
 
 def test_row_loops_keep_nan_and_inf_as_numpy_does():
-    x = RNG.standard_normal((4, 9)).astype(np.float32)
+    x = RNG.standard_normal((NK.MIN_SIZE // 8, 9)).astype(np.float32)
     x[0, 3] = np.nan
     x[1, :] = -np.inf
     x[2, 5] = -np.inf
@@ -149,3 +156,13 @@ def test_row_loops_keep_nan_and_inf_as_numpy_does():
         got = o.compute(x, o.make_attrs())
     assert np.isnan(got[0]).all() and np.isnan(got[1]).all() and np.isnan(got[3]).all()
     assert got[2, 5] == 0 and np.isclose(got[2].sum(), 1, rtol=1e-6)
+    assert not np.isnan(got[4:]).any() and np.allclose(got[4:].sum(1), 1, rtol=1e-5)
+
+
+def test_a_program_with_small_activations_never_imports_numba():
+    code = ("import sys, numpy as np, pullback as pb; from pullback import op\n"
+            "x = pb.var('x', shape=(32, 10)); f = pb.Function([x], op.nn.log_softmax(op.nn.gelu(x)))\n"
+            "pb.build(pb.IRModule.from_expr(f))['main'](np.ones((32, 10), 'float32'))\n"
+            "assert 'numba' not in sys.modules, 'numba imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

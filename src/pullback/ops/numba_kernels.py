@@ -8,9 +8,10 @@ softmax's gradient 0.3-0.4 -> 0.08-0.1 ms (softmax and log-softmax 1.4-2x), on o
 (numba's ``parallel=True`` pool, a third one beside OpenBLAS's and PyTorch's, made the
 training step slower), as close to float64 as the NumPy kernels or closer.
 
-Used for float32 arrays when numba is installed and the environment does not set
-``PULLBACK_NUMBA=0``; every other call (float16/64, 0-d, numba missing) runs the
-NumPy kernel. Each loop is compiled on its first call (about 0.3 s) and cached on disk
+Used for float32 arrays of at least ``MIN_SIZE`` elements when numba is installed and
+the environment does not set ``PULLBACK_NUMBA=0``; every other call (float16/64, small,
+numba missing) runs the NumPy kernel, so a program without large activations never
+imports numba. Each loop is compiled on its first call (about 0.3 s) and cached on disk
 by numba, so later processes load it in milliseconds; importing numba and its LLVM adds
 about 0.5 s and 160 MB of resident memory to the process.
 """
@@ -25,6 +26,11 @@ from typing import Callable, Optional
 import numpy as np
 
 
+# arrays below this size run the NumPy kernels: they gain little, and a program with only small ones (a
+# classifier's log-softmax) never imports numba (0.5 s and 160 MB)
+MIN_SIZE = 1 << 15
+
+
 def enabled() -> bool:
     """numba is installed and ``PULLBACK_NUMBA`` is not ``0``."""
     return os.environ.get("PULLBACK_NUMBA", "1") != "0" and find_spec("numba") is not None
@@ -32,7 +38,7 @@ def enabled() -> bool:
 
 def gelu(x: np.ndarray, approximate: str) -> Optional[np.ndarray]:
     """``nn.gelu`` of a float32 ``x`` in one compiled pass, or None (not float32, or numba off)."""
-    kernel = _compiled("gelu/" + approximate) if x.dtype == np.float32 and x.ndim else None
+    kernel = _compiled("gelu/" + approximate) if x.dtype == np.float32 and x.ndim and x.size >= MIN_SIZE else None
     if kernel is None:
         return None
     x = np.ascontiguousarray(x)
@@ -43,7 +49,7 @@ def gelu(x: np.ndarray, approximate: str) -> Optional[np.ndarray]:
 
 def gelu_grad(g: np.ndarray, x: np.ndarray, approximate: str) -> Optional[np.ndarray]:
     """``nn.gelu_grad`` (``g * gelu'(x)``) of float32 arrays of one shape in one compiled pass, or None."""
-    ok = x.dtype == np.float32 and g.dtype == np.float32 and x.ndim and g.shape == x.shape
+    ok = x.dtype == np.float32 and g.dtype == np.float32 and x.ndim and g.shape == x.shape and x.size >= MIN_SIZE
     kernel = _compiled("gelu_grad/" + approximate) if ok else None
     if kernel is None:
         return None
@@ -56,7 +62,7 @@ def gelu_grad(g: np.ndarray, x: np.ndarray, approximate: str) -> Optional[np.nda
 def rows(name: str, out: np.ndarray, *arrays: np.ndarray) -> bool:
     """Run the row loop ``name`` (``softmax``, ``log_softmax``, ``softmax_grad``, ``log_softmax_grad``) on
     C-contiguous 2-D float32 ``arrays`` into ``out``; False (nothing done) when it does not apply."""
-    kernel = _compiled(name) if out.dtype == np.float32 and out.shape[1] else None
+    kernel = _compiled(name) if out.dtype == np.float32 and out.shape[1] and out.size >= MIN_SIZE else None
     if kernel is None:
         return False
     kernel(*arrays, out)
@@ -65,7 +71,7 @@ def rows(name: str, out: np.ndarray, *arrays: np.ndarray) -> bool:
 
 def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[np.ndarray]:
     """``nn.layer_norm`` of float32 rows ``x2`` (normalised axis last) with ``LayerNormAttrs`` ``a``, or None."""
-    kernel = _compiled("layer_norm") if x2.dtype == np.float32 and x2.shape[1] else None
+    kernel = _compiled("layer_norm") if x2.dtype == np.float32 and x2.shape[1] and x2.size >= MIN_SIZE else None
     if kernel is None:
         return None
     out = np.empty_like(x2)
@@ -75,7 +81,7 @@ def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[np.ndarray]:
 
 def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a) -> Optional[tuple]:
     """``(dx rows, dgamma, dbeta)`` of ``nn.layer_norm_grad`` on float32 rows, or None."""
-    kernel = _compiled("layer_norm_grad") if x2.dtype == np.float32 and x2.shape[1] else None
+    kernel = _compiled("layer_norm_grad") if x2.dtype == np.float32 and x2.shape[1] and x2.size >= MIN_SIZE else None
     if kernel is None:
         return None
     dx = np.empty_like(x2)
