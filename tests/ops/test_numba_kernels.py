@@ -166,3 +166,21 @@ def test_a_program_with_small_activations_never_imports_numba():
             "assert 'numba' not in sys.modules, 'numba imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_numba_that_does_not_import_warns_once_and_numpy_kernels_run(tmp_path):
+    broken = tmp_path / "numba"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('Numba needs NumPy 1.x')\n")  # found, fails to import
+    code = ("import sys, warnings, numpy as np\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\n"
+            "from pullback.ops import get_op, numba_kernels as NK\n"
+            "x = np.linspace(-3, 3, NK.MIN_SIZE, dtype=np.float32)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    o = get_op('nn.gelu'); y = o.compute(x, o.make_attrs())\n"
+            "    o.compute(x, o.make_attrs(approximate='tanh'))\n"
+            "assert [str(m.message)[:60] for m in w] == ['pullback: numba is installed but does not import (ImportErro'], w\n"
+            "np.testing.assert_allclose(y, o.kernel(np, x.astype(np.float64), o.make_attrs()), rtol=1e-5, atol=1e-6)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

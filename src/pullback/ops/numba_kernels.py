@@ -19,6 +19,7 @@ about 0.5 s and 160 MB of resident memory to the process.
 from __future__ import annotations
 
 import os
+import warnings
 from functools import lru_cache
 from importlib.util import find_spec
 from typing import Callable, Optional
@@ -97,11 +98,21 @@ def _vector(v) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def _compiled(name: str) -> Optional[Callable]:
-    if not enabled():
-        return None
-    from . import numba_loops  # imports numba
+    loops = _loops() if enabled() else None
+    return None if loops is None else loops.KERNELS[name]
 
-    return numba_loops.KERNELS[name]
+
+@lru_cache(maxsize=1)
+def _loops():
+    """``numba_loops`` (importing numba), or None with one warning when the installed numba does not import
+    (e.g. one built for another NumPy): the numpy target then runs its NumPy kernels."""
+    try:
+        from . import numba_loops
+    except Exception as e:  # noqa: BLE001 (any failure of a third-party import)
+        warnings.warn(f"pullback: numba is installed but does not import ({type(e).__name__}: {e}); the numpy target "
+                      "runs its NumPy kernels (PULLBACK_NUMBA=0 silences this)", RuntimeWarning, stacklevel=4)
+        return None
+    return numba_loops
 
 
 __all__ = ["enabled", "gelu", "gelu_grad", "rows", "layer_norm", "layer_norm_grad"]
