@@ -36,8 +36,8 @@ from . import elemwise as E
 from . import reduce as R
 from . import layout as T
 from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
-from .nn import as_dtype, check_bool, check_float, check_int, count, field, lazy, nonzero, same_shape, scalar, widen16
 from . import numba_kernels
+from .nn import as_dtype, check_bool, check_float, check_int, count, field, lazy, nonzero, same_shape, scalar, widen16
 from .npfast import along, as_rows, row_blocks, sum_along, sum_except
 from .registry import FusionKind, array_namespace, defop, type_error
 
@@ -391,7 +391,7 @@ def _layer_norm_grad_numpy(g, x, gamma, a):
     if not _rows_ok(x, a):
         return _norm_grad_kernel(True)(np, g, x, gamma, a)
     g2, x2 = as_rows(g), as_rows(x)
-    if g2.dtype == x2.dtype and (res := numba_kernels.layer_norm_grad(g2, x2, gamma, a)) is not None:
+    if (res := numba_kernels.layer_norm_grad(g2, x2, gamma, a)) is not None:
         return res[0].reshape(x.shape), res[1], res[2]
     n = x.dtype.type(x2.shape[1])
     dx = np.empty_like(x2)

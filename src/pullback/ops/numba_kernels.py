@@ -38,41 +38,29 @@ def enabled() -> bool:
 
 
 def gelu(x: np.ndarray, approximate: str) -> Optional[np.ndarray]:
-    """``nn.gelu`` of a float32 ``x`` in one compiled pass, or None (not float32, or numba off)."""
-    kernel = _compiled("gelu/" + approximate) if x.dtype == np.float32 and x.ndim and x.size >= MIN_SIZE else None
-    if kernel is None:
-        return None
-    x = np.ascontiguousarray(x)
-    out = np.empty_like(x)
-    kernel(x.reshape(-1), out.reshape(-1))
-    return out
+    """``nn.gelu`` of a float32 ``x`` in one compiled pass, or None (the NumPy kernel applies)."""
+    kernel = _kernel("gelu/" + approximate, x)
+    return None if kernel is None else _flat(kernel, x)
 
 
 def gelu_grad(g: np.ndarray, x: np.ndarray, approximate: str) -> Optional[np.ndarray]:
     """``nn.gelu_grad`` (``g * gelu'(x)``) of float32 arrays of one shape in one compiled pass, or None."""
-    ok = x.dtype == np.float32 and g.dtype == np.float32 and x.ndim and g.shape == x.shape and x.size >= MIN_SIZE
-    kernel = _compiled("gelu_grad/" + approximate) if ok else None
-    if kernel is None:
-        return None
-    g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
-    out = np.empty_like(x)
-    kernel(g.reshape(-1), x.reshape(-1), out.reshape(-1))
-    return out
+    kernel = _kernel("gelu_grad/" + approximate, g, x)
+    return None if kernel is None else _flat(kernel, g, x)
 
 
 def rows(name: str, out: np.ndarray, *arrays: np.ndarray) -> bool:
     """Run the row loop ``name`` (``softmax``, ``log_softmax``, ``softmax_grad``, ``log_softmax_grad``) on
     C-contiguous 2-D float32 ``arrays`` into ``out``; False (nothing done) when it does not apply."""
-    kernel = _compiled(name) if out.dtype == np.float32 and out.shape[1] and out.size >= MIN_SIZE else None
-    if kernel is None:
-        return False
-    kernel(*arrays, out)
-    return True
+    kernel = _kernel(name, out, *arrays)
+    if kernel is not None:
+        kernel(*arrays, out)
+    return kernel is not None
 
 
 def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[np.ndarray]:
     """``nn.layer_norm`` of float32 rows ``x2`` (normalised axis last) with ``LayerNormAttrs`` ``a``, or None."""
-    kernel = _compiled("layer_norm") if x2.dtype == np.float32 and x2.shape[1] and x2.size >= MIN_SIZE else None
+    kernel = _kernel("layer_norm", x2)
     if kernel is None:
         return None
     out = np.empty_like(x2)
@@ -82,7 +70,7 @@ def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[np.ndarray]:
 
 def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a) -> Optional[tuple]:
     """``(dx rows, dgamma, dbeta)`` of ``nn.layer_norm_grad`` on float32 rows, or None."""
-    kernel = _compiled("layer_norm_grad") if x2.dtype == np.float32 and x2.shape[1] and x2.size >= MIN_SIZE else None
+    kernel = _kernel("layer_norm_grad", g2, x2)
     if kernel is None:
         return None
     dx = np.empty_like(x2)
@@ -90,6 +78,22 @@ def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a) -> Optional[tuple]
     kernel(g2, x2, _vector(gamma), np.float32(a.epsilon), a.scale, dx, dgamma, dbeta)
     return (dx, dgamma.astype(gamma.dtype) if a.scale else np.zeros_like(gamma),
             dbeta.astype(gamma.dtype) if a.center else np.zeros_like(gamma))
+
+
+def _kernel(name: str, *arrays: np.ndarray) -> Optional[Callable]:
+    """The compiled loop ``name`` for float32 ``arrays`` of one shape and at least ``MIN_SIZE`` elements, else None."""
+    first = arrays[0]
+    if first.size < MIN_SIZE or any(a.dtype != np.float32 or a.shape != first.shape for a in arrays):
+        return None
+    return _compiled(name)
+
+
+def _flat(kernel: Callable, *arrays: np.ndarray) -> np.ndarray:
+    """``kernel(*flat arrays, flat out)`` on C-contiguous copies (or the arrays themselves); returns ``out``."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    out = np.empty_like(arrays[-1])
+    kernel(*(a.reshape(-1) for a in arrays), out.reshape(-1))
+    return out
 
 
 def _vector(v) -> np.ndarray:
