@@ -165,7 +165,9 @@ def _torch_or_shared(fast, shared):
 
 
 def _nll_pick_torch(t, w, a) -> tuple:
-    """``_nll_pick`` without its range check (ATen's gather and scatter check the indices)."""
+    """``_nll_pick`` without its range check: ATen's ``gather`` and ``scatter_`` reject a bad index (the shared kernel
+    with the check off would not: array-api-compat's ``take_along_axis`` wraps negative indices, as the array API
+    allows)."""
     import torch
 
     t = t.long()

@@ -18,16 +18,12 @@ from typing import Optional
 
 from ..ir.expr import Call, Expr
 from ..ops.activation import gelu
-from ..ops.registry import OpDef
+from ..ops.registry import is_call_to
 from ..pattern import is_op, wildcard
 from .eliminate_identity import uniform_value
 from .pass_infra import RewritePass
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _call(e: Expr, name: str) -> Optional[Call]:
-    return e if isinstance(e, Call) and isinstance(e.op, OpDef) and e.op.name == name else None
 
 
 def _is_value(e: Expr, value: float) -> bool:
@@ -37,33 +33,30 @@ def _is_value(e: Expr, value: float) -> bool:
 
 def _with_constant(e: Expr, name: str, value: float) -> Optional[Expr]:
     """``y`` when ``e`` is ``name(y, value)`` or ``name(value, y)``, else None."""
-    c = _call(e, name)
-    if c is None or len(c.args) != 2:
+    if not is_call_to(e, name) or len(e.args) != 2:
         return None
-    a, b = c.args
+    a, b = e.args
     return a if _is_value(b, value) else (b if _is_value(a, value) else None)
 
 
 def _is_cube_of(e: Expr, x: Expr) -> bool:
     """``e`` is ``power(x, 3)`` or ``x * x * x`` (either grouping)."""
-    if _with_constant(e, "power", 3.0) is x and _call(e, "power").args[0] is x:
-        return True
-    m = _call(e, "multiply")
-    if m is None:
+    if is_call_to(e, "power"):
+        return e.args[0] is x and _is_value(e.args[1], 3.0)
+    if not is_call_to(e, "multiply"):
         return False
-    a, b = m.args
-    square = [s for s in (a, b) if (q := _call(s, "multiply")) is not None and q.args[0] is x and q.args[1] is x]
-    return bool(square) and (a is x or b is x)
+    a, b = e.args
+    square = b if a is x else (a if b is x else None)
+    return is_call_to(square, "multiply") and square.args[0] is x and square.args[1] is x
 
 
 def _tanh_gelu_input(node: Call) -> Optional[Expr]:
     """``x`` when ``node`` computes ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, else None."""
     for half, rest in (node.args, node.args[::-1]):
         x = _with_constant(half, "multiply", 0.5)
-        one_plus = _with_constant(rest, "add", 1.0) if x is not None else None
-        t = _call(one_plus, "tanh") if one_plus is not None else None
-        s = _with_constant(t.args[0], "multiply", _SQRT_2_OVER_PI) if t is not None else None
-        inner = _call(s, "add") if s is not None else None
+        t = _with_constant(rest, "add", 1.0) if x is not None else None  # rest = t + 1, t = tanh(...)
+        s = _with_constant(t.args[0], "multiply", _SQRT_2_OVER_PI) if is_call_to(t, "tanh") else None
+        inner = s if is_call_to(s, "add") else None
         if inner is None or not (inner.args[0] is x or inner.args[1] is x):
             continue
         cube = _with_constant(inner.args[1] if inner.args[0] is x else inner.args[0], "multiply", 0.044715)
