@@ -115,3 +115,28 @@ def test_the_importer_recognizes_hugging_faces_gelu_new():
     assert "nn.gelu" in names and "tanh" not in names and "power" not in names
     args = [x.numpy()] + [params[p.name_hint] for p in mod["main"].params[1:]]
     np.testing.assert_allclose(pb.build(mod)["main"](*args), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_recognized_gelu_new_trains_like_pytorch_autograd_in_float64():
+    """The imported module's loss gradient (through nn.gelu's rule) equals PyTorch autograd of the Python formula."""
+    torch = pytest.importorskip("torch")
+    from pullback.frontend import from_torch
+
+    class NewGELU(torch.nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 6), NewGELU()).double()
+    x = torch.randn(5, 6, dtype=torch.float64) * 2
+    mod, params = from_torch(m, (x,))
+    assert any(isinstance(n, pb.Call) and getattr(n.op, "name", "") == "nn.gelu"
+               for n in pb.ir.traversal.post_order(mod["main"].body))
+    names = [p.name_hint for p in mod["main"].params]
+    body = mod["main"].body
+    loss = pb.IRModule.from_expr(pb.Function(mod["main"].params, op.sum(op.multiply(body, body))))
+    grads = pb.build(FirstOrderGradient()(loss))["main_grad"](x.numpy(), *[params[n] for n in names[1:]])[1]
+    (m(x) ** 2).sum().backward()
+    want = [p.grad.numpy() for p in m.parameters()]  # weight, bias: the order of @main's parameters
+    for got, w in zip(grads[1:], want):
+        np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-12)
