@@ -273,3 +273,35 @@ def test_convolutions_of_1x1_maps_are_one_gemm_with_their_tap_on_torch(k, pad, d
     torch.testing.assert_close(get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa), wr.grad, rtol=1e-12, atol=1e-12)
     ta = C.Conv2DTransposeAttrs(strides=stride, padding=pad, dilation=dil)
     torch.testing.assert_close(get_op("nn.conv2d_transpose").impl("torch")(gy, w, ta), gx_want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("hw,k,pad,dil,stride", [((2, 2), (3, 3), (1, 1, 1, 1), (1, 1), (2, 2)),
+                                                 ((2, 2), (3, 3), (1, 1, 1, 1), (1, 1), (1, 1)),
+                                                 ((4, 4), (3, 3), (1, 1, 1, 1), (1, 1), (2, 2)),
+                                                 ((4, 3), (3, 2), (0, 1, 2, 0), (1, 1), (2, 2)),
+                                                 ((5, 5), (3, 3), (1, 1, 1, 1), (2, 2), (3, 3)),
+                                                 ((2, 2), (1, 1), (0, 0, 0, 0), (1, 1), (2, 2))])
+@pytest.mark.parametrize("n,channels_last", [(3, False), (3, True), (0, False)])
+def test_convolutions_with_small_outputs_are_im2col_and_one_gemm_on_torch(hw, k, pad, dil, stride, n, channels_last):
+    """Where the output plane has at most ``SMALL_PLANE`` positions (a ResNet's last stages on small images,
+    where oneDNN's weight gradient is slow), the torch kernels run ATen's im2col and one GEMM; they agree with
+    ATen's convolution and its weight gradient (asymmetric padding, dilation, strides, empty batches)."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn((n, 6) + hw, generator=g, dtype=torch.float64), torch.randn((5, 6) + k, generator=g, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    xr = torch.nn.functional.pad(x, (pad[1], pad[3], pad[0], pad[2])).requires_grad_(False)
+    wr = w.clone().requires_grad_(True)
+    want = torch.nn.functional.conv2d(xr, wr, None, stride, 0, dil)
+    assert want.shape[2] * want.shape[3] <= C.SMALL_PLANE
+    a = C.Conv2DAttrs(strides=stride, padding=pad, dilation=dil)
+    torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want.detach(), rtol=1e-12, atol=1e-12)
+    gy = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    want.backward(gy)
+    wa = C.Conv2DBackwardWeightAttrs(kernel_size=k, strides=stride, padding=pad, dilation=dil)
+    got = get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, wr.grad, rtol=1e-12, atol=1e-12)

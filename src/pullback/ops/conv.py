@@ -370,12 +370,32 @@ def single_tap(hw_in: tuple, hw_out: tuple, k: tuple, attrs) -> Optional[tuple]:
     return tuple(taps)
 
 
+# ATen's convolutions (oneDNN) are slow where the output plane is tiny: a ResNet's last stages on 32x32 images.
+# There a convolution producing at most SMALL_PLANE positions is im2col (ATen's ``unfold``) and one GEMM.
+# Measured (batch 16, 2 threads, ms, ATen -> unfold + GEMM): weight gradient of a 3x3/2 convolution 256 -> 512
+# channels from 2x2 to 1x1 10.2 -> 0.6, of a 3x3 256 -> 256 at 2x2 1.7 -> 0.9, of a 3x3/2 128 -> 256 from 4x4 to
+# 2x2 0.8 -> 0.5; at 4x4 outputs ATen wins (0.8 vs 1.0). The forward gains only on a 1x1 output (1.0 -> 0.6).
+SMALL_PLANE = 4
+
+
+def _torch_columns(x, k: tuple, attrs):
+    """The windows of NCHW tensor ``x`` as ATen's im2col columns ``(N, C * KH * KW, OH * OW)``."""
+    import torch.nn.functional as F
+
+    x, pad = torch_padding(x, attrs.padding)
+    return F.unfold(x, k, attrs.dilation, pad, attrs.strides)
+
+
 def _conv2d_torch(x, w, attrs):
     import torch.nn.functional as F
 
-    tap = single_tap(x.shape[2:], _conv_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
+    out = _conv_out_hw(attrs, x.shape[2:], w.shape[2:])
+    tap = single_tap(x.shape[2:], out, w.shape[2:], attrs)
     if tap is not None:
         return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[0], 1, 1)
+    if tuple(out) == (1, 1) and attrs.groups == 1:
+        cols = _torch_columns(x, w.shape[2:], attrs)
+        return (cols.reshape(cols.shape[:2]) @ w.reshape(w.shape[0], -1).T).reshape(x.shape[0], w.shape[0], 1, 1)
     x, pad = torch_padding(conv_layout(x, w.numel())(x), attrs.padding)
     return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
 
@@ -585,6 +605,11 @@ def _backward_weight_torch(gy, x, attrs):
         gw = gy.new_zeros(w_shape)
         gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[:2]).T @ x.reshape(x.shape[:2])
         return gw
+    n, o, oh, ow = gy.shape
+    if oh * ow <= SMALL_PLANE and attrs.groups == 1:
+        cols = _torch_columns(x, attrs.kernel_size, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
+        gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
+        return (gy @ cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1])).reshape(w_shape)
     order = conv_layout(x, math.prod(w_shape))
     x, pad = torch_padding(order(x), attrs.padding)
     gy = order(gy)
