@@ -62,7 +62,7 @@ def _reference_max_pool_grad(g, x, a):
     ((2, 2), (2, 2), (0, 0), (1, 1), False), ((3, 3), (2, 2), (1, 1), (1, 1), True),
     ((2, 3), (1, 1), (0, 1), (2, 1), False), ((3, 3), (3, 2), (0, 0), (1, 1), True)])
 @pytest.mark.parametrize("with_nan", [False, True])
-def test_max_pool_fast_paths_match_the_strict_first_max_scan(ps, st, pad, dil, ceil, with_nan):
+def test_max_pool_fast_paths_match_the_first_max_scan(ps, st, pad, dil, ceil, with_nan):
     a = P.MaxPool2DAttrs(pool_size=ps, strides=st, padding=pad, dilation=dil, ceil_mode=ceil)
     x = np.maximum(np.round(RNG.standard_normal((2, 3, 8, 8))), 0).astype(np.float32)  # many ties
     if with_nan:

@@ -168,11 +168,16 @@ def _grad_flops(arg_types, out_type, attrs):
 # ------------------------------------------------------------------ max pooling
 
 
+# Which tap is a window's maximum: ATen's rule, scanning the taps in row-major order, a tap replaces the best so
+# far when it is greater (ties keep the earlier tap) or NaN (so a window holding NaN has the max NaN, at its last
+# NaN), as PyTorch's max pooling, its indices and its gradient do on every device.
+
+
 def _first_max(xp, views):
-    """(max, index of the first max in row-major window order) per window, by strict comparison (NaN never wins)."""
+    """(max, index of the first max in row-major window order) per window, by ATen's rule (see above)."""
     best, idx = views[0], full(xp, views[0].shape, 0, views[0], dtype=xp.int32)
     for k in range(1, len(views)):
-        better = views[k] > best  # strict: ties keep the earlier position
+        better = (views[k] > best) | xp.isnan(views[k])
         best, idx = xp.where(better, views[k], best), xp.where(better, k, idx)
     return best, idx
 
@@ -204,12 +209,13 @@ def _max_pool_gather_kernel(xp, x, src, a):
 
 
 def _max_scan(views):
-    """(max, index of the first max in row-major window order) per window, by strict comparison."""
+    """(max, index of the first max in row-major window order) per window, by ATen's rule (see ``_first_max``)."""
     best = np.array(views[0], copy=True)
     idx = np.zeros(best.shape, np.int64)
     for k in range(1, len(views)):
         v = views[k]
-        better = v > best  # strict: ties keep the earlier position
+        better = v > best
+        better |= np.isnan(v)
         np.copyto(best, v, where=better)
         np.copyto(idx, k, where=better)
     return best, idx
