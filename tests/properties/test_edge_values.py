@@ -8,6 +8,8 @@ defined result, not only that targets agree:
 - ``max`` / ``min`` over a slice holding NaN: NaN, and a NaN gradient for every entry of the
   slice (torch.amax's rule); ``maximum`` / ``minimum`` where an operand is NaN: NaN, and a NaN
   gradient for both operands (PyTorch gives both the whole gradient; NaN in, NaN out instead);
+- ``nn.max_pool2d`` (and its indices and gradient) over a window holding NaN: NaN, the index and the gradient
+  at the window's last NaN (PyTorch's rule; ties keep the first maximum);
 - ``std`` / ``variance`` of a constant slice: exactly 0, with a zero gradient (PyTorch's rule);
   unbiased over one entry: NaN, gradient NaN;
 - an index out of range in ``take(mode="fast")``, ``gather``, ``scatter``, ``scatter_add``,
@@ -296,3 +298,33 @@ def test_traced_kernels_outside_the_jax_target_keep_their_own_behaviour():
     fn = op.gather.impl("jax")
     out = jax.jit(lambda x, i: fn(x, i, op.gather.make_attrs(axis=0)))(X3, np.array([0, 7], "int32"))
     assert np.asarray(out).tolist() == [1.0, 3.0]
+
+
+# ------------------------------------------------------------------ max pooling over NaN
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("attrs", [dict(pool_size=(2, 3), strides=(2, 3)), dict(pool_size=(3, 3), strides=(1, 2), padding=(1, 1, 1, 1)),
+                                   dict(pool_size=(2, 2), strides=(1, 1), dilation=(2, 1))])
+def test_max_pooling_of_windows_holding_nan_is_pytorchs(target, attrs):
+    """A window holding NaN pools to NaN, its index and its gradient at its last NaN; ties keep the first
+    maximum: PyTorch's max_pool2d, its indices and its gradient, on every target (the numpy target once let NaN
+    through only at a window's first tap)."""
+    torch = pytest.importorskip("torch")
+    x = np.round(np.random.default_rng(5).standard_normal((2, 3, 6, 9))).astype(np.float32)
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = x[1, 2, 3, 4] = x[1, 1, :, 5] = np.nan
+    x[0, 1, 0, 0] = np.nan  # a window's first tap
+    xt = torch.tensor(x, requires_grad=True)
+    pads = attrs.get("padding", (0,) * 4)
+    want, want_idx = torch.nn.functional.max_pool2d(xt, attrs["pool_size"], attrs["strides"], pads[:2],
+                                                    attrs.get("dilation", (1, 1)), return_indices=True)
+    g = np.random.default_rng(6).standard_normal(want.shape).astype(np.float32)
+    want.backward(torch.tensor(g))
+    xv, gv = pb.var("x", shape=x.shape), pb.var("g", shape=g.shape)
+    outs = [op.nn.max_pool2d(xv, **attrs), op.nn.max_pool2d_with_indices(xv, **attrs), op.nn.max_pool2d_grad(gv, xv, **attrs)]
+    exe = pb.build(pb.IRModule.from_expr(pb.Function([gv, xv], pb.Tuple(outs))), target=target)
+    y, (yi, idx), dx = exe["main"](g, x)
+    for v in (y, yi):
+        np.testing.assert_array_equal(np.asarray(v), want.detach().numpy())  # NaN where PyTorch has NaN
+    np.testing.assert_array_equal(np.asarray(idx), want_idx.numpy())
+    np.testing.assert_allclose(np.asarray(dx), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
