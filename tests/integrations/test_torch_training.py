@@ -77,6 +77,63 @@ def test_programs_are_specialised_on_which_inputs_require_grad(target):
         torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
 
 
+def _bn_net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+
+def test_frozen_parameters_get_no_gradient_computed(target):
+    """Parameters with ``requires_grad`` off (a frozen backbone) are left out of the backward, as eager leaves
+    them: no gradient, no update, the others trained like eager; unfreezing them compiles a program that
+    differentiates them again (programs are specialised on it, as on the inputs' ``requires_grad``)."""
+    torch.manual_seed(0)
+    model = _bn_net()
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(4, 3, 6, 6), torch.tensor([0, 1, 2, 1])
+    cm = pb_compile(model, (x,), target=target)
+    (tp,) = cm._programs.values()
+    assert len(tp.mod["main_bwd"].body.fields) == 4  # batch norm's and the linear layer's weights and biases
+    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1) for m in (eager, model)]
+    for _ in range(3):
+        for m, opt in ((eager, opts[0]), (cm, opts[1])):
+            opt.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        assert (a.grad is None) == (b.grad is None) == name.startswith("0."), name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for p in model[0].parameters():
+        p.requires_grad_(True)
+    F.cross_entropy(cm(x), y).backward()
+    assert len(cm._programs) == 2 and all(p.grad is not None for p in model[0].parameters())
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_no_grad_calls_run_the_forward_alone(target, train):
+    """Under ``torch.no_grad()`` (evaluation) and where nothing requires grad, the call runs ``@main`` alone:
+    no differentiation, no residuals, no autograd graph; results and batch norm's running statistics (updated in
+    train mode, as eager updates them under no_grad) equal eager's."""
+    torch.manual_seed(0)
+    model = _bn_net().train(train)
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 3, 6, 6)
+    cm = pb_compile(model, (x,), target=target)
+    with torch.no_grad():
+        got, want = cm(x), eager(x)
+    assert got.grad_fn is None and not got.requires_grad
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    no_grad = [tp for key, tp in cm._programs.items() if key[-1] is False]
+    assert len(no_grad) == 1 and no_grad[0].mod is None and no_grad[0].bridge is None  # nothing differentiated
+    for a, b in zip(eager.buffers(), model.buffers()):
+        torch.testing.assert_close(a, b)
+    for p in model.parameters():  # grad mode on, but nothing to differentiate: the forward alone too
+        p.requires_grad_(False)
+    got = cm(x)
+    assert got.grad_fn is None and not got.requires_grad
+    torch.testing.assert_close(got, eager(x).detach(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_transformer_layer_trains_with_momentum_sgd(norm_first):
     # (not Adam here: the key bias has a mathematically zero gradient, whose float noise Adam scales to full steps)

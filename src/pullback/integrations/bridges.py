@@ -56,15 +56,24 @@ class Bridge:
 
     def forward(self, tensors: Sequence) -> tuple[list, tuple]:
         """``(outputs, residuals)``: the flat outputs as torch tensors, the residuals as the target keeps them."""
+        out, res = self.call(tensors)
+        return self.outputs(out), res
+
+    def infer(self, tensors: Sequence) -> list:
+        """The flat outputs as torch tensors, where ``fwd`` is a program without residuals (``@main``)."""
+        return self.outputs(self.call(tensors))
+
+    def call(self, tensors: Sequence):
+        """``fwd``'s result on the torch tensors ``tensors``."""
         want = self.expected
         if want is not None and len(tensors) == len(want) and all(
                 t.shape == s and t.dtype == d and t.is_cpu for t, (s, d) in zip(tensors, want)):
             take = self.take
-            out, res = self.run(self.fwd, [take(t) for t in tensors], check=False)
-        else:  # checked: the error says which input is wrong
-            out, res = self.run(self.fwd, tensors, check=True)
-        outs = [out] if self.single else list(out)
-        return [self.to_torch(o) for o in outs], res
+            return self.run(self.fwd, [take(t) for t in tensors], check=False)
+        return self.run(self.fwd, tensors, check=True)  # checked: the error says which input is wrong
+
+    def outputs(self, out) -> list:
+        return [self.to_torch(o) for o in ([out] if self.single else out)]
 
     def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
         """The gradients (torch tensors, one per ``wrt``) from the residuals and the outputs' gradients
@@ -193,9 +202,9 @@ class JaxBridge(Bridge):
         self.jax = jax
         self.x64 = fwd._exe.x64
 
-    def forward(self, tensors: Sequence) -> tuple[list, tuple]:
+    def call(self, tensors: Sequence):
         with self.jax.enable_x64(self.x64):  # int64 inputs stay int64
-            return super().forward(tensors)
+            return super().call(tensors)
 
     def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
         with self.jax.enable_x64(self.x64):

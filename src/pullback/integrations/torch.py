@@ -13,7 +13,8 @@ Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 (PyTorch's CPU dropout draws the same way), mutated buffers (batch norm's
 running statistics) are written back, and a new program is compiled for a new
 train/eval mode or input shape (kept in a cache; with ``dynamic_batch=True`` one program serves every
-batch size).
+batch size), for new ``requires_grad`` flags of the inputs and parameters (frozen parameters get no
+gradient computed) and for grad mode: under ``torch.no_grad()`` only ``@main`` runs.
 
 ``target`` picks the executor; the default (``DEFAULT_TARGET``) is the fastest one installed, by the
 measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tensors themselves) when the
@@ -60,7 +61,8 @@ DEFAULT_TARGET = default_target()
 
 class TrainingProgram:
     """An imported program with its built ``@main_fwd`` / ``@main_bwd``, run on torch tensors by a
-    ``bridges.Bridge`` of the target.
+    ``bridges.Bridge`` of the target; ``infer`` runs ``@main`` alone (built on first use) where no gradient
+    is wanted (``torch.no_grad()``, or nothing in ``wrt`` requires grad). With ``wrt`` empty only ``infer`` runs.
 
     ``phases``: seconds per phase of compiling it, in order (``export`` and ``import`` when given by the
     caller, then ``AD``, ``cleanup``, ``partition``, ``build``: the executables and their plans)."""
@@ -74,6 +76,16 @@ class TrainingProgram:
         params = prog.main.params
         names = [p.name_hint for p in params]
         self.wrt_index = [names.index(w) for w in wrt]
+        self.num_inputs = len(params)
+        self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
+        self.state_keys = [prog.state_key(n) for n in prog.params]
+        self._inference = None
+        self.bridge = self.mod = None
+        if wrt:
+            self._build(wrt, policy, lap)
+
+    def _build(self, wrt: Sequence[str], policy: str, lap: "Phases") -> None:
+        prog, target = self.prog, self.target
         mod = lap("AD", FirstOrderGradient("main", wrt=list(wrt), mode="vjp")(prog.mod))
         mod = lap("cleanup", standard_cleanup()(mod))
         # min_cut prices recomputation with the target's costs
@@ -85,15 +97,27 @@ class TrainingProgram:
         # wrt positions whose gradient is structurally zero (the parameter does not reach the loss, or only through
         # non-differentiable or no_grad paths): None, as eager leaves .grad (optimizers then skip it: no weight decay)
         self.no_path = _structural_zeros(self.mod["main_bwd"].body)
-        self.num_inputs = len(params)
-        self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
-        self.num_results = len(self.out_types)
         self.float_out = [is_inexact(t.dtype) for t in self.out_types]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
         inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
-        self.state_keys = [prog.state_key(n) for n in prog.params]
+
+    def wants_grad(self, tensors: Sequence) -> bool:
+        """Whether a call on ``tensors`` records a gradient: grad mode is on and a ``wrt`` tensor requires grad."""
+        import torch
+
+        return self.bridge is not None and torch.is_grad_enabled() and any(tensors[i].requires_grad for i in self.wrt_index)
+
+    def infer(self, tensors: Sequence) -> list:
+        """``@main`` on ``tensors`` (no residuals, no autograd graph): all results as torch tensors."""
+        import torch
+
+        if self._inference is None:
+            main = build(standard_cleanup()(self.prog.mod), target=self.target)["main"]
+            self._inference = BRIDGES[self.target](main, None, self.out_types, self.prog.single_output)
+        with torch.no_grad():
+            return self._inference.infer(tensors)
 
 
 def _structural_zeros(body) -> frozenset:
@@ -188,20 +212,26 @@ def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:
 
 
 def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple:
-    """Apply the autograd Function: all results (user outputs, then mutated values). ``mutated``: the
-    tensors the caller will overwrite with the mutated values (residuals sharing their memory are copied)."""
+    """All results (user outputs, then mutated values): through the autograd Function when a gradient is
+    wanted (``TrainingProgram.wants_grad``), else ``@main`` alone. ``mutated``: the tensors the caller will
+    overwrite with the mutated values (residuals sharing their memory are copied)."""
+    if not tp.wants_grad(tensors):
+        return tuple(tp.infer(tensors))
     return _function().apply(tp, tuple(mutated), *tensors)
 
 
-def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequence] = None) -> tuple:
+def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequence] = None,
+         state_tensors: Optional[Sequence] = None) -> tuple:
     """Run ``tp`` on the user's ``inputs`` with the parameters and buffers of ``state`` (state_dict key ->
-    tensor: a dict or a ``ModuleState``), fresh random inputs drawn as eager draws them (a dynamic batch
-    dimension sized like ``batched``, default ``inputs``); writes the mutated parameters, buffers and inputs
-    back and returns the user outputs."""
+    tensor: a dict or a ``ModuleState``; or ``state_tensors``, already read in ``tp.state_keys`` order), fresh
+    random inputs drawn as eager draws them (a dynamic batch dimension sized like ``batched``, default
+    ``inputs``); writes the mutated parameters, buffers and inputs back and returns the user outputs."""
     import torch
 
     prog = tp.prog
-    tensors = [*inputs, *[state[k] for k in tp.state_keys], *draw_masks(prog, inputs if batched is None else batched)]
+    if state_tensors is None:
+        state_tensors = [state[k] for k in tp.state_keys]
+    tensors = [*inputs, *state_tensors, *draw_masks(prog, inputs if batched is None else batched)]
     if not prog.mutations:
         return run(tp, tensors)
     by_input = dict(zip(prog.inputs, inputs))
@@ -218,10 +248,12 @@ def float_wrt(prog: TorchProgram, names: Sequence[str]) -> list[str]:
     return [n for n in names if is_inexact(params[n].type_annotation.dtype)]
 
 
-def training_wrt(prog: TorchProgram, inputs: Sequence) -> list[str]:
+def training_wrt(prog: TorchProgram, inputs: Sequence, frozen: frozenset = frozenset()) -> list[str]:
     """What the backward differentiates: the float inputs that require grad (as AOTAutograd, a program is
-    specialised on it: an image batch gets no gradient computed), then the trainable parameters."""
-    return float_wrt(prog, [n for n, x in zip(prog.inputs, inputs) if x.requires_grad]) + prog.trainable
+    specialised on it: an image batch gets no gradient computed), then the parameters but the ``frozen``
+    ones (names of parameters whose ``requires_grad`` is off: a frozen backbone gets no weight gradients)."""
+    inputs = float_wrt(prog, [n for n, x in zip(prog.inputs, inputs) if x.requires_grad])
+    return inputs + [n for n in prog.trainable if n not in frozen]
 
 
 def module_state(module) -> dict:
@@ -267,25 +299,49 @@ def _module_class():
             self.target = target
             self.policy = policy
             self.dynamic_batch = dynamic_batch
-            self._programs: dict = {}
-            self._program(tuple(example_inputs))
+            self._imports: dict = {}  # (mode, input shapes) -> (TorchProgram, its state keys, its parameters' positions)
+            self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
+            inputs = tuple(example_inputs)
+            key, _, tensors = self._state(inputs)
+            self._program(inputs, key, tensors)
 
-        def _program(self, inputs: tuple) -> TrainingProgram:
+        def _state(self, inputs: tuple) -> tuple:
+            """``(import key, state, state tensors)``: the module imported for ``inputs``' mode and shapes
+            (exported once), its ``ModuleState`` and its parameters and buffers read now, in the program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input")
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self.module.training, tuple(x.requires_grad for x in inputs)) + shapes
-            tp = self._programs.get(key)
-            if tp is None:
+            key = (self.module.training,) + shapes
+            entry = self._imports.get(key)
+            if entry is None:
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
-                tp = TrainingProgram(prog, training_wrt(prog, inputs), self.target, self.policy, lap)
-                self._programs[key] = tp
+                trainable = set(prog.trainable)
+                entry = self._imports[key] = (prog, [prog.state_key(n) for n in prog.params],
+                                              [i for i, n in enumerate(prog.params) if n in trainable], lap)
+            state = ModuleState(self.module)
+            return key, state, [state[k] for k in entry[1]]
+
+        def _program(self, inputs: tuple, key: tuple, tensors: list) -> TrainingProgram:
+            """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
+            which parameters do not (frozen: no gradient computed for them) and grad mode (under
+            ``torch.no_grad()``, e.g. evaluation, ``@main`` alone: no differentiation, no residuals)."""
+            prog, _, params, lap = self._imports[key]
+            frozen = tuple(i for i in params if not tensors[i].requires_grad)
+            grad = torch.is_grad_enabled()
+            full = key + (tuple(x.requires_grad for x in inputs), frozen, grad)
+            tp = self._programs.get(full)
+            if tp is None:
+                names = list(prog.params)
+                wrt = training_wrt(prog, inputs, frozenset(names[i] for i in frozen)) if grad else []
+                tp = TrainingProgram(prog, wrt, self.target, self.policy,
+                                     None if self._programs else lap)  # export and import: the first program's
+                self._programs[full] = tp
             return tp
 
         def forward(self, *inputs):
-            tp = self._program(inputs)
-            outs = call(tp, inputs, ModuleState(self.module))
+            key, state, tensors = self._state(inputs)
+            outs = call(self._program(inputs, key, tensors), inputs, state, state_tensors=tensors)
             return outs[0] if len(outs) == 1 else outs
 
     return CompiledModule
