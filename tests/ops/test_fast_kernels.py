@@ -305,3 +305,22 @@ def test_convolutions_with_small_outputs_are_im2col_and_one_gemm_on_torch(hw, k,
     got = get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa)
     assert got.is_contiguous()
     torch.testing.assert_close(got, wr.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("channels", [2, 3, 4, 6])
+def test_weight_gradient_of_a_narrow_strided_1x1_convolution_on_torch(channels):
+    """oneDNN's channels-last weight gradient of a strided 1x1 convolution of 2-7 channels returns wrong values
+    on some calls and corrupts the heap with one thread (torch 2.13, AVX2): the torch kernel runs a GEMM there,
+    right on every call."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn((4, channels, 16, 16), generator=g).contiguous(memory_format=torch.channels_last)
+    gy = torch.randn((4, 8, 8, 8), generator=g).contiguous(memory_format=torch.channels_last)
+    a = C.Conv2DBackwardWeightAttrs(kernel_size=(1, 1), strides=(2, 2), padding=(0, 0, 0, 0))
+    assert C._onednn_strided_1x1(x, a)
+    want = torch.einsum("nohw,nchw->oc", gy.double(), x.double()[:, :, ::2, ::2]).reshape(8, channels, 1, 1)
+    kernel = get_op("nn.conv2d_backward_weight").impl("torch")
+    for _ in range(20):
+        torch.testing.assert_close(kernel(gy, x, a).double(), want, rtol=1e-5, atol=1e-5)

@@ -595,6 +595,15 @@ def _backward_weight_jax(gy, x, attrs):
     return _jax_adjoint(lambda w: _conv2d_jax(x, w, attrs), w_shape, gy)
 
 
+def _onednn_strided_1x1(x, attrs) -> bool:
+    """The weight gradient oneDNN gets wrong: a strided 1x1 convolution of 2 to 7 channels (the layout
+    ``conv_layout`` picks for them is channels-last). Measured with torch 2.13's CPU build on an AVX2 machine:
+    some calls return a gradient 20-40% off, and with one thread the heap is corrupted (``double free``);
+    NCHW, other kernel sizes, one or 8+ channels are right. Such a layer (a narrow ResNet's downsampling)
+    is small: one GEMM instead."""
+    return tuple(attrs.kernel_size) == (1, 1) and tuple(attrs.strides) != (1, 1) and 1 < x.shape[1] < 8
+
+
 def _backward_weight_torch(gy, x, attrs):
     """ATen's ``convolution_backward`` for the weight alone."""
     import torch
@@ -606,7 +615,7 @@ def _backward_weight_torch(gy, x, attrs):
         gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[:2]).T @ x.reshape(x.shape[:2])
         return gw
     n, o, oh, ow = gy.shape
-    if oh * ow <= SMALL_PLANE and attrs.groups == 1:
+    if attrs.groups == 1 and (oh * ow <= SMALL_PLANE or _onednn_strided_1x1(x, attrs)):
         cols = _torch_columns(x, attrs.kernel_size, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
         gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
         return (gy @ cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1])).reshape(w_shape)
