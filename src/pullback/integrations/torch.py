@@ -80,7 +80,8 @@ class TrainingProgram:
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.state_keys = [prog.state_key(n) for n in prog.params]
         self._inference = None
-        self.bridge = self.mod = None
+        self.mod = self.fwd = self.bwd = self.bridge = None
+        self.no_path = frozenset()
         if wrt:
             self._build(wrt, policy, lap)
 
@@ -299,7 +300,8 @@ def _module_class():
             self.target = target
             self.policy = policy
             self.dynamic_batch = dynamic_batch
-            self._imports: dict = {}  # (mode, input shapes) -> (TorchProgram, its state keys, its parameters' positions)
+            # (mode, input shapes) -> [TorchProgram, its state keys, its parameters' positions, export/import Phases]
+            self._imports: dict = {}
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             inputs = tuple(example_inputs)
             key, _, tensors = self._state(inputs)
@@ -317,8 +319,8 @@ def _module_class():
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
                 trainable = set(prog.trainable)
-                entry = self._imports[key] = (prog, [prog.state_key(n) for n in prog.params],
-                                              [i for i, n in enumerate(prog.params) if n in trainable], lap)
+                entry = self._imports[key] = [prog, [prog.state_key(n) for n in prog.params],
+                                              [i for i, n in enumerate(prog.params) if n in trainable], lap]
             state = ModuleState(self.module)
             return key, state, [state[k] for k in entry[1]]
 
@@ -326,7 +328,8 @@ def _module_class():
             """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
             which parameters do not (frozen: no gradient computed for them) and grad mode (under
             ``torch.no_grad()``, e.g. evaluation, ``@main`` alone: no differentiation, no residuals)."""
-            prog, _, params, lap = self._imports[key]
+            entry = self._imports[key]
+            prog, _, params, lap = entry
             frozen = tuple(i for i in params if not tensors[i].requires_grad)
             grad = torch.is_grad_enabled()
             full = key + (tuple(x.requires_grad for x in inputs), frozen, grad)
@@ -334,8 +337,8 @@ def _module_class():
             if tp is None:
                 names = list(prog.params)
                 wrt = training_wrt(prog, inputs, frozenset(names[i] for i in frozen)) if grad else []
-                tp = TrainingProgram(prog, wrt, self.target, self.policy,
-                                     None if self._programs else lap)  # export and import: the first program's
+                tp = TrainingProgram(prog, wrt, self.target, self.policy, lap)
+                entry[3] = None  # the export and import phases are the first program's
                 self._programs[full] = tp
             return tp
 
