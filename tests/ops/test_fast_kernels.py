@@ -293,7 +293,7 @@ def test_convolutions_with_small_outputs_are_im2col_and_one_gemm_on_torch(hw, k,
     x, w = torch.randn((n, 6) + hw, generator=g, dtype=torch.float64), torch.randn((5, 6) + k, generator=g, dtype=torch.float64)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    xr = torch.nn.functional.pad(x, (pad[1], pad[3], pad[0], pad[2])).requires_grad_(False)
+    xr = torch.nn.functional.pad(x, (pad[1], pad[3], pad[0], pad[2]))
     wr = w.clone().requires_grad_(True)
     want = torch.nn.functional.conv2d(xr, wr, None, stride, 0, dil)
     assert want.shape[2] * want.shape[3] <= C.SMALL_PLANE

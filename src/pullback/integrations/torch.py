@@ -288,6 +288,20 @@ class ModuleState:
             return self._all[key]
 
 
+class _Import:
+    """A module exported and imported for one mode and input shapes, shared by the programs compiled from it:
+    its state keys and parameter var names in ``@main``'s order, the positions of the parameters among them,
+    and the export/import ``Phases`` (until the first program takes them)."""
+
+    def __init__(self, prog: TorchProgram, phases: Optional["Phases"]):
+        self.prog = prog
+        self.names = list(prog.params)
+        self.state_keys = [prog.state_key(n) for n in self.names]
+        trainable = set(prog.trainable)
+        self.params = [i for i, n in enumerate(self.names) if n in trainable]
+        self.phases = phases
+
+
 def _module_class():
     import torch
 
@@ -300,8 +314,7 @@ def _module_class():
             self.target = target
             self.policy = policy
             self.dynamic_batch = dynamic_batch
-            # (mode, input shapes) -> [TorchProgram, its state keys, its parameters' positions, export/import Phases]
-            self._imports: dict = {}
+            self._imports: dict = {}  # (mode, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             inputs = tuple(example_inputs)
             key, _, tensors = self._state(inputs)
@@ -318,27 +331,24 @@ def _module_class():
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
-                trainable = set(prog.trainable)
-                entry = self._imports[key] = [prog, [prog.state_key(n) for n in prog.params],
-                                              [i for i, n in enumerate(prog.params) if n in trainable], lap]
+                entry = self._imports[key] = _Import(prog, lap)
             state = ModuleState(self.module)
-            return key, state, [state[k] for k in entry[1]]
+            return key, state, [state[k] for k in entry.state_keys]
 
         def _program(self, inputs: tuple, key: tuple, tensors: list) -> TrainingProgram:
             """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
             which parameters do not (frozen: no gradient computed for them) and grad mode (under
             ``torch.no_grad()``, e.g. evaluation, ``@main`` alone: no differentiation, no residuals)."""
             entry = self._imports[key]
-            prog, _, params, lap = entry
-            frozen = tuple(i for i in params if not tensors[i].requires_grad)
+            prog = entry.prog
+            frozen = tuple(i for i in entry.params if not tensors[i].requires_grad)
             grad = torch.is_grad_enabled()
             full = key + (tuple(x.requires_grad for x in inputs), frozen, grad)
             tp = self._programs.get(full)
             if tp is None:
-                names = list(prog.params)
-                wrt = training_wrt(prog, inputs, frozenset(names[i] for i in frozen)) if grad else []
-                tp = TrainingProgram(prog, wrt, self.target, self.policy, lap)
-                entry[3] = None  # the export and import phases are the first program's
+                wrt = training_wrt(prog, inputs, frozenset(entry.names[i] for i in frozen)) if grad else []
+                tp = TrainingProgram(prog, wrt, self.target, self.policy, entry.phases)
+                entry.phases = None  # the export and import phases are the first program's
                 self._programs[full] = tp
             return tp
 
