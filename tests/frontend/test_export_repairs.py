@@ -1,4 +1,5 @@
-"""``frontend.export_repairs``' helpers that do not need torch: the memoised ``Callable[...]`` aliases."""
+"""``frontend.export_repairs``' helpers: the memoised ``Callable[...]`` aliases (no torch needed) and the composite
+operators materialised once."""
 
 from __future__ import annotations
 
@@ -66,3 +67,41 @@ def test_memoised_callable_aliases_overlapping_in_two_threads_restore_the_class(
     assert seen == {"a closed": True}
     assert Callable.__dict__["__class_getitem__"] is original
     assert Callable[..., int] is not Callable[..., int]
+
+
+def test_composite_ops_are_materialised_again_only_after_new_registrations(monkeypatch):
+    """Inside the block torch's ``_materialize_cpp_cia_ops`` runs once per distinct set of C++ composite
+    registrations (torch calls it once per operator namespace on every export); a new custom composite
+    operator makes the next call run and materialise it; after the block torch's function is back."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    import torch._export.utils as utils
+
+    from pullback.frontend import export_repairs
+
+    original = utils._materialize_cpp_cia_ops
+    calls = []
+
+    def counted():
+        calls.append(1)
+        original()
+
+    monkeypatch.setattr(utils, "_materialize_cpp_cia_ops", counted)
+    monkeypatch.setattr(export_repairs, "_materialised_cia", None)
+    lib = torch.library.Library("pullback_test_cia", "DEF")
+    try:
+        with export_repairs.composite_ops_materialised_once():
+            for _ in range(3):
+                utils._materialize_cpp_cia_ops()
+            assert len(calls) == 1
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+            utils._materialize_cpp_cia_ops()
+            assert len(calls) == 2
+            assert "twice" in torch.ops.pullback_test_cia._dir
+            utils._materialize_cpp_cia_ops()
+            assert len(calls) == 2
+        assert utils._materialize_cpp_cia_ops is counted
+    finally:
+        lib._destroy()
