@@ -30,7 +30,7 @@ from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from .common import numel, same_dtype, tensor_arg
-from .nn import add_into, check_int, full, pad_axis
+from .nn import add_into, check_int, constant_pad_numpy, full, pad_axis
 from .registry import FusionKind, defop, seq_of_int, type_error
 
 # ------------------------------------------------------------------ attribute helpers
@@ -109,7 +109,7 @@ def pad_spatial(xp, x, pad: tuple, value=0.0):
     if not (top or left or bottom or right):
         return x
     if xp is np:
-        return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value)
+        return constant_pad_numpy(x, ((0, 0), (0, 0), (top, bottom), (left, right)), value)
     return pad_axis(xp, pad_axis(xp, x, 2, top, bottom, value=value), 3, left, right, value=value)
 
 

@@ -172,6 +172,14 @@ def pad_axis(xp, x, axis: int, before: int, after: int, mode: str = "constant", 
     return xp.concat(parts, axis=axis)
 
 
+def constant_pad_numpy(x: np.ndarray, widths, value) -> np.ndarray:
+    """NumPy ``x`` padded by non-negative ``(before, after)`` widths per axis with ``value``: a filled array with
+    ``x`` copied in (``np.pad`` writes each border face by face, 2-3x slower on small arrays)."""
+    out = np.full([d + a + b for d, (a, b) in zip(x.shape, widths)], value, x.dtype)
+    out[tuple(slice(a, a + d) for d, (a, _) in zip(x.shape, widths))] = x
+    return out
+
+
 def unary_float_infer(name: str):
     return lambda ts, attrs: float_arg(name, ts, 0)
 
@@ -471,16 +479,13 @@ def _pad_kernel(xp, x, attrs):
 
 
 def _pad_numpy(x, attrs):
-    """One allocation instead of one concatenation per padded axis; a constant pad is a filled array with ``x``
-    copied in (``np.pad`` writes each border face by face: 1.25 -> 0.36 ms for ResNet's (512, 512, 1, 1) -> 3x3
-    weight gradient)."""
+    """One allocation instead of one concatenation per padded axis (``constant_pad_numpy``: 1.25 -> 0.36 ms for
+    ResNet's (512, 512, 1, 1) -> 3x3 weight gradient)."""
     x = _crop(x, attrs)
     widths = [(max(a, 0), max(b, 0)) for a, b in attrs.pad_width]
     if attrs.pad_mode != "constant":
         return np.pad(x, widths, mode=attrs.pad_mode)
-    out = np.full([d + a + b for d, (a, b) in zip(x.shape, widths)], attrs.pad_value, x.dtype)
-    out[tuple(slice(a, a + d) for d, (a, _) in zip(x.shape, widths))] = x
-    return out
+    return constant_pad_numpy(x, widths, attrs.pad_value)
 
 
 def _pad_torch(x, attrs):
