@@ -3,6 +3,8 @@ naming the value and saying what is supported (never an AttributeError or a torc
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -110,6 +112,44 @@ def test_a_branch_on_a_tensor_value_says_how_to_make_it_static(capfd):
         from_torch(Causal(), (a, b))
     assert capfd.readouterr().err == ""  # torch.export's partial graph dump is not passed on
     from_torch(Causal(tgt_is_causal=True), (a, b))  # the static choice imports
+
+
+def test_an_operator_with_value_dependent_shapes_says_what_to_use_instead():
+    class CTC(torch.nn.Module):
+        def forward(self, logits, targets):
+            return torch.nn.functional.ctc_loss(logits.log_softmax(-1), targets, [5, 4], [2, 2])
+
+    with pytest.raises(pb.PullbackError, match=r"shape depends on the values of its inputs.*torch.where.*_ctc_loss"):
+        from_torch(CTC(), (torch.randn(5, 2, 4), torch.randint(1, 4, (2, 2))))
+
+
+def test_torch_distributions_export_without_their_value_checks_and_train_like_eager():
+    """``Normal(mu, sigma)`` validates ``sigma > 0`` by a branch on values (``torch.distributions``' default):
+    exported without it, the policy's loss and gradients are eager's; the default is restored afterwards."""
+    torch.manual_seed(0)
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu, self.log_sigma = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+
+        def forward(self, x, action):
+            d = torch.distributions.Normal(self.mu(x), self.log_sigma(x).exp())
+            return -d.log_prob(action).mean() - 0.01 * d.entropy().mean()
+
+    model = Policy().double()
+    x, action = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    compiled = pb_compile(copy.deepcopy(model), (x, action))
+    assert torch.distributions.Distribution._validate_args is True
+    got = compiled(x, action)
+    got.backward()
+    want = model(x, action)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    for (name, p), q in zip(compiled.module.named_parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-15, msg=name)
+    with pytest.raises(ValueError, match="scale"):  # eager still validates
+        torch.distributions.Normal(torch.zeros(1), -torch.ones(1))
 
 
 def test_an_fft_imports_and_differentiates_like_eager():

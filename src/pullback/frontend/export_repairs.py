@@ -3,7 +3,9 @@
 - a ``with torch.no_grad():`` block is inlined by ``run_decompositions``: its results get a ``detach``;
 - torch 2.13's RNN decomposition never applies the dropout between stacked layers: it is applied as eager does;
 - a failed trace prints its partial graph to stderr: only what the model itself printed is passed on;
-- a trace that branches on a tensor's value fails: the error says how to make the branch static;
+- a trace that branches on a tensor's value fails: the error says how to make the branch static; one whose
+  shapes depend on values says what to use instead;
+- ``torch.distributions`` validate their arguments by a branch on values: not while exporting;
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
   while it runs (``memoised_callable_aliases``); export and ``run_decompositions`` materialise every C++
   composite operator about 26 times per call: once, unless new ones were registered
@@ -24,6 +26,20 @@ DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
     "torch.export follows one path: make the choice a Python setting, e.g. nn.Transformer(..., tgt_is_causal=True) "
     "or layerdrop=0 in a model's config)")
+DYNAMIC_SHAPE_HINT = (
+    " (an operator whose result's shape depends on the values of its inputs, such as nonzero, unique, masked_select, "
+    "boolean-mask indexing or ctc_loss, has no static type: compute with masks of fixed shape, "
+    "e.g. torch.where, instead)")
+
+
+def failure_hint(e: BaseException) -> str:
+    """What to change in the model, for the export failures whose torch message does not say it."""
+    name = type(e).__name__
+    if "GuardOnDataDependent" in name:
+        return DATA_DEPENDENT_HINT
+    if name == "DynamicOutputShapeException":
+        return DYNAMIC_SHAPE_HINT
+    return ""
 
 
 def pass_on(text: str, drop=None) -> None:
@@ -137,6 +153,24 @@ def composite_ops_materialised_once():
     return _cia_once()
 
 
+def _distribution_class():
+    import torch.distributions
+
+    return torch.distributions.Distribution
+
+
+_unvalidated = _WhileOpen(_distribution_class, "_validate_args", lambda original: False if isinstance(original, bool) else None)
+
+
+def unvalidated_distributions():
+    """``torch.distributions`` objects made while the block is open do not validate their arguments (unless made
+    with ``validate_args=True``). Validation checks values (``constraints.positive.check(scale).all()``) and
+    raises in Python, a branch on a tensor's value that ``torch.export`` cannot trace: a policy or VAE using
+    ``Normal(mu, sigma)`` failed to export. The compiled program computes what eager computes on valid
+    arguments (as ``validate_args=False`` does in eager)."""
+    return _unvalidated()
+
+
 @contextmanager
 def rnn_dropout_between_layers() -> Iterator[None]:
     """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
@@ -196,4 +230,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["DATA_DEPENDENT_HINT", "pass_on", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

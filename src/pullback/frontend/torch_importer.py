@@ -184,12 +184,11 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
-            with custom_functions.recorded() as applied, redirect_stderr(printed):
+            with custom_functions.recorded() as applied, redirect_stderr(printed), export_repairs.unvalidated_distributions():
                 ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
-            hint = export_repairs.DATA_DEPENDENT_HINT if "GuardOnDataDependent" in type(e).__name__ else ""
-            raise PullbackError(f"from_torch: torch.export failed{hint}: {type(e).__name__}: {e}") from e
+            raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: {type(e).__name__}: {e}") from e
         export_repairs.pass_on(printed.getvalue())
         custom_functions.check(applied)
         export_repairs.detach_no_grad_blocks(ep)
