@@ -123,7 +123,7 @@ def test_an_operator_with_value_dependent_shapes_says_what_to_use_instead():
         from_torch(CTC(), (torch.randn(5, 2, 4), torch.randint(1, 4, (2, 2))))
 
 
-def test_torch_distributions_export_without_their_value_checks_and_train_like_eager():
+def test_torch_distributions_export_without_their_value_checks_and_train_like_eager(monkeypatch):
     """``Normal(mu, sigma)`` validates ``sigma > 0`` by a branch on values (``torch.distributions``' default):
     exported without it, the policy's loss and gradients are eager's; the default is restored afterwards."""
     torch.manual_seed(0)
@@ -139,6 +139,7 @@ def test_torch_distributions_export_without_their_value_checks_and_train_like_ea
 
     model = Policy().double()
     x, action = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)  # torch's default
     compiled = pb_compile(copy.deepcopy(model), (x, action))
     assert torch.distributions.Distribution._validate_args is True
     got = compiled(x, action)

@@ -330,3 +330,66 @@ def test_onednn_gemms_train_like_eager(onednn_calls):
     np.testing.assert_allclose(losses["pullback"], losses["eager"], rtol=1e-5)
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+class _KeywordNet(nn.Module):
+    """A forward as Hugging Face writes them: tensors by keyword, optional ones defaulting to None, a dict out."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, mask=None, labels=None):
+        logits = self.lin(x) if mask is None else self.lin(x) * mask
+        return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+
+
+def test_keyword_inputs_train_like_eager_in_any_order_with_forwards_structure(target):
+    torch.manual_seed(0)
+    model = _KeywordNet().double()
+    x, labels = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 2, 1, 1, 0])
+    eager, compiled = copy.deepcopy(model), pb_compile(model, {"labels": labels, "x": x}, target=target)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, compiled)]
+    calls = [dict(x=x, labels=labels), dict(labels=labels, x=x), dict(x=x, labels=labels, mask=None)]
+    for kw in calls:  # reordered keywords, or None for a None default: the same program
+        outs = []
+        for m, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            outs.append(m(**kw))
+            outs[-1]["loss"].backward()
+            opt.step()
+        want, got = outs
+        assert isinstance(got, dict) and list(got) == ["logits", "loss"]
+        torch.testing.assert_close(got["logits"], want["logits"], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-12, atol=0)
+    assert len(compiled._imports) == 1 and len(compiled._programs) == 1
+    for p, q in zip(compiled.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    mask = torch.rand(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(compiled(x, mask=mask, labels=labels)["loss"], eager(x, mask=mask, labels=labels)["loss"])
+
+
+def test_a_hugging_face_model_called_with_its_batch_returns_its_model_output():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=3,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = transformers.BertForSequenceClassification(config).double()
+    batch = {"input_ids": torch.randint(1, 64, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long),
+             "labels": torch.tensor([0, 2])}
+    eager, compiled = copy.deepcopy(model), pb_compile(model, batch)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, compiled)]
+    for _ in range(2):
+        outs = []
+        for m, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            out = m(**batch)
+            out.loss.backward()
+            opt.step()
+            outs.append(out)
+        assert type(outs[1]) is type(outs[0])
+        torch.testing.assert_close(outs[1].loss, outs[0].loss, rtol=1e-12, atol=0)
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-10, atol=1e-12)
+    for p, q in zip(compiled.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)

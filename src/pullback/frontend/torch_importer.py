@@ -96,6 +96,7 @@ class TorchProgram:
     single_output: bool  # the result is one tensor (not a tuple)
     # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
     mutations: list = field(default_factory=list)
+    out_spec: object = None  # torch.export's pytree spec of forward's result (a tuple, dict, ModelOutput, ...)
 
     @property
     def main(self) -> Function:
@@ -166,10 +167,11 @@ def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bo
     return shapes
 
 
-def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False):
+def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = ()):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
-    example's batch must be at least 2)."""
+    example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
+    by (``forward(ids, labels=labels)``); the program's inputs keep the order of ``example_inputs``."""
     import torch
 
     check_module_state(module, "from_torch")
@@ -185,7 +187,9 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
             with custom_functions.recorded() as applied, redirect_stderr(printed), export_repairs.unvalidated_distributions():
-                ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic)
+                n = len(example_inputs) - len(keywords)
+                ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=dict(zip(keywords, example_inputs[n:])),
+                                         dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
             raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: {type(e).__name__}: {e}") from e
@@ -291,6 +295,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         mod=mod, params=params, inputs=[v.name_hint for v in user_vars], state_names=state_names,
         trainable=[v.name_hint for v, _, is_param in state_vars if is_param],
         masks=list(cx.masks), num_outputs=len(user_out), single_output=single, mutations=mutations,
+        out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None),
     )
 
 

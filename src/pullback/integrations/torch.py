@@ -9,10 +9,11 @@ parameters), cleaned (``standard_cleanup``), split by
 optimizer trains the original module's parameters (the compiled module holds
 the original as ``.module`` and shares its parameters).
 
-Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
+The compiled module is called as the original (positional and keyword tensors) and returns ``forward``'s
+structure (tensor, tuple, dict, Hugging Face ``ModelOutput``: ``structured``). Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 (PyTorch's CPU dropout draws the same way), mutated buffers (batch norm's
 running statistics) are written back, and a new program is compiled for a new
-train/eval mode or input shape (kept in a cache; with ``dynamic_batch=True`` one program serves every
+train/eval mode, input shape or set of keywords (kept in a cache; with ``dynamic_batch=True`` one program serves every
 batch size), for new ``requires_grad`` flags of the inputs and parameters (frozen parameters get no
 gradient computed) and for grad mode: under ``torch.no_grad()`` only ``@main`` runs.
 
@@ -23,6 +24,7 @@ measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tenso
 
 from __future__ import annotations
 
+import inspect
 from time import perf_counter
 from typing import Optional, Sequence
 
@@ -244,6 +246,16 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     return results[: prog.num_outputs]
 
 
+def structured(outs: Sequence, spec=None):
+    """The user outputs in the structure ``forward`` returned them (a tensor, tuple, list, dict or Hugging Face
+    ``ModelOutput``) by ``spec``, torch.export's output spec; without one, a tensor or a tuple."""
+    if spec is not None and spec.num_leaves == len(outs):
+        from torch.utils._pytree import tree_unflatten
+
+        return tree_unflatten(list(outs), spec)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def float_wrt(prog: TorchProgram, names: Sequence[str]) -> list[str]:
     params = {p.name_hint: p for p in prog.main.params}
     return [n for n in names if is_inexact(params[n].type_annotation.dtype)]
@@ -308,7 +320,8 @@ def _module_class():
     class CompiledModule(torch.nn.Module):
         """``module`` trained through pullback; ``.module`` is the original (parameters shared)."""
 
-        def __init__(self, module, example_inputs: Sequence, target: str, policy: str, dynamic_batch: bool = False):
+        def __init__(self, module, example_inputs: Sequence, target: str, policy: str, dynamic_batch: bool = False,
+                     example_kwargs: Optional[dict] = None):
             super().__init__()
             self.module = module
             self.target = target
@@ -316,20 +329,36 @@ def _module_class():
             self.dynamic_batch = dynamic_batch
             self._imports: dict = {}  # (mode, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
-            inputs = tuple(example_inputs)
-            key, _, tensors = self._state(inputs)
+            self._params = None  # forward's parameters, read when a call first passes keywords
+            inputs, keywords = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
+            key, _, tensors = self._state(inputs, keywords)
             self._program(inputs, key, tensors)
 
-        def _state(self, inputs: tuple) -> tuple:
-            """``(import key, state, state tensors)``: the module imported for ``inputs``' mode and shapes
-            (exported once), its ``ModuleState`` and its parameters and buffers read now, in the program's order."""
+        def _flat(self, args: tuple, kwargs: dict) -> tuple:
+            """``(inputs, keywords)``: the positional inputs, then those passed by keyword in ``forward``'s
+            parameter order (any order of the same keywords runs one program), with their names. A keyword
+            given None where its default is None is left out, as if not given (Hugging Face's ``forward``)."""
+            if not kwargs:
+                return args, ()
+            if self._params is None:
+                self._params = inspect.signature(self.module.forward).parameters
+            params = self._params
+            rank = {name: i for i, name in enumerate(params)}
+            names = sorted((n for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)),
+                           key=lambda n: (rank.get(n, len(rank)), n))
+            return args + tuple(kwargs[n] for n in names), tuple(names)
+
+        def _state(self, inputs: tuple, keywords: tuple = ()) -> tuple:
+            """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes and
+            keywords (exported once), its ``ModuleState`` and its parameters and buffers read now, in the
+            program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input")
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self.module.training,) + shapes
+            key = (self.module.training, keywords) + shapes
             entry = self._imports.get(key)
             if entry is None:
                 lap = Phases()
-                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch))
+                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
                 entry = self._imports[key] = _Import(prog, lap)
             state = ModuleState(self.module)
@@ -352,17 +381,23 @@ def _module_class():
                 self._programs[full] = tp
             return tp
 
-        def forward(self, *inputs):
-            key, state, tensors = self._state(inputs)
-            outs = call(self._program(inputs, key, tensors), inputs, state, state_tensors=tensors)
-            return outs[0] if len(outs) == 1 else outs
+        def forward(self, *args, **kwargs):
+            inputs, keywords = self._flat(args, kwargs)
+            key, state, tensors = self._state(inputs, keywords)
+            tp = self._program(inputs, key, tensors)
+            return structured(call(tp, inputs, state, state_tensors=tensors), tp.prog.out_spec)
 
     return CompiledModule
 
 
-def compile(module, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all",
-            dynamic_batch: bool = False):
+def compile(module, example_inputs, target: str = DEFAULT_TARGET, policy: str = "save_all",
+            dynamic_batch: bool = False, example_kwargs: Optional[dict] = None):
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
+
+    ``example_inputs``: a tensor, a sequence of tensors (positional arguments of ``forward``) or a dict of
+    them (keyword arguments, e.g. a Hugging Face batch: ``compile(model, batch)``, then ``model(**batch)``);
+    ``example_kwargs``: keyword tensors beside positional ones. The compiled module is called as the original
+    (positional and keyword tensors); keywords given None where ``forward``'s default is None count as not given.
 
     ``target``: the executor of ``@main_fwd``/``@main_bwd`` (see ``bridges``): ``"torch"`` (ATen kernels on
     the tensors themselves), ``"numpy"`` or ``"jax"``; the default is the fastest installed (``default_target``:
@@ -373,9 +408,11 @@ def compile(module, example_inputs: Sequence, target: str = DEFAULT_TARGET, poli
     (else one per input shape).
     """
     check_target(target, "pullback.integrations.torch.compile")
-    if not isinstance(example_inputs, (list, tuple)):
+    if isinstance(example_inputs, dict):
+        example_inputs, example_kwargs = (), {**example_inputs, **(example_kwargs or {})}
+    elif not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
-    return _module_class()(module, example_inputs, target, policy, dynamic_batch)
+    return _module_class()(module, example_inputs, target, policy, dynamic_batch, example_kwargs)
 
 
 def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = DEFAULT_TARGET,
@@ -422,5 +459,5 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
     return result
 
 
-__all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "draw_masks",
+__all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "structured", "draw_masks",
            "float_wrt", "training_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]
