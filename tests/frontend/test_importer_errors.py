@@ -280,3 +280,23 @@ def test_an_operator_with_side_effects_is_named_with_its_line():
 
     with pytest.raises(pb.PullbackError, match=r"side effects.*_linalg_check_errors.* at .*test_importer_errors.py:\d+"):
         from_torch(Inverse(), (torch.eye(3),))
+
+
+def test_a_decoder_returning_its_cache_says_to_turn_the_cache_off():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=32, n_embd=8, n_layer=1, n_head=2, n_positions=8, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 32, (2, 6))
+    with pytest.raises(pb.PullbackError, match=r"key/value cache.*use_cache = False"):
+        pb_compile(model, {"input_ids": ids, "labels": ids})
+    model.config.use_cache = False
+    out = pb_compile(model, {"input_ids": ids, "labels": ids})(input_ids=ids, labels=ids)
+    torch.testing.assert_close(out.loss, model(input_ids=ids, labels=ids).loss)
+
+
+def test_a_keyword_input_that_is_not_a_tensor_is_named():
+    model = torch.nn.Linear(3, 2)
+    compiled = pb_compile(model, {"input": torch.ones(1, 3)})
+    with pytest.raises(pb.PullbackError, match=r"keyword input 'input' is a list"):
+        compiled(input=[1.0, 2.0, 3.0])

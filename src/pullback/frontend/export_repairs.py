@@ -32,6 +32,11 @@ DYNAMIC_SHAPE_HINT = (
     "e.g. torch.where, instead)")
 
 
+CACHE_OUTPUT_HINT = (
+    " (the model returns its key/value cache, an object torch.export cannot flatten: to train, turn the cache "
+    "off with model.config.use_cache = False)")
+
+
 def failure_hint(e: BaseException) -> str:
     """What to change in the model, for the export failures whose torch message does not say it."""
     name = type(e).__name__
@@ -39,6 +44,8 @@ def failure_hint(e: BaseException) -> str:
         return DATA_DEPENDENT_HINT
     if name == "DynamicOutputShapeException":
         return DYNAMIC_SHAPE_HINT
+    if "Cache'> in output" in str(e):  # Hugging Face's DynamicCache (use_cache=True, the default of decoders)
+        return CACHE_OUTPUT_HINT
     return ""
 
 
@@ -230,4 +237,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

@@ -33,20 +33,23 @@ def _device_problem(t, meta_hint: str = "") -> str:
     return f"is on device {t.device}; pullback needs CPU tensors with data ({why})"
 
 
-def check_inputs(values: Sequence, who: str, what: str = "example input") -> None:
-    """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype."""
+def check_inputs(values: Sequence, who: str, what: str = "example input", keywords: Sequence[str] = ()) -> None:
+    """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype; the last
+    ``len(keywords)`` values were passed by these keywords (named so in the message)."""
     import torch
 
+    first_keyword = len(values) - len(keywords)
     for i, v in enumerate(values):
+        label = f"{what} {i}" if i < first_keyword else f"keyword {what} {keywords[i - first_keyword]!r}"
         if not isinstance(v, torch.Tensor):
             raise PullbackError(
-                f"{who}: {what} {i} is {_describe(v)}; pullback takes tensors only (a number: pass "
+                f"{who}: {label} is {_describe(v)}; pullback takes tensors only (a number: pass "
                 f"torch.tensor(value); a fixed setting: make it an attribute of the module)")
         problem = _device_problem(v)
         if problem:
-            raise PullbackError(f"{who}: {what} {i} {problem}")
+            raise PullbackError(f"{who}: {label} {problem}")
         if str(v.dtype).removeprefix("torch.") not in ALL_DTYPES:
-            raise PullbackError(f"{who}: {what} {i} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
+            raise PullbackError(f"{who}: {label} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
 
 
 def check_module_state(module, who: str) -> None:

@@ -175,7 +175,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     import torch
 
     check_module_state(module, "from_torch")
-    check_inputs(example_inputs, "from_torch")
+    check_inputs(example_inputs, "from_torch", keywords=keywords)
     flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
     dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
     # torch.export's internal notices are not the user's to act on

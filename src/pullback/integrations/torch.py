@@ -352,7 +352,7 @@ def _module_class():
             """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes and
             keywords (exported once), its ``ModuleState`` and its parameters and buffers read now, in the
             program's order."""
-            check_inputs(inputs, "pullback.integrations.torch", "input")
+            check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
             key = (self.module.training, keywords) + shapes
             entry = self._imports.get(key)
