@@ -290,8 +290,7 @@ def test_a_decoder_returning_its_cache_says_to_turn_the_cache_off():
     ids = torch.randint(0, 32, (2, 6))
     with pytest.raises(pb.PullbackError, match=r"key/value cache.*use_cache = False"):
         pb_compile(model, {"input_ids": ids, "labels": ids})
-    model.config.use_cache = False
-    out = pb_compile(model, {"input_ids": ids, "labels": ids})(input_ids=ids, labels=ids)
+    out = pb_compile(model, {"input_ids": ids, "labels": ids, "use_cache": False})(input_ids=ids, labels=ids, use_cache=False)
     torch.testing.assert_close(out.loss, model(input_ids=ids, labels=ids).loss)
 
 

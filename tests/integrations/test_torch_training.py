@@ -339,9 +339,10 @@ class _KeywordNet(nn.Module):
         super().__init__()
         self.lin = nn.Linear(4, 3)
 
-    def forward(self, x, mask=None, labels=None):
-        logits = self.lin(x) if mask is None else self.lin(x) * mask
-        return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+    def forward(self, x, mask=None, labels=None, scale=1.0, return_dict=True):
+        logits = (self.lin(x) if mask is None else self.lin(x) * mask) * scale
+        loss = F.cross_entropy(logits, labels)
+        return {"logits": logits, "loss": loss} if return_dict else (loss, logits)
 
 
 def test_keyword_inputs_train_like_eager_in_any_order_with_forwards_structure(target):
@@ -367,6 +368,12 @@ def test_keyword_inputs_train_like_eager_in_any_order_with_forwards_structure(ta
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
     mask = torch.rand(5, 3, dtype=torch.float64)
     torch.testing.assert_close(compiled(x, mask=mask, labels=labels)["loss"], eager(x, mask=mask, labels=labels)["loss"])
+    for kw in (dict(scale=2.0), dict(scale=0.5, return_dict=False)):  # settings: constants of a program each
+        got, want = compiled(x=x, labels=labels, **kw), eager(x=x, labels=labels, **kw)
+        assert type(got) is type(want)
+        torch.testing.assert_close(got[0 if kw.get("return_dict") is False else "loss"],
+                                   want[0 if kw.get("return_dict") is False else "loss"], rtol=1e-12, atol=0)
+    assert len(compiled._imports) == 4
 
 
 def test_a_hugging_face_model_called_with_its_batch_returns_its_model_output():

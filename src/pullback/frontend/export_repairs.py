@@ -34,7 +34,7 @@ DYNAMIC_SHAPE_HINT = (
 
 CACHE_OUTPUT_HINT = (
     " (the model returns its key/value cache, an object torch.export cannot flatten: to train, turn the cache "
-    "off with model.config.use_cache = False)")
+    "off with model.config.use_cache = False or by passing use_cache=False)")
 
 
 def failure_hint(e: BaseException) -> str:

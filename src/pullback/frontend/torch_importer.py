@@ -167,11 +167,13 @@ def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bo
     return shapes
 
 
-def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = ()):
+def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = (),
+           settings: Optional[dict] = None):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
     example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
-    by (``forward(ids, labels=labels)``); the program's inputs keep the order of ``example_inputs``."""
+    by (``forward(ids, labels=labels)``); the program's inputs keep the order of ``example_inputs``.
+    ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program."""
     import torch
 
     check_module_state(module, "from_torch")
@@ -188,8 +190,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         try:
             with custom_functions.recorded() as applied, redirect_stderr(printed), export_repairs.unvalidated_distributions():
                 n = len(example_inputs) - len(keywords)
-                ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=dict(zip(keywords, example_inputs[n:])),
-                                         dynamic_shapes=dynamic)
+                kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
+                ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
             raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: {type(e).__name__}: {e}") from e
@@ -212,6 +214,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
     ``tied`` (optional) maps a state_dict key to every key sharing its tensor (``tied_keys(module)``); keys
     whose tensors are one object in ``ep.state_dict`` are tied in any case.
     """
+    import torch
     from torch.export.graph_signature import InputKind, OutputKind
 
     if params_as not in PARAMS_AS:
@@ -233,6 +236,9 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         if node.op == "placeholder":
             spec = specs[node.name]
             val = node.meta["val"]
+            if spec.kind == InputKind.USER_INPUT and not isinstance(val, torch.Tensor):
+                env[node] = val  # a setting passed by keyword (use_cache=False): specialised, not an input
+                continue
             ty = TensorType(torch_shape(val.shape), torch_dtype_name(val.dtype))
             if spec.kind == InputKind.USER_INPUT:
                 v = Var(names.fresh(sanitize(node.name)), ty)

@@ -330,35 +330,40 @@ def _module_class():
             self._imports: dict = {}  # (mode, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             self._params = None  # forward's parameters, read when a call first passes keywords
-            inputs, keywords = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
-            key, _, tensors = self._state(inputs, keywords)
+            inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
+            key, _, tensors = self._state(inputs, *named)
             self._program(inputs, key, tensors)
 
         def _flat(self, args: tuple, kwargs: dict) -> tuple:
-            """``(inputs, keywords)``: the positional inputs, then those passed by keyword in ``forward``'s
-            parameter order (any order of the same keywords runs one program), with their names. A keyword
-            given None where its default is None is left out, as if not given (Hugging Face's ``forward``)."""
+            """``(inputs, keywords, settings)``: the positional inputs, then the tensors passed by keyword in
+            ``forward``'s parameter order (any order of the same keywords runs one program), their names, and
+            the other keywords (``use_cache=False``: numbers, strings, None) as sorted ``(name, value)`` pairs,
+            constants of the program. A keyword given None where its default is None is left out, as if not
+            given (Hugging Face's ``forward``)."""
             if not kwargs:
-                return args, ()
+                return args, (), ()
             if self._params is None:
                 self._params = inspect.signature(self.module.forward).parameters
             params = self._params
             rank = {name: i for i, name in enumerate(params)}
-            names = sorted((n for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)),
-                           key=lambda n: (rank.get(n, len(rank)), n))
-            return args + tuple(kwargs[n] for n in names), tuple(names)
+            given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
+            fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
+            names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
+            settings = tuple(sorted((n, given[n]) for n in fixed))
+            return args + tuple(given[n] for n in names), tuple(names), settings
 
-        def _state(self, inputs: tuple, keywords: tuple = ()) -> tuple:
-            """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes and
-            keywords (exported once), its ``ModuleState`` and its parameters and buffers read now, in the
-            program's order."""
+        def _state(self, inputs: tuple, keywords: tuple = (), settings: tuple = ()) -> tuple:
+            """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes,
+            keywords and settings (exported once), its ``ModuleState`` and its parameters and buffers read now,
+            in the program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self.module.training, keywords) + shapes
+            key = (self.module.training, keywords, settings) + shapes
             entry = self._imports.get(key)
             if entry is None:
                 lap = Phases()
-                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords))
+                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
+                                          settings=dict(settings)))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
                 entry = self._imports[key] = _Import(prog, lap)
             state = ModuleState(self.module)
@@ -382,8 +387,8 @@ def _module_class():
             return tp
 
         def forward(self, *args, **kwargs):
-            inputs, keywords = self._flat(args, kwargs)
-            key, state, tensors = self._state(inputs, keywords)
+            inputs, *named = self._flat(args, kwargs)
+            key, state, tensors = self._state(inputs, *named)
             tp = self._program(inputs, key, tensors)
             return structured(call(tp, inputs, state, state_tensors=tensors), tp.prog.out_spec)
 
