@@ -1,8 +1,9 @@
 """Fine-tune a tiny Hugging Face BERT classifier through pullback, side by side with eager PyTorch.
 
 Run: ``python examples/finetune_hf.py`` (20 steps). The model is built from its config class (random
-weights, no download); ``pullback.integrations.torch.compile`` imports it (``torch.export`` + Core ATen),
-differentiates it with pullback's AD and trains it with ``torch.optim.AdamW``. Dropout is active: both sides
+weights, no download); ``pullback.integrations.torch.compile(model, batch)`` imports it (``torch.export`` +
+Core ATen), differentiates it with pullback's AD, and the compiled model is called as the original
+(``model(**batch).loss``) and trained with ``torch.optim.AdamW``. Dropout is active: both sides
 draw the same masks from the same seeds, so the losses agree step by step.
 """
 
@@ -22,27 +23,19 @@ def main(steps: int = 20, verbose: bool = True) -> dict:
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=32, num_labels=2)
 
-    class Classifier(torch.nn.Module):  # positional inputs in, loss out
-        def __init__(self):
-            super().__init__()
-            self.bert = BertForSequenceClassification(config)
-
-        def forward(self, input_ids, attention_mask, labels):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-
-    model = Classifier().train()
+    model = BertForSequenceClassification(config).train()
     eager = copy.deepcopy(model)
     ids = torch.randint(1, 64, (8, 12))
     mask = torch.ones_like(ids)
     mask[::2, 9:] = 0  # padded sequences
-    labels = (ids[:, 0] > 32).long()  # a learnable rule
-    compiled = pb_compile(model, (ids, mask, labels))
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": (ids[:, 0] > 32).long()}  # a learnable rule
+    compiled = pb_compile(model, batch)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, compiled)]
     losses: dict = {"eager": [], "pullback": []}
     for step in range(steps):
         for key, m, opt in (("eager", eager, opts[0]), ("pullback", compiled, opts[1])):
             torch.manual_seed(step)
-            loss = m(ids, mask, labels)
+            loss = m(**batch).loss
             opt.zero_grad()
             loss.backward()
             opt.step()

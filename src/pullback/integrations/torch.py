@@ -9,13 +9,16 @@ parameters), cleaned (``standard_cleanup``), split by
 optimizer trains the original module's parameters (the compiled module holds
 the original as ``.module`` and shares its parameters).
 
-The compiled module is called as the original (positional and keyword tensors) and returns ``forward``'s
-structure (tensor, tuple, dict, Hugging Face ``ModelOutput``: ``structured``). Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
+The compiled module is called as the original (positional and keyword tensors; keywords that are not
+tensors, e.g. ``use_cache=False``, are settings the program is specialised on) and returns ``forward``'s
+structure (tensor, tuple, dict, Hugging Face ``ModelOutput``: ``structured``).
+
+Per call: dropout masks are drawn with ``torch.empty(shape).bernoulli_(1 - p)``
 (PyTorch's CPU dropout draws the same way), mutated buffers (batch norm's
 running statistics) are written back, and a new program is compiled for a new
-train/eval mode, input shape or set of keywords (kept in a cache; with ``dynamic_batch=True`` one program serves every
-batch size), for new ``requires_grad`` flags of the inputs and parameters (frozen parameters get no
-gradient computed) and for grad mode: under ``torch.no_grad()`` only ``@main`` runs.
+train/eval mode, input shape, set of keywords or settings (kept in a cache; with ``dynamic_batch=True`` one
+program serves every batch size), for new ``requires_grad`` flags of the inputs and parameters (frozen
+parameters get no gradient computed) and for grad mode: under ``torch.no_grad()`` only ``@main`` runs.
 
 ``target`` picks the executor; the default (``DEFAULT_TARGET``) is the fastest one installed, by the
 measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tensors themselves) when the
@@ -327,7 +330,7 @@ def _module_class():
             self.target = target
             self.policy = policy
             self.dynamic_batch = dynamic_batch
-            self._imports: dict = {}  # (mode, input shapes) -> _Import
+            self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             self._params = None  # forward's parameters, read when a call first passes keywords
             inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
@@ -401,8 +404,10 @@ def compile(module, example_inputs, target: str = DEFAULT_TARGET, policy: str = 
 
     ``example_inputs``: a tensor, a sequence of tensors (positional arguments of ``forward``) or a dict of
     them (keyword arguments, e.g. a Hugging Face batch: ``compile(model, batch)``, then ``model(**batch)``);
-    ``example_kwargs``: keyword tensors beside positional ones. The compiled module is called as the original
-    (positional and keyword tensors); keywords given None where ``forward``'s default is None count as not given.
+    ``example_kwargs``: keyword arguments beside positional ones. The compiled module is called as the original
+    (positional and keyword tensors); keywords given None where ``forward``'s default is None count as not given,
+    and keywords that are not tensors (``use_cache=False``: numbers, strings, None) are settings, each value
+    compiling a program of its own.
 
     ``target``: the executor of ``@main_fwd``/``@main_bwd`` (see ``bridges``): ``"torch"`` (ATen kernels on
     the tensors themselves), ``"numpy"`` or ``"jax"``; the default is the fastest installed (``default_target``:
