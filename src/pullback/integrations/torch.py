@@ -332,7 +332,7 @@ def _module_class():
             self.dynamic_batch = dynamic_batch
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
-            self._params = None  # forward's parameters, read when a call first passes keywords
+            self._params = None  # forward's parameters and their positions, read when a call first passes keywords
             inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
             key, _, tensors = self._state(inputs, *named)
             self._program(inputs, key, tensors)
@@ -346,9 +346,9 @@ def _module_class():
             if not kwargs:
                 return args, (), ()
             if self._params is None:
-                self._params = inspect.signature(self.module.forward).parameters
-            params = self._params
-            rank = {name: i for i, name in enumerate(params)}
+                params = inspect.signature(self.module.forward).parameters
+                self._params = params, {name: i for i, name in enumerate(params)}
+            params, rank = self._params
             given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
             fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
             names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
