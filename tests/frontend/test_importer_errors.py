@@ -282,16 +282,23 @@ def test_an_operator_with_side_effects_is_named_with_its_line():
         from_torch(Inverse(), (torch.eye(3),))
 
 
-def test_a_decoder_returning_its_cache_says_to_turn_the_cache_off():
+def test_a_decoder_compiles_without_its_cache_unless_asked_for_it():
+    """A Hugging Face decoder returns its key/value cache (an object torch.export cannot return) unless
+    ``use_cache=False``: the compiled module passes that when the call does not say, and a call asking for the
+    cache is told to turn it off."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=32, n_embd=8, n_layer=1, n_head=2, n_positions=8, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(config)
+    assert model.config.use_cache
     ids = torch.randint(0, 32, (2, 6))
+    compiled = pb_compile(model, {"input_ids": ids, "labels": ids})
+    for out in (compiled(input_ids=ids, labels=ids), compiled(labels=ids, input_ids=ids, use_cache=None)):
+        assert out.past_key_values is None
+        torch.testing.assert_close(out.loss, model(input_ids=ids, labels=ids).loss)
+    assert len(compiled._programs) == 1  # one program for both calls
     with pytest.raises(pb.PullbackError, match=r"key/value cache.*use_cache = False"):
-        pb_compile(model, {"input_ids": ids, "labels": ids})
-    out = pb_compile(model, {"input_ids": ids, "labels": ids, "use_cache": False})(input_ids=ids, labels=ids, use_cache=False)
-    torch.testing.assert_close(out.loss, model(input_ids=ids, labels=ids).loss)
+        compiled(input_ids=ids, labels=ids, use_cache=True)
 
 
 def test_a_keyword_input_that_is_not_a_tensor_is_named():

@@ -342,13 +342,17 @@ def _module_class():
             ``forward``'s parameter order (any order of the same keywords runs one program), their names, and
             the other keywords (``use_cache=False``: numbers, strings, None) as sorted ``(name, value)`` pairs,
             constants of the program. A keyword given None where its default is None is left out, as if not
-            given (Hugging Face's ``forward``)."""
-            if not kwargs:
-                return args, (), ()
+            given (Hugging Face's ``forward``). A ``forward`` taking ``use_cache`` (Hugging Face decoders) gets
+            ``use_cache=False`` unless the call gives it: torch.export cannot return the cache object, and
+            training has no use for it."""
             if self._params is None:
                 params = inspect.signature(self.module.forward).parameters
                 self._params = params, {name: i for i, name in enumerate(params)}
             params, rank = self._params
+            if "use_cache" in params and kwargs.get("use_cache") is None:
+                kwargs = {**kwargs, "use_cache": False}  # a decoder's key/value cache: of no use to a training step
+            elif not kwargs:
+                return args, (), ()
             given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
             fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
             names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
