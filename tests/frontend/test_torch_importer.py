@@ -586,3 +586,22 @@ def test_attention_rows_masked_everywhere_give_zero_and_no_nan_gradient(kind):
     (want,) = torch.autograd.grad(y, [q])
     np.testing.assert_allclose(out, y.item(), rtol=1e-12)
     np.testing.assert_allclose(dq, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape1,shape2,bias", [((4, 3), (4, 5), True), ((2, 6, 3), (2, 6, 5), False), ((2, 2, 4, 3), (2, 2, 4, 5), True)])
+def test_bilinear_values_and_gradients_match_torch(shape1, shape2, bias):
+    """``nn.Bilinear`` (``aten._trilinear``, which PyTorch does not decompose; ``frontend.decompositions``): values
+    and float64 gradients of both inputs, the weight and the bias, with one to three batch dims."""
+    torch.manual_seed(0)
+    m = torch.nn.Bilinear(3, 5, 2, bias=bias).double()
+    x1, x2 = torch.randn(*shape1, dtype=torch.float64), torch.randn(*shape2, dtype=torch.float64)
+    prog = import_torch(m, (x1, x2))
+    mod = transform.FirstOrderGradient(mode="vjp", wrt=prog.inputs + prog.trainable)(prog.mod)
+    y = m(x1, x2)
+    ct = torch.randn_like(y)
+    want = _grads_torch(m, (x1, x2), ct.numpy(), [0, 1])
+    out, grads = pullback.build(mod)["main_grad"](*main_inputs(prog, (x1, x2)), ct.numpy())
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    assert len(grads) == len(want)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

@@ -53,6 +53,7 @@ from . import custom_functions, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
+from .decompositions import own_decompositions
 from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 
 # composite ops kept whole by run_decompositions because one pullback op covers them (or, for detach, because
@@ -125,8 +126,9 @@ EXTRA_DECOMPOSED: tuple = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", 
 
 def decomposition_table() -> dict:
     """The table ``export`` hands to ``run_decompositions``: ``torch.export.default_decompositions()``
-    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED`` (a fresh
-    dict each call; PyTorch's lazy table is materialised once per process)."""
+    without the ``PRESERVED`` composites, plus PyTorch's decompositions of ``EXTRA_DECOMPOSED`` and the
+    importer's own (``decompositions``) (a fresh dict each call; PyTorch's lazy table is materialised once
+    per process)."""
     return dict(_decomposition_table())
 
 
@@ -142,6 +144,7 @@ def _decomposition_table() -> dict:
         op = _overload(name)
         if op in registry:
             table[op] = registry[op]
+    table.update(own_decompositions())
     return dict(table.items())
 
 
