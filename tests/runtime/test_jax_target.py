@@ -140,6 +140,20 @@ def test_no_process_wide_side_effects():
     assert proc.stdout.strip() == "OK"
 
 
+def test_64_bit_constants_keep_their_precision_when_the_plan_is_made_before_the_first_call():
+    """A float64 or int64 constant converted outside the module's 64-bit scope (``plan.ensure()`` right after
+    ``build``, as the PyTorch integration does) stays 64-bit: 0.9189385332046727 (Normal.log_prob's constant)
+    is not rounded to float32, 2**40 is not wrapped."""
+    x, i = var("x", shape=(3,), dtype="float64"), var("i", shape=(3,), dtype="int64")
+    body = Tuple([op.subtract(x, pb.const(np.float64(0.9189385332046727))), op.add(i, pb.const(np.int64(2**40)))])
+    fn = pb.build(IRModule.from_expr(Function([x, i], body)), target="jax")["main"]
+    fn.plan.ensure()
+    v, k = np.array([1.5, 2.5, 3.5]), np.array([1, 2, 3])
+    got, ints = fn(v, k)
+    np.testing.assert_array_equal(got, v - 0.9189385332046727)
+    np.testing.assert_array_equal(ints, k + 2**40)
+
+
 def test_import_pullback_does_not_import_jax():
     code = "import sys, pullback; pullback.build; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -27,6 +27,7 @@ reductions (e.g. of parameter gradients).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -57,6 +58,9 @@ def _load_jax():
             raise PullbackError(f"target 'jax' needs the jax package: {e}") from None
         jax, jnp, lax = _jax, _jnp, _lax
     return jax
+
+
+_WIDE = frozenset(np.dtype(t) for t in ("float64", "int64", "uint64", "complex128"))  # 64-bit types: jax's x64 only
 
 
 class JaxTarget(Target):
@@ -92,7 +96,9 @@ class JaxTarget(Target):
         return typed
 
     def constant(self, data: np.ndarray):
-        with jax.ensure_compile_time_eval():  # a concrete array even while tracing: plans outlive a trace
+        """A concrete jax array of ``data``'s dtype, even while tracing (plans outlive a trace) and outside
+        the module's 64-bit scope (a plan made before its first call: float64 stays float64)."""
+        with jax.enable_x64(True) if data.dtype in _WIDE else nullcontext(), jax.ensure_compile_time_eval():
             return jnp.asarray(data)
 
     @staticmethod
