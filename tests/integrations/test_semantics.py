@@ -135,6 +135,41 @@ def test_random_draws_through_compile_match_eager(target):
     torch.testing.assert_close(x.grad, x2.grad)
 
 
+class Reparameterized(nn.Module):
+    """Samples by reparameterization: ``Normal.rsample`` (``normal_functional``) and ``torch.normal`` with tensor
+    and float arguments, the draws scaled by learned parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu, self.log_scale = nn.Linear(3, 2), nn.Linear(3, 2)
+
+    def forward(self, x):
+        mu, scale = self.mu(x), F.softplus(self.log_scale(x)) + 0.1
+        d = torch.distributions.Normal(mu, scale, validate_args=False)
+        z = d.rsample()
+        w = torch.normal(mu, scale) + torch.normal(mu, 2.0) + torch.normal(0.5, scale)
+        return (d.log_prob(z) * w).sum() + z.pow(2).mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reparameterized_samples_through_compile_match_eager(target, dtype):
+    torch.manual_seed(0)
+    model = Reparameterized().to(dtype)
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 3, dtype=dtype)
+    cm = pb_compile(model, (x,), target=target)
+    torch.manual_seed(5)
+    out = cm(x)
+    out.backward()
+    torch.manual_seed(5)
+    ref = eager(x)
+    ref.backward()
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else {}
+    torch.testing.assert_close(out, ref, **tol)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tol)
+
+
 class Counter(nn.Module):
     """A buffer mutated in forward (a step counter and a running mean of the inputs)."""
 

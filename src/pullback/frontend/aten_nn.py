@@ -63,6 +63,24 @@ for _name, _kind in (("rand.default", "uniform"), ("rand_like.default", "uniform
                      ("randn_like.default", "normal"), ("randperm.default", "randperm")):
     aten(f"aten.{_name}")(_random(_kind))
 
+
+@aten("aten.normal_functional.default")
+def _normal_functional(cx, x, mean=0.0, std=1.0, generator=None):
+    """``torch.empty_like(x).normal_(mean, std)`` (``Normal.rsample`` draws its ``eps`` so): a standard normal
+    input, scaled."""
+    return _normal(cx, scalar(mean, cx.out_dtype), scalar(std, cx.out_dtype))
+
+
+@aten("aten.normal.Tensor_Tensor", "aten.normal.Tensor_float", "aten.normal.float_Tensor")
+def _normal(cx, mean, std, generator=None):
+    """``torch.normal(mean, std)``: ``mean + std * z`` for a standard normal input ``z`` of the result's shape
+    (drawn as ATen draws it: ``normal_(0, 1)``, then scaled). As in PyTorch, no gradient reaches ``mean`` or
+    ``std`` (a sample, not a reparameterization: ``Normal.rsample`` computes ``loc + eps * scale`` itself)."""
+    dt = cx.out_dtype
+    z = cx.random_input("normal", static(cx, "normal", cx.out_shape), dt)
+    mean, std = (v if isinstance(v, Expr) else scalar(v, dt) for v in (mean, std))
+    return _op("stop_gradient")(_op("add")(_op("multiply")(z, std), mean))
+
 # ------------------------------------------------------------------ linear algebra
 
 
@@ -498,6 +516,24 @@ def _adaptive(nd: int):
     return conv
 
 
+def _adaptive_max(nd: int):
+    """``(values, indices)`` of adaptive max pooling where each input size is a multiple of its output size (then
+    the windows are those of a max pool with kernel = stride = input / output: global max pooling, halvings)."""
+
+    def conv(cx, x, output_size):
+        out = _tuple(output_size, nd)
+        size = static(cx, "adaptive max pooling", cx.shape_of(x)[-nd:])
+        if any(o < 1 or n % o for n, o in zip(size, out)):
+            raise PullbackError(f"adaptive max pooling from {size} to {out}: windows of different sizes are not "
+                                "supported (an input size that is a multiple of the output size is)")
+        k = tuple(n // o for n, o in zip(size, out))
+        return _with_indices(nd)(cx, x, k, k)
+
+    return conv
+
+
+aten("aten.adaptive_max_pool1d.default")(_adaptive_max(1))
+aten("aten.adaptive_max_pool2d.default")(_adaptive_max(2))
 aten("aten.adaptive_avg_pool1d.default")(_adaptive(1))
 aten("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")(_adaptive(2))
 aten("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")(_adaptive(3))
