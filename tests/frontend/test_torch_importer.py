@@ -605,3 +605,37 @@ def test_bilinear_values_and_gradients_match_torch(shape1, shape2, bias):
     assert len(grads) == len(want)
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+class AdaptiveMax(torch.nn.Module):
+    def __init__(self, nd, out):
+        super().__init__()
+        self.pool = (torch.nn.AdaptiveMaxPool1d if nd == 1 else torch.nn.AdaptiveMaxPool2d)(out, return_indices=True)
+
+    def forward(self, x):
+        values, indices = self.pool(x)
+        return values * 2, indices
+
+
+@pytest.mark.parametrize("nd,shape,out", [(2, (2, 3, 6, 4), (2, 2)), (2, (3, 5, 5), 1), (1, (2, 3, 8), 4), (1, (3, 6), 1)])
+def test_adaptive_max_pooling_values_indices_and_gradients_match_torch(nd, shape, out):
+    """Adaptive max pooling whose input sizes are multiples of the output's (global max pooling, halvings),
+    batched or not: values, indices and the float64 gradient (to each window's first maximum, ties included)."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64).round()  # ties: the first maximum wins, as in PyTorch
+    m = AdaptiveMax(nd, out)
+    prog = import_torch(m, (x,))
+    mod = transform.FirstOrderGradient(mode="vjp", wrt=prog.inputs)(prog.mod)
+    xg = x.clone().requires_grad_(True)
+    values, indices = m(xg)
+    ct = torch.randn_like(values)
+    (values * ct).sum().backward()
+    (got, got_idx), (dx,) = pullback.build(mod)["main_grad"](x.numpy(), (ct.numpy(), np.zeros(indices.shape, "int64")))
+    np.testing.assert_array_equal(got, values.detach().numpy())
+    np.testing.assert_array_equal(got_idx, indices.numpy())
+    np.testing.assert_allclose(dx, xg.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_adaptive_max_pooling_into_windows_of_different_sizes_is_a_clear_error():
+    with pytest.raises(pullback.PullbackError, match=r"adaptive max pooling from \(5, 7\) to \(2, 3\)"):
+        import_torch(torch.nn.AdaptiveMaxPool2d((2, 3)), (torch.randn(1, 2, 5, 7),))
