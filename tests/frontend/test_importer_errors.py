@@ -12,7 +12,7 @@ import pullback as pb
 
 torch = pytest.importorskip("torch")
 
-from pullback.frontend import from_torch  # noqa: E402
+from pullback.frontend import from_torch, import_torch, main_inputs  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 
 
@@ -95,23 +95,44 @@ def test_export_failure_is_one_error_without_torch_log_lines(capfd):
 
 
 def test_a_branch_on_a_tensor_value_says_how_to_make_it_static(capfd):
-    """nn.Transformer compares a given tgt_mask with a causal one to decide (a data-dependent branch)."""
-    model = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)
-    mask = torch.nn.Transformer.generate_square_subsequent_mask(3)
+    class Branch(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else -x
 
-    class Causal(torch.nn.Module):
-        def __init__(self, **kw):
+    with pytest.raises(pb.PullbackError, match=r"branches on a tensor's value.*layerdrop=0.*torch.where"):
+        from_torch(Branch(), (torch.ones(2, 3),))
+    assert capfd.readouterr().err == ""  # torch.export's partial graph dump is not passed on
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_transformer_given_a_mask_without_its_causal_flag_imports_and_computes_what_eager_does(causal):
+    """nn.Transformer compares a given tgt_mask with a causal one (a branch on values) only to pick an attention
+    kernel: the importer uses the mask as given, a causal one or not, and the values and gradients are eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True).double()
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(3, dtype=torch.float64)
+    if not causal:
+        mask = torch.zeros(3, 3, dtype=torch.float64).masked_fill(torch.eye(3, dtype=torch.bool).roll(1, 0), float("-inf"))
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
             super().__init__()
-            self.t, self.kw = model, kw
+            self.t = model
 
         def forward(self, a, b):
-            return self.t(a, b, tgt_mask=mask, **self.kw)
+            return self.t(a, b, tgt_mask=mask).pow(2).sum()
 
-    a, b = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
-    with pytest.raises(pb.PullbackError, match=r"branches on a tensor's value.*tgt_is_causal=True"):
-        from_torch(Causal(), (a, b))
-    assert capfd.readouterr().err == ""  # torch.export's partial graph dump is not passed on
-    from_torch(Causal(tgt_is_causal=True), (a, b))  # the static choice imports
+    a, b = torch.randn(2, 4, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64)
+    m = Masked()
+    prog = import_torch(m, (a, b))
+    mod = pb.transform.FirstOrderGradient(mode="vjp", wrt=prog.inputs)(prog.mod)
+    ag, bg = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    want = m(ag, bg)
+    want.backward()
+    out, (da, db) = pb.build(mod)["main_grad"](*main_inputs(prog, (a, b)), np.ones((), "float64"))
+    np.testing.assert_allclose(out, want.item(), rtol=1e-12)
+    np.testing.assert_allclose(da, ag.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(db, bg.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_an_operator_with_value_dependent_shapes_says_what_to_use_instead():

@@ -6,6 +6,7 @@
 - a trace that branches on a tensor's value fails: the error says how to make the branch static; one whose
   shapes depend on values says what to use instead;
 - ``torch.distributions`` validate their arguments by a branch on values: not while exporting;
+- ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
   while it runs (``memoised_callable_aliases``); export and ``run_decompositions`` materialise every C++
   composite operator about 26 times per call: once, unless new ones were registered
@@ -24,8 +25,8 @@ from typing import Iterator
 
 DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
-    "torch.export follows one path: make the choice a Python setting, e.g. nn.Transformer(..., tgt_is_causal=True) "
-    "or layerdrop=0 in a model's config)")
+    "torch.export follows one path: make the choice a Python setting, e.g. layerdrop=0 in a model's config, "
+    "or compute both sides and pick with torch.where)")
 DYNAMIC_SHAPE_HINT = (
     " (an operator whose result's shape depends on the values of its inputs, such as nonzero, unique, masked_select, "
     "boolean-mask indexing or ctc_loss, has no static type: compute with masks of fixed shape, "
@@ -176,6 +177,29 @@ def unvalidated_distributions():
     return _unvalidated()
 
 
+def _transformer_module():
+    import torch.nn.modules.transformer
+
+    return torch.nn.modules.transformer
+
+
+def _causal_as_given(mask, is_causal=None, size=None) -> bool:
+    return is_causal is True
+
+
+_masks_as_given = _WhileOpen(_transformer_module, "_detect_is_causal_mask",
+                             lambda original: _causal_as_given if callable(original) else None)
+
+
+def transformer_masks_as_given():
+    """``nn.Transformer``, ``nn.TransformerEncoder`` and ``nn.TransformerDecoder`` called with a mask but no
+    ``is_causal`` flag use the mask as given while the block is open. Eager compares the mask with a causal one
+    (``(mask == causal).all()``, a branch on values torch.export cannot trace) only to pick a faster attention
+    kernel: with the flag False attention applies the mask itself, with the same result. A Transformer
+    decoder trained with ``tgt_mask=generate_square_subsequent_mask(n)`` failed to export."""
+    return _masks_as_given()
+
+
 @contextmanager
 def rnn_dropout_between_layers() -> Iterator[None]:
     """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
@@ -235,4 +259,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "transformer_masks_as_given", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

@@ -191,7 +191,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
-            with custom_functions.recorded() as applied, redirect_stderr(printed), export_repairs.unvalidated_distributions():
+            with custom_functions.recorded() as applied, redirect_stderr(printed), \
+                    export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given():
                 n = len(example_inputs) - len(keywords)
                 kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
                 ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
