@@ -400,3 +400,20 @@ def test_a_hugging_face_model_called_with_its_batch_returns_its_model_output():
         torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-10, atol=1e-12)
     for p, q in zip(compiled.module.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+def test_a_compiled_module_under_autocast_trains_in_its_own_dtypes_and_says_so(target):
+    """A ``torch.autocast`` region around a compiled module's forward does not reach its kernels (on any target):
+    outputs and gradients are the float32 ones, with a warning saying so."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(4, 8), torch.tensor([0, 2, 1, 1])
+    compiled = pb_compile(model, (x,), target=target)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="autocast does not reach"):
+        logits = compiled(x)
+    assert logits.dtype == torch.float32
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    torch.nn.functional.cross_entropy(eager(x), y).backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)

@@ -147,3 +147,19 @@ def test_small_weights_stay_with_mkl(onednn_calls):
         pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](np.ones((4, k), "float32"),
                                                                                   np.ones((n, k), "float32"))
         assert len(onednn_calls) == used, (n, k)
+
+
+def test_an_autocast_region_does_not_change_the_programs_dtypes():
+    """Inside ``torch.autocast`` (bfloat16) a float32 program still computes in float32: its matmul is not cast
+    down, its result is the one computed outside the region."""
+    from pullback import op
+
+    x, w = var("x", shape=(4, 8)), var("w", shape=(3, 8))
+    exe = pb.build(pb.IRModule.from_expr(Function([x, w], op.nn.relu(op.nn.dense(x, w)))), target="torch")
+    a, b = torch.randn(4, 8), torch.randn(3, 8)
+    want = exe["main"](a, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.linear(a, b).dtype == torch.bfloat16  # what autocast does to ATen's linear
+        got = exe["main"](a, b)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -28,6 +28,7 @@ measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tenso
 from __future__ import annotations
 
 import inspect
+import warnings
 from time import perf_counter
 from typing import Optional, Sequence
 
@@ -317,6 +318,10 @@ class _Import:
         self.phases = phases
 
 
+AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
+                 "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
+
+
 def _module_class():
     import torch
 
@@ -394,6 +399,8 @@ def _module_class():
             return tp
 
         def forward(self, *args, **kwargs):
+            if torch.is_autocast_enabled("cpu"):
+                warnings.warn(AUTOCAST_NOTE, UserWarning, stacklevel=2)
             inputs, *named = self._flat(args, kwargs)
             key, state, tensors = self._state(inputs, *named)
             tp = self._program(inputs, key, tensors)

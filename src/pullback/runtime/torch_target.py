@@ -8,7 +8,8 @@ every target; NumPy inputs become tensors without a copy when they are writable
 (else they are copied: a tensor cannot be read-only), torch tensors are used
 as they are (detached, moved to ``device`` if needed). Results are torch
 tensors, nested in tuples; like torch's own ``reshape``, a result may share
-memory with an input. Fused groups run op by op (as calls).
+memory with an input. Fused groups run op by op (as calls). A ``torch.autocast`` region does not reach the
+kernels: a program computes in its own dtypes.
 
 torch is imported on first build only (``import pullback`` does not import it).
 """
@@ -59,6 +60,15 @@ class TorchTarget(Target):
 
     def inplace_kernel(self, call, i: int):
         return inplace_kernel(call, i) if self.fast else None
+
+    def run_context(self):
+        """Autocast off while the kernels run, when a ``torch.autocast`` region is open: a program computes in
+        the dtypes of its types (an autocast ``F.linear`` would return bfloat16 where the program says float32,
+        and a backward would then mix the two)."""
+        torch, kind = self.torch, self.device.type
+        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            return torch.autocast(kind, enabled=False)
+        return None
 
     def constant(self, data: np.ndarray):
         return self.torch.from_numpy(np.array(data)).to(self.device)  # a copy: the Constant stays intact
