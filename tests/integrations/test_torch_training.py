@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
+from pullback import PullbackError  # noqa: E402
 from pullback import runtime  # noqa: E402
 from pullback.integrations.torch import DEFAULT_TARGET  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
@@ -417,3 +418,40 @@ def test_a_compiled_module_under_autocast_trains_in_its_own_dtypes_and_says_so(t
     torch.nn.functional.cross_entropy(eager(x), y).backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+class MixedResults(torch.nn.Module):
+    """A forward whose results mix tensors with a number, a string and None."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {"loss": y.pow(2).mean(), "logits": y, "count": x.shape[0], "name": "mixed", "extra": None}, 2.5
+
+
+def test_results_that_are_not_tensors_come_back_as_forward_returned_them(target):
+    torch.manual_seed(0)
+    model = MixedResults()
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    got, scale = pb_compile(model, (x,), target=target)(x)
+    want, want_scale = eager(x)
+    assert scale == want_scale == 2.5 and type(scale) is float
+    assert got.keys() == want.keys() and (got["count"], got["name"], got["extra"]) == (4, "mixed", None)
+    torch.testing.assert_close(got["logits"], want["logits"])
+    got["loss"].backward()
+    want["loss"].backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_forward_without_a_tensor_result_is_a_clear_error():
+    class Count(torch.nn.Module):
+        def forward(self, x):
+            return x.shape[0]
+
+    with pytest.raises(PullbackError, match=r"forward returns no tensor \(only \[4\]\)"):
+        pb_compile(Count(), (torch.ones(4, 2),))

@@ -98,6 +98,9 @@ class TorchProgram:
     # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
     mutations: list = field(default_factory=list)
     out_spec: object = None  # torch.export's pytree spec of forward's result (a tuple, dict, ModelOutput, ...)
+    # forward's results that are not tensors (a number, a string, None), by their position among its results'
+    # leaves: not outputs of @main, put back by the PyTorch integration as they are
+    constant_outputs: dict = field(default_factory=dict)
 
     @property
     def main(self) -> Function:
@@ -277,10 +280,13 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         raise problems.error()
 
     # mutated values are state writes (eager updates buffers under no_grad): no gradient flows back from them
-    user_out, mutations, extra = [], [], []
+    user_out, mutations, extra, constant_outputs = [], [], [], {}
     by_name = {v.name_hint: v for v in user_vars}
     for spec, out in zip(sig.output_specs, outs):
-        e = env[out] if not isinstance(out, (int, float, bool)) else Constant(np.asarray(out))
+        if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT) and out not in env:
+            constant_outputs[len(user_out) + len(constant_outputs)] = out  # a number, string or None: not computed
+            continue
+        e = env[out]
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
             user_out.append(e)
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
@@ -291,6 +297,9 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
             extra.append(_op("stop_gradient")(e))
         else:
             raise PullbackError(f"from_torch: output of kind {spec.kind.name} is not supported")
+    if not user_out:
+        raise PullbackError(f"from_torch: forward returns no tensor (only {list(constant_outputs.values())}): "
+                            "there is nothing to compute")
     single = len(user_out) == 1 and not extra
     body = user_out[0] if single else Tuple(user_out + extra)
     fn_params = user_vars + [entry[0] for entry in state_vars] + cx.mask_vars
@@ -305,7 +314,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
         mod=mod, params=params, inputs=[v.name_hint for v in user_vars], state_names=state_names,
         trainable=[v.name_hint for v, _, is_param in state_vars if is_param],
         masks=list(cx.masks), num_outputs=len(user_out), single_output=single, mutations=mutations,
-        out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None),
+        out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None), constant_outputs=constant_outputs,
     )
 
 

@@ -250,9 +250,13 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     return results[: prog.num_outputs]
 
 
-def structured(outs: Sequence, spec=None):
+def structured(outs: Sequence, spec=None, constants: Optional[dict] = None):
     """The user outputs in the structure ``forward`` returned them (a tensor, tuple, list, dict or Hugging Face
-    ``ModelOutput``) by ``spec``, torch.export's output spec; without one, a tensor or a tuple."""
+    ``ModelOutput``) by ``spec``, torch.export's output spec, with ``forward``'s results that are not tensors
+    (``constants``: leaf position -> value) back in their places; without a spec, a tensor or a tuple."""
+    if constants:
+        tensors = iter(outs)
+        outs = [constants[i] if i in constants else next(tensors) for i in range(len(outs) + len(constants))]
     if spec is not None and spec.num_leaves == len(outs):
         from torch.utils._pytree import tree_unflatten
 
@@ -404,7 +408,8 @@ def _module_class():
             inputs, *named = self._flat(args, kwargs)
             key, state, tensors = self._state(inputs, *named)
             tp = self._program(inputs, key, tensors)
-            return structured(call(tp, inputs, state, state_tensors=tensors), tp.prog.out_spec)
+            prog = tp.prog
+            return structured(call(tp, inputs, state, state_tensors=tensors), prog.out_spec, prog.constant_outputs)
 
     return CompiledModule
 
