@@ -455,3 +455,20 @@ def test_a_forward_without_a_tensor_result_is_a_clear_error():
 
     with pytest.raises(PullbackError, match=r"forward returns no tensor \(only \[4\]\)"):
         pb_compile(Count(), (torch.ones(4, 2),))
+
+
+def test_compiling_does_not_copy_the_weights():
+    """The compiled module passes the live parameters to its programs: its import keeps read-only views of them
+    (a copy took 0.7 s and 440 MB for BERT-base); ``from_torch`` still gives copies."""
+    from pullback.frontend import import_torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    compiled = pb_compile(model, (x,))
+    (tp,) = compiled._programs.values()
+    views = list(tp.prog.params.values())
+    weights = [p.detach().numpy() for p in model.parameters()]
+    assert len(views) == len(weights) and all(np.shares_memory(v, w) and not v.flags.writeable
+                                              for v, w in zip(views, weights))
+    copies = list(import_torch(model, (x,)).params.values())
+    assert not any(np.shares_memory(c, w) for c, w in zip(copies, weights))

@@ -215,11 +215,23 @@ def _to_numpy(t) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy().copy()
 
 
-def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) -> TorchProgram:
+def _read_only_view(t) -> np.ndarray:
+    """The tensor's memory as a read-only array (a copy only when it is not a contiguous CPU tensor)."""
+    t = t.detach()
+    a = t.numpy() if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg() else _to_numpy(t)
+    a = a.view()
+    a.flags.writeable = False
+    return a
+
+
+def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
+                    copy_params: bool = True) -> TorchProgram:
     """Convert an ``ExportedProgram`` (see the module docstring for the signature of ``@main``).
 
     ``tied`` (optional) maps a state_dict key to every key sharing its tensor (``tied_keys(module)``); keys
-    whose tensors are one object in ``ep.state_dict`` are tied in any case.
+    whose tensors are one object in ``ep.state_dict`` are tied in any case. ``copy_params=False``: ``params``
+    holds read-only views of the parameters and buffers (they follow the module's training) instead of copies
+    (the PyTorch integration, which passes the live tensors: a copy took 0.7 s and 440 MB for BERT-base).
     """
     import torch
     from torch.export.graph_signature import InputKind, OutputKind
@@ -263,7 +275,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None) 
                     v = Var(names.fresh(sanitize(spec.target)), ty)
                     entry = by_tensor[id(tensor)] = [v, [spec.target], spec.kind == InputKind.PARAMETER]
                     state_vars.append(entry)
-                    params[v.name_hint] = _to_numpy(tensor)
+                    params[v.name_hint] = _to_numpy(tensor) if copy_params else _read_only_view(tensor)
             elif spec.kind == InputKind.TOKEN:  # threaded through operators with side effects
                 raise _effects_error(ep.graph)
             else:

@@ -380,7 +380,7 @@ def _module_class():
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
                                           settings=dict(settings)))
-                prog = lap("import", import_exported(ep, tied=tied_keys(self.module)))
+                prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap)
             state = ModuleState(self.module)
             return key, state, [state[k] for k in entry.state_keys]
