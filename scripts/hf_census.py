@@ -173,8 +173,10 @@ FAMILIES = {
 # families torch.export cannot trace in training mode (a branch on a tensor's value), with the reason
 EXPECTED = {
     "deberta_v2": "its loss branches on `label_index.size(0) > 0` (a data-dependent size)",
-    "wav2vec2": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training (even at layerdrop=0)",
-    "hubert": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training (even at layerdrop=0)",
+    "wav2vec2": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "
+                "with np.random (refused: they would be baked in); layerdrop=0, mask_time_prob=0 train like eager",
+    "hubert": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "
+              "with np.random (refused: they would be baked in); layerdrop=0, mask_time_prob=0 train like eager",
 }
 
 

@@ -327,3 +327,24 @@ def test_a_keyword_input_that_is_not_a_tensor_is_named():
     compiled = pb_compile(model, {"input": torch.ones(1, 3)})
     with pytest.raises(pb.PullbackError, match=r"keyword input 'input' is a list"):
         compiled(input=[1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("draw,which", [(lambda: float(np.random.rand()), "NumPy's generator"),
+                                        (lambda: __import__("random").random(), "Python's random module")])
+def test_a_forward_drawing_from_a_host_random_generator_is_refused_and_the_generator_left_alone(draw, which):
+    """torch.export would keep the values drawn while tracing as constants (every step the same "random" mask,
+    as Wav2Vec2's SpecAugment draws with np.random): an error naming the generator; its state is as before."""
+    import random
+
+    class HostRandom(torch.nn.Module):
+        def forward(self, x):
+            return x * draw()
+
+    np.random.seed(3)
+    random.seed(3)
+    want_np, want_py = np.random.rand(), random.random()
+    np.random.seed(3)
+    random.seed(3)
+    with pytest.raises(pb.PullbackError, match=rf"draws random numbers from {which}.*torch.rand"):
+        from_torch(HostRandom(), (torch.ones(2),))
+    assert (np.random.rand(), random.random()) == (want_np, want_py)

@@ -7,6 +7,7 @@
   shapes depend on values says what to use instead;
 - ``torch.distributions`` validate their arguments by a branch on values: not while exporting;
 - ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
+- a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
   while it runs (``memoised_callable_aliases``); export and ``run_decompositions`` materialise every C++
   composite operator about 26 times per call: once, unless new ones were registered
@@ -177,6 +178,38 @@ def unvalidated_distributions():
     return _unvalidated()
 
 
+HOST_RANDOM_HINT = (
+    "from_torch: the forward draws random numbers from {which} while it is traced; torch.export keeps the "
+    "values drawn then as constants, so every call would reuse them (e.g. Wav2Vec2's and HuBERT's SpecAugment "
+    "masks: set mask_time_prob=0 and mask_feature_prob=0 in the config). Draw them with torch (torch.rand, "
+    "torch.bernoulli): pullback draws those anew at each call, as eager does")
+
+
+@contextmanager
+def host_random_draws_refused() -> Iterator[None]:
+    """A traced forward that draws from NumPy's or Python's global random generator is an error (the draws
+    would be baked into the program as constants); either generator is left as it was before the trace."""
+    import random
+
+    import numpy as np
+
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        now = np.random.get_state()
+        np_drawn = not (np.array_equal(now[1], np_state[1]) and now[2:] == np_state[2:])
+        py_drawn = random.getstate() != py_state
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    if np_drawn or py_drawn:
+        from ..ir.errors import PullbackError
+
+        which = " and ".join(w for w, d in (("NumPy's generator (np.random)", np_drawn),
+                                            ("Python's random module", py_drawn)) if d)
+        raise PullbackError(HOST_RANDOM_HINT.format(which=which))
+
+
 def _transformer_module():
     import torch.nn.modules.transformer
 
@@ -259,4 +292,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "transformer_masks_as_given", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "transformer_masks_as_given", "host_random_draws_refused", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

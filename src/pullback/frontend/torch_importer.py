@@ -195,10 +195,13 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         try:
             with custom_functions.recorded() as applied, redirect_stderr(printed), \
-                    export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given():
+                    export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given(), \
+                    export_repairs.host_random_draws_refused():
                 n = len(example_inputs) - len(keywords)
                 kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
                 ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+        except PullbackError:
+            raise
         except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
             export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
             raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: {type(e).__name__}: {e}") from e
