@@ -314,10 +314,11 @@ def test_a_decoder_compiles_without_its_cache_unless_asked_for_it():
     assert model.config.use_cache
     ids = torch.randint(0, 32, (2, 6))
     compiled = pb_compile(model, {"input_ids": ids, "labels": ids})
-    for out in (compiled(input_ids=ids, labels=ids), compiled(labels=ids, input_ids=ids, use_cache=None)):
+    for out in (compiled(input_ids=ids, labels=ids), compiled(labels=ids, input_ids=ids, use_cache=None),
+                compiled(ids, labels=ids)):
         assert out.past_key_values is None
         torch.testing.assert_close(out.loss, model(input_ids=ids, labels=ids).loss)
-    assert len(compiled._programs) == 1  # one program for both calls
+    assert len(compiled._programs) == 1  # one program for the three calls (ids positional or by name)
     with pytest.raises(pb.PullbackError, match=r"key/value cache.*use_cache = False"):
         compiled(input_ids=ids, labels=ids, use_cache=True)
 

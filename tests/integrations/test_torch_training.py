@@ -367,6 +367,8 @@ def test_keyword_inputs_train_like_eager_in_any_order_with_forwards_structure(ta
     assert len(compiled._imports) == 1 and len(compiled._programs) == 1
     for p, q in zip(compiled.module.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(compiled(x, labels=labels)["loss"], eager(x, labels=labels)["loss"], rtol=1e-12, atol=0)
+    assert len(compiled._imports) == 1  # x by position is x by name: the same program
     mask = torch.rand(5, 3, dtype=torch.float64)
     torch.testing.assert_close(compiled(x, mask=mask, labels=labels)["loss"], eager(x, mask=mask, labels=labels)["loss"])
     for kw in (dict(scale=2.0), dict(scale=0.5, return_dict=False)):  # settings: constants of a program each

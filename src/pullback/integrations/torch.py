@@ -322,6 +322,17 @@ class _Import:
         self.phases = phases
 
 
+def _named(args: tuple, kwargs: dict, params) -> tuple:
+    """``(args, kwargs)`` with the leading positional arguments moved to ``kwargs`` under the names of the
+    ``forward`` parameters they bind to (all of them, or none: a ``*args`` or positional-only parameter keeps
+    them positional)."""
+    kinds = list(params.values())[: len(args)]
+    if not args or len(kinds) < len(args) or any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.name in kwargs
+                                                 for p in kinds):
+        return args, kwargs
+    return (), {**{p.name: a for p, a in zip(kinds, args)}, **kwargs}
+
+
 AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
                  "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
 
@@ -353,7 +364,8 @@ def _module_class():
             constants of the program. A keyword given None where its default is None is left out, as if not
             given (Hugging Face's ``forward``). A ``forward`` taking ``use_cache`` (Hugging Face decoders) gets
             ``use_cache=False`` unless the call gives it: torch.export cannot return the cache object, and
-            training has no use for it."""
+            training has no use for it. With keywords, positional arguments count by their names
+            (``model(ids, labels=y)`` and ``model(input_ids=ids, labels=y)`` run one program)."""
             if self._params is None:
                 params = inspect.signature(self.module.forward).parameters
                 self._params = params, {name: i for i, name in enumerate(params)}
@@ -362,6 +374,7 @@ def _module_class():
                 kwargs = {**kwargs, "use_cache": False}  # a decoder's key/value cache: of no use to a training step
             elif not kwargs:
                 return args, (), ()
+            args, kwargs = _named(args, kwargs, params)
             given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
             fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
             names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
