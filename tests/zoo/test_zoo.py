@@ -17,16 +17,15 @@ pytest.importorskip("transformers")
 
 import pullback as pb  # noqa: E402
 from pullback.frontend import import_torch, main_inputs  # noqa: E402
-from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 from pullback.integrations.torch import draw_masks  # noqa: E402
 
 from models import ZOO  # noqa: E402
+from tracking import compare, compiled_tracks_eager, train  # noqa: E402
 
 RNNS = ("lstm", "gru")
 # models that compute part of a float64 forward in float32 on purpose (their float64 check has float32's tolerance)
 FLOAT32_INSIDE = {"t5": "T5LayerNorm computes the variance in float32", "gpt2": "the LM loss upcasts logits to float32",
                   "bart": "the LM loss upcasts logits to float32"}
-STEPS, LR = 5, 0.05
 
 
 def make(name, dtype=torch.float32):
@@ -71,44 +70,10 @@ def test_loss_and_every_gradient_equal_eager_float64(name):
     assert not missing, f"parameters with an eager gradient but no pullback parameter: {missing}"
 
 
-def _train(model, inputs, steps=STEPS):
-    """Per-step losses, the first step's gradients, and the final state, with SGD and seeded dropout."""
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, first = [], None
-    for step in range(steps):
-        torch.manual_seed(100 + step)
-        loss = model(*inputs)
-        opt.zero_grad()
-        loss.backward()
-        if first is None:
-            first = {k: (None if p.grad is None else p.grad.clone()) for k, p in model.named_parameters()}
-        opt.step()
-        losses.append(loss.item())
-    return losses, first
-
-
-def _compare(name, eager, trained, ref, got):
-    (ref_losses, ref_grads), (losses, grads) = ref, got
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4, atol=1e-6, err_msg=f"{name}: losses")
-    for k, g in ref_grads.items():
-        if g is None:
-            assert grads[k] is None or not grads[k].abs().max() > 0, f"{name}: {k} has a gradient only through pullback"
-            continue
-        torch.testing.assert_close(grads[k], g, rtol=1e-3, atol=2e-5, msg=lambda m, k=k: f"{name}: gradient of {k}: {m}")
-    for k, v in eager.state_dict().items():
-        w = trained.state_dict()[k]
-        if v.is_floating_point():
-            torch.testing.assert_close(w, v, rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{name}: final {k}: {m}")
-
-
 @pytest.mark.parametrize("name", list(ZOO))
 def test_five_sgd_steps_through_compile_track_eager(name):
     model, inputs = make(name)
-    eager = copy.deepcopy(model)
-    ref = _train(eager, inputs)
-    cm = pb_compile(model, inputs)
-    got = _train(cm, inputs)
-    _compare(name, eager, model, ref, (got[0], {k.removeprefix("module."): v for k, v in got[1].items()}))
+    compiled_tracks_eager(name, model, inputs)
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -117,10 +82,10 @@ def test_five_sgd_steps_through_torch_compile_track_eager(name):
 
     model, inputs = make(name)
     eager = copy.deepcopy(model)
-    ref = _train(eager, inputs)
+    ref = train(eager, inputs)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(allow_rnn=name in RNNS):
         compiled = torch.compile(model, backend="pullback", dynamic=False)
-        got = _train(compiled, inputs)
+        got = train(compiled, inputs)
     torch._dynamo.reset()
-    _compare(name, eager, model, ref, (got[0], {k.removeprefix("_orig_mod."): v for k, v in got[1].items()}))
+    compare(name, eager, model, ref, got, prefix="_orig_mod.")
