@@ -19,12 +19,10 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
     rank = i1.dim() + len(expand1)
 
-    def labels(x, expand) -> str:  # x's dims are the positions without a unit dim, in order
-        kept = [d for d in range(rank) if d not in set(expand)]
-        return "".join(ascii_letters[d] for d in kept[: x.dim()])
+    def labels(skipped) -> str:  # the positions without a unit dim (an input's dims), or the result's
+        return "".join(ascii_letters[d] for d in range(rank) if d not in set(skipped))
 
-    out = "".join(ascii_letters[d] for d in range(rank) if d not in set(sumdim))
-    spec = f"{labels(i1, expand1)},{labels(i2, expand2)},{labels(i3, expand3)}->{out}"
+    spec = f"{labels(expand1)},{labels(expand2)},{labels(expand3)}->{labels(sumdim)}"
     return torch.einsum(spec, i1, i2, i3)
 
 

@@ -322,15 +322,15 @@ class _Import:
         self.phases = phases
 
 
-def _named(args: tuple, kwargs: dict, params) -> tuple:
+def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
     """``(args, kwargs)`` with the leading positional arguments moved to ``kwargs`` under the names of the
-    ``forward`` parameters they bind to (all of them, or none: a ``*args`` or positional-only parameter keeps
-    them positional)."""
-    kinds = list(params.values())[: len(args)]
-    if not args or len(kinds) < len(args) or any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.name in kwargs
-                                                 for p in kinds):
+    ``forward`` parameters (``order``: ``inspect.Parameter`` objects) they bind to (all of them, or none: a
+    ``*args`` or positional-only parameter keeps them positional)."""
+    bound = order[: len(args)]
+    if not args or len(bound) < len(args) or any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.name in kwargs
+                                                 for p in bound):
         return args, kwargs
-    return (), {**{p.name: a for p, a in zip(kinds, args)}, **kwargs}
+    return (), {**{p.name: a for p, a in zip(bound, args)}, **kwargs}
 
 
 AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
@@ -352,7 +352,7 @@ def _module_class():
             self.dynamic_batch = dynamic_batch
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
-            self._params = None  # forward's parameters and their positions, read when a call first passes keywords
+            self._params = None  # forward's parameters, their positions and order, read at the first call
             inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
             key, _, tensors = self._state(inputs, *named)
             self._program(inputs, key, tensors)
@@ -368,13 +368,13 @@ def _module_class():
             (``model(ids, labels=y)`` and ``model(input_ids=ids, labels=y)`` run one program)."""
             if self._params is None:
                 params = inspect.signature(self.module.forward).parameters
-                self._params = params, {name: i for i, name in enumerate(params)}
-            params, rank = self._params
+                self._params = params, {name: i for i, name in enumerate(params)}, tuple(params.values())
+            params, rank, order = self._params
             if "use_cache" in params and kwargs.get("use_cache") is None:
                 kwargs = {**kwargs, "use_cache": False}  # a decoder's key/value cache: of no use to a training step
             elif not kwargs:
                 return args, (), ()
-            args, kwargs = _named(args, kwargs, params)
+            args, kwargs = _named(args, kwargs, order)
             given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
             fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
             names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
