@@ -193,18 +193,17 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         # nn.RNN modules refresh _flat_weights in forward: torch.export's notice, not the user's to act on
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
-        try:
-            with custom_functions.recorded() as applied, redirect_stderr(printed), \
-                    export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given(), \
-                    export_repairs.host_random_draws_refused():
-                n = len(example_inputs) - len(keywords)
-                kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
-                ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
-        except PullbackError:
-            raise
-        except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
-            export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
-            raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: {type(e).__name__}: {e}") from e
+        with export_repairs.host_random_draws_refused():  # checked once the trace succeeded
+            try:
+                with custom_functions.recorded() as applied, redirect_stderr(printed), \
+                        export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given():
+                    n = len(example_inputs) - len(keywords)
+                    kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
+                    ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+            except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
+                export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
+                raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: "
+                                    f"{type(e).__name__}: {e}") from e
         export_repairs.pass_on(printed.getvalue())
         custom_functions.check(applied)
         export_repairs.detach_no_grad_blocks(ep)
