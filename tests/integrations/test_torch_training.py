@@ -256,7 +256,8 @@ def test_no_copies_between_torch_and_the_target(target):
     """Tensors reach the target as their own memory: a residual that is a view of a parameter (the second
     layer's transposed weight) shares the parameter's memory on torch and numpy (jax's residuals are XLA's
     results, its inputs DLPack views: tests/runtime/test_jax_target.py); on the torch target the residuals
-    are the forward's tensors, saved with ``save_for_backward`` (``saved_tensors_hooks`` see each)."""
+    are the forward's tensors, saved with ``save_for_backward`` (``saved_tensors_hooks`` see each), as are the
+    inputs on every target."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
     x = torch.randn(3, 4)
@@ -273,7 +274,10 @@ def test_no_copies_between_torch_and_the_target(target):
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         out = cm(x)
-    assert len(packed) == (len(types) if target == "torch" else 0)
+    # then the call's inputs themselves, kept for a differentiable backward (tests/integrations/test_double_backward.py)
+    inputs = [x, *[dict(model.named_parameters())[key] for key in tp.state_keys]]
+    assert len(packed) == (len(types) if target == "torch" else 0) + len(inputs)
+    assert [t.data_ptr() for t in packed[-len(inputs):]] == [t.data_ptr() for t in inputs]
     if target == "torch":
         assert packed[k].data_ptr() == weight.data_ptr()
     out.sum().backward()

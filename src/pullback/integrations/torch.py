@@ -35,12 +35,11 @@ from typing import Optional, Sequence
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
-from ..ir.expr import Tuple
 from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
-from ..transform.eliminate_identity import uniform_value
 from .bridges import BRIDGES
+from .higher_order import DifferentiableProgram, gradients, structural_zeros
 
 TARGETS = ("torch", "numpy", "jax")
 
@@ -85,7 +84,7 @@ class TrainingProgram:
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.state_keys = [prog.state_key(n) for n in prog.params]
-        self._inference = None
+        self._inference = self._differentiable = None
         self.mod = self.fwd = self.bwd = self.bridge = None
         self.no_path = frozenset()
         if wrt:
@@ -103,12 +102,18 @@ class TrainingProgram:
         lap("build", self.bwd.plan.ensure())
         # wrt positions whose gradient is structurally zero (the parameter does not reach the loss, or only through
         # non-differentiable or no_grad paths): None, as eager leaves .grad (optimizers then skip it: no weight decay)
-        self.no_path = _structural_zeros(self.mod["main_bwd"].body)
+        self.no_path = structural_zeros(self.mod["main_bwd"].body)
         self.float_out = [is_inexact(t.dtype) for t in self.out_types]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
         inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
+
+    def differentiable(self) -> DifferentiableProgram:
+        """``@main`` as a program whose gradients are differentiable (``higher_order``), made on first use."""
+        if self._differentiable is None:
+            self._differentiable = DifferentiableProgram(self.prog.mod, self.target)
+        return self._differentiable
 
     def wants_grad(self, tensors: Sequence) -> bool:
         """Whether a call on ``tensors`` records a gradient: grad mode is on and a ``wrt`` tensor requires grad."""
@@ -125,12 +130,6 @@ class TrainingProgram:
             self._inference = BRIDGES[self.target](main, None, self.out_types, self.prog.single_output)
         with torch.no_grad():
             return self._inference.infer(tensors)
-
-
-def _structural_zeros(body) -> frozenset:
-    """Positions of the gradient tuple ``body`` that are evidently zero (a zeros fill or constant)."""
-    fields = body.fields if isinstance(body, Tuple) else (body,)
-    return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
 
 
 class Phases(dict):
@@ -171,10 +170,16 @@ def _function():
                 residuals = bridge.unalias(residuals, mutated)
             ctx.tp = tp
             ctx.set_materialize_grads(False)  # an output without a gradient: None, the bridge makes its zeros
+            # the inputs too, for a differentiable backward (create_graph=True: higher_order), unless the call
+            # overwrites some of them (written-back buffers)
+            kept = () if mutated or tp.prog.mutations else tensors
             if bridge.saves_tensors:
-                ctx.save_for_backward(*residuals)
+                ctx.save_for_backward(*residuals, *kept)
+                ctx.num_residuals = len(residuals)
             else:
                 ctx.residuals = residuals
+                ctx.save_for_backward(*kept)
+                ctx.num_residuals = 0
             ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
             nondiff = [r for r, f in zip(results, tp.float_out) if not f]
             nondiff += results[tp.prog.num_outputs:]
@@ -184,19 +189,26 @@ def _function():
 
         @staticmethod
         def backward(ctx, *grads):
-            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient is asked for
-                raise PullbackError(DOUBLE_BACKWARD)
             tp = ctx.tp
+            saved = ctx.saved_tensors
+            needs = ctx.needs_input_grad
+            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[2 + i] and k not in tp.no_path]
+            full = [None] * tp.num_inputs
+            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
+                inputs = saved[ctx.num_residuals:]
+                if not inputs:
+                    raise PullbackError(DOUBLE_BACKWARD)
+                positions = tuple(i for _, i in wrt)
+                for i, g in zip(positions, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
+                    full[i] = g
+                return (None, None, *full)
             if tp.bridge.saves_tensors:
-                residuals = ctx.saved_tensors
+                residuals = saved[: ctx.num_residuals]
             else:
                 residuals, ctx.residuals = ctx.residuals, None
             gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)
-            full = [None] * tp.num_inputs
-            needs = ctx.needs_input_grad
-            for k, i in enumerate(tp.wrt_index):
-                if needs[2 + i] and k not in tp.no_path:
-                    full[i] = gs[k]
+            for k, i in wrt:
+                full[i] = gs[k]
             return (None, None, *full)
 
     _FUNCTION = PullbackFunction
@@ -205,9 +217,10 @@ def _function():
 
 _FUNCTION = None
 DOUBLE_BACKWARD = (
-    "pullback.integrations.torch: a compiled module's gradient is not differentiable (create_graph=True, "
-    "double backward, gradient penalties): its backward is one pullback program. For higher derivatives, apply "
-    "transform.FirstOrderGradient to the gradient program itself, or differentiate the eager module")
+    "pullback.integrations.torch: this call's gradient is not differentiable (create_graph=True, double backward, "
+    "gradient penalties): the module overwrites buffers or inputs in its forward (e.g. batch norm's running "
+    "statistics in training mode), so the values a differentiable gradient recomputes from are gone. Call it in "
+    "eval mode, or apply transform.FirstOrderGradient to the gradient program itself")
 
 
 def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:

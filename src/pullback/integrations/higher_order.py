@@ -1,0 +1,149 @@
+"""Gradients of gradients through a compiled module: ``create_graph=True``, gradient penalties, Hessians.
+
+The compiled module's usual backward runs ``@main_bwd`` on the forward's residuals: one program, fast, but
+not itself differentiable. When autograd asks for a differentiable gradient (the backward runs in grad mode),
+the gradient is instead a ``DifferentiableProgram``: the vector-Jacobian product of ``@main``
+(``FirstOrderGradient(mode="vjp")``), a program of the inputs and the cotangents, run by an autograd Function
+whose own backward is the VJP of that program, and so on: every order is pullback's AD applied to the program
+of the order below, built on first use and kept (per set of inputs that need a gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..ir.expr import Function, Tuple, TupleGetItem, Var
+from ..ir.module import IRModule
+from ..ir.traversal import transform
+from ..ir.types import TupleType, flatten_type, is_inexact
+from ..runtime import build
+from ..transform import standard_cleanup
+from ..transform.eliminate_identity import uniform_value
+from ..transform.first_order_gradient import differentiate
+from .bridges import BRIDGES
+
+
+def structural_zeros(body) -> frozenset:
+    """Positions of the gradient tuple ``body`` that are evidently zero (a zeros fill or constant): gradients
+    that do not depend on the input at all, left None as eager leaves them."""
+    fields = body.fields if isinstance(body, Tuple) else (body,)
+    return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
+
+
+def _structure(ty, leaves: list):
+    """An expression of type ``ty`` made of the Vars ``leaves`` (consumed in order), rebuilding its tuples."""
+    if not isinstance(ty, TupleType):
+        return leaves.pop(0)
+    return Tuple([_structure(f, leaves) for f in ty.fields])
+
+
+def vjp_module(mod: IRModule, wrt: Sequence[int]) -> IRModule:
+    """A module whose ``@main`` takes ``@main``'s parameters, then one cotangent per (flattened) result, and
+    returns the flat tuple of the gradients of ``@main``'s parameters at positions ``wrt``."""
+    main = mod["main"]
+    grad = differentiate(mod, "main", [main.params[i] for i in wrt], mode="vjp")
+    *params, ct = grad.params
+    cts = [Var(f"ct{i}", t) for i, t in enumerate(flatten_type(ct.type_annotation))]
+    body = transform(TupleGetItem(grad.body, 1), memo={id(ct): _structure(ct.type_annotation, list(cts))})
+    out = mod.with_function("main", Function([*params, *cts], body))
+    return standard_cleanup()(out)
+
+
+class DifferentiableProgram:
+    """``@main`` of ``mod`` on torch tensors (flat inputs, flat results) through ``target``, differentiable any
+    number of times (``differentiable_call``)."""
+
+    def __init__(self, mod: IRModule, target: str):
+        self.mod = mod
+        self.target = target
+        self.out_types = flatten_type(mod["main"].body.checked_type)
+        self.zeros = structural_zeros(mod["main"].body)  # results that are evidently zero (as gradients: None)
+        self._bridge = None
+        self._vjps: dict = {}
+
+    def run(self, tensors: Sequence) -> list:
+        """The results as torch tensors (the program built on first use)."""
+        if self._bridge is None:
+            main = build(self.mod, target=self.target)["main"]
+            single = not isinstance(self.mod["main"].body.checked_type, TupleType)
+            self._bridge = BRIDGES[self.target](main, None, self.out_types, single)
+        return self._bridge.infer(tensors)
+
+    def vjp(self, wrt: tuple) -> "DifferentiableProgram":
+        """The program of the gradients w.r.t. the inputs at positions ``wrt`` (built on first use, kept)."""
+        p = self._vjps.get(wrt)
+        if p is None:
+            p = self._vjps[wrt] = DifferentiableProgram(vjp_module(self.mod, wrt), self.target)
+        return p
+
+    def cotangents(self, grads: Sequence, shapes: Sequence) -> list:
+        """The incoming gradients, zeros of the results' ``shapes`` where there is none (or the result is not a
+        float), one per result."""
+        import torch
+
+        out = []
+        for g, t, shape in zip(grads, self.out_types, shapes):
+            dtype = getattr(torch, t.dtype)
+            out.append(torch.zeros(shape, dtype=dtype) if g is None or not is_inexact(t.dtype) else g.to(dtype))
+        return out
+
+
+def differentiable_call(program: DifferentiableProgram, tensors: Sequence) -> tuple:
+    """``program`` on ``tensors`` as a differentiable autograd node (its results have a ``grad_fn`` whose
+    backward is ``program.vjp``, itself differentiable when run in grad mode)."""
+    return _function().apply(program, *tensors)
+
+
+def gradients(program: DifferentiableProgram, tensors: Sequence, shapes: Sequence, grads: Sequence,
+              wrt: tuple) -> list:
+    """The gradients w.r.t. ``tensors[i]`` for ``i`` in ``wrt`` of ``program`` on ``tensors``, given the incoming
+    gradients ``grads`` of its results (of ``shapes``): differentiable (recorded by autograd) in grad mode,
+    else plain tensors; None where the gradient is structurally zero (as eager leaves ``.grad``)."""
+    import torch
+
+    vjp = program.vjp(wrt)
+    args = [*tensors, *program.cotangents(grads, shapes)]
+    out = differentiable_call(vjp, args) if torch.is_grad_enabled() else vjp.run(args)
+    return [None if k in vjp.zeros else g for k, g in enumerate(out)]
+
+
+def _function():
+    global _FUNCTION
+    if _FUNCTION is not None:
+        return _FUNCTION
+    import torch
+
+    class DifferentiableFunction(torch.autograd.Function):
+        """forward: a ``DifferentiableProgram``; backward: its VJP program (differentiable in grad mode)."""
+
+        @staticmethod
+        def forward(ctx, program: DifferentiableProgram, *tensors):
+            results = program.run(tensors)
+            ctx.program = program
+            ctx.save_for_backward(*tensors)
+            ctx.shapes = [r.shape for r in results]
+            ctx.set_materialize_grads(False)
+            nondiff = [r for r, t in zip(results, program.out_types) if not is_inexact(t.dtype)]
+            if nondiff:
+                ctx.mark_non_differentiable(*nondiff)
+            return tuple(results)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            tensors = ctx.saved_tensors
+            n = len(tensors)
+            needs = ctx.needs_input_grad[1:]
+            wrt = tuple(i for i, (t, need) in enumerate(zip(tensors, needs)) if need and t.is_floating_point())
+            full = [None] * n
+            if wrt and any(g is not None for g in grads):
+                for i, g in zip(wrt, gradients(ctx.program, tensors, ctx.shapes, grads, wrt)):
+                    full[i] = g
+            return (None, *full)
+
+    _FUNCTION = DifferentiableFunction
+    return _FUNCTION
+
+
+_FUNCTION = None
+
+__all__ = ["DifferentiableProgram", "differentiable_call", "gradients", "structural_zeros", "vjp_module"]
