@@ -190,3 +190,44 @@ def test_through_torch_compile_backend():
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     torch._dynamo.reset()
+
+
+def _bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                     max_position_embeddings=16, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
+    return BertForSequenceClassification(cfg), [torch.randint(0, 30, (2, 6))]
+
+
+SECOND_ORDER_MODELS = {
+    "cnn": lambda: (nn.Sequential(nn.Conv2d(2, 4, 3), nn.GroupNorm(2, 4), nn.SiLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                  nn.Linear(16, 2)), [torch.randn(2, 2, 6, 6)]),
+    "upsampling": lambda: (nn.Sequential(nn.ConvTranspose2d(2, 3, 2, stride=2), nn.Upsample(scale_factor=2, mode="bilinear"),
+                                         nn.ELU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(48, 2)), [torch.randn(2, 2, 2, 2)]),
+    "gru": lambda: (nn.GRU(3, 4, batch_first=True), [torch.randn(2, 5, 3)]),
+    "bert": _bert,  # embeddings, GELU, layer norm, dropout in training, the pooler's tanh
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER_MODELS))
+def test_models_under_a_penalty_on_their_weight_gradients(name):
+    torch.manual_seed(0)
+    model, inputs = SECOND_ORDER_MODELS[name]()
+    model = model.double().train(name == "bert")
+    inputs = [x.double() if x.is_floating_point() else x for x in inputs]
+    compiled = pb_compile(model, tuple(inputs))
+    params = list(model.parameters())
+    grads = []
+    for m in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with sdpa_kernel(SDPBackend.MATH):  # eager's fused attention has no double backward
+            out = m(*inputs)
+            loss = (out if torch.is_tensor(out) else out[0]).pow(2).mean()
+            gs = torch.autograd.grad(loss, params, create_graph=True)
+            (loss + sum(g.pow(2).sum() for g in gs)).backward()
+        grads.append([p.grad.clone() for p in params])
+    scale = max(float(g.abs().max()) for g in grads[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13 * scale)
