@@ -478,3 +478,29 @@ def test_compiling_does_not_copy_the_weights():
                                               for v, w in zip(views, weights))
     copies = list(import_torch(model, (x,)).params.values())
     assert not any(np.shares_memory(c, w) for c, w in zip(copies, weights))
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_retain_graph_backwards_twice_like_eager_and_frees_the_residuals_otherwise(target, batch_norm):
+    """Two losses backward through one forward (``retain_graph=True``, as in GAN training) accumulate what eager
+    accumulates, on every target (batch norm: a call that writes buffers back, whose inputs are not kept); without
+    it, a second backward is an error naming ``retain_graph``, and the residuals the target holds (NumPy or jax
+    arrays) are freed by the first backward, as autograd frees saved tensors."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(3, 4)] + ([nn.BatchNorm1d(4)] if batch_norm else []) + [nn.Tanh(), nn.Linear(4, 2)]
+    model = nn.Sequential(*layers)
+    ref = copy.deepcopy(model)
+    x = torch.randn(5, 3)
+    cm = pb_compile(model, (x,), target=target)
+    for m in (cm, ref):
+        out = m(x)
+        out[:, 0].sum().backward(retain_graph=True)
+        out[:, 1].pow(2).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    out = cm(x)
+    out.sum().backward()
+    if target != "torch":
+        assert out.grad_fn.residuals is None
+    with pytest.raises((RuntimeError, PullbackError), match="second time.*retain_graph=True"):
+        out.sum().backward()

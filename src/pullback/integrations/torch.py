@@ -204,8 +204,12 @@ def _function():
                 return (None, None, *full)
             if tp.bridge.saves_tensors:
                 residuals = saved[: ctx.num_residuals]
-            else:
-                residuals, ctx.residuals = ctx.residuals, None
+            else:  # the target's own arrays: freed after the backward, as autograd frees saved tensors,
+                residuals = ctx.residuals  # unless the graph is retained (retain_graph=True)
+                if residuals is None:
+                    raise PullbackError(BACKWARD_TWICE)
+                if not _keeps_graph():
+                    ctx.residuals = None
             gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)
             for k, i in wrt:
                 full[i] = gs[k]
@@ -215,7 +219,19 @@ def _function():
     return _FUNCTION
 
 
+def _keeps_graph() -> bool:
+    """Whether the running backward keeps the graph (``retain_graph=True``; AOTAutograd asks the same)."""
+    import torch
+
+    keeps = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keeps is None or keeps()  # not knowing, keep them: freed with the graph
+
+
 _FUNCTION = None
+BACKWARD_TWICE = (
+    "pullback.integrations.torch: trying to backward through the graph a second time: the residuals were freed "
+    "after the first backward (as PyTorch frees saved tensors). Specify retain_graph=True in the first backward "
+    "call if you need to backward through the graph again")
 DOUBLE_BACKWARD = (
     "pullback.integrations.torch: this call's gradient is not differentiable (create_graph=True, double backward, "
     "gradient penalties): the module overwrites buffers or inputs in its forward (e.g. batch norm's running "
