@@ -504,3 +504,64 @@ def test_retain_graph_backwards_twice_like_eager_and_frees_the_residuals_otherwi
         assert out.grad_fn.residuals is None
     with pytest.raises((RuntimeError, PullbackError), match="second time.*retain_graph=True"):
         out.sum().backward()
+
+
+def test_a_layer_replaced_by_one_of_another_shape_exports_again(target):
+    """Fine-tuning swaps a classifier head after compiling: the parameters no longer have the exported shapes,
+    so the module is exported again (not an error about the program's parameter types); the old head's program
+    stays for the old shapes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    cm = pb_compile(model, (x,), target=target)
+    cm(x).sum().backward()
+    model[2] = nn.Linear(4, 7)
+    model.zero_grad(set_to_none=True)
+    ref = copy.deepcopy(model)
+    out = cm(x)
+    assert out.shape == (5, 7)
+    out.pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(cm._imports) == 2
+
+
+def test_a_deep_copy_shares_the_programs_and_trains_its_own_weights(target):
+    """``copy.deepcopy`` of a compiled module (an EMA of the weights, a second model) copies the weights and shares
+    the compiled programs (no second export); each trains its own parameters. ``torch.save`` of the whole
+    module pickles the module and options, and the loaded one exports at its first call."""
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    cm = pb_compile(model, (x,), target=target)
+    twin = copy.deepcopy(cm)
+    assert twin.module is not model and twin._imports == cm._imports and twin.target == target
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(2)
+    twin(x).sum().backward()
+    assert all(p.grad is None for p in model.parameters())
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(2)
+    ref(x).sum().backward()
+    for a, b in zip(twin.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(twin._imports) == 1  # no second export
+    buf = io.BytesIO()
+    torch.save(cm, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded._imports == {} and loaded.target == target
+    torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_torch_func_transforms_are_refused_with_what_to_use_instead():
+    model = nn.Linear(3, 2)
+    cm = pb_compile(model, (torch.randn(4, 3),))
+    with pytest.raises(PullbackError, match="torch.func transform.*torch.autograd.grad"):
+        torch.func.vmap(cm)(torch.randn(5, 4, 3))

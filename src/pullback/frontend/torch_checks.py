@@ -38,6 +38,7 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
     ``len(keywords)`` values were passed by these keywords (named so in the message)."""
     import torch
 
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     first_keyword = len(values) - len(keywords)
     for i, v in enumerate(values):
         label = f"{what} {i}" if i < first_keyword else f"keyword {what} {keywords[i - first_keyword]!r}"
@@ -48,6 +49,11 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
         problem = _device_problem(v)
         if problem:
             raise PullbackError(f"{who}: {label} {problem}")
+        if wrapped(v):
+            raise PullbackError(
+                f"{who}: {label} is a tensor of a torch.func transform (vmap, grad, jacrev, ...); these transforms "
+                "do not reach pullback's programs: differentiate with autograd (loss.backward(), torch.autograd.grad, "
+                "create_graph=True for higher orders) and batch with a batch dimension")
         if str(v.dtype).removeprefix("torch.") not in ALL_DTYPES:
             raise PullbackError(f"{who}: {label} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
 

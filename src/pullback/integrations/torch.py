@@ -27,7 +27,9 @@ measurements of ``bench/torch_train.py``: ``"torch"`` (ATen kernels on the tenso
 
 from __future__ import annotations
 
+import copy
 import inspect
+from operator import attrgetter
 import warnings
 from time import perf_counter
 from typing import Optional, Sequence
@@ -340,15 +342,50 @@ class ModuleState:
 class _Import:
     """A module exported and imported for one mode and input shapes, shared by the programs compiled from it:
     its state keys and parameter var names in ``@main``'s order, the positions of the parameters among them,
-    and the export/import ``Phases`` (until the first program takes them)."""
+    the shapes and dtypes it was exported with, and the export/import ``Phases`` (until the first program
+    takes them)."""
 
     def __init__(self, prog: TorchProgram, phases: Optional["Phases"]):
+        import torch
+
         self.prog = prog
         self.names = list(prog.params)
         self.state_keys = [prog.state_key(n) for n in self.names]
         trainable = set(prog.trainable)
         self.params = [i for i, n in enumerate(self.names) if n in trainable]
+        types = {p.name_hint: p.type_annotation for p in prog.main.params}
+        self.shapes = [torch.Size(types[n].shape) for n in self.names]
+        self.dtypes = [getattr(torch, types[n].dtype) for n in self.names]
+        self.seen: list = []  # the ids of the tensors ``read`` last found as exported (no reference kept)
         self.phases = phases
+
+    def read(self, state) -> Optional[list]:
+        """The parameters and buffers of ``state`` in the program's order, or None when the module no longer
+        has them as exported (a layer replaced by one of another shape or dtype, or removed)."""
+        try:
+            tensors = [state[k] for k in self.state_keys]
+        except (KeyError, AttributeError):
+            return None
+        ids = list(map(id, tensors))
+        if ids == self.seen:
+            return tensors  # the tensors of the last call (a training loop): checked then
+        if list(map(_SHAPE, tensors)) != self.shapes or list(map(_DTYPE, tensors)) != self.dtypes:
+            return None
+        self.seen = ids
+        return tensors
+
+
+_SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
+
+
+def _state_signature(module) -> tuple:
+    """The names, shapes and dtypes of ``module``'s parameters and buffers."""
+    return tuple((k, tuple(t.shape), t.dtype) for k, t in module_state(module).items())
+
+
+def _recompiled(module, target: str, policy: str, dynamic_batch: bool):
+    """A compiled module of ``module`` that exports at its first call (how a compiled module is pickled)."""
+    return _module_class()(module, None, target, policy, dynamic_batch)
 
 
 def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
@@ -382,9 +419,20 @@ def _module_class():
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             self._params = None  # forward's parameters, their positions and order, read at the first call
-            inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
-            key, _, tensors = self._state(inputs, *named)
-            self._program(inputs, key, tensors)
+            if example_inputs is not None:
+                inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
+                key, _, tensors = self._state(inputs, *named)
+                self._program(inputs, key, tensors)
+
+        def __reduce__(self):  # pickling (torch.save): the module and the options; programs are made again
+            return _recompiled, (self.module, self.target, self.policy, self.dynamic_batch)
+
+        def __deepcopy__(self, memo):
+            """A compiled module of a deep copy of ``module`` sharing the programs (they read the parameters
+            at each call), so a copy (an EMA of the weights) does not export again."""
+            new = _recompiled(copy.deepcopy(self.module, memo), self.target, self.policy, self.dynamic_batch)
+            new._imports, new._programs = dict(self._imports), dict(self._programs)
+            return new
 
         def _flat(self, args: tuple, kwargs: dict) -> tuple:
             """``(inputs, keywords, settings)``: the positional inputs, then the tensors passed by keyword in
@@ -417,15 +465,21 @@ def _module_class():
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
             key = (self.module.training, keywords, settings) + shapes
+            state = ModuleState(self.module)
             entry = self._imports.get(key)
+            tensors = None if entry is None else entry.read(state)
+            if entry is not None and tensors is None:  # parameters changed since the export: by their shapes
+                key += (_state_signature(self.module),)
+                entry = self._imports.get(key)
+                tensors = None if entry is None else entry.read(state)
             if entry is None:
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
                                           settings=dict(settings)))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap)
-            state = ModuleState(self.module)
-            return key, state, [state[k] for k in entry.state_keys]
+                tensors = [state[k] for k in entry.state_keys]
+            return key, state, tensors
 
         def _program(self, inputs: tuple, key: tuple, tensors: list) -> TrainingProgram:
             """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
