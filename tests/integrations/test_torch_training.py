@@ -565,3 +565,19 @@ def test_torch_func_transforms_are_refused_with_what_to_use_instead():
     cm = pb_compile(model, (torch.randn(4, 3),))
     with pytest.raises(PullbackError, match="torch.func transform.*torch.autograd.grad"):
         torch.func.vmap(cm)(torch.randn(5, 4, 3))
+
+
+def test_exporting_for_many_shapes_warns_once_with_what_to_do(recwarn):
+    """Each new input shape exports the module again (seconds each): the fourth shape warns, once, naming the
+    shapes and ``dynamic_batch=True``; a module compiled with it exports once for every batch size."""
+    model = nn.Linear(3, 2)
+    cm = pb_compile(model, (torch.randn(2, 3),))
+    for b in (3, 4, 5, 6, 7):
+        cm(torch.randn(b, 3))
+    (w,) = [w for w in recwarn if "exported" in str(w.message)]
+    assert "4th time" in str(w.message) and "(5, 3)" in str(w.message) and "dynamic_batch=True" in str(w.message)
+    assert w.filename == __file__
+    dyn = pb_compile(model, (torch.randn(2, 3),), dynamic_batch=True)
+    for b in (3, 4, 5, 6, 7):
+        assert dyn(torch.randn(b, 3)).shape == (b, 2)
+    assert len(dyn._imports) == 1

@@ -399,6 +399,11 @@ def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
     return (), {**{p.name: a for p, a in zip(bound, args)}, **kwargs}
 
 
+EXPORTS_BEFORE_WARNING = 4
+MANY_SHAPES = ("pullback.integrations.torch: the module is being exported for the {n}th time, for inputs of other "
+               "shapes ({shapes}); each export takes seconds. With batch sizes that vary, compile with "
+               "dynamic_batch=True (one program for every batch size); with sequence lengths that vary, pad them to "
+               "a few fixed lengths")
 AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
                  "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
 
@@ -473,6 +478,7 @@ def _module_class():
                 entry = self._imports.get(key)
                 tensors = None if entry is None else entry.read(state)
             if entry is None:
+                self._warn_if_exporting_often(key, shapes)
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
                                           settings=dict(settings)))
@@ -480,6 +486,15 @@ def _module_class():
                 entry = self._imports[key] = _Import(prog, lap)
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
+
+        def _warn_if_exporting_often(self, key: tuple, shapes: tuple) -> None:
+            """Warn once when the module in one mode is about to be exported ``EXPORTS_BEFORE_WARNING`` times for
+            inputs of different shapes (each export takes seconds: varying batch sizes or sequence lengths)."""
+            seen = [k[3: 3 + len(shapes)] for k in self._imports if k[:3] == key[:3]] + [shapes]
+            if len(seen) == EXPORTS_BEFORE_WARNING and not self.dynamic_batch:
+                listed = "; ".join(", ".join(str(tuple(s)) for s, _ in inputs) for inputs in seen)
+                # the caller's line: past _state, forward and torch's Module.__call__ (two frames)
+                warnings.warn(MANY_SHAPES.format(n=len(seen), shapes=listed), UserWarning, stacklevel=6)
 
         def _program(self, inputs: tuple, key: tuple, tensors: list) -> TrainingProgram:
             """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
