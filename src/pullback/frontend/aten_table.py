@@ -749,7 +749,7 @@ def _all(cx, x, dims=None, keepdim=False):
 
 @aten("aten.var.correction", "aten.var.dim")
 def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
-    if str(cx.node.target) == "aten.var.dim" and args:  # var.dim(x, dim, unbiased, keepdim)
+    if str(cx.node.target).endswith(".dim") and args:  # var.dim(x, dim, unbiased, keepdim)
         unbiased = args[0]
         keepdim = args[1] if len(args) > 1 else keepdim
     elif args:
@@ -766,6 +766,20 @@ def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None)
     n = math.prod(shape[a] for a in (axis if axis is not None else range(len(shape))))
     biased = _op("variance")(x, axis, bool(keepdim), False, False)
     return _op("multiply")(biased, scalar(n / (n - ddof) if n != ddof else math.inf, cx.out_dtype))
+
+
+@aten("aten.var_mean.correction", "aten.var_mean.dim")
+def _var_mean(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
+    """``torch.var_mean`` (weight standardisation, hand-written norms): ``(var, mean)`` over the same axes."""
+    var = _var(cx, x, dims, *args, correction=correction, keepdim=keepdim, unbiased=unbiased)
+    if str(cx.node.target).endswith(".dim") and len(args) > 1:
+        keepdim = args[1]
+    elif args and not str(cx.node.target).endswith(".dim"):
+        keepdim = args[0]
+    x = cast(cx, x, cx.out_dtype)
+    if cx.ndim_of(x) == 0:
+        return [var, x]
+    return [var, _op("mean")(x, axes_of(dims, cx.ndim_of(x)), bool(keepdim))]
 
 
 @aten("aten.linalg_vector_norm.default")

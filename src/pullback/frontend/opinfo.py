@@ -53,6 +53,7 @@ ALIASES: dict[str, tuple] = {
     "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
     "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
     "histc": ("histc",), "index_fill": ("index_fill",), "_safe_softmax": ("torch.ops.aten._safe_softmax.default",),
+    "var_mean": ("var_mean", "var_mean.unbiased"),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
