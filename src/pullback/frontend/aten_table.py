@@ -157,7 +157,7 @@ _UNARY = {
     "rsqrt": "rsqrt", "neg": "negative", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos", "tan": "tan",
     "silu": "nn.silu", "reciprocal": "reciprocal", "log1p": "log1p", "log2": "log2", "log10": "log10", "square": "square",
     "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "acosh": "acosh", "asinh": "asinh",
-    "atanh": "atanh", "expm1": "expm1", "sign": "sign",
+    "atanh": "atanh", "expm1": "expm1", "sign": "sign", "lgamma": "lgamma", "digamma": "digamma",
 }
 
 
@@ -170,6 +170,12 @@ def _unary(pb: str):
 
 for _aten_name, _pb_name in _UNARY.items():
     ATEN_TABLE[f"aten.{_aten_name}.default"] = _unary(_pb_name)
+
+
+@aten("aten.polygamma.default")
+def _polygamma(cx, n, x):
+    x = cast(cx, x, cx.out_dtype)
+    return _op("digamma")(x) if n == 0 else _op("polygamma")(x, n=int(n))
 
 
 def _rounding(pb: str):

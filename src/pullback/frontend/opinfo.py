@@ -53,7 +53,9 @@ ALIASES: dict[str, tuple] = {
     "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
     "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
     "histc": ("histc",), "index_fill": ("index_fill",), "_safe_softmax": ("torch.ops.aten._safe_softmax.default",),
-    "var_mean": ("var_mean", "var_mean.unbiased"),
+    "var_mean": ("var_mean", "var_mean.unbiased"), "lgamma": ("lgamma",), "digamma": ("digamma",),
+    "polygamma": ("polygamma.polygamma_n_0", "polygamma.polygamma_n_1", "polygamma.polygamma_n_2",
+                  "polygamma.polygamma_n_3", "polygamma.polygamma_n_4"),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

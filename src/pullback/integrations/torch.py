@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-from operator import attrgetter
 import warnings
+from operator import attrgetter
 from time import perf_counter
 from typing import Optional, Sequence
 

@@ -162,6 +162,42 @@ erf = unary("erf", lambda c, g: [multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c),
             kernel=lambda xp, x, attrs=None: xp.erf(x),  # torch.erf; NumPy and jax.numpy have none
             impls={"numpy": lambda x, attrs=None: special.erf(x), "jax": _erf_jax}, flops_per_elem=8, torch_name="erf",
             recompute=Recompute.SPECIAL)
+
+
+@dataclass(frozen=True)
+class PolygammaAttrs:
+    n: int
+
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or self.n < 1:
+            raise AttrError(f"attribute n must be an int >= 1 (n = 0 is digamma), got {self.n!r}")
+        object.__setattr__(self, "n", int(self.n))
+
+
+def _scipy_jax(name: str):
+    def kernel(x, attrs=None):
+        import jax.scipy.special as jsp
+
+        return jsp.polygamma(attrs.n, x) if name == "polygamma" else getattr(jsp, name)(x)
+
+    return kernel
+
+
+lgamma = unary("lgamma", lambda c, g: [multiply(g, digamma(c.args[0]))], kernel=lambda xp, x, attrs=None: xp.lgamma(x),
+               impls={"numpy": lambda x, attrs=None: special.lgamma(x), "jax": _scipy_jax("gammaln")}, domain=_POSITIVE,
+               flops_per_elem=20, torch_name="lgamma", recompute=Recompute.SPECIAL,
+               doc="``log |Gamma(x)|`` (``torch.lgamma``; the log-probabilities of Gamma, Beta, Poisson, Dirichlet).")
+digamma = unary("digamma", lambda c, g: [multiply(g, polygamma(c.args[0], n=1))],
+                kernel=lambda xp, x, attrs=None: xp.digamma(x),
+                impls={"numpy": lambda x, attrs=None: special.polygamma(0, x), "jax": _scipy_jax("digamma")},
+                domain=_POSITIVE, flops_per_elem=20, torch_name="digamma", recompute=Recompute.SPECIAL,
+                doc="The derivative of ``lgamma``.")
+polygamma = unary("polygamma", lambda c, g: [multiply(g, polygamma(c.args[0], n=c.attrs.n + 1))],
+                  kernel=lambda xp, x, a: special.polygamma_series(xp, a.n, x), attrs_type=PolygammaAttrs,
+                  example_attrs={"n": 1},
+                  impls={"numpy": lambda x, a: special.polygamma(a.n, x), "jax": _scipy_jax("polygamma")},
+                  domain=_POSITIVE, flops_per_elem=40, torch_name="polygamma", recompute=Recompute.SPECIAL,
+                  doc="``polygamma(x, n)``: the ``n``-th derivative of ``digamma`` (n >= 1).")
 floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
 ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
 round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001

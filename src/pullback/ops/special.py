@@ -1,10 +1,11 @@
-"""Special functions shared by operator kernels (erf for ``erf`` and ``nn.gelu``).
+"""Special functions shared by operator kernels (erf for ``erf`` and ``nn.gelu``; the log-gamma family).
 
 ``erf`` is NumPy's: float32/float16 by a vectorised rational approximation (a few
 ulp); float64 by SciPy's ``erf`` when SciPy is installed (extra ``pullback[fast]``),
 otherwise libm's ``math.erf`` element by element (exact, slower). Results keep the
 input's dtype. ``erf_of(xp)`` is the erf of any array namespace (jax's and torch's
-own on those targets).
+own on those targets). ``lgamma`` is SciPy's ``gammaln`` (else libm's ``lgamma`` element
+by element); ``polygamma`` (``digamma`` at ``n = 0``) needs SciPy.
 """
 
 from __future__ import annotations
@@ -14,18 +15,24 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..ir.errors import ExecutionError
 from .npfast import blockwise
 
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
 
 
 @lru_cache(maxsize=None)
-def _scipy_erf():
+def _scipy_special():
     try:
-        from scipy.special import erf  # type: ignore
+        import scipy.special  # type: ignore
     except ImportError:
         return None
-    return erf
+    return scipy.special
+
+
+def _scipy_erf():
+    sp = _scipy_special()
+    return None if sp is None else sp.erf
 
 
 def erf64(x: np.ndarray) -> np.ndarray:
@@ -84,3 +91,57 @@ def erf_of(xp):
 
         return jax_erf
     return xp.erf
+
+
+def _lgamma1(v: float) -> float:
+    return math.inf if v <= 0 and v == math.floor(v) else math.lgamma(v)  # poles: +inf, as PyTorch
+
+
+_lgamma_scalar = np.frompyfunc(_lgamma1, 1, 1)
+
+
+def lgamma(x: np.ndarray) -> np.ndarray:
+    """``log |Gamma(x)|`` elementwise in x's dtype (SciPy's ``gammaln``, else libm's element by element)."""
+    x = np.asarray(x)
+    sp = _scipy_special()
+    if sp is not None:
+        return np.asarray(sp.gammaln(x), dtype=x.dtype)
+    return np.asarray(_lgamma_scalar(x.astype(np.float64)), dtype=x.dtype)
+
+
+def polygamma(n: int, x: np.ndarray) -> np.ndarray:
+    """The ``n``-th derivative of digamma elementwise in x's dtype (SciPy's ``digamma``/``polygamma``)."""
+    x = np.asarray(x)
+    sp = _scipy_special()
+    if sp is None:
+        raise ExecutionError("digamma and polygamma on the numpy target need SciPy: pip install scipy (or the "
+                             "pullback[fast] extra)")
+    return np.asarray(sp.digamma(x) if n == 0 else sp.polygamma(n, x), dtype=x.dtype)
+
+
+# B_2j / (2j)! for j = 1..9: the Euler-Maclaurin tail of the Hurwitz zeta function
+_ZETA_TAIL = (1 / 12, -1 / 720, 1 / 30240, -1 / 1209600, 1 / 47900160, -691 / 1307674368000, 1 / 74724249600,
+              -3617 / 10670622842880000, 43867 / 5109094217170944000)
+_SHIFT_TO = 12.0  # arguments below this are shifted up by the recurrence first
+
+
+def polygamma_series(xp, n: int, x):
+    """``polygamma(n, x)`` (n >= 1) in array namespace ``xp``: ``(-1)^(n+1) n! zeta(n+1, x)``, the Hurwitz zeta
+    by the recurrence up to ``x >= 12`` and its Euler-Maclaurin expansion there: float64 to a few ulp for
+    x > 0 (PyTorch 2.13's own ``polygamma(1, x)`` is 4e-10 relative off in float64); ``xp.polygamma`` at other
+    points (poles, negative arguments, inf and nan)."""
+    s = n + 1
+    positive = (x > 0) & (x < math.inf)
+    z, acc = xp.where(positive, x, xp.full_like(x, _SHIFT_TO)), xp.zeros_like(x)
+    for _ in range(max(int(math.ceil(_SHIFT_TO - float(xp.min(z)))), 0) if math.prod(x.shape) else 0):
+        small = z < _SHIFT_TO
+        acc = acc + xp.where(small, z ** -s, xp.zeros_like(z))
+        z = xp.where(small, z + 1, z)
+    zeta = acc + z ** (1 - s) / (s - 1) + z ** -s / 2
+    rising, zk = float(s), z ** (-s - 1)  # s (s+1) ... (s+2j-2) and z^(-s-2j+1)
+    for j, c in enumerate(_ZETA_TAIL, start=1):
+        zeta = zeta + c * rising * zk
+        rising *= (s + 2 * j - 1) * (s + 2 * j)
+        zk = zk / (z * z)
+    # elsewhere (x <= 0, inf, nan) the namespace's own polygamma
+    return xp.where(positive, (-1) ** (n + 1) * math.factorial(n) * zeta, xp.polygamma(n, x))
