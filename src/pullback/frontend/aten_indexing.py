@@ -345,6 +345,24 @@ def _diagonal(cx, x, offset=0, dim1=0, dim2=1):
     return _op("take")(flat, const(pos), axis=len(others))
 
 
+@aten("aten.unfold.default", "aten.unfold_copy.default")
+def _unfold(cx, x, dim, size, step):
+    """``Tensor.unfold(dim, size, step)`` (audio framing, patches): the windows of axis ``dim`` along it, each
+    window's ``size`` elements on a new last axis; one ``take`` of the window positions."""
+    shape = cx.shape_of(x)
+    if not shape:  # a 0-d tensor is its own one window
+        return _op("reshape")(x, (1,))
+    n = len(shape)
+    d = norm_axis(dim, n)
+    windows = cx.out_shape[d]
+    pos = (np.arange(windows, dtype="int64")[:, None] * int(step) + np.arange(int(size), dtype="int64")[None, :])
+    if pos.size == 0:
+        return const(np.zeros(cx.out_shape, dtype=cx.out_dtype))
+    out = _op("take")(x, const(pos), axis=d, mode="fast")  # (..., windows, size, ...)
+    perm = tuple(range(d + 1)) + tuple(range(d + 2, n + 1)) + (d + 1,)
+    return out if perm == tuple(range(n + 1)) else _op("transpose")(out, perm)
+
+
 @aten("aten.as_strided.default", "aten.as_strided_copy.default")
 def _as_strided(cx, x, size, stride, storage_offset=None):
     """A strided view of ``x``'s (contiguous) elements: one ``take`` with the element positions."""
