@@ -10,6 +10,7 @@ of the order below, built on first use and kept (per set of inputs that need a g
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from ..ir.expr import Function, Tuple, TupleGetItem, Var
@@ -107,10 +108,9 @@ def gradients(program: DifferentiableProgram, tensors: Sequence, shapes: Sequenc
     return [None if k in vjp.zeros else g for k, g in enumerate(out)]
 
 
+@lru_cache(maxsize=None)
 def _function():
-    global _FUNCTION
-    if _FUNCTION is not None:
-        return _FUNCTION
+    """The ``torch.autograd.Function`` (made on first use: ``import pullback`` never imports torch)."""
     import torch
 
     class DifferentiableFunction(torch.autograd.Function):
@@ -140,10 +140,7 @@ def _function():
                     full[i] = g
             return (None, *full)
 
-    _FUNCTION = DifferentiableFunction
-    return _FUNCTION
+    return DifferentiableFunction
 
-
-_FUNCTION = None
 
 __all__ = ["DifferentiableProgram", "differentiable_call", "gradients", "structural_zeros", "vjp_module"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
+from functools import lru_cache
 from operator import attrgetter
 from time import perf_counter
 from typing import Optional, Sequence
@@ -154,11 +155,9 @@ def check_target(target: str, who: str) -> None:
         raise PullbackError(f"{who}: target must be one of {', '.join(TARGETS)}, got {target!r}")
 
 
+@lru_cache(maxsize=None)
 def _function():
     """The ``torch.autograd.Function`` (made on first use so ``import pullback`` never imports torch)."""
-    global _FUNCTION
-    if _FUNCTION is not None:
-        return _FUNCTION
     import torch
 
     class PullbackFunction(torch.autograd.Function):
@@ -217,8 +216,7 @@ def _function():
                 full[i] = gs[k]
             return (None, None, *full)
 
-    _FUNCTION = PullbackFunction
-    return _FUNCTION
+    return PullbackFunction
 
 
 def _keeps_graph() -> bool:
@@ -229,7 +227,6 @@ def _keeps_graph() -> bool:
     return keeps is None or keeps()  # not knowing, keep them: freed with the graph
 
 
-_FUNCTION = None
 BACKWARD_TWICE = (
     "pullback.integrations.torch: trying to backward through the graph a second time: the residuals were freed "
     "after the first backward (as PyTorch frees saved tensors). Specify retain_graph=True in the first backward "
