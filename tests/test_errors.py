@@ -251,12 +251,14 @@ def _torch_meta_param():
 
 
 def _torch_double_backward():
+    """A differentiable gradient of a call that writes buffers back (batch norm in training: the values it would
+    recompute from are overwritten); other modules differentiate twice (tests/integrations/test_double_backward.py)."""
     import torch
     from pullback.integrations.torch import compile
 
-    x = torch.ones(2, 3, requires_grad=True)
-    compiled = compile(torch.nn.Linear(3, 1), (x,))
-    (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled = compile(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)), (x,))
+    (g,) = torch.autograd.grad(compiled(x).pow(2).sum(), x, create_graph=True)
     g.sum().backward()
 
 
