@@ -52,7 +52,7 @@ UNARY = [
     ("cos", normal, T("cos")), ("tan", unit, T("tan")), ("tanh", normal, T("tanh")), ("sigmoid", normal, T("sigmoid")),
     ("erf", normal, T("erf")), ("floor", off_grid, T("floor")), ("ceil", off_grid, T("ceil")),
     ("round", off_grid, T("round")), ("copy", normal, T("clone")), ("lgamma", positive, T("lgamma")),
-    ("digamma", positive, T("digamma")),
+    ("digamma", positive, T("digamma")), ("erfc", normal, T("erfc")),
 ]
 SHAPES = [(), (1,), (3,), (2, 1, 3)]
 BINARY = [
@@ -153,6 +153,8 @@ def test_erf_is_accurate():
     import math
 
     np.testing.assert_allclose(y, [math.erf(v) for v in x], rtol=1e-15, atol=0)
+    y, _ = forward(case("erfc", x))  # in the tail too, where 1 - erf(x) is all rounding
+    np.testing.assert_allclose(y, [math.erfc(v) for v in x], rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("target", ["numpy", "jax", "torch"])

@@ -158,6 +158,7 @@ _UNARY = {
     "silu": "nn.silu", "reciprocal": "reciprocal", "log1p": "log1p", "log2": "log2", "log10": "log10", "square": "square",
     "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "acosh": "acosh", "asinh": "asinh",
     "atanh": "atanh", "expm1": "expm1", "sign": "sign", "lgamma": "lgamma", "digamma": "digamma",
+    "erfc": "erfc",
 }
 
 
@@ -170,6 +171,12 @@ def _unary(pb: str):
 
 for _aten_name, _pb_name in _UNARY.items():
     ATEN_TABLE[f"aten.{_aten_name}.default"] = _unary(_pb_name)
+
+
+@aten("aten.exp2.default")
+def _exp2(cx, x):
+    x = cast(cx, x, cx.out_dtype)
+    return _op("power")(scalar(2.0, cx.out_dtype), x)  # exact at integers, as PyTorch's exp2
 
 
 @aten("aten.polygamma.default")

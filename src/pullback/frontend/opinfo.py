@@ -54,7 +54,7 @@ ALIASES: dict[str, tuple] = {
     "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
     "histc": ("histc",), "index_fill": ("index_fill",), "_safe_softmax": ("torch.ops.aten._safe_softmax.default",),
     "var_mean": ("var_mean", "var_mean.unbiased"), "lgamma": ("lgamma",), "digamma": ("digamma",),
-    "unfold": ("unfold", "unfold_copy"),
+    "unfold": ("unfold", "unfold_copy"), "erfc": ("erfc",), "exp2": ("exp2",),
     "polygamma": ("polygamma.polygamma_n_0", "polygamma.polygamma_n_1", "polygamma.polygamma_n_2",
                   "polygamma.polygamma_n_3", "polygamma.polygamma_n_4"),
 }

@@ -198,6 +198,10 @@ polygamma = unary("polygamma", lambda c, g: [multiply(g, polygamma(c.args[0], n=
                   impls={"numpy": lambda x, a: special.polygamma(a.n, x), "jax": _scipy_jax("polygamma")},
                   domain=_POSITIVE, flops_per_elem=40, torch_name="polygamma", recompute=Recompute.SPECIAL,
                   doc="``polygamma(x, n)``: the ``n``-th derivative of ``digamma`` (n >= 1).")
+erfc = unary("erfc", lambda c, g: [negative(multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0]))))))],
+             kernel=lambda xp, x, attrs=None: xp.erfc(x),
+             impls={"numpy": lambda x, attrs=None: special.erfc(x), "jax": _scipy_jax("erfc")}, flops_per_elem=8,
+             torch_name="erfc", recompute=Recompute.SPECIAL, doc="``1 - erf(x)``, accurate where ``erf(x)`` is near 1.")
 floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
 ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
 round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001

@@ -93,6 +93,19 @@ def erf_of(xp):
     return xp.erf
 
 
+_erfc_scalar = np.frompyfunc(math.erfc, 1, 1)
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """``1 - erf(x)`` elementwise in x's dtype, accurate in the tail where ``1 - erf`` cancels (SciPy's ``erfc``,
+    else libm's element by element)."""
+    x = np.asarray(x)
+    sp = _scipy_special()
+    if sp is not None:
+        return np.asarray(sp.erfc(x), dtype=x.dtype)
+    return np.asarray(_erfc_scalar(x.astype(np.float64)), dtype=x.dtype)
+
+
 def _lgamma1(v: float) -> float:
     return math.inf if v <= 0 and v == math.floor(v) else math.lgamma(v)  # poles: +inf, as PyTorch
 
