@@ -760,13 +760,17 @@ def _all(cx, x, dims=None, keepdim=False):
     return _op("equal")(_op("sum")(b, axes_of(dims, cx.ndim_of(x)), bool(keepdim)), scalar(0, "int64"))
 
 
+def _var_flags(cx, args: tuple, keepdim, unbiased) -> tuple:
+    """``(keepdim, unbiased)`` of a ``var``/``var_mean`` call: ``.dim`` overloads pass ``(unbiased, keepdim)``
+    positionally after ``dim``, ``.correction`` ones ``keepdim`` alone."""
+    if str(cx.node.target).endswith(".dim") and args:
+        return (args[1] if len(args) > 1 else keepdim), args[0]
+    return (args[0] if args else keepdim), unbiased
+
+
 @aten("aten.var.correction", "aten.var.dim")
 def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
-    if str(cx.node.target).endswith(".dim") and args:  # var.dim(x, dim, unbiased, keepdim)
-        unbiased = args[0]
-        keepdim = args[1] if len(args) > 1 else keepdim
-    elif args:
-        keepdim = args[0]
+    keepdim, unbiased = _var_flags(cx, args, keepdim, unbiased)
     ddof = (1 if unbiased is None or unbiased else 0) if correction is None else correction
     x = cast(cx, x, cx.out_dtype)
     if cx.ndim_of(x) == 0:
@@ -785,10 +789,7 @@ def _var(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None)
 def _var_mean(cx, x, dims=None, *args, correction=None, keepdim=False, unbiased=None):
     """``torch.var_mean`` (weight standardisation, hand-written norms): ``(var, mean)`` over the same axes."""
     var = _var(cx, x, dims, *args, correction=correction, keepdim=keepdim, unbiased=unbiased)
-    if str(cx.node.target).endswith(".dim") and len(args) > 1:
-        keepdim = args[1]
-    elif args and not str(cx.node.target).endswith(".dim"):
-        keepdim = args[0]
+    keepdim, _ = _var_flags(cx, args, keepdim, unbiased)
     x = cast(cx, x, cx.out_dtype)
     if cx.ndim_of(x) == 0:
         return [var, x]

@@ -158,7 +158,12 @@ def _erf_jax(x, attrs=None):
 
 sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=_sigmoid,
                 flops_per_elem=4, torch_name="sigmoid", recompute=Recompute.SPECIAL)
-erf = unary("erf", lambda c, g: [multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0])))))],
+def _erf_slope(c: Call) -> Expr:
+    """``erf'(x) = 2 / sqrt(pi) * exp(-x^2)`` of call ``c``'s argument."""
+    return multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0]))))
+
+
+erf = unary("erf", lambda c, g: [multiply(g, _erf_slope(c))],
             kernel=lambda xp, x, attrs=None: xp.erf(x),  # torch.erf; NumPy and jax.numpy have none
             impls={"numpy": lambda x, attrs=None: special.erf(x), "jax": _erf_jax}, flops_per_elem=8, torch_name="erf",
             recompute=Recompute.SPECIAL)
@@ -198,7 +203,7 @@ polygamma = unary("polygamma", lambda c, g: [multiply(g, polygamma(c.args[0], n=
                   impls={"numpy": lambda x, a: special.polygamma(a.n, x), "jax": _scipy_jax("polygamma")},
                   domain=_POSITIVE, flops_per_elem=40, torch_name="polygamma", recompute=Recompute.SPECIAL,
                   doc="``polygamma(x, n)``: the ``n``-th derivative of ``digamma`` (n >= 1).")
-erfc = unary("erfc", lambda c, g: [negative(multiply(g, multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0]))))))],
+erfc = unary("erfc", lambda c, g: [negative(multiply(g, _erf_slope(c)))],
              kernel=lambda xp, x, attrs=None: xp.erfc(x),
              impls={"numpy": lambda x, attrs=None: special.erfc(x), "jax": _scipy_jax("erfc")}, flops_per_elem=8,
              torch_name="erfc", recompute=Recompute.SPECIAL, doc="``1 - erf(x)``, accurate where ``erf(x)`` is near 1.")
