@@ -57,6 +57,10 @@ ALIASES: dict[str, tuple] = {
     "unfold": ("unfold", "unfold_copy"), "erfc": ("erfc",), "exp2": ("exp2",),
     "polygamma": ("polygamma.polygamma_n_0", "polygamma.polygamma_n_1", "polygamma.polygamma_n_2",
                   "polygamma.polygamma_n_3", "polygamma.polygamma_n_4"),
+    "tril": ("tril",), "triu": ("triu",), "linalg_cholesky_ex": ("linalg.cholesky", "linalg.cholesky_ex", "cholesky"),
+    "linalg_solve_triangular": ("linalg.solve_triangular",), "cholesky_solve": ("cholesky_solve",),
+    "_linalg_solve_ex": ("linalg.solve", "linalg.solve_ex"), "linalg_inv_ex": ("linalg.inv", "linalg.inv_ex"),
+    "_linalg_slogdet": ("linalg.slogdet", "logdet"), "_linalg_det": ("linalg.det", "det"),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
@@ -126,11 +130,26 @@ def _replace(value, tensors: list):
     return value
 
 
-def _call_module(fn, sample):
-    """An ``nn.Module`` whose inputs are the sample's tensors and whose forward calls ``fn`` on them."""
+def _constraining_wrapper(info):
+    """The OpInfo's gradcheck wrapper when it restricts an input to the matrices the operator is defined on
+    (a triangle for ``cholesky_solve``'s factor, a symmetric part for ``cholesky``'s argument): PyTorch's
+    gradients are specified through it, and outside that set they are not the derivative of the value."""
+    import inspect
+
+    wrapper = info.gradcheck_wrapper
+    try:
+        source = inspect.getsource(wrapper)
+    except (OSError, TypeError):
+        return None
+    return wrapper if "triangular_input" in source or "hermitian_input" in source else None
+
+
+def _call_module(fn, sample, wrapper=None):
+    """An ``nn.Module`` whose inputs are the sample's tensors and whose forward calls ``fn`` on them (through
+    ``wrapper(fn, input, *args, **kwargs)`` when given)."""
     import torch
 
-    target = fn
+    target = fn if wrapper is None else (lambda *a, **k: wrapper(fn, *a, **k))
 
     class Call(torch.nn.Module):
         fn = staticmethod(target)
@@ -140,7 +159,7 @@ def _call_module(fn, sample):
             inp = _replace(sample.input, ts)
             args = _replace(sample.args, ts)
             kwargs = _replace(sample.kwargs, ts)
-            out = fn(inp, *args, **kwargs)
+            out = target(inp, *args, **kwargs)
             return tuple(out) if isinstance(out, (tuple, list)) else out
 
     return Call()
@@ -188,7 +207,7 @@ def _check(info, sample, check_grad: bool) -> bool:
         if name not in ALL_DTYPES:
             raise _Skip(f"input dtype {name} is not a pullback dtype")
     inputs = [t.detach().clone() for t in leaves]
-    module = _call_module(info.op, sample)
+    module = _call_module(info.op, sample, _constraining_wrapper(info))
     after = [t.clone() for t in inputs]  # eager mutates these in place (batch norm's running statistics, renorm)
     torch.manual_seed(0)
     try:

@@ -51,6 +51,7 @@ from ..ir.types import TensorType
 from ..transform.recognize_ops import RecognizeOps
 from . import custom_functions, export_repairs
 from .aten_table import ATEN_TABLE, _op
+from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .decompositions import own_decompositions
@@ -64,7 +65,7 @@ from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
-    "silu.default", "softplus.default",
+    "silu.default", "softplus.default", "tril.default", "triu.default",
     # PyTorch's decompositions of these change the gradient: multilabel_margin_loss also sums the entries after a
     # -1 (a wrong loss); _safe_softmax's gives NaN (0 * NaN) on fully masked rows; index_fill's counts a repeated
     # index once per repeat in the fill value's gradient
@@ -279,7 +280,10 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
                     state_vars.append(entry)
                     params[v.name_hint] = _to_numpy(tensor) if copy_params else _read_only_view(tensor)
             elif spec.kind == InputKind.TOKEN:  # threaded through operators with side effects
-                raise _effects_error(ep.graph)
+                if _effects(ep.graph):
+                    raise _effects_error(ep.graph)
+                env[node] = TOKEN  # only linalg's error checks, which the kernels make themselves
+                continue
             else:
                 raise PullbackError(f"from_torch: input {node.name} of kind {spec.kind.name} is not supported")
             env[node] = v
@@ -299,6 +303,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     for spec, out in zip(sig.output_specs, outs):
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT) and out not in env:
             constant_outputs[len(user_out) + len(constant_outputs)] = out  # a number, string or None: not computed
+            continue
+        if spec.kind == OutputKind.TOKEN:
             continue
         e = env[out]
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
@@ -358,13 +364,18 @@ class _Problems:
         return UnsupportedOperatorError(header, diags)
 
 
-def _effects_error(graph) -> PullbackError:
-    """The error for operators torch.export runs with an effect token (``with_effects``: linalg's error
-    checks, prints), listed with the user code that calls them."""
+def _effects(graph) -> list:
+    """The ``with_effects`` nodes of operators with side effects other than linalg's error checks (prints)."""
     import torch
 
     hop = getattr(torch.ops.higher_order, "with_effects", None)
-    uses = [f"{n.args[1]} at {source_line(n)}" for n in graph.nodes if n.op == "call_function" and n.target is hop]
+    return [n for n in graph.nodes if n.op == "call_function" and n.target is hop and str(n.args[1]) != CHECK_ERRORS]
+
+
+def _effects_error(graph) -> PullbackError:
+    """The error for operators torch.export runs with an effect token (``with_effects``: prints), listed with the
+    user code that calls them."""
+    uses = [f"{n.args[1]} at {source_line(n)}" for n in _effects(graph)]
     return PullbackError("from_torch: the module calls operators with side effects, which pullback does not convert "
                          f"(torch.export threads an effect token through them): {'; '.join(uses) or 'none found'}")
 

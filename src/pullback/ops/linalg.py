@@ -1,21 +1,26 @@
-"""Matrix products: ``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1).
+"""Linear algebra: matrix products, triangles, Cholesky, solves, inverses and log-determinants.
 
-Both take Relay's ``transpose_a`` / ``transpose_b`` flags (``batch_matmul``
-defaults to ``transpose_b=True`` like Relay). Gradients are matmuls with
-flipped flags, so second derivatives work.
+``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1) take Relay's
+``transpose_a`` / ``transpose_b`` flags (``batch_matmul`` defaults to ``transpose_b=True`` like Relay).
+``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv`` and ``slogdet`` work on stacks of
+matrices (``torch.linalg``'s operators). Every gradient is written with these operators, so second
+derivatives work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.errors import PullbackError
 from ..ir.expr import Call, Expr
-from ..ir.types import ALL_DTYPES, Any, TensorType
+from ..ir.types import ALL_DTYPES, Any, TensorType, TupleType
+from . import elemwise as E
 from . import layout as T
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .elemwise import conj_if_complex
-from .nn import check_bool
-from .registry import FusionKind, defop, type_error
+from .kernels import as_array, device
+from .nn import check_bool, check_int, field, nonzero, scalar
+from .registry import FusionKind, defop, type_error, zero_flops
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,245 @@ matmul = defop("nn.matmul", 2, _mi, kernel=_matmul, attrs_type=MatmulAttrs, grad
 _bi, _bf = _mk(3, "nn.batch_matmul")
 batch_matmul = defop("nn.batch_matmul", 2, _bi, kernel=_matmul, attrs_type=BatchMatmulAttrs, grad=_matmul_grad,
                      pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_bf, torch_name="bmm", dtypes=ALL_DTYPES)
+
+
+# ------------------------------------------------------------------ triangles, factorizations and solves
+#
+# Square matrices in the last two axes, any number of batch axes; an operator with two operands takes them with
+# the same batch axes (the importer broadcasts them first). Real floating point (float32/float64): NumPy's
+# LAPACK has no half precision. The gradient rules are PyTorch's (FunctionsManual.cpp), written with these
+# operators and matrix products, so they have gradients themselves.
+
+LINALG_DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class TriluAttrs:
+    k: int = 0
+    upper: bool = True  # Relay's default
+
+    def __post_init__(self):
+        check_int(self, "k")
+        check_bool(self, "upper")
+
+
+def _trilu(xp, x, attrs):
+    return xp.triu(x, k=attrs.k) if attrs.upper else xp.tril(x, k=attrs.k)
+
+
+def _matrices(name: str, arg_types, i: int) -> TensorType:
+    """Argument ``i``: a stack of matrices (rank >= 2)."""
+    t = tensor_arg(name, arg_types, i)
+    if t.ndim < 2:
+        raise type_error(name, arg_types, f"argument {i} must have rank 2 or more (a stack of matrices), got rank {t.ndim}")
+    return t
+
+
+def _trilu_infer(arg_types, attrs):
+    return _matrices("trilu", arg_types, 0)
+
+
+trilu = defop("trilu", 1, _trilu_infer, kernel=_trilu, attrs_type=TriluAttrs,
+              grad=lambda c, g: [trilu(g, c.attrs.k, c.attrs.upper)], pattern=FusionKind.INJECTIVE,
+              flops=zero_flops, torch_name="triu", dtypes=ALL_DTYPES,
+              doc="The upper (``upper=True``: entries with ``j - i >= k``) or lower (``j - i <= k``) triangle "
+                  "of the last two axes, zeros elsewhere (``torch.triu`` / ``torch.tril``).")
+
+
+def _square(name: str, arg_types, i: int = 0) -> TensorType:
+    t = _matrices(name, arg_types, i)
+    if t.dtype not in LINALG_DTYPES:
+        raise type_error(name, arg_types, f"argument {i} must be float32 or float64, got {t.dtype}")
+    n, m = t.shape[-2:]
+    if n is not Any and m is not Any and n != m:
+        raise type_error(name, arg_types, f"argument {i} must be a stack of square matrices, got {n}x{m}")
+    return t
+
+
+def _square_infer(name: str):
+    def infer(arg_types, attrs):
+        return _square(name, arg_types)
+    return infer
+
+
+def _system_infer(name: str):
+    """``(a, b)``: ``a`` square (..., n, n), ``b`` (..., n, k) (``left``) or (..., k, n) with a's batch axes."""
+    def infer(arg_types, attrs):
+        a, b = _square(name, arg_types, 0), _matrices(name, arg_types, 1)
+        same_dtype(name, arg_types)
+        left = getattr(attrs, "left", True)
+        n, rows = a.shape[-1], b.shape[-2] if left else b.shape[-1]
+        if n is not Any and rows is not Any and n != rows:
+            side = "rows" if left else "columns"
+            raise type_error(name, arg_types, f"b has {rows} {side} where a is {n}x{n}")
+        if a.ndim != b.ndim or any(p is not Any and q is not Any and p != q for p, q in zip(a.shape[:-2], b.shape[:-2])):
+            raise type_error(name, arg_types, f"a and b must have the same batch axes, got {a.shape[:-2]} and {b.shape[:-2]}")
+        return b
+    return infer
+
+
+def _batch(t: TensorType) -> int:
+    return numel(t.shape[:-2]) if t.ndim > 2 else 1
+
+
+def _cubic_flops(scale: float):
+    return lambda ts, out, attrs: int(scale * _batch(ts[0]) * numel(ts[0].shape[-1:]) ** 3)
+
+
+def _mT(x: Expr) -> Expr:
+    """The matrices of ``x`` transposed."""
+    r = x.checked_type.ndim
+    return T.transpose(x, tuple(range(r - 2)) + (r - 1, r - 2))
+
+
+def mm(a: Expr, b: Expr, ta: bool = False, tb: bool = False) -> Expr:
+    """``op(a) @ op(b)`` for stacks of matrices with the same batch axes (any number of them)."""
+    r = a.checked_type.ndim
+    if r == 2:
+        return matmul(a, b, ta, tb)
+    if r == 3:
+        return batch_matmul(a, b, ta, tb)
+    *batch, m, k = a.checked_type.shape
+    k2, n = b.checked_type.shape[-2:]
+    if Any in (m, k, k2, n) or batch.count(Any) > 1:
+        raise PullbackError(f"a matrix product over {r - 2} batch axes needs static sizes (one dynamic batch axis "
+                            f"at most), got {a.checked_type} and {b.checked_type}")
+    shape = tuple(-1 if d is Any else d for d in batch) + ((k if ta else m), (k2 if tb else n))
+    if 0 in shape + (m, k, n):  # no entries to multiply (reshape would read a 0 as "keep this axis")
+        return T.zeros(shape, a.checked_type.dtype)
+    out = batch_matmul(T.reshape(a, (-1, m, k)), T.reshape(b, (-1, k2, n)), ta, tb)
+    return T.reshape(out, shape)
+
+
+def _scale_matrices(s: Expr, x: Expr) -> Expr:
+    """``x``'s matrices times the scalars ``s`` (``x``'s batch shape)."""
+    return E.multiply(T.expand_dims(s, -1, 2), x)
+
+
+def _cholesky_grad(call: Call, g: Expr):
+    """Murray (2016): ``A_bar = sym(L^-T Phi(L^T L_bar) L^-1)``, Phi the lower triangle with half its diagonal."""
+    low = call
+    p = mm(low, g, ta=True)
+    phi = E.multiply(E.add(trilu(p, 0, False), trilu(p, -1, False)), scalar(0.5, low))
+    x = solve_triangular(_mT(low), phi, upper=True)
+    ga = solve_triangular(low, x, upper=False, left=False)
+    return [E.multiply(E.add(ga, _mT(ga)), scalar(0.5, low))]
+
+
+def _cholesky_jax(a, attrs=None):
+    from jax import lax
+
+    return lax.linalg.cholesky(a, symmetrize_input=False)
+
+
+cholesky = defop("cholesky", 1, _square_infer("cholesky"), kernel=lambda xp, a, attrs=None: xp.linalg.cholesky(a),
+                 impls={"jax": _cholesky_jax}, grad=_cholesky_grad, pattern=FusionKind.OPAQUE,
+                 flops=_cubic_flops(1 / 3), torch_name="linalg_cholesky", dtypes=LINALG_DTYPES,
+                 doc="The lower Cholesky factor ``L`` of symmetric positive-definite matrices (``A = L L^T``; "
+                     "only the lower triangle of ``A`` is read; a matrix that is not positive definite is an "
+                     "error on numpy and torch, NaN on jax).")
+
+
+@dataclass(frozen=True)
+class SolveTriangularAttrs:
+    upper: bool = False
+    left: bool = True
+    unitriangular: bool = False
+
+    def __post_init__(self):
+        check_bool(self, "upper", "left", "unitriangular")
+
+
+def _triangle(xp, a, attrs):
+    """The triangle of ``a`` that ``solve_triangular`` reads, with ones on the diagonal when unitriangular."""
+    if not attrs.unitriangular:
+        return xp.triu(a) if attrs.upper else xp.tril(a)
+    strict = xp.triu(a, k=1) if attrs.upper else xp.tril(a, k=-1)
+    return strict + xp.eye(a.shape[-1], dtype=a.dtype, device=device(a))
+
+
+def _solve_triangular(xp, a, b, attrs):
+    t = _triangle(xp, a, attrs)
+    if attrs.left:
+        return xp.linalg.solve(t, b)
+    return xp.matrix_transpose(xp.linalg.solve(xp.matrix_transpose(t), xp.matrix_transpose(b)))
+
+
+def _solve_triangular_torch(a, b, attrs):
+    import torch
+
+    return torch.linalg.solve_triangular(a, b, upper=attrs.upper, left=attrs.left, unitriangular=attrs.unitriangular)
+
+
+def _solve_triangular_jax(a, b, attrs):
+    from jax import lax
+
+    return lax.linalg.triangular_solve(a, b, left_side=attrs.left, lower=not attrs.upper,
+                                       unit_diagonal=attrs.unitriangular)
+
+
+def _solve_triangular_grad(call: Call, g: Expr):
+    a, _ = call.args
+    up, left, unit = call.attrs.upper, call.attrs.left, call.attrs.unitriangular
+    gb = solve_triangular(_mT(a), g, upper=not up, left=left, unitriangular=unit)
+    ga = E.negative(mm(gb, call, tb=True) if left else mm(call, gb, ta=True))
+    return [trilu(ga, (1 if up else -1) if unit else 0, up), gb]
+
+
+solve_triangular = defop(
+    "solve_triangular", 2, _system_infer("solve_triangular"), kernel=_solve_triangular,
+    impls={"torch": _solve_triangular_torch, "jax": _solve_triangular_jax}, attrs_type=SolveTriangularAttrs,
+    grad=_solve_triangular_grad, pattern=FusionKind.OPAQUE,
+    flops=lambda ts, out, attrs: _batch(ts[0]) * numel(ts[1].shape[-2:]) * numel(ts[0].shape[-1:]),
+    torch_name="linalg_solve_triangular", dtypes=LINALG_DTYPES,
+    doc="``X`` with ``A X = B`` (``left``) or ``X A = B``, ``A`` triangular: only its upper or lower triangle "
+        "is read, and not its diagonal when ``unitriangular`` (ones there).")
+
+
+def _solve_grad(call: Call, g: Expr):
+    a, _ = call.args
+    gb = solve(_mT(a), g)
+    return [E.negative(mm(gb, call, tb=True)), gb]
+
+
+solve = defop("solve", 2, _system_infer("solve"), kernel=lambda xp, a, b, attrs=None: xp.linalg.solve(a, b),
+              grad=_solve_grad, pattern=FusionKind.OPAQUE,
+              flops=lambda ts, out, attrs: int(_batch(ts[0]) * numel(ts[0].shape[-1:]) ** 2
+                                               * (2 / 3 * numel(ts[0].shape[-1:]) + 2 * numel(ts[1].shape[-1:]))),
+              torch_name="linalg_solve", dtypes=LINALG_DTYPES,
+              doc="``X`` with ``A X = B`` for square ``A`` (``B``: (..., n, k) with ``A``'s batch axes; a "
+                  "singular ``A`` is an error on numpy and torch).")
+
+
+def _inv_grad(call: Call, g: Expr):
+    return [E.negative(mm(mm(call, g, ta=True), call, tb=True))]
+
+
+inv = defop("inv", 1, _square_infer("inv"), kernel=lambda xp, a, attrs=None: xp.linalg.inv(a), grad=_inv_grad,
+            pattern=FusionKind.OPAQUE, flops=_cubic_flops(2), torch_name="linalg_inv", dtypes=LINALG_DTYPES,
+            doc="The inverses of square matrices (a singular matrix is an error on numpy and torch).")
+
+
+def _slogdet_infer(arg_types, attrs):
+    a = _square("slogdet", arg_types)
+    v = TensorType(a.shape[:-2], a.dtype)
+    return TupleType((v, v))
+
+
+def _slogdet(xp, a, attrs=None):
+    sign, logabsdet = xp.linalg.slogdet(a)
+    return as_array(sign), as_array(logabsdet)
+
+
+def _slogdet_grad(call: Call, g: Expr):
+    """d log|det A| = tr(A^-1 dA): ``A_bar = g A^-T``; the sign is piecewise constant."""
+    glad = nonzero(field(g, 1))
+    if glad is None:
+        return [None]
+    return [_scale_matrices(glad, _mT(inv(call.args[0])))]
+
+
+slogdet = defop("slogdet", 1, _slogdet_infer, kernel=_slogdet, grad=_slogdet_grad, pattern=FusionKind.OPAQUE,
+                flops=_cubic_flops(2 / 3), torch_name="linalg_slogdet", dtypes=LINALG_DTYPES,
+                doc="``a -> (sign, logabsdet)``: the sign (-1, 0 or 1) and the log of the absolute value of the "
+                    "determinants (``-inf`` for a singular matrix); ``det = sign * exp(logabsdet)``.")

@@ -1,0 +1,122 @@
+"""ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
+determinants, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
+
+The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
+``aten._linalg_check_errors``, an operator threaded through an effect token. pullback's kernels raise on the
+numpy and torch targets where the check would (a singular matrix, one that is not positive definite), and
+give NaN on jax as ``jax.numpy.linalg`` does, so ``info`` is a zero and the check is dropped. The factors
+``LU`` and ``pivots`` that autograd saves are not converted (a program that reads them is refused).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.errors import PullbackError
+from ..ir.expr import Expr, TupleGetItem, const
+from ..ops.common import broadcast_shapes
+from .aten_table import _op, aten, expand_to
+
+CHECK_ERRORS = "aten._linalg_check_errors.default"
+
+
+class EffectToken:
+    """The value of torch.export's effect token: threaded through the (dropped) error checks, never computed."""
+
+
+TOKEN = EffectToken()
+
+
+@aten("with_effects")
+def _with_effects(cx, token, target, *args, **kwargs):
+    if str(target) != CHECK_ERRORS:
+        raise PullbackError(f"{target} has side effects, which pullback does not convert")
+    return [token]
+
+
+def _info(cx, a: Expr) -> Expr:
+    """LAPACK's ``info`` for each matrix of ``a``: 0 (the kernels raise where it would not be)."""
+    return const(np.zeros(tuple(cx.shape_of(a))[:-2], dtype="int32"))
+
+
+def _same_batch(cx, a: Expr, b: Expr) -> tuple:
+    """``a`` and ``b`` with their batch axes broadcast against each other (the operators take equal ones)."""
+    sa, sb = tuple(cx.shape_of(a)), tuple(cx.shape_of(b))
+    batch = broadcast_shapes("linalg", (), sa[:-2], sb[:-2])
+    return expand_to(cx, a, batch + sa[-2:]), expand_to(cx, b, batch + sb[-2:])
+
+
+def _mT(cx, x: Expr) -> Expr:
+    r = cx.ndim_of(x)
+    return _op("transpose")(x, tuple(range(r - 2)) + (r - 1, r - 2))
+
+
+@aten("aten.tril.default", "aten.triu.default")
+def _trilu(cx, x, diagonal=0):
+    return _op("trilu")(x, int(diagonal), str(cx.node.target) == "aten.triu.default")
+
+
+@aten("aten.cholesky.default")
+def _cholesky(cx, a, upper=False):
+    low = _op("cholesky")(a)
+    return _mT(cx, low) if upper else low
+
+
+@aten("aten.linalg_cholesky_ex.default")
+def _cholesky_ex(cx, a, upper=False, check_errors=False):
+    return [_cholesky(cx, a, upper), _info(cx, a)]
+
+
+@aten("aten.linalg_solve_triangular.default")
+def _solve_triangular(cx, a, b, upper, left=True, unitriangular=False):
+    a, b = _same_batch(cx, a, b)
+    return _op("solve_triangular")(a, b, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
+
+
+@aten("aten.cholesky_solve.default")
+def _cholesky_solve(cx, b, factor, upper=False):
+    """``A^-1 B`` for ``A = L L^T`` (``U^T U`` when ``upper``): two triangular solves."""
+    factor, b = _same_batch(cx, factor, b)
+    low = _mT(cx, factor) if upper else factor
+    y = _op("solve_triangular")(low, b, upper=False)
+    return _op("solve_triangular")(_mT(cx, low), y, upper=True)
+
+
+def _is_vector_rhs(cx, a: Expr, b: Expr) -> bool:
+    """PyTorch's rule: ``B`` is a (batch of) vector(s) when it is 1-D or has ``A``'s shape without the last axis."""
+    sa, sb = tuple(cx.shape_of(a)), tuple(cx.shape_of(b))
+    return len(sb) == 1 or (len(sb) == len(sa) - 1 and sb == sa[:-1])
+
+
+@aten("aten._linalg_solve_ex.default")
+def _solve_ex(cx, a, b, left=True, check_errors=False):
+    vector = _is_vector_rhs(cx, a, b)
+    if vector:
+        b = _op("expand_dims")(b, -1)
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        a, b = _mT(cx, a), _mT(cx, b)
+    a, b = _same_batch(cx, a, b)
+    x = _op("solve")(a, b)
+    if not left:
+        x = _mT(cx, x)
+    if vector:
+        x = _op("squeeze")(x, (-1,))
+    return [x, None, None, _info(cx, a)]
+
+
+@aten("aten.linalg_inv_ex.default")
+def _inv_ex(cx, a, check_errors=False):
+    return [_op("inv")(a), _info(cx, a)]
+
+
+@aten("aten._linalg_slogdet.default")
+def _slogdet(cx, a):
+    s = _op("slogdet")(a)
+    return [TupleGetItem(s, 0), TupleGetItem(s, 1), None, None]
+
+
+@aten("aten._linalg_det.default")
+def _det(cx, a):
+    """``sign * exp(logabsdet)``: 0 for a singular matrix (whose gradient, the adjugate, is not computed)."""
+    s = _op("slogdet")(a)
+    return [_op("multiply")(TupleGetItem(s, 0), _op("exp")(TupleGetItem(s, 1))), None, None]
