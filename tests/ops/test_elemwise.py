@@ -89,7 +89,8 @@ NONDIFF_CASES = (
     + [case(n, *_bools, torch=T(n)) for n in ("logical_and", "logical_or")]
     + [case("logical_not", _bools[0], torch=T("logical_not")),
        case("isnan", np.array([0.0, np.nan, np.inf]), torch=T("isnan")),
-       case("isfinite", np.array([0.0, np.nan, -np.inf]), torch=T("isfinite"))]
+       case("isfinite", np.array([0.0, np.nan, -np.inf]), torch=T("isfinite")),
+       case("signbit", np.array([0.0, -0.0, -2.0, 3.0, -np.inf]), torch=T("signbit"))]
     + [case("divide", _ints, _divisors, torch=T("floor_divide"), id="divide-int"),  # integer division floors
        case("floor_divide", _ints, _divisors, torch=T("floor_divide"), id="floor_divide-int"),
        case("floor_divide", normal((2, 3)) * 5, nonzero((3,)), torch=T("floor_divide")),

@@ -1,4 +1,4 @@
-"""cumsum, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
+"""cumsum, cumprod, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
 
 from __future__ import annotations
 
@@ -68,7 +68,28 @@ NONDIFF = [
          attrs=dict(axis=1, reduce="amin", include_self=False),
          torch=lambda x, i, u: x.scatter_reduce(1, i, u, "amin", include_self=False)),
 ]
-ALL = CASES + NONDIFF
+ZEROS = X.copy()
+ZEROS[0, 1] = 0.0  # one zero in a row
+ZEROS[2, [0, 2]] = 0.0  # two zeros in a row (the gradient is zero before the second)
+CUMPROD = [
+    case("cumprod", X, attrs=dict(axis=1), torch=lambda x: torch().cumprod(x, 1)),
+    case("cumprod", ZEROS, attrs=dict(axis=1), torch=lambda x: torch().cumprod(x, 1), id="cumprod-zeros"),
+    case("cumprod", ZEROS, attrs=dict(axis=-2), torch=lambda x: torch().cumprod(x, -2), id="cumprod-zeros-axis0"),
+    case("cumprod", np.array(2.5), torch=lambda x: torch().cumprod(x, 0)),
+]
+
+
+def _cumprod_vjp(g, x):
+    x = x.detach().requires_grad_(True)
+    return torch().autograd.grad(torch().cumprod(x, 1), x, g)[0]
+
+
+NONDIFF += [
+    case("cumprod", np.array([[1, 2, 3], [4, 0, 6]], dtype="int64"), attrs=dict(axis=1),
+         torch=lambda x: torch().cumprod(x, 1)),
+    case("cumprod_grad", RNG.standard_normal((3, 4)), ZEROS, attrs=dict(axis=1), torch=_cumprod_vjp),
+]
+ALL = CASES + CUMPROD + NONDIFF
 
 
 @pytest.mark.parametrize("c", ALL, ids=repr)
@@ -77,14 +98,18 @@ def test_forward_and_vjp_match_torch(c):
     torch_check(c)
 
 
-@pytest.mark.parametrize("c", CASES, ids=repr)
+@pytest.mark.parametrize("c", CASES + CUMPROD, ids=repr)
 def test_gradient_rule_matches_finite_differences(c):
     check_rule(c)
 
 
-@pytest.mark.parametrize("c", CASES, ids=repr)
+@pytest.mark.parametrize("c", CASES + CUMPROD, ids=repr)
 def test_ad_pass_gradient(c):
     check_ad(c)
+
+
+def test_cumprod_has_no_second_derivative_and_says_so():
+    assert "second derivatives of cumprod" in pullback.ops.get_op("cumprod_grad").nondiff_reason
 
 
 @pytest.mark.parametrize("c", [c for c in CASES if c.fd], ids=repr)  # ties: no finite differences

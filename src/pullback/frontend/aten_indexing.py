@@ -1,5 +1,5 @@
 """ATen converters for indexing: advanced indexing (``index``, ``index_put``), gather/scatter, slices written
-back (``slice_scatter``, ``select_scatter``), sorting (``sort``, ``topk``), scans (``cumsum``), ``nonzero``,
+back (``slice_scatter``, ``select_scatter``), sorting (``sort``, ``topk``), scans (``cumsum``, ``cumprod``), ``nonzero``,
 ``masked_scatter``, ``diagonal`` and ``as_strided``. Registered in ``aten_table.ATEN_TABLE``.
 
 Advanced indexing with several index tensors is linearised: the indexed dimensions move to the front and
@@ -297,10 +297,11 @@ def _topk(cx, x, k, dim=-1, largest=True, sorted=True):
     return [_op("gather")(x, idx, axis=axis), idx]
 
 
-@aten("aten.cumsum.default")
-def _cumsum(cx, x, dim, dtype=None):
-    x = cast(cx, x, cx.out_dtype)  # integers and bools sum in int64, as in PyTorch
-    return _op("cumsum")(x, norm_axis(dim, max(cx.ndim_of(x), 1))) if cx.ndim_of(x) else x
+@aten("aten.cumsum.default", "aten.cumprod.default")
+def _cumulative(cx, x, dim, dtype=None):
+    x = cast(cx, x, cx.out_dtype)  # integers and bools accumulate in int64, as in PyTorch
+    name = str(cx.node.target).split(".")[1]
+    return _op(name)(x, norm_axis(dim, max(cx.ndim_of(x), 1))) if cx.ndim_of(x) else x
 
 
 @aten("aten.nonzero.default")

@@ -82,6 +82,13 @@ def _cholesky_solve(cx, b, factor, upper=False):
     return _op("solve_triangular")(_mT(cx, low), y, upper=True)
 
 
+@aten("aten.cholesky_inverse.default")
+def _cholesky_inverse(cx, factor, upper=False):
+    """``(L L^T)^-1`` (``(U^T U)^-1`` when ``upper``)."""
+    n = cx.shape_of(factor)[-1]
+    return _cholesky_solve(cx, const(np.eye(n, dtype=cx.dtype_of(factor))), factor, upper)
+
+
 def _is_vector_rhs(cx, a: Expr, b: Expr) -> bool:
     """PyTorch's rule: ``B`` is a (batch of) vector(s) when it is 1-D or has ``A``'s shape without the last axis."""
     sa, sb = tuple(cx.shape_of(a)), tuple(cx.shape_of(b))

@@ -218,6 +218,33 @@ def _isinf(cx, x):
     return _op("logical_not")(_op("logical_or")(_op("isfinite")(x), _op("isnan")(x)))
 
 
+@aten("aten.signbit.default")
+def _signbit(cx, x):
+    return _op("signbit")(x) if cx.dtype_of(x) in FLOAT_DTYPES else _op("less")(x, scalar(0, cx.dtype_of(x)))
+
+
+@aten("aten.copysign.Tensor", "aten.copysign.Scalar")
+def _copysign(cx, x, y):
+    """``|x|`` with the sign of ``y`` (``-0.0`` counts as negative); gradient 0 at ``x = 0``, as in PyTorch."""
+    dt = cx.out_dtype
+    x, y = as_dtype(cx, x, dt), as_dtype(cx, y, dt)
+    a = _op("abs")(x)
+    return _op("where")(_op("signbit")(y), _op("negative")(a), a)
+
+
+@aten("aten.hypot.default")
+def _hypot(cx, x, y):
+    dt = cx.out_dtype
+    x, y = as_dtype(cx, x, dt), as_dtype(cx, y, dt)
+    return _op("sqrt")(_op("add")(_op("multiply")(x, x), _op("multiply")(y, y)))
+
+
+@aten("aten.dist.default")
+def _dist(cx, x, y, p=2):
+    """``torch.dist``: the p-norm of ``x - y`` over every entry."""
+    return _vector_norm(cx, _op("subtract")(x, y), p)
+
+
 @aten("aten.isfinite.default")
 def _isfinite(cx, x):
     return _op("isfinite")(x) if cx.dtype_of(x) in FLOAT_DTYPES else _op("logical_not")(_falses(cx, x))

@@ -61,6 +61,8 @@ ALIASES: dict[str, tuple] = {
     "linalg_solve_triangular": ("linalg.solve_triangular",), "cholesky_solve": ("cholesky_solve",),
     "_linalg_solve_ex": ("linalg.solve", "linalg.solve_ex"), "linalg_inv_ex": ("linalg.inv", "linalg.inv_ex"),
     "_linalg_slogdet": ("linalg.slogdet", "logdet"), "_linalg_det": ("linalg.det", "det"),
+    "cholesky_inverse": ("cholesky_inverse",), "cumprod": ("cumprod", "linalg.vander"), "hypot": ("hypot",),
+    "copysign": ("copysign",), "signbit": ("signbit",), "dist": ("dist",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

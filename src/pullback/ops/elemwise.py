@@ -218,6 +218,8 @@ logical_not = unary("logical_not", dtypes=("bool",), differentiable=False, nondi
 isnan = unary("isnan", out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL, torch_name="isnan")
 isfinite = unary("isfinite", out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL,
                  torch_name="isfinite")
+signbit = unary("signbit", out_dtype="bool", differentiable=False, nondiff_reason=_NO_GRAD_BOOL, torch_name="signbit",
+                doc="True where the sign bit is set: negative numbers, ``-0.0`` and NaNs with the bit set.")
 
 
 @dataclass(frozen=True)
