@@ -17,6 +17,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import ALL_DTYPES
 from .common import normalize_axis, numel, same_dtype, tensor_arg
 from .registry import FusionKind, defop, type_error
+from .shape import AxisAttrs
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,6 @@ cumsum = defop("cumsum", 1, _cumsum_infer, kernel=_cumsum_kernel, attrs_type=Cum
 
 
 
-@dataclass(frozen=True)
-class CumprodAttrs:
-    axis: int = 0
-
-    def __post_init__(self):
-        if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
-            raise AttrError(f"attribute axis must be an int, got {self.axis!r}")
-        object.__setattr__(self, "axis", int(self.axis))
-
-
 def _scan_infer(name: str, nargs: int):
     def infer(arg_types, attrs):
         x = tensor_arg(name, arg_types, nargs - 1)
@@ -114,14 +105,14 @@ def _cumprod_grad(call: Call, g: Expr):
 
 
 _NUMERIC = tuple(d for d in ALL_DTYPES if d != "bool")
-cumprod = defop("cumprod", 1, _scan_infer("cumprod", 1), kernel=_cumprod_kernel, attrs_type=CumprodAttrs,
+cumprod = defop("cumprod", 1, _scan_infer("cumprod", 1), kernel=_cumprod_kernel, attrs_type=AxisAttrs,
                 grad=_cumprod_grad, pattern=FusionKind.OPAQUE, dtypes=_NUMERIC,
                 flops=lambda ts, out, a: numel(out.shape), torch_name="cumprod",
                 doc="``cumprod(x, axis=0)``: running products along ``axis`` in the input's dtype.")
 cumprod_grad = defop(
-    "cumprod_grad", 2, _scan_infer("cumprod_grad", 2), kernel=_cumprod_grad_kernel, attrs_type=CumprodAttrs,
+    "cumprod_grad", 2, _scan_infer("cumprod_grad", 2), kernel=_cumprod_grad_kernel, attrs_type=AxisAttrs,
     differentiable=False, nondiff_reason="second derivatives of cumprod are not implemented",
     pattern=FusionKind.OPAQUE, dtypes=_NUMERIC, flops=lambda ts, out, a: 3 * numel(out.shape), torch_name="cumprod_backward",
     doc="Gradient of ``cumprod``: ``(out_grad, data) -> data-shaped``, exact where ``data`` holds zeros.")
 
-__all__ = ["cumsum", "CumsumAttrs", "cumprod", "cumprod_grad", "CumprodAttrs"]
+__all__ = ["cumsum", "CumsumAttrs", "cumprod", "cumprod_grad"]
