@@ -145,3 +145,25 @@ def test_hessian_of_a_log_determinant_through_compile_matches_eager():
     got = torch.autograd.functional.hessian(cm, a)
     want = torch.autograd.functional.hessian(LogDet(), a)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+class OrthogonalNet(nn.Module):
+    """Layers kept orthogonal by ``nn.utils.parametrizations.orthogonal``: a square one through each map
+    (``matrix_exp``, ``cayley``, ``householder``) and a tall one through Householder reflectors."""
+
+    def __init__(self):
+        super().__init__()
+        orth = nn.utils.parametrizations.orthogonal
+        self.square = nn.ModuleList(orth(nn.Linear(5, 5).double(), orthogonal_map=m)
+                                    for m in ("matrix_exp", "cayley", "householder"))
+        self.tall = orth(nn.Linear(5, 7).double(), orthogonal_map="householder")
+
+    def forward(self, x):
+        for layer in self.square:
+            x = torch.tanh(layer(x))
+        return self.tall(x).square().mean()
+
+
+def test_orthogonal_parametrizations_train_like_eager(target):
+    torch.manual_seed(4)
+    _train_like_eager(OrthogonalNet(), (torch.randn(6, 5, dtype=torch.float64),), target, steps=3, lr=0.1)

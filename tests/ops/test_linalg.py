@@ -1,4 +1,4 @@
-"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet): forward and vjp against
+"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp): forward and vjp against
 PyTorch, gradient rules against finite differences, second order, kernels on every namespace.
 
 ``cholesky`` reads the lower triangle of a matrix that is symmetric by contract, and its rule (PyTorch's) gives
@@ -79,6 +79,8 @@ CASES = [
     case("solve", np.zeros((2, 0, 3, 3)) + np.eye(3), normal(2, 0, 3, 1), torch=L("solve"), fd=False, id="solve-empty-batch"),
     case("slogdet", well_conditioned(4, 4), torch=L("slogdet")),
     case("slogdet", -well_conditioned(3, 3, 3), torch=L("slogdet"), id="slogdet-negative-batched"),
+    case("matrix_exp", normal(4, 4) * 0.5, torch=L("matrix_exp")),
+    case("matrix_exp", normal(2, 3, 3), torch=L("matrix_exp"), id="matrix_exp-batched"),
     case("cholesky", spd(4, 4), torch=L("cholesky"), fd=False),
     case("cholesky", spd(2, 3, 3), torch=L("cholesky"), fd=False, id="cholesky-batched"),
 ]

@@ -1,5 +1,5 @@
 """ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
-determinants, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
+determinants, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
 
 The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
 ``aten._linalg_check_errors``, an operator threaded through an effect token. pullback's kernels raise on the
@@ -15,7 +15,7 @@ import numpy as np
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, TupleGetItem, const
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, aten, expand_to
+from .aten_table import _op, aten, expand_to, static
 
 CHECK_ERRORS = "aten._linalg_check_errors.default"
 
@@ -120,6 +120,35 @@ def _inv_ex(cx, a, check_errors=False):
 def _slogdet(cx, a):
     s = _op("slogdet")(a)
     return [TupleGetItem(s, 0), TupleGetItem(s, 1), None, None]
+
+
+@aten("aten.linalg_matrix_exp.default")
+def _matrix_exp(cx, a):
+    return _op("matrix_exp")(a)
+
+
+@aten("aten.linalg_householder_product.default")
+def _householder_product(cx, a, tau):
+    """``H_1 ... H_k`` (its first ``n`` columns), ``H_i = I - tau_i v_i v_i^T`` with ``v_i`` column ``i`` of
+    ``a`` below the diagonal and 1 on it (LAPACK's ``orgqr``; the orthogonal parametrization's
+    ``householder`` map): one rank-one update per reflector, so gradients come from the elementwise rules."""
+    shape = static(cx, "householder_product", cx.shape_of(a))
+    (m, n), k, dt = shape[-2:], cx.shape_of(tau)[-1], cx.dtype_of(a)
+    q: Expr = const(np.eye(m, dtype=dt))
+    for i in range(k):
+        below = np.zeros((m, 1), dtype=dt)
+        below[i + 1:] = 1
+        unit = np.zeros((m, 1), dtype=dt)
+        unit[i] = 1
+        col = _op("strided_slice")(a, (i,), (i + 1,), axes=(-1,))
+        v = _op("add")(_op("multiply")(col, const(below)), const(unit))  # (..., m, 1)
+        vt = _mT(cx, v)
+        qv = _op("sum")(_op("multiply")(q, vt), (-1,), True)  # Q v, (..., m, 1)
+        t = _op("expand_dims")(_op("strided_slice")(tau, (i,), (i + 1,), axes=(-1,)), -1)  # (..., 1, 1)
+        q = _op("subtract")(q, _op("multiply")(t, _op("multiply")(qv, vt)))
+    if tuple(cx.shape_of(q)) != tuple(shape[:-2]) + (m, m):
+        q = expand_to(cx, q, tuple(shape[:-2]) + (m, m))
+    return _op("strided_slice")(q, (0,), (n,), axes=(-1,))
 
 
 @aten("aten._linalg_det.default")

@@ -2,7 +2,7 @@
 
 ``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1) take Relay's
 ``transpose_a`` / ``transpose_b`` flags (``batch_matmul`` defaults to ``transpose_b=True`` like Relay).
-``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv`` and ``slogdet`` work on stacks of
+``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet`` and ``matrix_exp`` work on stacks of
 matrices (``torch.linalg``'s operators). Every gradient is written with these operators, so second
 derivatives work.
 """
@@ -20,7 +20,10 @@ from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .elemwise import conj_if_complex
 from .kernels import as_array, device
 from .nn import check_bool, check_int, field, nonzero, scalar
+from .indexing import strided_slice
 from .registry import FusionKind, defop, type_error, zero_flops
+from .shape import concatenate
+from .special import expm
 
 
 @dataclass(frozen=True)
@@ -324,3 +327,35 @@ slogdet = defop("slogdet", 1, _slogdet_infer, kernel=_slogdet, grad=_slogdet_gra
                 flops=_cubic_flops(2 / 3), torch_name="linalg_slogdet", dtypes=LINALG_DTYPES,
                 doc="``a -> (sign, logabsdet)``: the sign (-1, 0 or 1) and the log of the absolute value of the "
                     "determinants (``-inf`` for a singular matrix); ``det = sign * exp(logabsdet)``.")
+
+
+def _matrix_exp_grad(call: Call, g: Expr):
+    """The adjoint of the Frechet derivative: the top-right block of ``exp([[A^T, G], [0, A^T]])`` (Mathias
+    1996; PyTorch's rule), so the gradient has a gradient."""
+    a = call.args[0]
+    n = a.checked_type.shape[-1]
+    if n is Any:
+        raise PullbackError(f"the gradient of matrix_exp needs a static matrix size, got {a.checked_type}")
+    at = _mT(a)
+    block = concatenate([concatenate([at, g], -1), concatenate([T.zeros_like(a), at], -1)], -2)
+    return [strided_slice(matrix_exp(block), (0, n), (n, 2 * n), axes=(-2, -1))]
+
+
+def _matrix_exp_jax(a, attrs=None):
+    import jax.scipy.linalg
+
+    return jax.scipy.linalg.expm(a)
+
+
+def _matrix_exp_torch(a, attrs=None):
+    import torch
+
+    return torch.linalg.matrix_exp(a)
+
+
+matrix_exp = defop("matrix_exp", 1, _square_infer("matrix_exp"), kernel=lambda xp, a, attrs=None: expm(a),
+                   impls={"jax": _matrix_exp_jax, "torch": _matrix_exp_torch}, grad=_matrix_exp_grad,
+                   pattern=FusionKind.OPAQUE, flops=_cubic_flops(12), torch_name="linalg_matrix_exp",
+                   dtypes=LINALG_DTYPES,
+                   doc="The matrix exponential of each matrix (SciPy on numpy; ``torch.linalg.matrix_exp``; "
+                       "``jax.scipy.linalg.expm``): orthogonal parametrizations, continuous-time models.")

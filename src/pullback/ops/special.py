@@ -132,6 +132,17 @@ def polygamma(n: int, x: np.ndarray) -> np.ndarray:
     return np.asarray(sp.digamma(x) if n == 0 else sp.polygamma(n, x), dtype=x.dtype)
 
 
+def expm(a: np.ndarray) -> np.ndarray:
+    """The matrix exponential of each matrix of ``a`` (SciPy's ``expm``: scaling and squaring, Pade), computed
+    in float64."""
+    try:
+        import scipy.linalg  # type: ignore
+    except ImportError:
+        raise ExecutionError("matrix_exp on the numpy target needs SciPy: pip install scipy (or the pullback[fast] "
+                             "extra)") from None
+    return np.asarray(scipy.linalg.expm(a.astype(np.float64)), dtype=a.dtype)  # its float32 path was 4e-3 off on an OpInfo sample
+
+
 # B_2j / (2j)! for j = 1..9: the Euler-Maclaurin tail of the Hurwitz zeta function
 _ZETA_TAIL = (1 / 12, -1 / 720, 1 / 30240, -1 / 1209600, 1 / 47900160, -691 / 1307674368000, 1 / 74724249600,
               -3617 / 10670622842880000, 43867 / 5109094217170944000)
