@@ -467,6 +467,28 @@ def test_converters_from_the_operator_sweep_match_torch(name, fn):
         np.testing.assert_allclose(got, np.zeros_like(got) if w is None else w.numpy(), rtol=1e-10, atol=1e-12)
 
 
+def test_median_and_kthvalue_match_torch():
+    """Values, indices and float64 gradients (to the selected entry; inputs without ties, where eager's choice
+    among equal entries is its own)."""
+
+    def fn(x, y):
+        return (torch.median(x, 1).values + torch.median(y, 0, keepdim=True).values.T + torch.median(x)
+                + torch.kthvalue(y, 3, 1).values + torch.kthvalue(x, 1, 0, keepdim=True).indices.T)
+
+    torch.manual_seed(2)
+    x, y = torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64)
+    prog = import_torch(Fn(fn), (x, y))
+    xs, ys = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    want = fn(xs, ys)
+    ct = torch.randn_like(want)
+    gx, gy = torch.autograd.grad(want, [xs, ys], ct)
+    mod = transform.FirstOrderGradient(wrt=prog.inputs, mode="vjp")(prog.mod)
+    out, (dx, dy) = pullback.build(mod)["main_grad"](x.numpy(), y.numpy(), ct.numpy())
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, gx.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dy, gy.numpy(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (7, 0, 0), (5, -1.0, 0.5)])
 def test_histc_counts_like_torch(bins, lo, hi):
     """Mixture-of-experts routing counts tokens per expert with histc."""

@@ -297,6 +297,38 @@ def _topk(cx, x, k, dim=-1, largest=True, sorted=True):
     return [_op("gather")(x, idx, axis=axis), idx]
 
 
+def _kth(cx, x, k: int, dim, keepdim) -> list:
+    """``(values, indices)`` of the ``k``-th smallest entry (1-based) along ``dim``: a stable sort's position
+    ``k - 1``, so the gradient goes to the gathered entry (with ties, the first in sorted order)."""
+    if cx.ndim_of(x) == 0:
+        return [x, _op("zeros")((), "int64")]
+    axis = norm_axis(dim, cx.ndim_of(x))
+    idx = _op("strided_slice")(_op("argsort")(x, axis, False), (k - 1,), (k,), (1,), (axis,))
+    values = _op("gather")(x, idx, axis=axis)
+    if keepdim:
+        return [values, idx]
+    return [_op("squeeze")(values, (axis,)), _op("squeeze")(idx, (axis,))]
+
+
+@aten("aten.kthvalue.default")
+def _kthvalue(cx, x, k, dim=-1, keepdim=False):
+    return _kth(cx, x, int(k), dim, keepdim)
+
+
+@aten("aten.median.dim")
+def _median_dim(cx, x, dim, keepdim=False):
+    """The lower of the two middle values for an even count, as in PyTorch."""
+    n = static(cx, "median", (cx.shape_of(x)[norm_axis(dim, cx.ndim_of(x))],))[0] if cx.ndim_of(x) else 1
+    return _kth(cx, x, (n - 1) // 2 + 1, dim, keepdim)
+
+
+@aten("aten.median.default")
+def _median(cx, x):
+    flat = _op("reshape")(x, (-1,))
+    n = math.prod(static(cx, "median", cx.shape_of(x)))
+    return _kth(cx, flat, (n - 1) // 2 + 1, 0, False)[0]
+
+
 @aten("aten.cumsum.default", "aten.cumprod.default")
 def _cumulative(cx, x, dim, dtype=None):
     x = cast(cx, x, cx.out_dtype)  # integers and bools accumulate in int64, as in PyTorch

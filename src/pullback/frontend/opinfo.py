@@ -64,6 +64,7 @@ ALIASES: dict[str, tuple] = {
     "cholesky_inverse": ("cholesky_inverse",), "cumprod": ("cumprod", "linalg.vander"), "hypot": ("hypot",),
     "copysign": ("copysign",), "signbit": ("signbit",), "dist": ("dist",),
     "linalg_matrix_exp": ("linalg.matrix_exp", "matrix_exp"), "linalg_householder_product": ("linalg.householder_product",),
+    "median": ("median",), "kthvalue": ("kthvalue",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
