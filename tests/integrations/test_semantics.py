@@ -204,6 +204,38 @@ def test_gamma_family_likelihoods_through_compile_match_eager(target):
         torch.testing.assert_close(p.grad, q.grad, rtol=2e-9, atol=1e-13)
 
 
+class NormalFamily(nn.Module):
+    """Quantiles and tails of the normal distribution and a von Mises normalizer: ``Normal.icdf`` (erfinv), a
+    probit likelihood by ``special.log_ndtr`` and ``ndtri``, ``log(2 pi I0(k))`` through ``i0e``, and ``i1``."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 4)
+
+    def forward(self, x, p):
+        mu, s, z, k = self.head(x).split(1, dim=1)
+        D = torch.distributions
+        icdf = D.Normal(mu, F.softplus(s) + 0.1, validate_args=False).icdf(p).sum()
+        probit = (torch.special.log_ndtr(z * 3 - 5) + torch.special.ndtri(p * 0.5 + 0.25)).sum()
+        kappa = F.softplus(k)
+        von_mises = (torch.log(2 * torch.pi * torch.special.i0e(kappa)) + kappa).sum() + torch.special.i1(k).sum()
+        return icdf + probit + von_mises
+
+
+def test_normal_quantiles_probit_and_bessel_through_compile_match_eager(target):
+    torch.manual_seed(1)
+    model = NormalFamily().double()
+    eager = copy.deepcopy(model)
+    x, p = torch.randn(5, 3, dtype=torch.float64), torch.rand(5, 1, dtype=torch.float64) * 0.9 + 0.05
+    out = pb_compile(model, (x, p), target=target)(x, p)
+    out.backward()
+    ref = eager(x, p)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
+
+
 class Counter(nn.Module):
     """A buffer mutated in forward (a step counter and a running mean of the inputs)."""
 

@@ -35,6 +35,18 @@ def nonzero(shape):
     return RNG.uniform(0.5, 2.0, shape) * RNG.choice([-1.0, 1.0], shape)
 
 
+def probability(shape):  # inside (0, 1)
+    return RNG.uniform(0.05, 0.95, shape)
+
+
+def wide(shape):  # both signs, the far left tail of log_ndtr
+    return RNG.uniform(-9.0, 4.0, shape)
+
+
+def S(name):  # torch.special function by name, resolved lazily
+    return lambda x: getattr(__import__("torch").special, name)(x)
+
+
 def T(name, *a, **k):  # torch function by name, resolved lazily
     def f(*xs):
         import torch
@@ -53,6 +65,8 @@ UNARY = [
     ("erf", normal, T("erf")), ("floor", off_grid, T("floor")), ("ceil", off_grid, T("ceil")),
     ("round", off_grid, T("round")), ("copy", normal, T("clone")), ("lgamma", positive, T("lgamma")),
     ("digamma", positive, T("digamma")), ("erfc", normal, T("erfc")),
+    ("erfinv", unit, T("erfinv")), ("ndtri", probability, S("ndtri")), ("log_ndtr", wide, S("log_ndtr")),
+    ("i0", wide, T("i0")), ("i1", wide, S("i1")), ("i0e", wide, S("i0e")), ("i1e", wide, S("i1e")),
 ]
 SHAPES = [(), (1,), (3,), (2, 1, 3)]
 BINARY = [
@@ -68,6 +82,7 @@ CASES = (
     + [case("clip", normal((2, 3)) * 2, attrs=dict(a_min=-1.0, a_max=0.5), torch=T("clamp", -1.0, 0.5)),
        case("clip", np.array(3.0), args=(-1, 1), torch=T("clamp", -1, 1))]
     # torch's float64 polygamma(1, x) is 4e-10 relative off (test_log_gamma_family_is_accurate_on_every_target)
+    + [case(name, np.array([0.0, -0.0, 1.5, -2.0]), torch=S(name), id=f"{name}-at-zero") for name in ("i1", "i1e")]
     + [case("polygamma", positive((2, 3)), attrs=dict(n=1), id="polygamma-1")]
     + [case("polygamma", positive((2, 3)), attrs=dict(n=n), torch=lambda x, n=n: __import__("torch").polygamma(n, x),
             id=f"polygamma-{n}") for n in (2, 3)]

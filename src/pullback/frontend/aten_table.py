@@ -158,7 +158,8 @@ _UNARY = {
     "silu": "nn.silu", "reciprocal": "reciprocal", "log1p": "log1p", "log2": "log2", "log10": "log10", "square": "square",
     "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "acosh": "acosh", "asinh": "asinh",
     "atanh": "atanh", "expm1": "expm1", "sign": "sign", "lgamma": "lgamma", "digamma": "digamma",
-    "erfc": "erfc",
+    "erfc": "erfc", "erfinv": "erfinv", "special_ndtri": "ndtri", "special_log_ndtr": "log_ndtr", "i0": "i0",
+    "special_i0e": "i0e", "special_i1": "i1", "special_i1e": "i1e",
 }
 
 

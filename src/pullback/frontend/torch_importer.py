@@ -65,7 +65,7 @@ from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
 PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
-    "silu.default", "softplus.default", "tril.default", "triu.default",
+    "silu.default", "softplus.default", "tril.default", "triu.default", "special_log_ndtr.default",
     # PyTorch's decompositions of these change the gradient: multilabel_margin_loss also sums the entries after a
     # -1 (a wrong loss); _safe_softmax's gives NaN (0 * NaN) on fully masked rows; index_fill's counts a repeated
     # index once per repeat in the fill value's gradient

@@ -207,6 +207,45 @@ erfc = unary("erfc", lambda c, g: [negative(multiply(g, _erf_slope(c)))],
              kernel=lambda xp, x, attrs=None: xp.erfc(x),
              impls={"numpy": lambda x, attrs=None: special.erfc(x), "jax": _scipy_jax("erfc")}, flops_per_elem=8,
              torch_name="erfc", recompute=Recompute.SPECIAL, doc="``1 - erf(x)``, accurate where ``erf(x)`` is near 1.")
+
+
+def _special_fn(name: str, grad, doc: str, **kw):
+    """An operator computed by SciPy (numpy), ``jax.scipy.special`` and ``torch.special`` under one name."""
+    def torch_kernel(x, attrs=None):
+        import torch
+
+        return getattr(torch.special, name)(x)
+
+    numpy_kernel = special.scipy_special(name)
+    return unary(name, grad, kernel=lambda xp, x, attrs=None: numpy_kernel(x),
+                 impls={"jax": _scipy_jax(name), "torch": torch_kernel}, flops_per_elem=30,
+                 torch_name=f"special_{name}", recompute=Recompute.SPECIAL, doc=doc, **kw)
+
+
+def _at_zero(x: Expr, value: float, f) -> Expr:
+    """``f(x)`` with ``x = 0`` replaced by 1 inside it, and ``value`` where ``x`` is 0 (a removable singularity)."""
+    zero = equal(x, 0.0)
+    return where(zero, value, f(where(zero, 1.0, x)))
+
+
+_SQRT_PI_2, _SQRT_2PI = math.sqrt(math.pi) / 2, math.sqrt(2 * math.pi)
+erfinv = _special_fn("erfinv", lambda c, g: [multiply(g, multiply(exp(square(c)), _SQRT_PI_2))], domain=(-1.0, 1.0),
+                     doc="The inverse of ``erf`` on (-1, 1) (``torch.erfinv``; a normal's quantiles).")
+ndtri = _special_fn("ndtri", lambda c, g: [multiply(g, multiply(exp(multiply(square(c), 0.5)), _SQRT_2PI))],
+                    domain=(0.0, 1.0), doc="The standard normal's quantile function, the inverse of its CDF.")
+log_ndtr = _special_fn(
+    "log_ndtr", lambda c, g: [multiply(g, divide(exp(subtract(multiply(square(c.args[0]), -0.5), c)), _SQRT_2PI))],
+    doc="The log of the standard normal's CDF, accurate far in the left tail.")
+i0 = _special_fn("i0", lambda c, g: [multiply(g, i1(c.args[0]))],
+                 doc="The modified Bessel function of the first kind of order 0 (von Mises distributions).")
+i1 = _special_fn("i1", lambda c, g: [multiply(g, _at_zero(c.args[0], 0.5, lambda x: subtract(i0(x), divide(i1(x), x))))],
+                 doc="The modified Bessel function of the first kind of order 1.")
+i0e = _special_fn("i0e", lambda c, g: [multiply(g, subtract(i1e(c.args[0]), multiply(sign(c.args[0]), c)))],
+                  doc="``exp(-|x|) i0(x)``, without overflow.")
+i1e = _special_fn(
+    "i1e", lambda c, g: [multiply(g, _at_zero(c.args[0], 0.5, lambda x: subtract(
+        i0e(x), multiply(i1e(x), add(sign(x), reciprocal(x))))))],
+    doc="``exp(-|x|) i1(x)``, without overflow.")
 floor = unary("floor", _zero_grad, smooth=False, torch_name="floor")
 ceil = unary("ceil", _zero_grad, smooth=False, torch_name="ceil")
 round = unary("round", _zero_grad, smooth=False, torch_name="round",  # noqa: A001

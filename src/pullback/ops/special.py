@@ -132,6 +132,19 @@ def polygamma(n: int, x: np.ndarray) -> np.ndarray:
     return np.asarray(sp.digamma(x) if n == 0 else sp.polygamma(n, x), dtype=x.dtype)
 
 
+def scipy_special(name: str):
+    """SciPy's ``scipy.special.<name>`` as a kernel returning x's dtype (the numpy target's special functions:
+    ``erfinv``, ``ndtri``, ``log_ndtr``, the Bessel functions ``i0``, ``i0e``, ``i1``, ``i1e``)."""
+    def kernel(x, attrs=None):
+        sp = _scipy_special()
+        if sp is None:
+            raise ExecutionError(f"{name} on the numpy target needs SciPy: pip install scipy (or the pullback[fast] extra)")
+        x = np.asarray(x)
+        return np.asarray(getattr(sp, name)(x), dtype=x.dtype)
+
+    return kernel
+
+
 def expm(a: np.ndarray) -> np.ndarray:
     """The matrix exponential of each matrix of ``a`` (SciPy's ``expm``: scaling and squaring, Pade), computed
     in float64."""
