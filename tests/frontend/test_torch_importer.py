@@ -448,6 +448,7 @@ def _with_zeros(shape, seed):
     ("copysign", lambda x, y: torch.copysign(x, y) + torch.copysign(y, -1.5)),
     ("signbit", lambda x, y: x * torch.signbit(y)),
     ("dist", lambda x, y: torch.dist(x, y) + torch.dist(x, y, 1) + torch.dist(x, y[0], float("inf"))),
+    ("searchsorted", lambda x, y: x * torch.searchsorted(y.sort(1).values, x) + x * torch.bucketize(x, y[0].sort().values, right=True)),
     ("cholesky_inverse", lambda x, y: torch.cholesky_inverse(torch.linalg.cholesky(x @ x.T + 4 * torch.eye(4, dtype=x.dtype)))
      + torch.cholesky_inverse(torch.linalg.cholesky(y @ y.T + torch.eye(4, dtype=x.dtype), upper=True), upper=True)),
 ])

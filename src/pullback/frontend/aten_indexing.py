@@ -17,7 +17,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
 from ..ir.types import Any
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, as_dtype, aten, cast, expand_to, newshape, norm_axis, scalar, slice_bounds, static
+from .aten_table import _op, as_dtype, aten, cast, expand_to, newshape, norm_axis, result_dtype, scalar, slice_bounds, static
 
 
 def _int64(cx, i: Expr) -> Expr:
@@ -327,6 +327,31 @@ def _median(cx, x):
     flat = _op("reshape")(x, (-1,))
     n = math.prod(static(cx, "median", cx.shape_of(x)))
     return _kth(cx, flat, (n - 1) // 2 + 1, 0, False)[0]
+
+
+def _search(cx, seq, v, right: bool, out_int32: bool, sorter=None) -> Expr:
+    """Per value, the number of entries of its sorted row of ``seq`` below it (``right``: not above it), by one
+    comparison against every entry: exact, O(values x entries) memory, no gradient (as in PyTorch)."""
+    dt = result_dtype(cx, 0, 1)
+    seq, v = as_dtype(cx, seq, dt), as_dtype(cx, v, dt)
+    if sorter is not None:
+        seq = _op("gather")(seq, sorter, axis=cx.ndim_of(seq) - 1)
+    row = seq if cx.ndim_of(seq) == 1 else _op("expand_dims")(seq, -2)
+    hit = _op("less_equal" if right else "less")(row, _op("expand_dims")(v, -1))
+    count = _op("sum")(_op("cast")(hit, "int64"), (-1,), False)
+    out = _op("cast")(count, "int32") if out_int32 else count
+    return out if tuple(cx.shape_of(out)) == tuple(cx.out_shape) else _op("reshape")(out, tuple(cx.out_shape))
+
+
+@aten("aten.searchsorted.Tensor", "aten.searchsorted.Scalar")
+def _searchsorted(cx, seq, v, *, out_int32=False, right=False, side=None, sorter=None):
+    """``torch.searchsorted`` (NeRF's importance sampling, binning): ``side`` overrides ``right``."""
+    return _search(cx, seq, v, bool(right) or side == "right", bool(out_int32), sorter)
+
+
+@aten("aten.bucketize.Tensor", "aten.bucketize.Scalar")
+def _bucketize(cx, v, boundaries, *, out_int32=False, right=False):
+    return _search(cx, boundaries, v, bool(right), bool(out_int32))
 
 
 @aten("aten.cumsum.default", "aten.cumprod.default")

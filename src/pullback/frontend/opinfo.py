@@ -66,7 +66,8 @@ ALIASES: dict[str, tuple] = {
     "linalg_matrix_exp": ("linalg.matrix_exp", "matrix_exp"), "linalg_householder_product": ("linalg.householder_product",),
     "median": ("median",), "kthvalue": ("kthvalue",), "erfinv": ("erfinv",), "special_ndtri": ("special.ndtri",),
     "special_log_ndtr": ("special.log_ndtr",), "i0": ("i0",), "special_i0e": ("special.i0e",),
-    "special_i1": ("special.i1",), "special_i1e": ("special.i1e",),
+    "special_i1": ("special.i1",), "special_i1e": ("special.i1e",), "searchsorted": ("searchsorted",),
+    "bucketize": ("bucketize",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
