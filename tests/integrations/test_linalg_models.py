@@ -167,3 +167,24 @@ class OrthogonalNet(nn.Module):
 def test_orthogonal_parametrizations_train_like_eager(target):
     torch.manual_seed(4)
     _train_like_eager(OrthogonalNet(), (torch.randn(6, 5, dtype=torch.float64),), target, steps=3, lr=0.1)
+
+
+class SpectralPenalty(nn.Module):
+    """A loss on a weight's spectrum and eigenvector projections (signs cancel in the squares): eigvalsh's
+    largest eigenvalue of ``W^T W`` and eigh's eigenvectors, UPLO lower and upper."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, 4, dtype=torch.float64))
+
+    def forward(self, x):
+        gram = self.weight.T @ self.weight + torch.eye(4, dtype=x.dtype)
+        top = torch.linalg.eigvalsh(gram)[-1]
+        w, v = torch.linalg.eigh(gram, UPLO="U")
+        proj = (x @ v).square() * w
+        return (x @ self.weight.T).square().mean() + 0.1 * top + proj.mean()
+
+
+def test_spectral_losses_train_like_eager(target):
+    torch.manual_seed(5)
+    _train_like_eager(SpectralPenalty(), (torch.randn(6, 4, dtype=torch.float64),), target, steps=3, lr=0.05)

@@ -1,9 +1,9 @@
-"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp): forward and vjp against
+"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp, eigh): forward and vjp against
 PyTorch, gradient rules against finite differences, second order, kernels on every namespace.
 
-``cholesky`` reads the lower triangle of a matrix that is symmetric by contract, and its rule (PyTorch's) gives
-the symmetric gradient: finite differences of single entries see a different (triangular) derivative, so its
-rule is checked through ``x -> cholesky(x x^T + n I)``, where both agree.
+``cholesky`` and ``eigh`` read the lower triangle of a matrix that is symmetric by contract, and their rules
+(PyTorch's) give the gradient for symmetric perturbations: finite differences of single entries see a
+different derivative, so their rules are checked through ``x -> op(x x^T + n I)``, where both agree.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ def L(name, *a, **k):  # torch.linalg by name, resolved lazily
     return f
 
 
+def eigh_canonical(a):
+    """torch's eigh with pullback's eigenvector signs (the sign flip is piecewise constant: autograd passes it)."""
+    import array_api_compat.torch as xp
+    import torch
+
+    from pullback.ops.linalg import canonical_signs
+
+    w, v = torch.linalg.eigh(a)
+    return w, canonical_signs(xp, v)
+
+
 def tril(k=0):
     return lambda x: __import__("torch").tril(x, k)
 
@@ -81,6 +92,8 @@ CASES = [
     case("slogdet", -well_conditioned(3, 3, 3), torch=L("slogdet"), id="slogdet-negative-batched"),
     case("matrix_exp", normal(4, 4) * 0.5, torch=L("matrix_exp")),
     case("matrix_exp", normal(2, 3, 3), torch=L("matrix_exp"), id="matrix_exp-batched"),
+    case("eigh", spd(4, 4), torch=eigh_canonical, fd=False),
+    case("eigh", spd(2, 3, 3) - 4 * np.eye(3), torch=eigh_canonical, fd=False, id="eigh-batched-indefinite"),
     case("cholesky", spd(4, 4), torch=L("cholesky"), fd=False),
     case("cholesky", spd(2, 3, 3), torch=L("cholesky"), fd=False, id="cholesky-batched"),
 ]
@@ -130,6 +143,15 @@ def _through_spd(build, shape):
 @pytest.mark.parametrize("shape", [(4, 4), (2, 3, 3)])
 def test_cholesky_gradient_through_a_symmetric_argument(shape):
     fn = _through_spd(op.cholesky, shape)
+    x = RNG.standard_normal(shape)
+    check_grad(fn, [x], rtol=1e-6, atol=1e-7)
+    check_second_order(fn, [x], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 3)])
+def test_eigh_gradient_through_a_symmetric_argument(shape):
+    """Eigenvalues and eigenvectors (through a cotangent on both) of ``x x^T + n I``; second order too."""
+    fn = _through_spd(op.eigh, shape)
     x = RNG.standard_normal(shape)
     check_grad(fn, [x], rtol=1e-6, atol=1e-7)
     check_second_order(fn, [x], rtol=1e-5, atol=1e-6)

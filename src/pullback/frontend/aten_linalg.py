@@ -1,5 +1,5 @@
 """ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
-determinants, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
+determinants, ``eigh``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
 
 The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
 ``aten._linalg_check_errors``, an operator threaded through an effect token. pullback's kernels raise on the
@@ -149,6 +149,13 @@ def _householder_product(cx, a, tau):
     if tuple(cx.shape_of(q)) != tuple(shape[:-2]) + (m, m):
         q = expand_to(cx, q, tuple(shape[:-2]) + (m, m))
     return _op("strided_slice")(q, (0,), (n,), axes=(-1,))
+
+
+@aten("aten._linalg_eigh.default")
+def _eigh(cx, a, UPLO="L", compute_v=True):
+    """``torch.linalg.eigh``/``eigvalsh``: the eigenvectors' signs are pullback's (``ops.linalg.eigh``)."""
+    res = _op("eigh")(a if UPLO == "L" else _mT(cx, a))
+    return [TupleGetItem(res, 0), TupleGetItem(res, 1) if compute_v else None]
 
 
 @aten("aten._linalg_det.default")

@@ -67,7 +67,7 @@ ALIASES: dict[str, tuple] = {
     "median": ("median",), "kthvalue": ("kthvalue",), "erfinv": ("erfinv",), "special_ndtri": ("special.ndtri",),
     "special_log_ndtr": ("special.log_ndtr",), "i0": ("i0",), "special_i0e": ("special.i0e",),
     "special_i1": ("special.i1",), "special_i1e": ("special.i1e",), "searchsorted": ("searchsorted",),
-    "bucketize": ("bucketize",),
+    "bucketize": ("bucketize",), "_linalg_eigh": ("linalg.eigvalsh",),  # eigh: eigenvector signs are pullback's
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

@@ -2,7 +2,7 @@
 
 ``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1) take Relay's
 ``transpose_a`` / ``transpose_b`` flags (``batch_matmul`` defaults to ``transpose_b=True`` like Relay).
-``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet`` and ``matrix_exp`` work on stacks of
+``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet``, ``matrix_exp`` and ``eigh`` work on stacks of
 matrices (``torch.linalg``'s operators). Every gradient is written with these operators, so second
 derivatives work.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..ir.errors import PullbackError
-from ..ir.expr import Call, Expr
+from ..ir.expr import Call, Expr, TupleGetItem, const
 from ..ir.types import ALL_DTYPES, Any, TensorType, TupleType
 from . import elemwise as E
 from . import layout as T
@@ -359,3 +361,61 @@ matrix_exp = defop("matrix_exp", 1, _square_infer("matrix_exp"), kernel=lambda x
                    dtypes=LINALG_DTYPES,
                    doc="The matrix exponential of each matrix (SciPy on numpy; ``torch.linalg.matrix_exp``; "
                        "``jax.scipy.linalg.expm``): orthogonal parametrizations, continuous-time models.")
+
+
+def _eigh_infer(arg_types, attrs):
+    a = _square("eigh", arg_types)
+    return TupleType((TensorType(a.shape[:-1], a.dtype), a))
+
+
+def canonical_signs(xp, v):
+    """``v``'s columns (eigenvectors) each times the sign of its entry of largest magnitude (the first such),
+    so that every target gives the same eigenvectors (LAPACK implementations choose signs differently)."""
+    if 0 in v.shape:
+        return v
+    top = xp.take_along_axis(v, xp.argmax(xp.abs(v), axis=-2, keepdims=True), axis=-2)
+    one = xp.ones_like(top)
+    return v * xp.where(top < 0, -one, one)
+
+
+def _eigh(xp, a, attrs=None):
+    w, v = xp.linalg.eigh(a)
+    return w, canonical_signs(xp, v)
+
+
+def _eigh_jax(a, attrs=None):
+    import jax.numpy as jnp
+    from jax import lax
+
+    v, w = lax.linalg.eigh(a, lower=True, symmetrize_input=False)
+    return w, canonical_signs(jnp, v)
+
+
+def _eigh_grad(call: Call, g: Expr):
+    """PyTorch's rule: ``A_bar = V (diag(w_bar) + skew(V^T V_bar) / E) V^T``, ``E_ij = w_j - w_i`` (1 on the
+    diagonal, where the skew part is 0); the eigenvectors' term needs distinct eigenvalues, as in PyTorch."""
+    a = call.args[0]
+    w, v = TupleGetItem(call, 0), TupleGetItem(call, 1)
+    gw, gv = nonzero(field(g, 0)), nonzero(field(g, 1))
+    if gw is None and gv is None:
+        return [None]
+    n = a.checked_type.shape[-1]
+    if n is Any:
+        raise PullbackError(f"the gradient of eigh needs a static matrix size, got {a.checked_type}")
+    eye = const(np.eye(n, dtype=a.checked_type.dtype))
+    inner = None
+    if gv is not None:
+        vgv = mm(v, gv, ta=True)
+        gaps = E.add(E.subtract(T.expand_dims(w, -2), T.expand_dims(w, -1)), eye)
+        inner = E.divide(E.multiply(E.subtract(vgv, _mT(vgv)), scalar(0.5, a)), gaps)
+    if gw is not None:
+        diag = E.multiply(eye, T.expand_dims(gw, -2))
+        inner = diag if inner is None else E.add(inner, diag)
+    return [mm(mm(v, inner), v, tb=True)]
+
+
+eigh = defop("eigh", 1, _eigh_infer, kernel=_eigh, impls={"jax": _eigh_jax}, grad=_eigh_grad,
+             pattern=FusionKind.OPAQUE, flops=_cubic_flops(9), torch_name="linalg_eigh", dtypes=LINALG_DTYPES,
+             doc="``a -> (eigenvalues, eigenvectors)`` of symmetric matrices (the lower triangle is read), the "
+                 "eigenvalues ascending, each eigenvector's entry of largest magnitude positive (the same on "
+                 "every target; eager PyTorch keeps its LAPACK's signs).")
