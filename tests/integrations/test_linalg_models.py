@@ -188,3 +188,36 @@ class SpectralPenalty(nn.Module):
 def test_spectral_losses_train_like_eager(target):
     torch.manual_seed(5)
     _train_like_eager(SpectralPenalty(), (torch.randn(6, 4, dtype=torch.float64),), target, steps=3, lr=0.05)
+
+
+class LowRank(nn.Module):
+    """Singular values and vectors in a loss: a nuclear-norm regularizer, the spectral norm, a least-squares
+    fit by the pseudo-inverse, and a reconstruction from the top singular pair (signs cancel in the product)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 4, dtype=torch.float64))
+
+    def forward(self, x, y):
+        u, s, vh = torch.linalg.svd(self.weight, full_matrices=False)
+        top = s[0] * u[:, :1] @ vh[:1]
+        fit = torch.linalg.pinv(x) @ y
+        return (torch.linalg.matrix_norm(self.weight, "nuc") + torch.linalg.matrix_norm(self.weight, 2)
+                + (x @ top.T).square().mean() + (self.weight[:4] - fit).square().sum() + torch.linalg.svdvals(x).sum())
+
+
+def test_svd_losses_train_like_eager(target):
+    torch.manual_seed(6)
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    _train_like_eager(LowRank(), (x, y), target, steps=3, lr=0.02)
+
+
+class FullSVD(nn.Module):
+    def forward(self, a):
+        u, s, vh = torch.linalg.svd(a)  # full_matrices=True: U is 5x5 for a 5x3 matrix
+        return u.sum() + s.sum()
+
+
+def test_full_singular_vectors_of_a_non_square_matrix_are_refused_with_the_fix():
+    with pytest.raises(PullbackError, match=r"full_matrices=True of a 5x3 matrix.*full_matrices=False"):
+        pb_compile(FullSVD(), (torch.randn(5, 3, dtype=torch.float64),), target="numpy")(torch.randn(5, 3, dtype=torch.float64))

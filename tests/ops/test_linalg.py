@@ -1,4 +1,4 @@
-"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp, eigh): forward and vjp against
+"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp, eigh, svd, pinv): forward and vjp against
 PyTorch, gradient rules against finite differences, second order, kernels on every namespace.
 
 ``cholesky`` and ``eigh`` read the lower triangle of a matrix that is symmetric by contract, and their rules
@@ -59,6 +59,17 @@ def eigh_canonical(a):
     return w, canonical_signs(xp, v)
 
 
+def svd_canonical(a):
+    import array_api_compat.torch as xp
+    import torch
+
+    from pullback.ops.linalg import _column_signs
+
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    signs = _column_signs(xp, u).detach()
+    return u * signs, s, vh * signs.mT
+
+
 def tril(k=0):
     return lambda x: __import__("torch").tril(x, k)
 
@@ -94,6 +105,17 @@ CASES = [
     case("matrix_exp", normal(2, 3, 3), torch=L("matrix_exp"), id="matrix_exp-batched"),
     case("eigh", spd(4, 4), torch=eigh_canonical, fd=False),
     case("eigh", spd(2, 3, 3) - 4 * np.eye(3), torch=eigh_canonical, fd=False, id="eigh-batched-indefinite"),
+    case("svd", normal(4, 4), torch=svd_canonical),
+    case("svd", normal(2, 5, 3), torch=svd_canonical, id="svd-tall-batched"),
+    case("svd", normal(3, 5), torch=svd_canonical, id="svd-wide"),
+    case("pinv", normal(4, 4), torch=L("pinv")),
+    case("pinv", normal(2, 5, 3), torch=L("pinv"), id="pinv-tall-batched"),
+    case("pinv", normal(3, 5), torch=L("pinv"), id="pinv-wide"),
+    # pinv jumps where the rank changes: at a rank-deficient matrix, or with singular values cut by the
+    # tolerances, finite differences leave the constant-rank set that PyTorch's rule differentiates along
+    case("pinv", normal(4, 2) @ normal(2, 5), torch=L("pinv"), fd=False, id="pinv-rank-2"),
+    case("pinv", normal(3, 4), attrs=dict(atol=0.5, rtol=0.1), torch=L("pinv", atol=0.5, rtol=0.1), fd=False,
+         id="pinv-tolerances"),
     case("cholesky", spd(4, 4), torch=L("cholesky"), fd=False),
     case("cholesky", spd(2, 3, 3), torch=L("cholesky"), fd=False, id="cholesky-batched"),
 ]

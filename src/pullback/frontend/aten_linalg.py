@@ -1,5 +1,5 @@
 """ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
-determinants, ``eigh``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
+determinants, ``eigh``, ``svd``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
 
 The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
 ``aten._linalg_check_errors``, an operator threaded through an effect token. pullback's kernels raise on the
@@ -15,7 +15,8 @@ import numpy as np
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, TupleGetItem, const
 from ..ops.common import broadcast_shapes
-from .aten_table import _op, aten, expand_to, static
+from ..ops.linalg import mm
+from .aten_table import _op, as_dtype, aten, expand_to, scalar, static
 
 CHECK_ERRORS = "aten._linalg_check_errors.default"
 
@@ -156,6 +157,47 @@ def _eigh(cx, a, UPLO="L", compute_v=True):
     """``torch.linalg.eigh``/``eigvalsh``: the eigenvectors' signs are pullback's (``ops.linalg.eigh``)."""
     res = _op("eigh")(a if UPLO == "L" else _mT(cx, a))
     return [TupleGetItem(res, 0), TupleGetItem(res, 1) if compute_v else None]
+
+
+@aten("aten._linalg_svd.default")
+def _svd(cx, a, full_matrices=False, compute_uv=True, driver=None):
+    """``torch.linalg.svd``/``svdvals`` (and ``matrix_norm``'s 2 and nuclear norms): the reduced factors, their
+    signs pullback's (``ops.linalg.svd``)."""
+    m, n = cx.shape_of(a)[-2:]
+    compute_uv = compute_uv and any(user.args[1] != 1 for user in cx.node.users)  # autograd's factors: unused
+    if compute_uv and full_matrices and m != n:
+        raise PullbackError(f"svd with full_matrices=True of a {m}x{n} matrix is not supported (the extra singular "
+                            "vectors have no gradient): use torch.linalg.svd(A, full_matrices=False)")
+    res = _op("svd")(a)
+    s = TupleGetItem(res, 1)
+    return [TupleGetItem(res, 0), s, TupleGetItem(res, 2)] if compute_uv else [None, s, None]
+
+
+@aten("aten.linalg_pinv.atol_rtol_tensor", "aten.linalg_pinv.atol_rtol_float")
+def _pinv(cx, a, atol=None, rtol=None, hermitian=False):
+    """``V diag(1/s) U^T`` over the singular values above ``max(atol, rtol * s_max)`` (PyTorch's defaults: rtol
+    ``eps * max(m, n)`` when neither is given, 0 when only atol is): the ``pinv`` operator, or with tolerances
+    given as tensors, through ``svd`` (whose gradient needs distinct singular values)."""
+    if not isinstance(atol, Expr) and not isinstance(rtol, Expr):  # the operator, whose gradient is finite at any rank
+        return _op("pinv")(a, 0.0 if atol is None else float(atol), None if rtol is None else float(rtol))
+    dt = cx.dtype_of(a)
+    m, n = cx.shape_of(a)[-2:]
+    if 0 in (m, n):
+        return _op("zeros")(tuple(cx.out_shape), dt)
+    if rtol is None:
+        rtol = float(np.finfo(dt).eps) * max(m, n) if atol is None else 0.0
+    def per_matrix(t):  # a tolerance of the batch's shape, against each matrix's singular values
+        t = as_dtype(cx, t, dt)
+        return _op("expand_dims")(t, -1) if cx.ndim_of(t) else t
+
+    res = _op("svd")(a)
+    u, sv, vh = (TupleGetItem(res, i) for i in range(3))
+    tol = _op("multiply")(_op("max")(sv, (-1,), True), per_matrix(rtol))
+    if atol is not None:
+        tol = _op("maximum")(tol, per_matrix(atol))
+    kept = _op("greater")(sv, tol)
+    inv_s = _op("where")(kept, _op("divide")(scalar(1.0, dt), _op("where")(kept, sv, scalar(1.0, dt))), scalar(0.0, dt))
+    return mm(_op("multiply")(_mT(cx, vh), _op("expand_dims")(inv_s, -2)), u, tb=True)
 
 
 @aten("aten._linalg_det.default")

@@ -67,7 +67,9 @@ ALIASES: dict[str, tuple] = {
     "median": ("median",), "kthvalue": ("kthvalue",), "erfinv": ("erfinv",), "special_ndtri": ("special.ndtri",),
     "special_log_ndtr": ("special.log_ndtr",), "i0": ("i0",), "special_i0e": ("special.i0e",),
     "special_i1": ("special.i1",), "special_i1e": ("special.i1e",), "searchsorted": ("searchsorted",),
-    "bucketize": ("bucketize",), "_linalg_eigh": ("linalg.eigvalsh",),  # eigh: eigenvector signs are pullback's
+    "bucketize": ("bucketize",), "_linalg_eigh": ("linalg.eigvalsh",),  # eigh, svd: singular vector signs are pullback's
+    "_linalg_svd": ("linalg.svdvals", "linalg.matrix_norm", "nuclear_norm"),
+    "linalg_pinv": ("linalg.pinv", "linalg.pinv.hermitian", "pinverse"),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

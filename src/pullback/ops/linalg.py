@@ -2,7 +2,8 @@
 
 ``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1) take Relay's
 ``transpose_a`` / ``transpose_b`` flags (``batch_matmul`` defaults to ``transpose_b=True`` like Relay).
-``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet``, ``matrix_exp`` and ``eigh`` work on stacks of
+``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet``, ``matrix_exp``, ``eigh``, ``svd`` and ``pinv``
+work on stacks of
 matrices (``torch.linalg``'s operators). Every gradient is written with these operators, so second
 derivatives work.
 """
@@ -10,10 +11,11 @@ derivatives work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-from ..ir.errors import PullbackError
+from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr, TupleGetItem, const
 from ..ir.types import ALL_DTYPES, Any, TensorType, TupleType
 from . import elemwise as E
@@ -368,14 +370,17 @@ def _eigh_infer(arg_types, attrs):
     return TupleType((TensorType(a.shape[:-1], a.dtype), a))
 
 
-def canonical_signs(xp, v):
-    """``v``'s columns (eigenvectors) each times the sign of its entry of largest magnitude (the first such),
-    so that every target gives the same eigenvectors (LAPACK implementations choose signs differently)."""
-    if 0 in v.shape:
-        return v
+def _column_signs(xp, v):
+    """Per column of ``v`` (..., 1, k): the sign of its entry of largest magnitude (the first such)."""
     top = xp.take_along_axis(v, xp.argmax(xp.abs(v), axis=-2, keepdims=True), axis=-2)
     one = xp.ones_like(top)
-    return v * xp.where(top < 0, -one, one)
+    return xp.where(top < 0, -one, one)
+
+
+def canonical_signs(xp, v):
+    """``v``'s columns (eigenvectors) each times the sign of its entry of largest magnitude, so that every
+    target gives the same eigenvectors (LAPACK implementations choose signs differently)."""
+    return v if 0 in v.shape else v * _column_signs(xp, v)
 
 
 def _eigh(xp, a, attrs=None):
@@ -419,3 +424,134 @@ eigh = defop("eigh", 1, _eigh_infer, kernel=_eigh, impls={"jax": _eigh_jax}, gra
              doc="``a -> (eigenvalues, eigenvectors)`` of symmetric matrices (the lower triangle is read), the "
                  "eigenvalues ascending, each eigenvector's entry of largest magnitude positive (the same on "
                  "every target; eager PyTorch keeps its LAPACK's signs).")
+
+
+def _svd_infer(arg_types, attrs):
+    a = _matrices("svd", arg_types, 0)
+    if a.dtype not in LINALG_DTYPES:
+        raise type_error("svd", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
+    *batch, m, n = a.shape
+    k = Any if Any in (m, n) else min(m, n)
+    batch = tuple(batch)
+    return TupleType((TensorType(batch + (m, k), a.dtype), TensorType(batch + (k,), a.dtype),
+                      TensorType(batch + (k, n), a.dtype)))
+
+
+def _svd(xp, a, attrs=None):
+    u, s, vh = xp.linalg.svd(a, full_matrices=False)
+    if 0 in u.shape or 0 in vh.shape:
+        return u, s, vh
+    signs = _column_signs(xp, u)
+    return u * signs, s, vh * xp.matrix_transpose(signs)
+
+
+def _svd_grad(call: Call, g: Expr):
+    """PyTorch's rule (``svd_backward``), reduced factors: the off-diagonal part
+    ``(skew(U^T U_bar) S + S skew(V^T V_bar)) / E`` (``E_jk = s_k^2 - s_j^2``), the singular values' cotangent on the
+    diagonal, and the projections onto the complements of ``U`` and ``V`` for non-square matrices."""
+    a = call.args[0]
+    m, n = a.checked_type.shape[-2:]
+    if Any in (m, n):
+        raise PullbackError(f"the gradient of svd needs static matrix sizes, got {a.checked_type}")
+    k = min(m, n)
+    u, sv, vh = (TupleGetItem(call, i) for i in range(3))
+    gu, gs, gvh = (nonzero(field(g, i)) for i in range(3))
+    if gu is None and gs is None and gvh is None:
+        return [None]
+    eye = const(np.eye(k, dtype=a.checked_type.dtype))
+    row, col = T.expand_dims(sv, -2), T.expand_dims(sv, -1)  # s_k along rows, s_j along columns
+    inner = None
+    if gu is not None or gvh is not None:
+        s2 = E.multiply(sv, sv)
+        gaps = E.add(E.subtract(T.expand_dims(s2, -2), T.expand_dims(s2, -1)), eye)
+        terms = []
+        if gu is not None:
+            ugu = mm(u, gu, ta=True)
+            terms.append(E.multiply(E.subtract(ugu, _mT(ugu)), row))
+        if gvh is not None:
+            vgv = mm(vh, gvh, tb=True)  # V^T V_bar with V = Vh^T, V_bar = Vh_bar^T
+            terms.append(E.multiply(col, E.subtract(vgv, _mT(vgv))))
+        inner = E.divide(terms[0] if len(terms) == 1 else E.add(*terms), gaps)
+    if gs is not None:
+        diag = E.multiply(eye, T.expand_dims(gs, -2))
+        inner = diag if inner is None else E.add(inner, diag)
+    if inner is None:
+        inner = T.zeros_like(mm(u, u, ta=True))
+    if m > k and gu is not None:  # (U inner + (I - U U^T) gU S^-1) V^T
+        gus = E.divide(gu, row)
+        left = E.add(mm(u, inner), E.subtract(gus, mm(u, mm(u, gus, ta=True))))
+        return [mm(left, vh)]
+    if n > k and gvh is not None:  # U (inner V^T + S^-1 gV^T (I - V V^T))
+        gvs = E.divide(gvh, col)  # (S^-1 gV^T) = gVh / s_j by rows
+        right = E.add(mm(inner, vh), E.subtract(gvs, mm(mm(gvs, vh, tb=True), vh)))
+        return [mm(u, right)]
+    return [mm(mm(u, inner), vh)]
+
+
+svd = defop("svd", 1, _svd_infer, kernel=_svd, grad=_svd_grad, pattern=FusionKind.OPAQUE,
+            flops=lambda ts, out, attrs: int(4 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+            torch_name="linalg_svd", dtypes=LINALG_DTYPES,
+            doc="``a -> (U, S, Vh)``, the reduced singular value decomposition (``a = U diag(S) Vh``, ``S`` "
+                "descending), each column of ``U`` with its entry of largest magnitude positive (the row of "
+                "``Vh`` flipped with it), the same on every target.")
+
+
+@dataclass(frozen=True)
+class PinvAttrs:
+    """Singular values at most ``max(atol, rtol * s_max)`` count as zero (``rtol`` None: ``eps * max(m, n)``
+    when ``atol`` is 0, else 0: PyTorch's defaults)."""
+
+    atol: float = 0.0
+    rtol: Optional[float] = None
+
+    def __post_init__(self):
+        for name in ("atol", "rtol"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or v < 0):
+                raise AttrError(f"attribute {name} must be a non-negative number, got {v!r}")
+
+
+def _pinv_infer(arg_types, attrs):
+    a = _matrices("pinv", arg_types, 0)
+    if a.dtype not in LINALG_DTYPES:
+        raise type_error("pinv", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
+    return TensorType(a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+
+
+def _pinv(xp, a, attrs):
+    m, n = a.shape[-2:]
+    if 0 in (m, n):
+        return xp.zeros(a.shape[:-2] + (n, m), dtype=a.dtype)
+    rtol = attrs.rtol
+    if rtol is None:
+        rtol = float(np.finfo(str(a.dtype).split(".")[-1]).eps) * max(m, n) if attrs.atol == 0 else 0.0
+    u, s, vh = xp.linalg.svd(a, full_matrices=False)
+    tol = xp.maximum(xp.max(s, axis=-1, keepdims=True) * rtol, xp.asarray(attrs.atol, dtype=s.dtype))
+    kept = s > tol
+    inv_s = xp.where(kept, 1 / xp.where(kept, s, xp.ones_like(s)), xp.zeros_like(s))
+    return xp.matmul(xp.matrix_transpose(vh) * inv_s[..., None, :], xp.matrix_transpose(u))
+
+
+def _pinv_grad(call: Call, g: Expr):
+    """PyTorch's ``pinv_backward`` (Golub and Pereyra 1973), right where the rank is locally constant: no
+    singular-value gaps, so rank-deficient matrices have a finite gradient."""
+    a, p = call.args[0], call
+    m, n = a.checked_type.shape[-2:]
+    if m is not Any and n is not Any and m <= n:
+        k = mm(g, p, ta=True)  # G^T P
+        kp = mm(k, p, tb=True)  # K P^T
+        ga = E.add(E.subtract(kp, _mT(mm(p, k))), E.subtract(
+            mm(mm(p, p, ta=True), E.subtract(_mT(g), mm(k, a))), mm(mm(a, p), kp)))
+    else:
+        k = mm(p, g, tb=True)  # P G^T
+        pk = mm(p, k, ta=True)  # P^T K
+        ga = E.add(E.subtract(mm(mm(E.subtract(_mT(g), mm(a, k)), p), p, tb=True), _mT(mm(k, p))),
+                   E.subtract(pk, mm(mm(pk, p), a)))
+    return [ga]
+
+
+pinv = defop("pinv", 1, _pinv_infer, kernel=_pinv, attrs_type=PinvAttrs, grad=_pinv_grad, pattern=FusionKind.OPAQUE,
+             flops=lambda ts, out, attrs: int(6 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+             torch_name="linalg_pinv", dtypes=LINALG_DTYPES,
+             doc="The Moore-Penrose pseudo-inverse through the SVD, singular values under the tolerance dropped; "
+                 "its gradient is finite for rank-deficient matrices.")
