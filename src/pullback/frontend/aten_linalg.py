@@ -1,5 +1,6 @@
 """ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
-determinants, ``eigh``, ``svd``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``, ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, Gaussian likelihoods).
+determinants, ``eigh``, ``svd``, ``pinv``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``,
+``torch.tril``/``triu`` (Gaussian processes, normalizing flows, orthogonal parametrizations, spectral losses).
 
 The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
 ``aten._linalg_check_errors``, an operator threaded through an effect token. pullback's kernels raise on the
@@ -15,7 +16,7 @@ import numpy as np
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, TupleGetItem, const
 from ..ops.common import broadcast_shapes
-from ..ops.linalg import mm
+from ..ops.linalg import mT, mm
 from .aten_table import _op, as_dtype, aten, expand_to, scalar, static
 
 CHECK_ERRORS = "aten._linalg_check_errors.default"
@@ -47,11 +48,6 @@ def _same_batch(cx, a: Expr, b: Expr) -> tuple:
     return expand_to(cx, a, batch + sa[-2:]), expand_to(cx, b, batch + sb[-2:])
 
 
-def _mT(cx, x: Expr) -> Expr:
-    r = cx.ndim_of(x)
-    return _op("transpose")(x, tuple(range(r - 2)) + (r - 1, r - 2))
-
-
 @aten("aten.tril.default", "aten.triu.default")
 def _trilu(cx, x, diagonal=0):
     return _op("trilu")(x, int(diagonal), str(cx.node.target) == "aten.triu.default")
@@ -60,7 +56,7 @@ def _trilu(cx, x, diagonal=0):
 @aten("aten.cholesky.default")
 def _cholesky(cx, a, upper=False):
     low = _op("cholesky")(a)
-    return _mT(cx, low) if upper else low
+    return mT(low) if upper else low
 
 
 @aten("aten.linalg_cholesky_ex.default")
@@ -78,9 +74,9 @@ def _solve_triangular(cx, a, b, upper, left=True, unitriangular=False):
 def _cholesky_solve(cx, b, factor, upper=False):
     """``A^-1 B`` for ``A = L L^T`` (``U^T U`` when ``upper``): two triangular solves."""
     factor, b = _same_batch(cx, factor, b)
-    low = _mT(cx, factor) if upper else factor
+    low = mT(factor) if upper else factor
     y = _op("solve_triangular")(low, b, upper=False)
-    return _op("solve_triangular")(_mT(cx, low), y, upper=True)
+    return _op("solve_triangular")(mT(low), y, upper=True)
 
 
 @aten("aten.cholesky_inverse.default")
@@ -102,11 +98,11 @@ def _solve_ex(cx, a, b, left=True, check_errors=False):
     if vector:
         b = _op("expand_dims")(b, -1)
     if not left:  # X A = B  <=>  A^T X^T = B^T
-        a, b = _mT(cx, a), _mT(cx, b)
+        a, b = mT(a), mT(b)
     a, b = _same_batch(cx, a, b)
     x = _op("solve")(a, b)
     if not left:
-        x = _mT(cx, x)
+        x = mT(x)
     if vector:
         x = _op("squeeze")(x, (-1,))
     return [x, None, None, _info(cx, a)]
@@ -143,7 +139,7 @@ def _householder_product(cx, a, tau):
         unit[i] = 1
         col = _op("strided_slice")(a, (i,), (i + 1,), axes=(-1,))
         v = _op("add")(_op("multiply")(col, const(below)), const(unit))  # (..., m, 1)
-        vt = _mT(cx, v)
+        vt = mT(v)
         qv = _op("sum")(_op("multiply")(q, vt), (-1,), True)  # Q v, (..., m, 1)
         t = _op("expand_dims")(_op("strided_slice")(tau, (i,), (i + 1,), axes=(-1,)), -1)  # (..., 1, 1)
         q = _op("subtract")(q, _op("multiply")(t, _op("multiply")(qv, vt)))
@@ -155,7 +151,7 @@ def _householder_product(cx, a, tau):
 @aten("aten._linalg_eigh.default")
 def _eigh(cx, a, UPLO="L", compute_v=True):
     """``torch.linalg.eigh``/``eigvalsh``: the eigenvectors' signs are pullback's (``ops.linalg.eigh``)."""
-    res = _op("eigh")(a if UPLO == "L" else _mT(cx, a))
+    res = _op("eigh")(a if UPLO == "L" else mT(a))
     return [TupleGetItem(res, 0), TupleGetItem(res, 1) if compute_v else None]
 
 
@@ -186,6 +182,7 @@ def _pinv(cx, a, atol=None, rtol=None, hermitian=False):
         return _op("zeros")(tuple(cx.out_shape), dt)
     if rtol is None:
         rtol = float(np.finfo(dt).eps) * max(m, n) if atol is None else 0.0
+
     def per_matrix(t):  # a tolerance of the batch's shape, against each matrix's singular values
         t = as_dtype(cx, t, dt)
         return _op("expand_dims")(t, -1) if cx.ndim_of(t) else t
@@ -197,7 +194,7 @@ def _pinv(cx, a, atol=None, rtol=None, hermitian=False):
         tol = _op("maximum")(tol, per_matrix(atol))
     kept = _op("greater")(sv, tol)
     inv_s = _op("where")(kept, _op("divide")(scalar(1.0, dt), _op("where")(kept, sv, scalar(1.0, dt))), scalar(0.0, dt))
-    return mm(_op("multiply")(_mT(cx, vh), _op("expand_dims")(inv_s, -2)), u, tb=True)
+    return mm(_op("multiply")(mT(vh), _op("expand_dims")(inv_s, -2)), u, tb=True)
 
 
 @aten("aten._linalg_det.default")

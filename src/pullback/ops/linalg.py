@@ -174,7 +174,7 @@ def _cubic_flops(scale: float):
     return lambda ts, out, attrs: int(scale * _batch(ts[0]) * numel(ts[0].shape[-1:]) ** 3)
 
 
-def _mT(x: Expr) -> Expr:
+def mT(x: Expr) -> Expr:
     """The matrices of ``x`` transposed."""
     r = x.checked_type.ndim
     return T.transpose(x, tuple(range(r - 2)) + (r - 1, r - 2))
@@ -209,9 +209,9 @@ def _cholesky_grad(call: Call, g: Expr):
     low = call
     p = mm(low, g, ta=True)
     phi = E.multiply(E.add(trilu(p, 0, False), trilu(p, -1, False)), scalar(0.5, low))
-    x = solve_triangular(_mT(low), phi, upper=True)
+    x = solve_triangular(mT(low), phi, upper=True)
     ga = solve_triangular(low, x, upper=False, left=False)
-    return [E.multiply(E.add(ga, _mT(ga)), scalar(0.5, low))]
+    return [E.multiply(E.add(ga, mT(ga)), scalar(0.5, low))]
 
 
 def _cholesky_jax(a, attrs=None):
@@ -269,7 +269,7 @@ def _solve_triangular_jax(a, b, attrs):
 def _solve_triangular_grad(call: Call, g: Expr):
     a, _ = call.args
     up, left, unit = call.attrs.upper, call.attrs.left, call.attrs.unitriangular
-    gb = solve_triangular(_mT(a), g, upper=not up, left=left, unitriangular=unit)
+    gb = solve_triangular(mT(a), g, upper=not up, left=left, unitriangular=unit)
     ga = E.negative(mm(gb, call, tb=True) if left else mm(call, gb, ta=True))
     return [trilu(ga, (1 if up else -1) if unit else 0, up), gb]
 
@@ -286,7 +286,7 @@ solve_triangular = defop(
 
 def _solve_grad(call: Call, g: Expr):
     a, _ = call.args
-    gb = solve(_mT(a), g)
+    gb = solve(mT(a), g)
     return [E.negative(mm(gb, call, tb=True)), gb]
 
 
@@ -324,7 +324,7 @@ def _slogdet_grad(call: Call, g: Expr):
     glad = nonzero(field(g, 1))
     if glad is None:
         return [None]
-    return [_scale_matrices(glad, _mT(inv(call.args[0])))]
+    return [_scale_matrices(glad, mT(inv(call.args[0])))]
 
 
 slogdet = defop("slogdet", 1, _slogdet_infer, kernel=_slogdet, grad=_slogdet_grad, pattern=FusionKind.OPAQUE,
@@ -340,7 +340,7 @@ def _matrix_exp_grad(call: Call, g: Expr):
     n = a.checked_type.shape[-1]
     if n is Any:
         raise PullbackError(f"the gradient of matrix_exp needs a static matrix size, got {a.checked_type}")
-    at = _mT(a)
+    at = mT(a)
     block = concatenate([concatenate([at, g], -1), concatenate([T.zeros_like(a), at], -1)], -2)
     return [strided_slice(matrix_exp(block), (0, n), (n, 2 * n), axes=(-2, -1))]
 
@@ -412,7 +412,7 @@ def _eigh_grad(call: Call, g: Expr):
     if gv is not None:
         vgv = mm(v, gv, ta=True)
         gaps = E.add(E.subtract(T.expand_dims(w, -2), T.expand_dims(w, -1)), eye)
-        inner = E.divide(E.multiply(E.subtract(vgv, _mT(vgv)), scalar(0.5, a)), gaps)
+        inner = E.divide(E.multiply(E.subtract(vgv, mT(vgv)), scalar(0.5, a)), gaps)
     if gw is not None:
         diag = E.multiply(eye, T.expand_dims(gw, -2))
         inner = diag if inner is None else E.add(inner, diag)
@@ -467,10 +467,10 @@ def _svd_grad(call: Call, g: Expr):
         terms = []
         if gu is not None:
             ugu = mm(u, gu, ta=True)
-            terms.append(E.multiply(E.subtract(ugu, _mT(ugu)), row))
+            terms.append(E.multiply(E.subtract(ugu, mT(ugu)), row))
         if gvh is not None:
             vgv = mm(vh, gvh, tb=True)  # V^T V_bar with V = Vh^T, V_bar = Vh_bar^T
-            terms.append(E.multiply(col, E.subtract(vgv, _mT(vgv))))
+            terms.append(E.multiply(col, E.subtract(vgv, mT(vgv))))
         inner = E.divide(terms[0] if len(terms) == 1 else E.add(*terms), gaps)
     if gs is not None:
         diag = E.multiply(eye, T.expand_dims(gs, -2))
@@ -540,12 +540,12 @@ def _pinv_grad(call: Call, g: Expr):
     if m is not Any and n is not Any and m <= n:
         k = mm(g, p, ta=True)  # G^T P
         kp = mm(k, p, tb=True)  # K P^T
-        ga = E.add(E.subtract(kp, _mT(mm(p, k))), E.subtract(
-            mm(mm(p, p, ta=True), E.subtract(_mT(g), mm(k, a))), mm(mm(a, p), kp)))
+        ga = E.add(E.subtract(kp, mT(mm(p, k))), E.subtract(
+            mm(mm(p, p, ta=True), E.subtract(mT(g), mm(k, a))), mm(mm(a, p), kp)))
     else:
         k = mm(p, g, tb=True)  # P G^T
         pk = mm(p, k, ta=True)  # P^T K
-        ga = E.add(E.subtract(mm(mm(E.subtract(_mT(g), mm(a, k)), p), p, tb=True), _mT(mm(k, p))),
+        ga = E.add(E.subtract(mm(mm(E.subtract(mT(g), mm(a, k)), p), p, tb=True), mT(mm(k, p))),
                    E.subtract(pk, mm(mm(pk, p), a)))
     return [ga]
 
