@@ -158,7 +158,6 @@ CASES = {
 EXPECTED = {
     "logcumsumexp": "not converted yet (aten.logcumsumexp)",
     "cummax": "not converted yet (aten.cummax)",
-    "qr": "not converted yet (aten.linalg_qr)",
     "put": "not converted yet (aten.put)",
     "polar": "not converted yet (aten.polar)",
     "gammainc": "not converted yet (aten.igamma)",

@@ -221,3 +221,20 @@ class FullSVD(nn.Module):
 def test_full_singular_vectors_of_a_non_square_matrix_are_refused_with_the_fix():
     with pytest.raises(PullbackError, match=r"full_matrices=True of a 5x3 matrix.*full_matrices=False"):
         pb_compile(FullSVD(), (torch.randn(5, 3, dtype=torch.float64),), target="numpy")(torch.randn(5, 3, dtype=torch.float64))
+
+
+class QROrthogonal(nn.Module):
+    """A layer whose weight is the Q factor of a parameter (orthonormal columns), and R's log-diagonal."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 4, dtype=torch.float64))
+
+    def forward(self, x):
+        q, r = torch.linalg.qr(self.weight)
+        return (x @ q.T).tanh().square().mean() + torch.diagonal(r).abs().log().sum() * 0.1
+
+
+def test_qr_losses_train_like_eager(target):
+    torch.manual_seed(7)
+    _train_like_eager(QROrthogonal(), (torch.randn(5, 4, dtype=torch.float64),), target, steps=3, lr=0.1)

@@ -1,4 +1,5 @@
-"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp, eigh, svd, pinv): forward and vjp against
+"""Linear-algebra operators (trilu, cholesky, solve_triangular, solve, inv, slogdet, matrix_exp, eigh, svd, pinv,
+qr): forward and vjp against
 PyTorch, gradient rules against finite differences, second order, kernels on every namespace.
 
 ``cholesky`` and ``eigh`` read the lower triangle of a matrix that is symmetric by contract, and their rules
@@ -116,6 +117,8 @@ CASES = [
     case("pinv", normal(4, 2) @ normal(2, 5), torch=L("pinv"), fd=False, id="pinv-rank-2"),
     case("pinv", normal(3, 4), attrs=dict(atol=0.5, rtol=0.1), torch=L("pinv", atol=0.5, rtol=0.1), fd=False,
          id="pinv-tolerances"),
+    case("qr", normal(4, 4), torch=L("qr")),
+    case("qr", normal(2, 5, 3), torch=L("qr"), id="qr-tall-batched"),
     case("cholesky", spd(4, 4), torch=L("cholesky"), fd=False),
     case("cholesky", spd(2, 3, 3), torch=L("cholesky"), fd=False, id="cholesky-batched"),
 ]

@@ -1,5 +1,5 @@
 """ATen linear-algebra converters: ``torch.linalg``'s Cholesky, triangular and general solves, inverse, (log-)
-determinants, ``eigh``, ``svd``, ``pinv``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``,
+determinants, ``eigh``, ``svd``, ``pinv``, ``qr``, ``matrix_exp``, ``householder_product``, ``torch.cholesky_solve``,
 ``torch.tril``/``triu`` (Gaussian processes, normalizing flows, orthogonal parametrizations, spectral losses).
 
 The ``*_ex`` overloads also return LAPACK's ``info`` (0 on success): torch.export checks it with
@@ -167,6 +167,16 @@ def _svd(cx, a, full_matrices=False, compute_uv=True, driver=None):
     res = _op("svd")(a)
     s = TupleGetItem(res, 1)
     return [TupleGetItem(res, 0), s, TupleGetItem(res, 2)] if compute_uv else [None, s, None]
+
+
+@aten("aten.linalg_qr.default")
+def _qr(cx, a, mode="reduced"):
+    """``torch.linalg.qr``: reduced (``complete`` where it is the same, m <= n) or ``r`` alone."""
+    m, n = cx.shape_of(a)[-2:]
+    if mode == "complete" and m > n:
+        raise PullbackError(f"qr with mode='complete' of a {m}x{n} matrix is not supported: use mode='reduced'")
+    res = _op("qr")(a)
+    return [None if mode == "r" else TupleGetItem(res, 0), TupleGetItem(res, 1)]
 
 
 @aten("aten.linalg_pinv.atol_rtol_tensor", "aten.linalg_pinv.atol_rtol_float")

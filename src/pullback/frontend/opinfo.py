@@ -69,7 +69,7 @@ ALIASES: dict[str, tuple] = {
     "special_i1": ("special.i1",), "special_i1e": ("special.i1e",), "searchsorted": ("searchsorted",),
     "bucketize": ("bucketize",), "_linalg_eigh": ("linalg.eigvalsh",),  # eigh, svd: singular vector signs are pullback's
     "_linalg_svd": ("linalg.svdvals", "linalg.matrix_norm", "nuclear_norm"),
-    "linalg_pinv": ("linalg.pinv", "linalg.pinv.hermitian", "pinverse"),
+    "linalg_pinv": ("linalg.pinv", "linalg.pinv.hermitian", "pinverse"), "linalg_qr": ("linalg.qr", "qr"),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

@@ -2,7 +2,7 @@
 
 ``nn.matmul`` (2-D) and ``nn.batch_matmul`` (3-D, batch dim may broadcast from 1) take Relay's
 ``transpose_a`` / ``transpose_b`` flags (``batch_matmul`` defaults to ``transpose_b=True`` like Relay).
-``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet``, ``matrix_exp``, ``eigh``, ``svd`` and ``pinv``
+``trilu``, ``cholesky``, ``solve_triangular``, ``solve``, ``inv``, ``slogdet``, ``matrix_exp``, ``eigh``, ``svd``, ``pinv`` and ``qr``
 work on stacks of
 matrices (``torch.linalg``'s operators). Every gradient is written with these operators, so second
 derivatives work.
@@ -555,3 +555,42 @@ pinv = defop("pinv", 1, _pinv_infer, kernel=_pinv, attrs_type=PinvAttrs, grad=_p
              torch_name="linalg_pinv", dtypes=LINALG_DTYPES,
              doc="The Moore-Penrose pseudo-inverse through the SVD, singular values under the tolerance dropped; "
                  "its gradient is finite for rank-deficient matrices.")
+
+
+def _qr_infer(arg_types, attrs):
+    a = _matrices("qr", arg_types, 0)
+    if a.dtype not in LINALG_DTYPES:
+        raise type_error("qr", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
+    *batch, m, n = a.shape
+    k = Any if Any in (m, n) else min(m, n)
+    return TupleType((TensorType(tuple(batch) + (m, k), a.dtype), TensorType(tuple(batch) + (k, n), a.dtype)))
+
+
+def _qr(xp, a, attrs=None):
+    q, r = xp.linalg.qr(a, mode="reduced")
+    return q, r
+
+
+def _qr_grad(call: Call, g: Expr):
+    """``A_bar = (Q_bar + Q copyltu(M)) R^-T``, ``M = R R_bar^T - Q_bar^T Q`` (copyltu: the lower triangle
+    mirrored onto the upper); for m >= n, where ``R`` is square (PyTorch's rule there)."""
+    a = call.args[0]
+    m, n = a.checked_type.shape[-2:]
+    if Any in (m, n) or m < n:
+        raise PullbackError(f"the gradient of qr is implemented for m >= n (static sizes), got {a.checked_type}")
+    q, r = TupleGetItem(call, 0), TupleGetItem(call, 1)
+    gq, gr = nonzero(field(g, 0)), nonzero(field(g, 1))
+    if gq is None and gr is None:
+        return [None]
+    terms = ([mm(r, gr, tb=True)] if gr is not None else []) + ([E.negative(mm(gq, q, ta=True))] if gq is not None else [])
+    big_m = terms[0] if len(terms) == 1 else E.add(*terms)
+    copyltu = E.add(trilu(big_m, 0, False), mT(trilu(big_m, -1, False)))
+    b = mm(q, copyltu) if gq is None else E.add(gq, mm(q, copyltu))
+    return [solve_triangular(mT(r), b, upper=False, left=False)]
+
+
+qr = defop("qr", 1, _qr_infer, kernel=_qr, grad=_qr_grad, pattern=FusionKind.OPAQUE,
+           flops=lambda ts, out, attrs: int(4 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+           torch_name="linalg_qr", dtypes=LINALG_DTYPES,
+           doc="``a -> (Q, R)``, the reduced QR decomposition (Householder, LAPACK's signs); its gradient needs "
+               "m >= n.")
