@@ -134,10 +134,31 @@ trilu = defop("trilu", 1, _trilu_infer, kernel=_trilu, attrs_type=TriluAttrs,
                   "of the last two axes, zeros elsewhere (``torch.triu`` / ``torch.tril``).")
 
 
-def _square(name: str, arg_types, i: int = 0) -> TensorType:
+def _float_matrices(name: str, arg_types, i: int = 0) -> TensorType:
+    """Argument ``i``: a stack of float32/float64 matrices (LAPACK's precisions)."""
     t = _matrices(name, arg_types, i)
     if t.dtype not in LINALG_DTYPES:
         raise type_error(name, arg_types, f"argument {i} must be float32 or float64, got {t.dtype}")
+    return t
+
+
+def _factored(name: str, arg_types) -> tuple:
+    """``(a, batch, m, n, k)`` for a factorization of ``a`` (..., m, n) with ``k = min(m, n)``."""
+    a = _float_matrices(name, arg_types)
+    *batch, m, n = a.shape
+    return a, tuple(batch), m, n, (Any if Any in (m, n) else min(m, n))
+
+
+def _factor_flops(scale: float):
+    """``scale * m n min(m, n)`` per matrix (0 when a size is dynamic)."""
+    def flops(ts, out, attrs):
+        m, n = ts[0].shape[-2:]
+        return 0 if Any in (m, n) else int(scale * _batch(ts[0]) * m * n * min(m, n))
+    return flops
+
+
+def _square(name: str, arg_types, i: int = 0) -> TensorType:
+    t = _float_matrices(name, arg_types, i)
     n, m = t.shape[-2:]
     if n is not Any and m is not Any and n != m:
         raise type_error(name, arg_types, f"argument {i} must be a stack of square matrices, got {n}x{m}")
@@ -427,12 +448,7 @@ eigh = defop("eigh", 1, _eigh_infer, kernel=_eigh, impls={"jax": _eigh_jax}, gra
 
 
 def _svd_infer(arg_types, attrs):
-    a = _matrices("svd", arg_types, 0)
-    if a.dtype not in LINALG_DTYPES:
-        raise type_error("svd", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
-    *batch, m, n = a.shape
-    k = Any if Any in (m, n) else min(m, n)
-    batch = tuple(batch)
+    a, batch, m, n, k = _factored("svd", arg_types)
     return TupleType((TensorType(batch + (m, k), a.dtype), TensorType(batch + (k,), a.dtype),
                       TensorType(batch + (k, n), a.dtype)))
 
@@ -489,7 +505,7 @@ def _svd_grad(call: Call, g: Expr):
 
 
 svd = defop("svd", 1, _svd_infer, kernel=_svd, grad=_svd_grad, pattern=FusionKind.OPAQUE,
-            flops=lambda ts, out, attrs: int(4 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+            flops=_factor_flops(4),
             torch_name="linalg_svd", dtypes=LINALG_DTYPES,
             doc="``a -> (U, S, Vh)``, the reduced singular value decomposition (``a = U diag(S) Vh``, ``S`` "
                 "descending), each column of ``U`` with its entry of largest magnitude positive (the row of "
@@ -512,9 +528,7 @@ class PinvAttrs:
 
 
 def _pinv_infer(arg_types, attrs):
-    a = _matrices("pinv", arg_types, 0)
-    if a.dtype not in LINALG_DTYPES:
-        raise type_error("pinv", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
+    a = _float_matrices("pinv", arg_types)
     return TensorType(a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
 
 
@@ -551,19 +565,15 @@ def _pinv_grad(call: Call, g: Expr):
 
 
 pinv = defop("pinv", 1, _pinv_infer, kernel=_pinv, attrs_type=PinvAttrs, grad=_pinv_grad, pattern=FusionKind.OPAQUE,
-             flops=lambda ts, out, attrs: int(6 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+             flops=_factor_flops(6),
              torch_name="linalg_pinv", dtypes=LINALG_DTYPES,
              doc="The Moore-Penrose pseudo-inverse through the SVD, singular values under the tolerance dropped; "
                  "its gradient is finite for rank-deficient matrices.")
 
 
 def _qr_infer(arg_types, attrs):
-    a = _matrices("qr", arg_types, 0)
-    if a.dtype not in LINALG_DTYPES:
-        raise type_error("qr", arg_types, f"argument 0 must be float32 or float64, got {a.dtype}")
-    *batch, m, n = a.shape
-    k = Any if Any in (m, n) else min(m, n)
-    return TupleType((TensorType(tuple(batch) + (m, k), a.dtype), TensorType(tuple(batch) + (k, n), a.dtype)))
+    a, batch, m, n, k = _factored("qr", arg_types)
+    return TupleType((TensorType(batch + (m, k), a.dtype), TensorType(batch + (k, n), a.dtype)))
 
 
 def _qr(xp, a, attrs=None):
@@ -590,7 +600,7 @@ def _qr_grad(call: Call, g: Expr):
 
 
 qr = defop("qr", 1, _qr_infer, kernel=_qr, grad=_qr_grad, pattern=FusionKind.OPAQUE,
-           flops=lambda ts, out, attrs: int(4 * _batch(ts[0]) * numel(ts[0].shape[-2:]) * min(ts[0].shape[-2:] or (1,))),
+           flops=_factor_flops(4),
            torch_name="linalg_qr", dtypes=LINALG_DTYPES,
            doc="``a -> (Q, R)``, the reduced QR decomposition (Householder, LAPACK's signs); its gradient needs "
                "m >= n.")
