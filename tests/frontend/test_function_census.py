@@ -24,7 +24,34 @@ def test_a_converted_function_matches_eager(name):
     assert census.check(name, "numpy") == "OK"
 
 
-@pytest.mark.parametrize("name", ["put", "logcumsumexp"])
+NEW = ["logcumsumexp", "logcumsumexp_wide", "cummax", "cummin", "addmv", "addbmm", "view_copy", "permute_copy",
+       "narrow", "diagonal_scatter", "fill_diagonal", "diagonal_copy_", "as_strided_write", "masked_select",
+       "gumbel_softmax", "gumbel_softmax_hard", "uniform_", "samplers_", "median_nan", "nanmedian",
+       "nanmedian_indices", "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "adaptive_max_pool1d",
+       "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar"]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_the_conversions_of_this_stop_match_eager(name):
+    assert census.check(name, "numpy") == "OK"
+
+
+@pytest.mark.parametrize("target", ["jax", "torch"])
+@pytest.mark.parametrize("name", ["logcumsumexp_wide", "cummin", "fill_diagonal", "nanmedian",
+                                  "adaptive_max_pool2d_indices", "samplers_", "polar"])
+def test_on_the_other_targets(name, target):
+    assert census.check(name, target) == "OK"
+
+
+def test_masked_select_runs_on_torch_and_jax_says_why_not():
+    """Its length depends on the data: the torch target runs it, the jax target (jax.jit, static shapes) names
+    the targets that do."""
+    assert census.check("masked_select", "torch") == "OK"
+    status = census.check("masked_select", "jax")
+    assert "the result's shape depends on the data" in status and "numpy or torch target" in status
+
+
+@pytest.mark.parametrize("name", ["put", "gammainc"])
 def test_an_expected_failure_still_fails_with_a_named_operator(name):
     status = census.check(name, "numpy")
     assert status.startswith("ERROR") and "not supported" in status

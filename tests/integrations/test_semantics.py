@@ -391,3 +391,70 @@ def test_parameters_without_a_path_to_the_loss_get_no_gradient_like_eager(target
         assert (p.grad is None) == (q.grad is None), name
         torch.testing.assert_close(q, p, msg=name)
     assert model.unused.grad is None and model.picker.grad is None and model.frozen.weight.grad is None
+
+
+class SamplersInForward(nn.Module):
+    """Tensor's in-place samplers on fresh tensors (how ``F.gumbel_softmax`` draws its noise), one on a transposed
+    ``empty_like`` (filled in that layout, as eager fills it)."""
+
+    def forward(self, x):
+        noise = (torch.empty_like(x).uniform_(-2.0, 3.0) + torch.empty_like(x).cauchy_(0.5, 2.0)
+                 + torch.empty_like(x).geometric_(0.3) + torch.empty_like(x).log_normal_(0.5, 0.25)
+                 + torch.empty_like(x.T).exponential_(2.0).T)
+        return x * noise
+
+
+def test_samplers_become_random_inputs_drawn_as_eager_draws_them(target):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    prog = import_torch(SamplersInForward(), (x,))
+    assert [m.kind for m in prog.masks] == ["uniform", "cauchy", "geometric", "log_normal", "exponential"]
+    assert prog.masks[0].params == (-2.0, 3.0) and prog.masks[4].stride is not None
+    cm = pb_compile(SamplersInForward(), (x,), target=target)
+    torch.manual_seed(7)
+    out = cm(x)
+    out.sum().backward()
+    torch.manual_seed(7)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = SamplersInForward()(x2)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+
+
+class GumbelCodebook(nn.Module):
+    """A discrete bottleneck: straight-through Gumbel-softmax over a codebook (dVAE / VQ-style), and a
+    contrastive NT-Xent term whose self-similarities are masked by ``fill_diagonal_``."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(6, 8)
+        self.codebook = nn.Linear(8, 5, bias=False)
+
+    def forward(self, x):
+        z = F.gumbel_softmax(self.enc(x), tau=0.7, hard=True)
+        rec = F.mse_loss(self.codebook(z), x[:, :5])
+        h = F.normalize(self.enc(x), dim=1)
+        sim = (h @ h.T / 0.5).fill_diagonal_(-1e9)
+        labels = torch.arange(x.shape[0]).roll(x.shape[0] // 2)
+        return rec + F.cross_entropy(sim, labels)
+
+
+def test_gumbel_softmax_and_fill_diagonal_train_like_eager(target):
+    torch.manual_seed(0)
+    model = GumbelCodebook().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 6, dtype=torch.float64)
+    cm = pb_compile(model, (x,), target=target)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    for step in range(3):
+        for m, opt in zip((cm, eager), opts):
+            torch.manual_seed(100 + step)  # the same Gumbel noise for both
+            opt.zero_grad()
+            loss = m(x)
+            loss.backward()
+            opt.step()
+            if m is cm:
+                got = loss.detach()
+        torch.testing.assert_close(got, loss.detach(), rtol=1e-12, atol=1e-12)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)

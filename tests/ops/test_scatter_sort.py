@@ -1,4 +1,4 @@
-"""cumsum, cumprod, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
+"""cumsum, cumprod, logcumsumexp, cumargmax/cumargmin, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
 
 from __future__ import annotations
 
@@ -89,6 +89,23 @@ NONDIFF += [
          torch=lambda x: torch().cumprod(x, 1)),
     case("cumprod_grad", RNG.standard_normal((3, 4)), ZEROS, attrs=dict(axis=1), torch=_cumprod_vjp),
 ]
+WIDE = X * np.array([1.0, 300.0, -200.0, 1.0])  # exp overflows float64 near 710: log-space only
+CUMULATIVE_LOG = [
+    case("logcumsumexp", X, attrs=dict(axis=1), torch=lambda x: torch().logcumsumexp(x, 1)),
+    case("logcumsumexp", X, attrs=dict(axis=0, reverse=True), torch=lambda x: torch().logcumsumexp(x.flip(0), 0).flip(0)),
+    case("logcumsumexp", WIDE, attrs=dict(axis=-1), torch=lambda x: torch().logcumsumexp(x, -1), id="logcumsumexp-wide",
+         extra=dict(second=False)),  # squares of values near 600: second-order finite differences are noise
+    case("logcumsumexp", np.array(2.5), torch=lambda x: torch().logcumsumexp(x, 0)),
+]
+CASES += CUMULATIVE_LOG
+NONDIFF += [
+    case(name, v, attrs=dict(axis=ax), torch=lambda x, f=f, ax=ax: getattr(torch(), f)(x, ax).indices, id=f"{name}-{tag}-{ax}")
+    for name, f in (("cumargmax", "cummax"), ("cumargmin", "cummin"))
+    for tag, v in (("ties-nan", TIES), ("ints", np.array([[3, 1, 3, 2], [0, 5, 5, -1]], dtype="int64")),
+                   ("bool", np.array([[False, True, False, True]])))
+    for ax in (1, 0)
+]
+NONDIFF += [case("cumargmax", np.array(1.5), torch=lambda x: torch().cummax(x, 0).indices)]
 ALL = CASES + CUMPROD + NONDIFF
 
 
@@ -112,7 +129,7 @@ def test_cumprod_has_no_second_derivative_and_says_so():
     assert "second derivatives of cumprod" in pullback.ops.get_op("cumprod_grad").nondiff_reason
 
 
-@pytest.mark.parametrize("c", [c for c in CASES if c.fd], ids=repr)  # ties: no finite differences
+@pytest.mark.parametrize("c", [c for c in CASES if c.fd and c.extra.get("second", True)], ids=repr)  # ties: no FD
 def test_second_order(c):
     sq = Case(c.op, c.inputs, lambda *xs: op.multiply(c.build(*xs), c.build(*xs)), wrt=c.wrt)
     check_second(sq)

@@ -315,18 +315,38 @@ def _kthvalue(cx, x, k, dim=-1, keepdim=False):
     return _kth(cx, x, int(k), dim, keepdim)
 
 
-@aten("aten.median.dim")
+def _middle(cx, x, dim, keepdim: bool, skip_nan: bool) -> list:
+    """``(values, indices)`` of the median along ``dim``: the lower of the two middle values for an even count,
+    the entry at that position of a stable sort (where NaNs come last). With NaNs, ``median`` gives the first NaN
+    (as PyTorch does) and ``nanmedian`` the median of the other entries (NaN when there are none)."""
+    if cx.ndim_of(x) == 0:
+        return [x, _op("zeros")((), "int64")]
+    axis = norm_axis(dim, cx.ndim_of(x))
+    n = static(cx, "median", (cx.shape_of(x)[axis],))[0]
+    if cx.dtype_of(x) not in ("float16", "float32", "float64"):
+        return _kth(cx, x, (n - 1) // 2 + 1, dim, keepdim)
+    order = _op("argsort")(x, axis, False)
+    nans = _op("sum")(_op("cast")(_op("isnan")(x), "int64"), (axis,), True)
+    i64 = (lambda v: scalar(v, "int64"))
+    if skip_nan:  # (valid - 1) // 2, 0 when every entry is NaN
+        pos = _op("floor_divide")(_op("maximum")(_op("subtract")(i64(n - 1), nans), i64(0)), i64(2))
+    else:
+        pos = _op("where")(_op("greater")(nans, i64(0)), _op("subtract")(i64(n), nans), i64((n - 1) // 2))
+    idx = _op("gather")(order, pos, axis=axis)
+    values = _op("gather")(x, idx, axis=axis)
+    if keepdim:
+        return [values, idx]
+    return [_op("squeeze")(values, (axis,)), _op("squeeze")(idx, (axis,))]
+
+
+@aten("aten.median.dim", "aten.nanmedian.dim")
 def _median_dim(cx, x, dim, keepdim=False):
-    """The lower of the two middle values for an even count, as in PyTorch."""
-    n = static(cx, "median", (cx.shape_of(x)[norm_axis(dim, cx.ndim_of(x))],))[0] if cx.ndim_of(x) else 1
-    return _kth(cx, x, (n - 1) // 2 + 1, dim, keepdim)
+    return _middle(cx, x, dim, keepdim, str(cx.node.target).startswith("aten.nanmedian"))
 
 
-@aten("aten.median.default")
+@aten("aten.median.default", "aten.nanmedian.default")
 def _median(cx, x):
-    flat = _op("reshape")(x, (-1,))
-    n = math.prod(static(cx, "median", cx.shape_of(x)))
-    return _kth(cx, flat, (n - 1) // 2 + 1, 0, False)[0]
+    return _middle(cx, _op("reshape")(x, (-1,)), 0, False, str(cx.node.target).startswith("aten.nanmedian"))[0]
 
 
 def _search(cx, seq, v, right: bool, out_int32: bool, sorter=None) -> Expr:
@@ -361,6 +381,35 @@ def _cumulative(cx, x, dim, dtype=None):
     return _op(name)(x, norm_axis(dim, max(cx.ndim_of(x), 1))) if cx.ndim_of(x) else x
 
 
+@aten("aten.logcumsumexp.default")
+def _logcumsumexp(cx, x, dim):
+    return _op("logcumsumexp")(x, norm_axis(dim, max(cx.ndim_of(x), 1))) if cx.ndim_of(x) else x
+
+
+@aten("aten.cummax.default", "aten.cummin.default")
+def _cummax(cx, x, dim):
+    """``(values, indices)``: the indices of the running extreme (``cumargmax``/``cumargmin``) and the values
+    gathered there, so the gradient reaches the entry each value came from, as in eager."""
+    if not cx.ndim_of(x):
+        return [x, _op("zeros")((), "int64")]
+    name = "cumargmax" if str(cx.node.target).split(".")[1] == "cummax" else "cumargmin"
+    axis = norm_axis(dim, cx.ndim_of(x))
+    idx = _op(name)(x, axis)
+    return [_op("gather")(x, idx, axis=axis), idx]
+
+
+@aten("aten.masked_select.default")
+def _masked_select(cx, x, mask):
+    """``x[mask]`` as a 1-D tensor of data-dependent length: the positions of ``nonzero`` on the broadcast mask,
+    taken from the broadcast ``x`` (the gradient reaches each selected entry)."""
+    shape = broadcast_shapes("masked_select", [], static(cx, "masked_select", cx.shape_of(x)),
+                             static(cx, "masked_select", cx.shape_of(mask)))
+    n = math.prod(shape)
+    flat = [_op("reshape")(v if tuple(cx.shape_of(v)) == shape else _op("broadcast_to")(v, shape), (n,)) for v in (x, mask)]
+    pos = _op("reshape")(_op("nonzero")(flat[1]), (-1,))
+    return _op("take")(flat[0], pos, axis=0)
+
+
 @aten("aten.nonzero.default")
 def _nonzero(cx, x):
     return _op("nonzero")(x)
@@ -387,20 +436,44 @@ def _masked_fill_from(cx, x, m, source, shape):
 # ------------------------------------------------------------------ views by index arithmetic
 
 
-@aten("aten.diagonal.default", "aten.diagonal_copy.default")
-def _diagonal(cx, x, offset=0, dim1=0, dim2=1):
-    shape = static(cx, "diagonal", cx.shape_of(x))
+def _diagonal_layout(cx, x, offset: int, dim1: int, dim2: int, what: str):
+    """``x`` with the two diagonal axes moved last and flattened, the diagonal's positions in that last axis,
+    and the inverse of the move, ``(flat, positions, unflatten)``."""
+    shape = static(cx, what, cx.shape_of(x))
     n = len(shape)
     d1, d2 = norm_axis(dim1, n), norm_axis(dim2, n)
     others = [i for i in range(n) if i not in (d1, d2)]
     n1, n2 = shape[d1], shape[d2]
     rows = range(max(0, -offset), max(0, min(n1, n2 - offset)))
     pos = np.array([i * n2 + i + offset for i in rows], dtype="int64")
+    perm = tuple(others) + (d1, d2)
+    moved = tuple(shape[i] for i in perm)
+    flat = _op("reshape")(_op("transpose")(x, perm), moved[:-2] + (n1 * n2,))
+
+    def unflatten(y):
+        return _op("transpose")(_op("reshape")(y, moved), tuple(int(i) for i in np.argsort(perm)))
+
+    return flat, pos, unflatten
+
+
+@aten("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(cx, x, offset=0, dim1=0, dim2=1):
+    flat, pos, _ = _diagonal_layout(cx, x, offset, dim1, dim2, "diagonal")
     if pos.size == 0:
         return const(np.zeros(cx.out_shape, dtype=cx.out_dtype))
-    xt = _op("transpose")(x, tuple(others) + (d1, d2))
-    flat = _op("reshape")(xt, tuple(shape[i] for i in others) + (n1 * n2,))
-    return _op("take")(flat, const(pos), axis=len(others))
+    return _op("take")(flat, const(pos), axis=cx.ndim_of(x) - 2)
+
+
+@aten("aten.diagonal_scatter.default")
+def _diagonal_scatter(cx, x, src, offset=0, dim1=0, dim2=1):
+    """``x`` with its diagonal replaced by ``src`` (how ``x.diagonal().copy_(v)`` and ``fill_diagonal_`` export):
+    one ``scatter`` into the flattened diagonal axes, so ``x``'s gradient is zero there and ``src``'s a gather."""
+    flat, pos, unflatten = _diagonal_layout(cx, x, offset, dim1, dim2, "diagonal_scatter")
+    if pos.size == 0:
+        return x
+    src = cast(cx, src, cx.out_dtype)
+    idx = _op("broadcast_to")(const(pos), static(cx, "diagonal_scatter", cx.shape_of(src)))
+    return unflatten(_op("scatter")(flat, idx, src, axis=cx.ndim_of(x) - 2))
 
 
 @aten("aten.unfold.default", "aten.unfold_copy.default")
@@ -421,18 +494,39 @@ def _unfold(cx, x, dim, size, step):
     return out if perm == tuple(range(n + 1)) else _op("transpose")(out, perm)
 
 
-@aten("aten.as_strided.default", "aten.as_strided_copy.default")
-def _as_strided(cx, x, size, stride, storage_offset=None):
-    """A strided view of ``x``'s (contiguous) elements: one ``take`` with the element positions."""
+def _strided_positions(cx, x, size, stride, storage_offset, what: str) -> np.ndarray:
+    """The positions in ``x``'s (contiguous) elements of a strided view ``(size, stride, storage_offset)``."""
     size = tuple(int(s) for s in size)
     pos = np.full(size, int(storage_offset or 0), dtype="int64")
     for k, (n, st) in enumerate(zip(size, stride)):
         pos = pos + (np.arange(n, dtype="int64") * int(st)).reshape((1,) * k + (n,) + (1,) * (len(size) - k - 1))
+    numel = math.prod(static(cx, what, cx.shape_of(x)))
+    if pos.size and pos.max() >= numel:
+        raise PullbackError(f"{what} reaches element {int(pos.max())} of a tensor of {numel} elements")
+    return pos
+
+
+@aten("aten.as_strided.default", "aten.as_strided_copy.default")
+def _as_strided(cx, x, size, stride, storage_offset=None):
+    """A strided view of ``x``'s (contiguous) elements: one ``take`` with the element positions."""
+    pos = _strided_positions(cx, x, size, stride, storage_offset, "as_strided")
     if pos.size == 0:
-        return const(np.zeros(size, dtype=cx.dtype_of(x)))
-    numel = math.prod(static(cx, "as_strided", cx.shape_of(x)))
-    if pos.max() >= numel:
-        raise PullbackError(f"as_strided reads element {int(pos.max())} of a tensor of {numel} elements")
+        return const(np.zeros(pos.shape, dtype=cx.dtype_of(x)))
     return _op("take")(_op("reshape")(x, (-1,)), const(pos))
+
+
+@aten("aten.as_strided_scatter.default")
+def _as_strided_scatter(cx, x, src, size, stride, storage_offset=None):
+    """``x`` with a strided view written by ``src`` (how ``fill_diagonal_`` and writes through ``as_strided``
+    export): one ``scatter`` into ``x``'s elements. Overlapping views (one element written twice) are refused."""
+    pos = _strided_positions(cx, x, size, stride, storage_offset, "as_strided_scatter")
+    if pos.size == 0:
+        return x
+    if np.unique(pos).size != pos.size:
+        raise PullbackError(f"as_strided_scatter through an overlapping view (size {tuple(size)}, stride {tuple(stride)}) "
+                            "writes some elements twice; eager's result there is unspecified")
+    flat = _op("reshape")(x, (-1,))
+    src = _op("reshape")(cast(cx, src, cx.out_dtype), (-1,))
+    return _op("reshape")(_op("scatter")(flat, const(pos.reshape(-1)), src, axis=0), cx.shape_of(x))
 
 

@@ -64,6 +64,20 @@ for _name, _kind in (("rand.default", "uniform"), ("rand_like.default", "uniform
     aten(f"aten.{_name}")(_random(_kind))
 
 
+def _sampler(kind: str, *defaults: float):
+    """``torch.empty_like(x).<kind>_(*params)`` (values of ``x`` unused): a random input drawn the same way."""
+    def conv(cx, x, *params, generator=None):
+        given = tuple(params) + defaults[len(params):]
+        return cx.random_input(kind, static(cx, kind, cx.out_shape), cx.out_dtype, stride=_stride(cx), params=given)
+
+    return conv
+
+
+for _kind, _defaults in (("uniform", (0.0, 1.0)), ("exponential", (1.0,)), ("cauchy", (0.0, 1.0)),
+                         ("geometric", ()), ("log_normal", (1.0, 2.0))):
+    aten(f"aten.{_kind}.default")(_sampler(_kind, *_defaults))
+
+
 @aten("aten.normal_functional.default")
 def _normal_functional(cx, x, mean=0.0, std=1.0, generator=None):
     """``torch.empty_like(x).normal_(mean, std)`` (``Normal.rsample`` draws its ``eps`` so): a standard normal
@@ -95,10 +109,15 @@ def _linear(cx, x, w, b=None):
     return y if b is None else _op("add")(y, b)
 
 
-@aten("aten.addmm.default")
+@aten("aten.addmm.default", "aten.addmv.default", "aten.addbmm.default")
 def _addmm(cx, bias, a, b, beta=1, alpha=1):
+    """``beta * bias + alpha * product``: ``a @ b`` (mm, mv) or the sum over the batch of ``a[i] @ b[i]`` (addbmm)."""
     dt = cx.out_dtype
-    y = _op("nn.matmul")(a, b)
+    kind = str(cx.node.target).split(".")[1]
+    if kind == "addbmm":
+        y = _op("sum")(_op("nn.batch_matmul")(a, b, transpose_b=False), (0,))
+    else:
+        y = _matmul(cx, a, b)
     if alpha != 1:
         y = _op("multiply")(y, scalar(alpha, dt))
     if beta == 0:
@@ -516,16 +535,55 @@ def _adaptive(nd: int):
     return conv
 
 
+def _adaptive_windows(n: int, o: int) -> np.ndarray:
+    """``(o, K)`` positions of adaptive pooling's windows ``[floor(i n / o), ceil((i + 1) n / o))`` along an axis of
+    ``n``, each padded to the widest ``K`` by repeating its last position (a repeat changes no maximum)."""
+    starts = [i * n // o for i in range(o)]
+    ends = [-(-(i + 1) * n // o) for i in range(o)]
+    k = max(e - b for b, e in zip(starts, ends))
+    return np.array([[min(b + j, e - 1) for j in range(k)] for b, e in zip(starts, ends)], dtype="int64")
+
+
+def _adaptive_max_windows(cx, x, size: tuple, out: tuple) -> list:
+    """``(values, indices)`` of adaptive max pooling with windows of different sizes, one axis at a time from the
+    last: per axis, the windows are taken, and the first maximum of each is gathered with its position (the
+    first maximum in row-major window order overall, as PyTorch's). Gradients reach the gathered entries."""
+    nd, rank = len(size), cx.ndim_of(x)
+    cur, pos = x, {}  # pos[axis]: the input position along ``axis`` of each current entry
+    for j in range(nd - 1, -1, -1):
+        a = rank - nd + j
+        win = _adaptive_windows(size[j], out[j])
+        taken = _op("take")(cur, const(win), axis=a)  # the window axis at a + 1
+        k = _op("cast")(_op("argmax")(taken, (a + 1,), True), "int64")
+
+        def pick(v, a=a, k=k):
+            return _op("squeeze")(_op("gather")(v, k, axis=a + 1), (a + 1,))
+
+        shape = tuple(infer_expr(taken).shape)
+        here = np.broadcast_to(win.reshape((1,) * a + win.shape + (1,) * (len(shape) - a - 2)), shape)
+        pos = {b: pick(_op("take")(v, const(win), axis=a)) for b, v in pos.items()}
+        pos[a] = pick(const(np.ascontiguousarray(here)))
+        cur = pick(taken)
+    flat, stride = None, 1
+    for j in range(nd - 1, -1, -1):
+        term = pos[rank - nd + j] if stride == 1 else _op("multiply")(pos[rank - nd + j], scalar(stride, "int64"))
+        flat = term if flat is None else _op("add")(flat, term)
+        stride *= size[j]
+    return [cur, flat]
+
+
 def _adaptive_max(nd: int):
-    """``(values, indices)`` of adaptive max pooling where each input size is a multiple of its output size (then
-    the windows are those of a max pool with kernel = stride = input / output: global max pooling, halvings)."""
+    """``(values, indices)`` of adaptive max pooling: where each input size is a multiple of its output size, the
+    windows are those of a max pool with kernel = stride = input / output (global max pooling, halvings); else
+    windows of different sizes, gathered (``_adaptive_max_windows``)."""
 
     def conv(cx, x, output_size):
         out = _tuple(output_size, nd)
         size = static(cx, "adaptive max pooling", cx.shape_of(x)[-nd:])
-        if any(o < 1 or n % o for n, o in zip(size, out)):
-            raise PullbackError(f"adaptive max pooling from {size} to {out}: windows of different sizes are not "
-                                "supported (an input size that is a multiple of the output size is)")
+        if any(o < 1 for o in out):
+            raise PullbackError(f"adaptive max pooling from {size} to {out}: output sizes must be positive")
+        if any(n % o for n, o in zip(size, out)):
+            return _adaptive_max_windows(cx, x, size, out)
         k = tuple(n // o for n, o in zip(size, out))
         return _with_indices(nd)(cx, x, k, k)
 
@@ -534,6 +592,7 @@ def _adaptive_max(nd: int):
 
 aten("aten.adaptive_max_pool1d.default")(_adaptive_max(1))
 aten("aten.adaptive_max_pool2d.default")(_adaptive_max(2))
+aten("aten.adaptive_max_pool3d.default")(_adaptive_max(3))
 aten("aten.adaptive_avg_pool1d.default")(_adaptive(1))
 aten("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")(_adaptive(2))
 aten("aten.adaptive_avg_pool3d.default", "aten._adaptive_avg_pool3d.default")(_adaptive(3))

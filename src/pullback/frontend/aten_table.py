@@ -574,7 +574,8 @@ def _sym_is_contiguous(cx, x, *args):
 
 
 @aten("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints",
-      "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default", "aten._reshape_alias.default")
+      "aten.unflatten.int", "aten.view_as.default", "aten.reshape_as.default", "aten._reshape_alias.default",
+      "aten.view_copy.default")
 def _reshape(cx, x, *args):
     shape = cx.out_shape
     if cx.shape_of(x) == shape:
@@ -584,7 +585,7 @@ def _reshape(cx, x, *args):
     return _op("reshape")(x, newshape(cx, "reshape", shape))
 
 
-@aten("aten.permute.default")
+@aten("aten.permute.default", "aten.permute_copy.default")
 def _permute(cx, x, dims):
     n = cx.ndim_of(x)
     perm = tuple(norm_axis(d, n) for d in dims)
@@ -654,6 +655,11 @@ def _slice(cx, x, dim=0, start=None, end=None, step=1):
     if start == 0 and end >= (size if size is not Any else 2 ** 62) and step == 1:
         return x
     return _op("strided_slice")(x, (start,), (end,), (step,), (dim,))
+
+
+@aten("aten.narrow_copy.default", "aten.narrow.default")
+def _narrow(cx, x, dim, start, length):
+    return _slice(cx, x, dim, start, start + length)
 
 
 @aten("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int",

@@ -15,7 +15,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Expr, Var
 from ..ir.types import ALL_DTYPES, Any, TensorType
 
-RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm")
+RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm", "exponential", "cauchy", "geometric", "log_normal")
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,10 @@ class RandomInput:
     """A random input parameter of ``@main``, drawn at each call exactly as eager PyTorch draws it.
 
     ``kind``: ``bernoulli`` (0/1 values, 1 with probability ``1 - rate``: a dropout mask, ``rate`` being the
-    drop rate), ``uniform`` (``torch.rand``), ``normal`` (``torch.randn``) or ``randperm`` (a permutation of
-    ``shape[0]``). ``stride``: the strides eager fills the tensor in (``empty_like`` of a permuted input is
-    permuted too), or None for contiguous.
+    drop rate), ``uniform`` (``torch.rand``, or ``uniform_(*params)``), ``normal`` (``torch.randn``),
+    ``randperm`` (a permutation of ``shape[0]``), or one of Tensor's in-place samplers called with ``params``:
+    ``exponential`` (``F.gumbel_softmax``'s noise), ``cauchy``, ``geometric``, ``log_normal``. ``stride``: the
+    strides eager fills the tensor in (``empty_like`` of a permuted input is permuted too), or None for contiguous.
     """
 
     name: str
@@ -34,6 +35,7 @@ class RandomInput:
     rate: float = 0.0
     kind: str = "bernoulli"
     stride: Optional[tuple] = None
+    params: tuple = ()
 
     def draw(self, batch: Optional[int] = None):
         """A fresh value (a torch tensor, contiguous) consuming PyTorch's RNG as eager does; ``batch`` gives the
@@ -46,10 +48,12 @@ class RandomInput:
             raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
         if self.kind == "randperm":
             return torch.randperm(shape[0], dtype=dtype)
-        if self.kind in ("uniform", "normal"):
+        if self.kind in ("uniform", "normal") and not self.params:
             return (torch.rand if self.kind == "uniform" else torch.randn)(shape, dtype=dtype)
         t = torch.empty_strided(shape, self.stride, dtype=dtype) if self.stride else torch.empty(shape, dtype=dtype)
-        return t.bernoulli_(1.0 - self.rate).contiguous()
+        if self.kind == "bernoulli":
+            return t.bernoulli_(1.0 - self.rate).contiguous()
+        return getattr(t, self.kind + "_")(*self.params).contiguous()
 
 
 DropoutMask = RandomInput  # the name of earlier releases (a dropout mask is a bernoulli random input)
@@ -226,7 +230,7 @@ class ConvertContext:
             v = next(x for x in v if hasattr(x, "dtype"))
         return torch_dtype_name(v.dtype)
 
-    def random_input(self, kind: str, shape: Sequence, dtype: str, rate: float = 0.0, stride=None) -> Var:
+    def random_input(self, kind: str, shape: Sequence, dtype: str, rate: float = 0.0, stride=None, params: tuple = ()) -> Var:
         """A new random input parameter (see ``RandomInput``); ``bernoulli`` ones are named ``%dropout_mask_K``."""
         prefix = "dropout_mask" if kind == "bernoulli" else kind
         name = self._names.fresh(f"{prefix}_{len(self.masks)}")
@@ -234,7 +238,8 @@ class ConvertContext:
         static = Any not in shape
         stride = tuple(int(s) for s in stride) if static and stride is not None and _dense_permuted(shape, stride) else None
         v = Var(name, TensorType(shape, dtype))
-        self.masks.append(RandomInput(name, tuple(None if d is Any else d for d in shape), dtype, float(rate), kind, stride))
+        self.masks.append(RandomInput(name, tuple(None if d is Any else d for d in shape), dtype, float(rate), kind, stride,
+                                      tuple(float(p) for p in params)))
         self.mask_vars.append(v)
         self.record(v, Shaped(shape, dtype))
         return v

@@ -70,6 +70,14 @@ ALIASES: dict[str, tuple] = {
     "bucketize": ("bucketize",), "_linalg_eigh": ("linalg.eigvalsh",),  # eigh, svd: singular vector signs are pullback's
     "_linalg_svd": ("linalg.svdvals", "linalg.matrix_norm", "nuclear_norm"),
     "linalg_pinv": ("linalg.pinv", "linalg.pinv.hermitian", "pinverse"), "linalg_qr": ("linalg.qr", "qr"),
+    "logcumsumexp": ("logcumsumexp",), "cummax": ("cummax",), "cummin": ("cummin",), "addmv": ("addmv",),
+    "addbmm": ("addbmm",), "view_copy": ("view_copy",), "permute_copy": ("permute_copy",), "narrow_copy": ("narrow_copy",),
+    "diagonal_scatter": ("diagonal_scatter",),  # as_strided_scatter: eager's input gradient is not the scatter's
+    "masked_select": ("masked_select",), "complex": ("complex",), "polar": ("polar",), "angle": ("angle",),
+    "ldexp": ("ldexp",), "nanmedian": ("nanmedian", "masked.median"),
+    "adaptive_max_pool2d": ("nn.functional.adaptive_max_pool2d",), "adaptive_max_pool3d": ("nn.functional.adaptive_max_pool3d",),
+    "exponential": ("exponential",), "uniform": ("uniform",), "cauchy": ("cauchy",), "geometric": ("geometric",),
+    "log_normal": ("log_normal",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype

@@ -157,11 +157,11 @@ def check_range(op: str, idx, lo: int, hi: int, where: str) -> None:
     """The program is an error if an entry of integer array ``idx`` is outside ``[lo, hi)`` (``check``)."""
     if not math.prod(idx.shape):
         return
-    if is_traced(idx):
-        check((idx < lo) | (idx >= hi), f"{op}: index out of range {where}")
-    elif int(idx.min()) < lo or int(idx.max()) >= hi:
-        bad = idx[(idx < lo) | (idx >= hi)].reshape(-1)[0]
-        raise ExecutionError(f"{op}: index {int(bad)} out of range {where}")
+    bad = (idx < lo) | (idx >= hi)
+    if is_traced(bad):  # also a constant's comparison inside jax.jit (staged out: a tracer)
+        check(bad, f"{op}: index out of range {where}")
+    elif bool(bad.any()):
+        raise ExecutionError(f"{op}: index {int(idx[bad].reshape(-1)[0])} out of range {where}")
 
 
 def check_divisor(xp, op: str, b) -> None:

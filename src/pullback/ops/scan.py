@@ -1,7 +1,10 @@
-"""Cumulative operators along one axis: ``cumsum`` (forward or reverse) and ``cumprod``, one kernel for every
-namespace.
+"""Cumulative operators along one axis: ``cumsum`` and ``logcumsumexp`` (forward or reverse), ``cumprod``, and
+the indices of running extremes ``cumargmax``/``cumargmin`` (``torch.cummax``'s indices; its values are a gather
+at them, so their gradient is the gather's), one kernel for every namespace.
 
-The gradient of a cumulative sum is the cumulative sum of the cotangent in the other direction. The gradient
+The gradient of a cumulative sum is the cumulative sum of the cotangent in the other direction; that of
+``logcumsumexp`` is PyTorch's: the positive and negative parts of the cotangent go through a ``logcumsumexp`` in
+the other direction in log space, so nothing overflows. The gradient
 of a cumulative product, ``cumprod_grad``, is exact where the input holds zeros (no division by it):
 ``dx_i = E_i S_i`` with ``E_i = x_0 ... x_{i-1}`` and ``S_i = g_i + x_{i+1} S_{i+1}``, one step per position.
 """
@@ -13,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir.errors import AttrError
-from ..ir.expr import Call, Expr
-from ..ir.types import ALL_DTYPES
+from ..ir.expr import Call, Expr, const
+from ..ir.types import ALL_DTYPES, DTYPES, FLOAT_DTYPES, TensorType
 from .common import normalize_axis, numel, same_dtype, tensor_arg
-from .registry import FusionKind, defop, type_error
+from .registry import FusionKind, defop, get_op, type_error
 from .shape import AxisAttrs
+from .sorting import NO_GRAD
 
 
 @dataclass(frozen=True)
@@ -115,4 +119,159 @@ cumprod_grad = defop(
     pattern=FusionKind.OPAQUE, dtypes=_NUMERIC, flops=lambda ts, out, a: 3 * numel(out.shape), torch_name="cumprod_backward",
     doc="Gradient of ``cumprod``: ``(out_grad, data) -> data-shaped``, exact where ``data`` holds zeros.")
 
-__all__ = ["cumsum", "CumsumAttrs", "cumprod", "cumprod_grad"]
+
+# ------------------------------------------------------------------ logcumsumexp
+
+
+def _logcumsumexp_kernel(xp, x, attrs):
+    """One ``logaddexp`` per position (exact where the values differ by more than exp's range)."""
+    if x.ndim == 0:
+        return x
+    ax = attrs.axis % x.ndim
+    xs = xp.moveaxis(x, ax, 0)
+    if xs.shape[0] == 0:
+        return x
+    order = range(xs.shape[0] - 1, -1, -1) if attrs.reverse else range(xs.shape[0])
+    out, acc = [None] * xs.shape[0], None
+    for i in order:
+        acc = xs[i] if acc is None else xp.logaddexp(acc, xs[i])
+        out[i] = acc
+    return xp.moveaxis(xp.stack(out, axis=0), 0, ax)
+
+
+def _logcumsumexp_numpy(x, attrs):
+    if x.ndim == 0 or x.size == 0:
+        return x
+    ax = attrs.axis % x.ndim
+    if not attrs.reverse:
+        return np.logaddexp.accumulate(x, axis=ax)
+    return np.flip(np.logaddexp.accumulate(np.flip(x, ax), axis=ax), ax)
+
+
+def _logcumsumexp_jax(x, attrs):
+    import jax
+
+    return x if x.ndim == 0 else jax.lax.cumlogsumexp(x, axis=attrs.axis % x.ndim, reverse=attrs.reverse)
+
+
+def _logcumsumexp_torch(x, attrs):
+    if x.ndim == 0:
+        return x
+    ax = attrs.axis % x.ndim
+    if not attrs.reverse:
+        return x.logcumsumexp(ax)
+    return x.flip(ax).logcumsumexp(ax).flip(ax)
+
+
+def _logcumsumexp_grad(call: Call, g: Expr):
+    """``dx_j = sum_{i >= j} g_i exp(x_j - y_i)``, with ``g``'s positive and negative parts in log space."""
+    x, a = call.args[0], call.attrs
+    dt = call.checked_type.dtype
+    where, log_abs = get_op("where"), get_op("log")(get_op("abs")(g))
+    lowest = const(float(np.finfo(dt).min), dt)  # log 0, finite: -inf - -inf would be NaN
+
+    def part(side: str):
+        log_g = where(get_op(side)(g, 0.0), log_abs, lowest)
+        back = logcumsumexp(get_op("subtract")(log_g, call), a.axis, not a.reverse)
+        return get_op("exp")(get_op("add")(back, x))
+
+    return [get_op("subtract")(part("greater"), part("less"))]
+
+
+logcumsumexp = defop(
+    "logcumsumexp", 1, _scan_infer("logcumsumexp", 1), kernel=_logcumsumexp_kernel,
+    impls={"numpy": _logcumsumexp_numpy, "jax": _logcumsumexp_jax, "torch": _logcumsumexp_torch},
+    attrs_type=CumsumAttrs, grad=_logcumsumexp_grad, pattern=FusionKind.OPAQUE, dtypes=FLOAT_DTYPES,
+    flops=lambda ts, out, a: 4 * numel(out.shape), torch_name="logcumsumexp",
+    doc="``logcumsumexp(x, axis=0, reverse=False)``: ``log(cumsum(exp(x)))`` along ``axis`` without overflow.")
+
+# ------------------------------------------------------------------ cumargmax / cumargmin
+
+
+def _cumarg_infer(name: str):
+    def infer(arg_types, attrs):
+        x = tensor_arg(name, arg_types, 0)
+        normalize_axis(name, attrs.axis, max(x.ndim, 1), arg_types)
+        return TensorType(x.shape, "int64")
+    return infer
+
+
+def _cumarg_kernel(largest: bool):
+    """The running extreme's index, position by position: a new entry takes over when it is at least as large
+    (small) as the extreme so far, or NaN (which then stays the extreme), as in ``torch.cummax``."""
+    def kernel(xp, x, attrs):
+        if x.ndim == 0:
+            return xp.zeros((), dtype=xp.int64)
+        ax = attrs.axis % x.ndim
+        xs = xp.moveaxis(x, ax, 0)
+        if xs.shape[0] == 0:
+            return xp.zeros(x.shape, dtype=xp.int64)
+        nan = xp.isdtype(x.dtype, "real floating")
+        best, idx = xs[0], xp.zeros(xs.shape[1:], dtype=xp.int64)
+        out = [idx]
+        for i in range(1, xs.shape[0]):
+            take = xs[i] >= best if largest else xs[i] <= best
+            if nan:
+                take = take | xp.isnan(xs[i])
+            best = xp.where(take, xs[i], best)
+            idx = xp.where(take, xp.full_like(idx, i), idx)
+            out.append(idx)
+        return xp.moveaxis(xp.stack(out, axis=0), 0, ax)
+    return kernel
+
+
+def _last_holding(xp, x, attrs, running, cummax):
+    """Vectorised: the last position holding the extreme so far (``running(x, axis)``, NaN-propagating) or NaN."""
+    if x.ndim == 0 or x.shape[attrs.axis % x.ndim] == 0:
+        return xp.zeros(x.shape, dtype=xp.int64)
+    ax = attrs.axis % x.ndim
+    holds = x == running(x, ax)
+    if xp.isdtype(x.dtype, "real floating"):
+        holds = holds | xp.isnan(x)
+    pos = xp.reshape(xp.arange(x.shape[ax], dtype=xp.int64), (-1,) + (1,) * (x.ndim - 1 - ax))
+    return cummax(xp.where(holds, pos, 0), ax)
+
+
+def _cumarg_numpy(largest: bool):
+    uf = np.maximum if largest else np.minimum
+    return lambda x, attrs: _last_holding(np, x, attrs, lambda v, ax: uf.accumulate(v, axis=ax),
+                                          lambda v, ax: np.maximum.accumulate(v, axis=ax))
+
+
+def _cumarg_jax(largest: bool):
+    def impl(x, attrs):
+        import jax
+        import jax.numpy as jnp
+
+        run = jax.lax.cummax if largest else jax.lax.cummin
+        x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x  # XLA's running extremes take numbers only
+        return _last_holding(jnp, x, attrs, lambda v, ax: run(v, axis=ax), lambda v, ax: jax.lax.cummax(v, axis=ax))
+    return impl
+
+
+def _cumarg_torch(largest: bool):
+    def impl(x, attrs):
+        import torch
+
+        if x.ndim == 0:
+            return x.new_zeros((), dtype=torch.int64)
+        ax = attrs.axis % x.ndim
+        return (x.cummax(ax) if largest else x.cummin(ax)).indices
+    return impl
+
+
+def _cumarg_op(largest: bool):
+    name, word = ("cumargmax", "maximum") if largest else ("cumargmin", "minimum")
+    return defop(
+        name, 1, _cumarg_infer(name), kernel=_cumarg_kernel(largest), attrs_type=AxisAttrs,
+        impls={"numpy": _cumarg_numpy(largest), "jax": _cumarg_jax(largest), "torch": _cumarg_torch(largest)},
+        differentiable=False, nondiff_reason=NO_GRAD, pattern=FusionKind.OPAQUE, dtypes=DTYPES,
+        flops=lambda ts, out, a: 2 * numel(out.shape), torch_name="cummax" if largest else "cummin",
+        doc=f"``{name}(x, axis=0)``: int64 index of the running {word} along ``axis`` (the last among ties; "
+            f"a NaN takes over and stays), as ``torch.{name[:3] + name[6:]}``'s indices.")
+
+
+cumargmax = _cumarg_op(True)
+cumargmin = _cumarg_op(False)
+
+__all__ = ["cumsum", "CumsumAttrs", "cumprod", "cumprod_grad", "logcumsumexp", "cumargmax", "cumargmin"]

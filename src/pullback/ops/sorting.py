@@ -15,7 +15,7 @@ from .kernels import is_traced
 from .nn import check_bool, check_int
 from .registry import FusionKind, array_namespace, defop
 
-_NO_GRAD = "the result is integer indices: it carries no gradient"
+NO_GRAD = "the result is integer indices: it carries no gradient"
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _argsort_kernel(xp, x, attrs):
 
 
 argsort = defop("argsort", 1, _argsort_infer, kernel=_argsort_kernel, attrs_type=ArgsortAttrs, differentiable=False,
-                nondiff_reason=_NO_GRAD, pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
+                nondiff_reason=NO_GRAD, pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
                 torch_name="argsort", doc="``argsort(x, axis=-1, descending=False)``: int64 indices of a stable sort.")
 
 
@@ -70,7 +70,7 @@ def _nonzero_jax(x, attrs=None):
     return _nonzero_kernel(array_namespace("jax"), x, attrs)
 
 
-nonzero = defop("nonzero", 1, _nonzero_infer, kernel=_nonzero_kernel, impls={"jax": _nonzero_jax}, differentiable=False, nondiff_reason=_NO_GRAD,
+nonzero = defop("nonzero", 1, _nonzero_infer, kernel=_nonzero_kernel, impls={"jax": _nonzero_jax}, differentiable=False, nondiff_reason=NO_GRAD,
                 pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 0, torch_name="nonzero",
                 doc="``(n, ndim)`` int64 coordinates of the non-zero elements, in row-major order (``n`` is known at run time).")
 
