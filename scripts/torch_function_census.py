@@ -189,6 +189,12 @@ CASES = {
     "adaptive_max_pool1d": (lambda x: F.adaptive_max_pool1d(x, 4), (X(2, 3, 7),)),
     "adaptive_max_pool3d": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)) * F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True)[1],
                             (X(1, 2, 3, 5, 4),)),
+    "grid_sample_3d": (lambda x, g: F.grid_sample(x, g, align_corners=False), (X(2, 3, 4, 5, 6), X(2, 3, 2, 4, 3) * 0.7)),
+    "grid_sample_3d_border": (lambda x, g: F.grid_sample(x, g, padding_mode="border", align_corners=True),
+                              (X(1, 2, 3, 4, 5), X(1, 2, 3, 2, 3) * 0.8)),
+    "grid_sample_3d_reflection": (lambda x, g: F.grid_sample(x, g, padding_mode="reflection"),
+                                  (X(1, 2, 3, 4, 5), X(1, 2, 3, 2, 3) * 0.9)),
+    "grid_sample_3d_nearest": (lambda x, g: F.grid_sample(x, g, mode="nearest") * g.sum(), (X(1, 2, 3, 4, 5), X(1, 2, 3, 2, 3))),
     "complex": (lambda x: torch.view_as_real(torch.complex(x, x.flip(0)[:1]) * (1 + 2j)), (X(3, 4),)),
     "angle": (lambda x: torch.angle(torch.complex(x, x.flip(0))) + torch.angle(x), (X(3, 4),)),
     # float exponents: with integer ones eager's gradient w.r.t. x is 2 ** e in integers (0 where e < 0, torch 2.13)

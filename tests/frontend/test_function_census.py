@@ -28,7 +28,8 @@ NEW = ["logcumsumexp", "logcumsumexp_wide", "cummax", "cummin", "addmv", "addbmm
        "narrow", "diagonal_scatter", "fill_diagonal", "diagonal_copy_", "as_strided_write", "masked_select",
        "gumbel_softmax", "gumbel_softmax_hard", "uniform_", "samplers_", "median_nan", "nanmedian",
        "nanmedian_indices", "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "adaptive_max_pool1d",
-       "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar"]
+       "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar", "grid_sample_3d", "grid_sample_3d_border",
+       "grid_sample_3d_reflection", "grid_sample_3d_nearest"]
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -38,7 +39,7 @@ def test_the_conversions_of_this_stop_match_eager(name):
 
 @pytest.mark.parametrize("target", ["jax", "torch"])
 @pytest.mark.parametrize("name", ["logcumsumexp_wide", "cummin", "fill_diagonal", "nanmedian",
-                                  "adaptive_max_pool2d_indices", "samplers_", "polar"])
+                                  "adaptive_max_pool2d_indices", "samplers_", "polar", "grid_sample_3d"])
 def test_on_the_other_targets(name, target):
     assert census.check(name, target) == "OK"
 

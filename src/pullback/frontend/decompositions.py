@@ -1,9 +1,13 @@
 """Decompositions the importer writes itself, for ATen operators PyTorch has none for.
 
 Each is a function of torch tensors traced by ``run_decompositions`` (``torch_importer.decomposition_table``),
-so the operators it calls are decomposed in turn: ``aten._trilinear`` (what ``nn.Bilinear`` and
-``F.bilinear`` call) becomes one ``torch.einsum``, which torch lowers to permutes, reshapes and batched
-matrix products (no ``(N, out, in1, in2)`` intermediate).
+so the operators it calls are decomposed in turn:
+
+- ``aten._trilinear`` (what ``nn.Bilinear`` and ``F.bilinear`` call) becomes one ``torch.einsum``, which torch
+  lowers to permutes, reshapes and batched matrix products (no ``(N, out, in1, in2)`` intermediate);
+- ``aten.grid_sampler_3d`` (``F.grid_sample`` of a volume: voxel-grid radiance fields, 3-D spatial
+  transformers) becomes eight (trilinear) or one (nearest) gathers of the flattened volume, weighted; the
+  gradient w.r.t. the grid comes from the weights, as ATen's.
 """
 
 from __future__ import annotations
@@ -26,11 +30,72 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return torch.einsum(spec, i1, i2, i3)
 
 
+def _source_coordinate(c, size: int, padding_mode: int, align_corners: bool):
+    """Grid coordinates in [-1, 1] as positions along an axis of ``size`` voxels, after the padding mode's
+    clamp (1: border) or reflection (2: reflection, about the outer voxel centers or edges)."""
+    import torch
+
+    if align_corners:
+        x = (c + 1) * ((size - 1) / 2)
+        low, span = 0.0, float(size - 1)
+    else:
+        x = ((c + 1) * size - 1) / 2
+        low, span = -0.5, float(size)
+    if padding_mode == 2:
+        if span <= 0:
+            return torch.zeros_like(x)
+        d = (x - low).abs()
+        extra = torch.fmod(d, span)
+        odd = torch.fmod(torch.floor(d / span), 2) != 0
+        x = torch.where(odd, span + low - extra, extra + low)
+    if padding_mode in (1, 2):
+        x = x.clamp(0, size - 1)
+    return x
+
+
+def grid_sampler_3d(volume, grid, interpolation_mode: int = 0, padding_mode: int = 0, align_corners: bool = False):
+    """``aten.grid_sampler_3d``: ``volume`` (N, C, D, H, W) read at ``grid`` (N, oD, oH, oW, 3) holding (x, y, z)
+    in [-1, 1]; trilinear (0) or nearest (1) interpolation; voxels outside read 0 (padding 0), the border (1) or
+    the reflection (2)."""
+    import torch
+
+    if interpolation_mode not in (0, 1):
+        raise ValueError(f"grid_sampler_3d: interpolation mode {interpolation_mode} (bicubic is 2-D only)")
+    n, c, d, h, w = volume.shape
+    od, oh, ow = grid.shape[1:4]
+    flat = volume.reshape(n, c, d * h * w)
+    pts = [_source_coordinate(grid[..., k], size, padding_mode, align_corners) for k, size in enumerate((w, h, d))]
+
+    def read(ix, iy, iz, weight):
+        inside = (ix >= 0) & (ix <= w - 1) & (iy >= 0) & (iy <= h - 1) & (iz >= 0) & (iz <= d - 1)
+        pos = torch.where(inside, (iz * h + iy) * w + ix, torch.zeros_like(ix)).to(torch.int64)
+        taken = flat.gather(2, pos.reshape(n, 1, -1).expand(n, c, od * oh * ow))
+        return taken * torch.where(inside, weight, torch.zeros_like(weight)).reshape(n, 1, -1)
+
+    if interpolation_mode == 1:
+        near = [p.round() for p in pts]
+        out = read(*near, torch.ones_like(pts[0]))
+    else:
+        lo = [p.floor() for p in pts]
+        frac = [p - q for p, q in zip(pts, lo)]
+        out = None
+        for corner in range(8):
+            bits = [(corner >> k) & 1 for k in range(3)]
+            idx = [q + b for q, b in zip(lo, bits)]
+            weight = None
+            for f, b in zip(frac, bits):
+                term = f if b else 1 - f
+                weight = term if weight is None else weight * term
+            part = read(*idx, weight)
+            out = part if out is None else out + part
+    return out.reshape(n, c, od, oh, ow)
+
+
 def own_decompositions() -> dict:
     """``{ATen overload: decomposition}`` for the operators above."""
     import torch
 
-    return {torch.ops.aten._trilinear.default: trilinear}
+    return {torch.ops.aten._trilinear.default: trilinear, torch.ops.aten.grid_sampler_3d.default: grid_sampler_3d}
 
 
-__all__ = ["own_decompositions", "trilinear"]
+__all__ = ["own_decompositions", "trilinear", "grid_sampler_3d"]

@@ -77,7 +77,7 @@ ALIASES: dict[str, tuple] = {
     "ldexp": ("ldexp",), "nanmedian": ("nanmedian", "masked.median"),
     "adaptive_max_pool2d": ("nn.functional.adaptive_max_pool2d",), "adaptive_max_pool3d": ("nn.functional.adaptive_max_pool3d",),
     "exponential": ("exponential",), "uniform": ("uniform",), "cauchy": ("cauchy",), "geometric": ("geometric",),
-    "log_normal": ("log_normal",),
+    "log_normal": ("log_normal",), "grid_sampler_3d": ("grid_sampler_3d",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
