@@ -739,3 +739,11 @@ def test_nanmedian_of_a_row_of_nans_is_nan_and_median_takes_the_first_nan():
     np.testing.assert_array_equal(got[0], want[0].numpy())  # [nan, 2, 2]
     np.testing.assert_array_equal(got[1], want[1].numpy())  # [0, 1, 1]: the first NaN, else the median
     assert float(got[2]) == float(want[2]) == 2.0
+
+
+def test_rrelu_in_training_is_refused_with_the_reason_and_converts_in_evaluation():
+    x = torch.randn(3, 4)
+    with pytest.raises(UnsupportedOperatorError, match="random slope per negative entry"):
+        import_torch(nn.RReLU().train(), (x,))
+    mod, _ = from_torch(nn.RReLU(0.1, 0.3).eval(), (x,))
+    np.testing.assert_allclose(pullback.build(mod)["main"](x.numpy()), F.leaky_relu(x, 0.2).numpy(), rtol=1e-6)

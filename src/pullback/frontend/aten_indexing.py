@@ -515,6 +515,33 @@ def _as_strided(cx, x, size, stride, storage_offset=None):
     return _op("take")(_op("reshape")(x, (-1,)), const(pos))
 
 
+@aten("aten.put.default")
+def _put(cx, x, index, source, accumulate=False):
+    """``Tensor.put``: ``source`` written (or added, ``accumulate``) at flat positions of ``x`` (negative ones count
+    from the end); out-of-range positions are an error when the program runs, as in eager."""
+    n = math.prod(static(cx, "put", cx.shape_of(x)))
+    k = math.prod(static(cx, "put", cx.shape_of(index)))
+    if k == 0:
+        return x
+    idx = _op("reshape")(_int64(cx, index), (k,))
+    idx = _op("where")(_op("less")(idx, scalar(0, "int64")), _op("add")(idx, scalar(n, "int64")), idx)
+    src = _op("reshape")(cast(cx, source, cx.out_dtype), (k,))
+    flat = _op("reshape")(x, (n,))
+    out = _op("index_add")(flat, idx, src, axis=0, mode="fast") if accumulate else _op("scatter")(flat, idx, src, axis=0)
+    return _op("reshape")(out, cx.shape_of(x))
+
+
+@aten("aten.rrelu_with_noise_functional.default")
+def _rrelu(cx, x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """``F.rrelu`` in evaluation: a leaky ReLU of slope ``(lower + upper) / 2``; the noise is all ones. In training
+    eager draws one slope per negative entry, a number of draws that depends on the data: refused."""
+    if training:
+        raise PullbackError("F.rrelu in training draws a random slope per negative entry (as many draws as the data "
+                            "has negatives, which a compiled program cannot replay): train with F.leaky_relu, or "
+                            "evaluate (training=False)")
+    return [_op("nn.leaky_relu")(x, alpha=(float(lower) + float(upper)) / 2), _op("ones_like")(x)]
+
+
 @aten("aten.as_strided_scatter.default")
 def _as_strided_scatter(cx, x, src, size, stride, storage_offset=None):
     """``x`` with a strided view written by ``src`` (how ``fill_diagonal_`` and writes through ``as_strided``

@@ -78,6 +78,7 @@ ALIASES: dict[str, tuple] = {
     "adaptive_max_pool2d": ("nn.functional.adaptive_max_pool2d",), "adaptive_max_pool3d": ("nn.functional.adaptive_max_pool3d",),
     "exponential": ("exponential",), "uniform": ("uniform",), "cauchy": ("cauchy",), "geometric": ("geometric",),
     "log_normal": ("log_normal",), "grid_sampler_3d": ("grid_sampler_3d",),
+    "put": ("put",), "rrelu_with_noise_functional": ("nn.functional.rrelu",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
