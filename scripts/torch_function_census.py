@@ -197,6 +197,12 @@ CASES = {
     "grid_sample_3d_nearest": (lambda x, g: F.grid_sample(x, g, mode="nearest") * g.sum(), (X(1, 2, 3, 4, 5), X(1, 2, 3, 2, 3))),
     "put_accumulate": (lambda x: x.put(torch.tensor([0, -2, 0]), x[0, :3] * 3.0, accumulate=True), (X(3, 4),)),
     "rrelu_train": (lambda x: F.rrelu(x, training=True), (X(3, 4),)),
+    "index_reduce": (lambda x: x.index_reduce(0, torch.tensor([0, 2, 0]), x.flip(0) * 2.0, "amax")
+                     + x.index_reduce(1, torch.tensor([1, 1, 3, 0]), x.exp(), "mean", include_self=False)
+                     + x.index_reduce(0, torch.tensor([2, 1, 2]), x.flip(1), "prod"), (X(3, 4),)),
+    "triangular_solve": (lambda x: torch.triangular_solve(x[:, :2], x[:, :3].triu() + 3 * torch.eye(3, dtype=x.dtype))[0]
+                         + torch.triangular_solve(x[:, 1:3], x[:, 1:].tril() + 3 * torch.eye(3, dtype=x.dtype),
+                                                  upper=False, transpose=True)[0], (X(3, 4),)),
     "complex": (lambda x: torch.view_as_real(torch.complex(x, x.flip(0)[:1]) * (1 + 2j)), (X(3, 4),)),
     "angle": (lambda x: torch.angle(torch.complex(x, x.flip(0))) + torch.angle(x), (X(3, 4),)),
     # float exponents: with integer ones eager's gradient w.r.t. x is 2 ** e in integers (0 where e < 0, torch 2.13)

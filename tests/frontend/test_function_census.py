@@ -29,7 +29,8 @@ NEW = ["logcumsumexp", "logcumsumexp_wide", "cummax", "cummin", "addmv", "addbmm
        "gumbel_softmax", "gumbel_softmax_hard", "uniform_", "samplers_", "median_nan", "nanmedian",
        "nanmedian_indices", "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "adaptive_max_pool1d",
        "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar", "grid_sample_3d", "grid_sample_3d_border",
-       "grid_sample_3d_reflection", "grid_sample_3d_nearest", "put", "put_accumulate", "rrelu_eval"]
+       "grid_sample_3d_reflection", "grid_sample_3d_nearest", "put", "put_accumulate", "rrelu_eval",
+       "index_reduce", "triangular_solve"]
 
 
 @pytest.mark.parametrize("name", NEW)

@@ -228,6 +228,19 @@ def _scatter_reduce(cx, x, dim, index, src, reduce, include_self=True):
                                  include_self=bool(include_self))
 
 
+@aten("aten.index_reduce.default")
+def _index_reduce(cx, x, dim, index, source, reduce, include_self=True):
+    """``index_reduce``: ``scatter_reduce`` with ``index`` (one position per slice of ``source`` along ``dim``)
+    broadcast over the slice."""
+    n = cx.ndim_of(x)
+    if n == 0:
+        return _scatter_reduce(cx, x, 0, index, source, reduce, include_self)
+    axis = norm_axis(dim, n)
+    shape = static(cx, "index_reduce", cx.shape_of(source))
+    idx = _op("reshape")(_int64(cx, index), tuple(-1 if i == axis else 1 for i in range(n)))
+    return _scatter_reduce(cx, x, axis, _op("broadcast_to")(idx, shape), source, reduce, include_self)
+
+
 _SCATTER_MODES = {"add": "sum", "multiply": "prod"}
 
 

@@ -70,6 +70,15 @@ def _solve_triangular(cx, a, b, upper, left=True, unitriangular=False):
     return _op("solve_triangular")(a, b, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
 
 
+@aten("aten.triangular_solve.default")
+def _triangular_solve(cx, b, a, upper=True, transpose=False, unitriangular=False):
+    """The deprecated ``torch.triangular_solve``: ``(A^-1 B or A^-T B, A)``."""
+    a2, b2 = _same_batch(cx, a, b)
+    if transpose:
+        a2, upper = mT(a2), not upper
+    return [_op("solve_triangular")(a2, b2, upper=bool(upper), unitriangular=bool(unitriangular)), a]
+
+
 @aten("aten.cholesky_solve.default")
 def _cholesky_solve(cx, b, factor, upper=False):
     """``A^-1 B`` for ``A = L L^T`` (``U^T U`` when ``upper``): two triangular solves."""

@@ -79,6 +79,8 @@ ALIASES: dict[str, tuple] = {
     "exponential": ("exponential",), "uniform": ("uniform",), "cauchy": ("cauchy",), "geometric": ("geometric",),
     "log_normal": ("log_normal",), "grid_sampler_3d": ("grid_sampler_3d",),
     "put": ("put",), "rrelu_with_noise_functional": ("nn.functional.rrelu",),
+    "index_reduce": ("index_reduce.prod", "index_reduce.mean", "index_reduce.amax", "index_reduce.amin"),
+    "triangular_solve": ("triangular_solve",),
 }
 DTYPES_CHECKED = ("float32", "float64")
 # value / gradient tolerances (rtol, atol) per dtype
