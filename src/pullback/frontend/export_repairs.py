@@ -5,7 +5,8 @@
 - a failed trace prints its partial graph to stderr: only what the model itself printed is passed on;
 - a trace that branches on a tensor's value fails: the error says how to make the branch static; one whose
   shapes depend on values says what to use instead;
-- ``torch.distributions`` validate their arguments by a branch on values: not while exporting;
+- ``torch.distributions`` validate their arguments by a branch on values: not while exporting, and neither does
+  ``F.gaussian_nll_loss`` (``nn.GaussianNLLLoss``) check its variance for negative entries;
 - ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
 - a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
@@ -169,13 +170,55 @@ def _distribution_class():
 _unvalidated = _WhileOpen(_distribution_class, "_validate_args", lambda original: False if isinstance(original, bool) else None)
 
 
-def unvalidated_distributions():
-    """``torch.distributions`` objects made while the block is open do not validate their arguments (unless made
-    with ``validate_args=True``). Validation checks values (``constraints.positive.check(scale).all()``) and
-    raises in Python, a branch on a tensor's value that ``torch.export`` cannot trace: a policy or VAE using
-    ``Normal(mu, sigma)`` failed to export. The compiled program computes what eager computes on valid
-    arguments (as ``validate_args=False`` does in eager)."""
-    return _unvalidated()
+def _functional():
+    import torch.nn.functional
+
+    return torch.nn.functional
+
+
+def _gaussian_nll_unchecked(original):
+    """``F.gaussian_nll_loss`` computing the same loss without its check for negative variances (a branch on
+    values): ``0.5 (log v + (input - target)^2 / v)`` (plus ``0.5 log 2 pi`` when ``full``), ``v`` the variance
+    (unsqueezed when it lacks ``input``'s last dim, broadcast in the heteroscedastic case) clamped to ``eps``, its
+    gradient passed through the clamp unchanged, as through eager's in-place clamp under ``no_grad`` (which
+    ``torch.export`` would turn into a detach)."""
+    if not callable(original):
+        return None
+
+    def loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+        import math
+
+        import torch
+
+        if not isinstance(var, torch.Tensor) or reduction not in ("none", "mean", "sum"):
+            return original(input, target, var, full=full, eps=eps, reduction=reduction)
+        if var.shape != input.shape and input.shape[:-1] == var.shape:
+            var = var.unsqueeze(-1)
+        elif var.shape != input.shape and not (
+                input.ndim == var.ndim and sum(b for a, b in zip(input.shape, var.shape) if a != b) == 1):
+            raise ValueError("var is of incorrect size")
+        var = var.clamp(min=eps).detach() + (var - var.detach())  # the clamped value, the gradient passed through
+        out = 0.5 * (torch.log(var) + (input - target) ** 2 / var)
+        if full:
+            out = out + 0.5 * math.log(2 * math.pi)
+        return out.mean() if reduction == "mean" else out.sum() if reduction == "sum" else out
+
+    return loss
+
+
+_gaussian_nll = _WhileOpen(_functional, "gaussian_nll_loss", _gaussian_nll_unchecked)
+
+
+@contextmanager
+def unvalidated_arguments() -> Iterator[None]:
+    """While the block is open, ``torch.distributions`` objects made then do not validate their arguments (unless
+    made with ``validate_args=True``), and ``F.gaussian_nll_loss`` does not check its variance for negative
+    entries. Both check values and raise in Python, a branch on a tensor's value that ``torch.export`` cannot
+    trace: a policy or VAE using ``Normal(mu, sigma)``, a regression head trained by ``nn.GaussianNLLLoss``,
+    failed to export. The compiled program computes what eager computes on valid arguments (as
+    ``validate_args=False`` does in eager)."""
+    with _unvalidated(), _gaussian_nll():
+        yield
 
 
 HOST_RANDOM_HINT = (
@@ -292,4 +335,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_distributions", "transformer_masks_as_given", "host_random_draws_refused", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

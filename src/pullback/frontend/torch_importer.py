@@ -197,7 +197,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         with export_repairs.host_random_draws_refused():  # checked once the trace succeeded
             try:
                 with custom_functions.recorded() as applied, redirect_stderr(printed), \
-                        export_repairs.unvalidated_distributions(), export_repairs.transformer_masks_as_given():
+                        export_repairs.unvalidated_arguments(), export_repairs.transformer_masks_as_given():
                     n = len(example_inputs) - len(keywords)
                     kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
                     ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
