@@ -6,7 +6,8 @@
 Each case is one ``torch.nn`` module (float64, training mode, its parameters initialised by a fixed seed) on
 small inputs; it is compiled with ``pullback.integrations.torch.compile`` and run side by side with a copy of
 itself in eager PyTorch, the random draws (dropout) seeded alike: ``OK`` when the output, the gradient of every
-float input and of every parameter (for a random cotangent) agree, else ``DIFF``, or the error. Modules
+float input and of every parameter (for a random cotangent) and the buffers the forward updates (running
+statistics, spectral norm's power iteration) agree, else ``DIFF``, or the error. Modules
 pullback does not convert are ``EXPECTED`` to fail, with the reason. Exits 1 on a ``DIFF`` or an unexpected
 failure.
 """
@@ -14,7 +15,6 @@ failure.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import warnings
 
@@ -125,6 +125,13 @@ CASES = {
     "Transformer": (lambda: nn.Transformer(8, 2, 1, 1, 16, dropout=0.1, batch_first=True), (X(2, 4, 8), X(2, 3, 8))),
     "TransformerDecoderLayer_norm_first": (lambda: nn.TransformerDecoderLayer(8, 2, 16, norm_first=True, activation="gelu"),
                                            (X(3, 2, 8), X(4, 2, 8))),
+    # parametrizations (re-computed from their parameters at each call; spectral norm's power iteration updates
+    # its buffers in training)
+    "weight_norm": (lambda: nn.utils.parametrizations.weight_norm(nn.Linear(5, 3)), (X(3, 5),)),
+    "spectral_norm": (lambda: nn.utils.parametrizations.spectral_norm(nn.Linear(5, 4), n_power_iterations=2), (X(3, 5),)),
+    "spectral_norm_conv": (lambda: nn.utils.parametrizations.spectral_norm(nn.Conv2d(4, 3, 3)), (IMG,)),
+    "spectral_norm_hook": (lambda: nn.utils.spectral_norm(nn.Linear(5, 4)), (X(3, 5),)),
+    "weight_norm_hook": (lambda: nn.utils.weight_norm(nn.Conv1d(4, 3, 3), dim=0), (SEQ,)),
     # losses (mean over a batch)
     "L1Loss": (lambda: nn.L1Loss(), (X(3, 5), X(3, 5))),
     "MSELoss_sum": (lambda: nn.MSELoss(reduction="sum"), (X(3, 5), X(3, 5))),
@@ -263,7 +270,8 @@ def check(name: str, target: str) -> str:
     factory, args = CASES[name]
     torch.manual_seed(0)
     model = factory().double().train()
-    eager = copy.deepcopy(model)
+    torch.manual_seed(0)  # built twice alike: hook-based weight_norm cannot be deep-copied
+    eager = factory().double().train()
     xs = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
     ys = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
     try:
@@ -276,6 +284,8 @@ def check(name: str, target: str) -> str:
         return f"ERROR: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
     try:
         torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+        for (key, b), c in zip(model.named_buffers(), eager.buffers()):  # running statistics, power iterations
+            torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-10, msg=lambda m, key=key: f"buffer {key}: {m}")
         ct = torch.randn_like(ref)
         for g, w in zip(_grads(model, xs, out, ct), _grads(eager, ys, ref, ct)):
             if g is not None or w is not None:
