@@ -38,6 +38,13 @@ def _written_through_as_strided(x, v):
     return y
 
 
+def _class_means(x, labels):
+    """Per-class means of the rows of ``x`` through ``torch.unique`` (a prototype loss's centroids)."""
+    classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    sums = torch.zeros(classes.shape[0], x.shape[1], dtype=x.dtype).index_add(0, inverse, x)
+    return sums / counts[:, None]
+
+
 def _with_nans(x):
     """NaN at (0, 1), (0, 3) and (2, 4); row 1 has none."""
     nan = torch.zeros_like(x)
@@ -203,6 +210,8 @@ CASES = {
     "triangular_solve": (lambda x: torch.triangular_solve(x[:, :2], x[:, :3].triu() + 3 * torch.eye(3, dtype=x.dtype))[0]
                          + torch.triangular_solve(x[:, 1:3], x[:, 1:].tril() + 3 * torch.eye(3, dtype=x.dtype),
                                                   upper=False, transpose=True)[0], (X(3, 4),)),
+    "unique": (lambda x: x * torch.unique(torch.tensor([[3, 1, 3], [2, 1, 5]]))[:1].sum(), (X(3, 4),)),
+    "unique_inverse_counts": (lambda x: _class_means(x, torch.tensor([2, 0, 2])), (X(3, 4),)),
     "complex": (lambda x: torch.view_as_real(torch.complex(x, x.flip(0)[:1]) * (1 + 2j)), (X(3, 4),)),
     "angle": (lambda x: torch.angle(torch.complex(x, x.flip(0))) + torch.angle(x), (X(3, 4),)),
     # float exponents: with integer ones eager's gradient w.r.t. x is 2 ** e in integers (0 where e < 0, torch 2.13)

@@ -30,7 +30,7 @@ NEW = ["logcumsumexp", "logcumsumexp_wide", "cummax", "cummin", "addmv", "addbmm
        "nanmedian_indices", "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "adaptive_max_pool1d",
        "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar", "grid_sample_3d", "grid_sample_3d_border",
        "grid_sample_3d_reflection", "grid_sample_3d_nearest", "put", "put_accumulate", "rrelu_eval",
-       "index_reduce", "triangular_solve"]
+       "index_reduce", "triangular_solve", "unique", "unique_inverse_counts"]
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -45,12 +45,13 @@ def test_on_the_other_targets(name, target):
     assert census.check(name, target) == "OK"
 
 
-def test_masked_select_runs_on_torch_and_jax_says_why_not():
-    """Its length depends on the data: the torch target runs it, the jax target (jax.jit, static shapes) names
-    the targets that do."""
-    assert census.check("masked_select", "torch") == "OK"
-    status = census.check("masked_select", "jax")
-    assert "the result's shape depends on the data" in status and "numpy or torch target" in status
+def test_data_dependent_lengths_run_on_torch_and_jax_says_why_not():
+    """masked_select's and unique's lengths depend on the data: the torch target runs them, the jax target
+    (jax.jit, static shapes) names the targets that do."""
+    for name in ("masked_select", "unique_inverse_counts"):
+        assert census.check(name, "torch") == "OK"
+        status = census.check(name, "jax")
+        assert "the result's shape depends on the data" in status and "numpy or torch target" in status
 
 
 def test_an_expected_failure_still_fails_with_a_named_operator():

@@ -1,4 +1,4 @@
-"""cumsum, cumprod, logcumsumexp, cumargmax/cumargmin, argsort, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
+"""cumsum, cumprod, logcumsumexp, cumargmax/cumargmin, argsort, unique, nonzero, scatter and scatter_reduce: forward vs PyTorch, kernels on every namespace, gradient rules."""
 
 from __future__ import annotations
 
@@ -106,6 +106,15 @@ NONDIFF += [
     for ax in (1, 0)
 ]
 NONDIFF += [case("cumargmax", np.array(1.5), torch=lambda x: torch().cummax(x, 0).indices)]
+
+
+def _torch_unique(x):
+    values, inverse, counts = x.reshape(-1).unique(sorted=True, return_inverse=True, return_counts=True)
+    return values, inverse.reshape(x.shape), counts
+
+
+NONDIFF += [case("unique", np.array([[3, 1, 3], [2, 1, 5]]), torch=_torch_unique),
+            case("unique", np.array([1.0, np.nan, 1.0, np.nan, -0.5]), torch=_torch_unique, id="unique-nans")]
 ALL = CASES + CUMPROD + NONDIFF
 
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..ir.errors import PullbackError
-from ..ir.expr import Expr, const
+from ..ir.expr import Expr, TupleGetItem, const
 from ..ir.types import Any
 from ..ops.common import broadcast_shapes
 from .aten_table import _op, as_dtype, aten, cast, expand_to, newshape, norm_axis, result_dtype, scalar, slice_bounds, static
@@ -161,7 +161,7 @@ def _index_put(cx, x, indices, values, accumulate=False):
             return _op("add")(x, _masked_fill_from(cx, _op("zeros_like")(x), mask, values, shape))
         return _masked_fill_from(cx, x, mask, values, shape)
     flat_x, flat, pos, batch, rest, shape = _linearized(cx, x, indices)
-    static(cx, "index_put", tuple(shape) + tuple(batch))
+    static(cx, "index_put", tuple(batch) + tuple(rest))  # x's indexed (first) dimension may be dynamic
     layout = _result_layout(pos, batch, len(rest))
     torch_shape = tuple((batch + rest)[i] for i in layout)
     vals = values if tuple(cx.shape_of(values)) == torch_shape else _op("broadcast_to")(values, torch_shape)
@@ -176,7 +176,7 @@ def _index_put(cx, x, indices, values, accumulate=False):
         idx = _op("reshape")(flat, (nb,) + (1,) * len(rest))
         out = _op("scatter")(flat_x, _op("broadcast_to")(idx, (nb,) + rest), vals, axis=0)
     perm = tuple(pos) + tuple(i for i in range(len(shape)) if i not in pos)
-    out = _op("reshape")(out, tuple(shape[i] for i in perm))
+    out = _op("reshape")(out, newshape(cx, "index_put", tuple(shape[i] for i in perm)))
     return out if perm == tuple(range(len(shape))) else _op("transpose")(out, tuple(int(i) for i in np.argsort(perm)))
 
 
@@ -421,6 +421,16 @@ def _masked_select(cx, x, mask):
     flat = [_op("reshape")(v if tuple(cx.shape_of(v)) == shape else _op("broadcast_to")(v, shape), (n,)) for v in (x, mask)]
     pos = _op("reshape")(_op("nonzero")(flat[1]), (-1,))
     return _op("take")(flat[0], pos, axis=0)
+
+
+@aten("aten._unique2.default")
+def _unique2(cx, x, sorted=True, return_inverse=False, return_counts=False):
+    """``torch.unique`` (always sorted, as PyTorch on the CPU): the distinct values, and the inverse indices and
+    counts when asked for (else empty, as PyTorch); a data-dependent length, so numpy and torch targets."""
+    u = _op("unique")(x)
+    empty = const(np.zeros((0,), dtype="int64"))
+    return [TupleGetItem(u, 0), TupleGetItem(u, 1) if return_inverse else empty,
+            TupleGetItem(u, 2) if return_counts else empty]
 
 
 @aten("aten.nonzero.default")

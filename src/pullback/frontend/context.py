@@ -158,17 +158,18 @@ class ConvertContext:
         self._names = names
         self.masks: list[RandomInput] = []
         self.mask_vars: list[Var] = []
-        self._sizes: dict[str, tuple] = {}  # symbolic size -> (user input Var, axis) that carries it
+        self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
 
-    def note_sizes(self, v: Var, val) -> None:
-        """Remember which axis of the user input ``v`` (torch value ``val``) carries each symbolic size."""
+    def note_sizes(self, v: Expr, val) -> None:
+        """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as
+        ``unique``'s; torch value ``val``) carries each symbolic size."""
         for axis, d in enumerate(val.shape):
             if static_dim(d) is Any:
                 self._sizes.setdefault(str(d.node.expr), (v, axis))
 
     def size_zeros(self, size, dtype: str) -> Expr:
-        """A 1-D tensor of zeros of the symbolic length ``size`` (a ``SymInt``), read off the user input that
-        carries it: what broadcasts a tensor to a dynamic batch it does not have."""
+        """A 1-D tensor of zeros of the symbolic length ``size`` (a ``SymInt``), read off the user input or the
+        result that carries it: what broadcasts a tensor to a dynamic size it does not have."""
         from ..ops.registry import get_op
 
         src = self._sizes.get(str(getattr(getattr(size, "node", None), "expr", size)))
@@ -176,13 +177,16 @@ class ConvertContext:
             raise PullbackError(f"a dynamic size {size} that no input carries (only input sizes can be dynamic)")
         v, axis = src
         z = get_op("zeros_like")(v)
-        others = tuple(i for i in range(len(v.type_annotation.shape)) if i != axis)
+        others = tuple(i for i in range(self.ndim_of(v)) if i != axis)
         z = get_op("sum")(z, others, False) if others else z
-        return z if v.type_annotation.dtype == dtype else get_op("cast")(z, dtype)
+        return z if self.dtype_of(v) == dtype else get_op("cast")(z, dtype)
 
     def record(self, expr: Expr, val) -> None:
         if isinstance(expr, Expr) and hasattr(val, "shape") and hasattr(val, "dtype"):
-            self._meta[id(expr)] = (torch_shape(val.shape), torch_dtype_name(val.dtype))
+            shape = torch_shape(val.shape)
+            self._meta[id(expr)] = (shape, torch_dtype_name(val.dtype))
+            if Any in shape:
+                self.note_sizes(expr, val)
 
     def _info(self, e: Expr) -> tuple:
         info = self._meta.get(id(e))

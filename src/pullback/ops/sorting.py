@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.errors import ExecutionError
-from ..ir.types import Any, TensorType
+from ..ir.types import DTYPES, Any, TensorType, TupleType
 from .common import normalize_axis, numel, tensor_arg
 from .kernels import is_traced
 from .nn import check_bool, check_int
@@ -63,15 +63,52 @@ def _nonzero_kernel(xp, x, attrs=None):
     return xp.astype(xp.stack(xp.nonzero(x), axis=-1), xp.int64)
 
 
-def _nonzero_jax(x, attrs=None):
-    if is_traced(x):
-        raise ExecutionError("nonzero: the result's shape depends on the data, and the jax target compiles "
+def _eager_only_on_jax(name: str, kernel):
+    """The jax implementation of an operator whose result's shape depends on the data: ``kernel`` on concrete
+    arrays, an error under ``jax.jit`` naming the targets that run it."""
+    def impl(x, attrs=None):
+        if not is_traced(x):
+            try:
+                return kernel(array_namespace("jax"), x, attrs)
+            except Exception as e:  # a constant operand inside jax.jit: its sizes are staged out too
+                if "Concretization" not in type(e).__name__ and "Tracer" not in type(e).__name__:
+                    raise
+        raise ExecutionError(f"{name}: the result's shape depends on the data, and the jax target compiles "
                              "programs with jax.jit (static shapes); run this program on the numpy or torch target")
-    return _nonzero_kernel(array_namespace("jax"), x, attrs)
+    return impl
+
+
+_nonzero_jax = _eager_only_on_jax("nonzero", _nonzero_kernel)
 
 
 nonzero = defop("nonzero", 1, _nonzero_infer, kernel=_nonzero_kernel, impls={"jax": _nonzero_jax}, differentiable=False, nondiff_reason=NO_GRAD,
                 pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 0, torch_name="nonzero",
                 doc="``(n, ndim)`` int64 coordinates of the non-zero elements, in row-major order (``n`` is known at run time).")
 
-__all__ = ["argsort", "nonzero", "ArgsortAttrs"]
+
+
+def _unique_infer(arg_types, attrs):
+    x = tensor_arg("unique", arg_types, 0)
+    return TupleType((TensorType((Any,), x.dtype), TensorType(x.shape, "int64"), TensorType((Any,), "int64")))
+
+
+def _unique_kernel(xp, x, attrs=None):
+    """The array API's ``unique_all`` of the flattened tensor (ascending; each NaN its own value, as PyTorch)."""
+    u = xp.unique_all(xp.reshape(x, (-1,)))
+    return u.values, xp.reshape(xp.astype(u.inverse_indices, xp.int64), x.shape), xp.astype(u.counts, xp.int64)
+
+
+def _unique_torch(x, attrs=None):
+    values, inverse, counts = x.reshape(-1).unique(sorted=True, return_inverse=True, return_counts=True)
+    return values, inverse.reshape(x.shape), counts
+
+
+unique = defop("unique", 1, _unique_infer, kernel=_unique_kernel,
+               impls={"jax": _eager_only_on_jax("unique", _unique_kernel), "torch": _unique_torch},
+               differentiable=False, nondiff_reason="its values are a selection of distinct entries (PyTorch gives "
+               "them no gradient)", pattern=FusionKind.OPAQUE, dtypes=DTYPES, flops=lambda ts, out, a: 0,
+               torch_name="_unique2",
+               doc="``(values, inverse, counts)``: the distinct entries in ascending order (their number is known "
+                   "at run time), each entry's position among them (the input's shape) and how often each occurs.")
+
+__all__ = ["argsort", "nonzero", "unique", "ArgsortAttrs"]
