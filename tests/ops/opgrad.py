@@ -26,7 +26,7 @@ from pullback.ops import get_op
 FLOAT = "float64"
 
 # (op, target) pairs a target cannot run, with the error it must give instead of a result
-UNSUPPORTED = {("nonzero", "jax"): "the result's shape depends on the data"}
+UNSUPPORTED = {(name, "jax"): "the result's shape depends on the data" for name in ("nonzero", "unique")}
 
 
 @dataclass

@@ -164,7 +164,7 @@ class ConvertContext:
         """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as
         ``unique``'s; torch value ``val``) carries each symbolic size."""
         for axis, d in enumerate(val.shape):
-            if static_dim(d) is Any:
+            if static_dim(d) is Any and hasattr(d, "node"):  # a torch SymInt (not a random input's Any)
                 self._sizes.setdefault(str(d.node.expr), (v, axis))
 
     def size_zeros(self, size, dtype: str) -> Expr:
