@@ -458,3 +458,36 @@ def test_gumbel_softmax_and_fill_diagonal_train_like_eager(target):
         torch.testing.assert_close(got, loss.detach(), rtol=1e-12, atol=1e-12)
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+class UnusedDropout(nn.Module):
+    """A dropout whose result nothing uses (as in a classifier that ignores one of its encoder's outputs, Hugging
+    Face's CANINE and LiLT): eager still draws its mask, so the draws after it depend on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        F.dropout(h * 2, 0.5, self.training)  # drawn, never used
+        return F.dropout(h, 0.5, self.training).square().sum()
+
+
+def test_a_dropout_whose_result_is_unused_still_draws_its_mask(target):
+    x = torch.randn(3, 4)
+    prog = import_torch(UnusedDropout(), (x,))
+    assert [m.kind for m in prog.masks] == ["bernoulli", "bernoulli"]
+    torch.manual_seed(0)
+    model = UnusedDropout()
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,), target=target)
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        out = cm(x)
+        out.backward()
+        torch.manual_seed(seed)
+        ref = eager(x)
+        ref.backward()
+        torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)

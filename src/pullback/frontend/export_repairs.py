@@ -9,6 +9,8 @@
   ``F.gaussian_nll_loss`` (``nn.GaussianNLLLoss``) check its variance for negative entries;
 - ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
 - a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
+- ``run_decompositions`` drops a random draw whose result is unused (a dropout feeding only an unused output):
+  eager still draws it, so every later draw would differ; such draws are kept (``random_draws_kept``);
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
   while it runs (``memoised_callable_aliases``); export and ``run_decompositions`` materialise every C++
   composite operator about 26 times per call: once, unless new ones were registered
@@ -221,6 +223,22 @@ def unvalidated_arguments() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def random_draws_kept(ops) -> Iterator[None]:
+    """While the block is open, FX's dead-code elimination keeps calls of the random operators ``ops`` (those of
+    PyTorch's ``nondeterministic_seeded`` operators that the importer converts) even when their results are
+    unused, as eager draws them: each becomes a random input drawn in order (and its result left unused)."""
+    import torch.fx.node
+
+    effectful = torch.fx.node._side_effectful_functions
+    added = [op for op in ops if op not in effectful]
+    effectful.update(added)
+    try:
+        yield
+    finally:
+        effectful.difference_update(added)
+
+
 HOST_RANDOM_HINT = (
     "from_torch: the forward draws random numbers from {which} while it is traced; torch.export keeps the "
     "values drawn then as constants, so every call would reuse them (e.g. Wav2Vec2's and HuBERT's SpecAugment "
@@ -335,4 +353,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]

@@ -210,8 +210,22 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
-        with export_repairs.rnn_dropout_between_layers():
+        with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()):
             return ep.run_decompositions(decomposition_table())
+
+
+@functools.cache
+def _seeded_ops() -> tuple:
+    """The converted ATen overloads that draw random numbers (PyTorch's ``nondeterministic_seeded`` tag)."""
+    import torch
+
+    out = []
+    for name in ATEN_TABLE:
+        parts = name.split(".")
+        op = getattr(getattr(torch.ops.aten, parts[1], None), parts[2], None) if len(parts) == 3 else None
+        if op is not None and torch.Tag.nondeterministic_seeded in op.tags:
+            out.append(op)
+    return tuple(out)
 
 
 def _to_numpy(t) -> np.ndarray:
