@@ -38,6 +38,13 @@ def _written_through_as_strided(x, v):
     return y
 
 
+def _adapt_selected_rows(x, mask):
+    """``out[mask] = f(x[mask])``: a language adapter applied to the rows of one language (X-MOD)."""
+    out = torch.zeros_like(x)
+    out[mask] = torch.tanh(x[mask] * 2.0)
+    return out + x
+
+
 def _class_means(x, labels):
     """Per-class means of the rows of ``x`` through ``torch.unique`` (a prototype loss's centroids)."""
     classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
@@ -212,6 +219,7 @@ CASES = {
                                                   upper=False, transpose=True)[0], (X(3, 4),)),
     "unique": (lambda x: x * torch.unique(torch.tensor([[3, 1, 3], [2, 1, 5]]))[:1].sum(), (X(3, 4),)),
     "unique_inverse_counts": (lambda x: _class_means(x, torch.tensor([2, 0, 2])), (X(3, 4),)),
+    "masked_rows_written": (lambda x: _adapt_selected_rows(x, x[:, 0] > 0), (X(5, 4),)),
     "complex": (lambda x: torch.view_as_real(torch.complex(x, x.flip(0)[:1]) * (1 + 2j)), (X(3, 4),)),
     "angle": (lambda x: torch.angle(torch.complex(x, x.flip(0))) + torch.angle(x), (X(3, 4),)),
     # float exponents: with integer ones eager's gradient w.r.t. x is 2 ** e in integers (0 where e < 0, torch 2.13)

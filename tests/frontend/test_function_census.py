@@ -30,7 +30,8 @@ NEW = ["logcumsumexp", "logcumsumexp_wide", "cummax", "cummin", "addmv", "addbmm
        "nanmedian_indices", "adaptive_max_pool2d", "adaptive_max_pool2d_indices", "adaptive_max_pool1d",
        "adaptive_max_pool3d", "complex", "angle", "ldexp", "polar", "grid_sample_3d", "grid_sample_3d_border",
        "grid_sample_3d_reflection", "grid_sample_3d_nearest", "put", "put_accumulate", "rrelu_eval",
-       "index_reduce", "triangular_solve", "unique", "unique_inverse_counts"]
+       "index_reduce", "triangular_solve", "unique", "unique_inverse_counts",
+       "masked_rows_written"]
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -48,7 +49,7 @@ def test_on_the_other_targets(name, target):
 def test_data_dependent_lengths_run_on_torch_and_jax_says_why_not():
     """masked_select's and unique's lengths depend on the data: the torch target runs them, the jax target
     (jax.jit, static shapes) names the targets that do."""
-    for name in ("masked_select", "unique_inverse_counts"):
+    for name in ("masked_select", "unique_inverse_counts", "masked_rows_written"):
         assert census.check(name, "torch") == "OK"
         status = census.check(name, "jax")
         assert "the result's shape depends on the data" in status and "numpy or torch target" in status

@@ -146,9 +146,10 @@ def _index_put(cx, x, indices, values, accumulate=False):
         vshape = tuple(cx.shape_of(values))
         while cx.ndim_of(mask) < cx.ndim_of(x):
             mask = _op("expand_dims")(mask, cx.ndim_of(mask))
-        if math.prod(vshape) == 1 or len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
+        one = Any not in vshape and math.prod(vshape) == 1  # (a dynamic count: one row per selected entry)
+        if one or len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
             # one value, or values broadcast over rest: every selected entry gets the same values, a where
-            vals = _op("reshape")(values, ()) if math.prod(vshape) == 1 else values
+            vals = _op("reshape")(values, ()) if one else values
             vals = vals if tuple(cx.shape_of(vals)) == shape else _op("broadcast_to")(vals, shape)
             if accumulate:
                 return _op("add")(x, _op("where")(mask, vals, _op("zeros_like")(x)))

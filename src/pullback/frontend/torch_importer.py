@@ -43,9 +43,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..analysis.type_infer import infer_module
+from ..analysis.type_infer import infer_expr, infer_module
 from ..ir.errors import DiagnosticError, PullbackError
-from ..ir.expr import Constant, Function, Tuple, Var
+from ..ir.expr import Constant, Expr, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
 from ..transform.recognize_ops import RecognizeOps
@@ -413,6 +413,9 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
             return _MISSING
         try:
             value = conv(cx, *args, **kwargs)
+            for e in (value if isinstance(value, list) else (value,)):
+                if isinstance(e, Expr):  # typed here: an operator's type error is this node's, not a later one's
+                    infer_expr(e)
         except PullbackError as e:
             problems.add(key, node, str(e).replace("from_torch: ", ""))
             return _MISSING

@@ -81,10 +81,10 @@ def pool_out(n, k: int, s: int, d: int, pb: int, pa: int, ceil_mode: bool):
     if n is Any:
         return Any
     span = n + pb + pa - eff(k, d)
-    if span < 0:
-        return 0
     if not ceil_mode:
-        return span // s + 1
+        return span // s + 1 if span >= 0 else 0
+    # in ceil mode a window wider than the padded input still gives one output (EfficientNet's head pools 8x8
+    # with a 128 window): the window is cut at the padded input's end, as PyTorch does
     out = -(-span // s) + 1
     if (out - 1) * s >= n + pb:
         out -= 1
