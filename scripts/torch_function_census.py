@@ -12,12 +12,12 @@ unexpected failure. This is how the gaps listed in docs/torch.md were found.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import warnings
 
 import torch
 import torch.nn.functional as F
+
+from pullback.testing import census
 
 torch.manual_seed(0)
 
@@ -265,39 +265,17 @@ def check(name: str, target: str) -> str:
         torch.manual_seed(1)
         ref = fn(*ys)
     except Exception as e:  # noqa: BLE001 - reported
-        return f"ERROR: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        return f"ERROR: {type(e).__name__}: {census.brief(e)}"
     try:
         torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
         ct = torch.randn_like(ref)
         got = torch.autograd.grad(out, xs, ct, allow_unused=True)
         want = torch.autograd.grad(ref, ys, ct, allow_unused=True)
-        for g, w in zip(got, want):
-            if g is not None or w is not None:
-                torch.testing.assert_close(torch.zeros_like(w) if g is None else g, torch.zeros_like(g) if w is None else w,
-                                           rtol=1e-8, atol=1e-10)
+        census.assert_same_gradients(got, want, rtol=1e-8, atol=1e-10)
     except Exception as e:  # noqa: BLE001 - reported
-        return f"DIFF: {' '.join(str(e).split())[:200]}"
+        return f"DIFF: {census.brief(e)}"
     return "OK"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help="cases to run (default: all)")
-    ap.add_argument("--target", default="numpy")
-    args = ap.parse_args()
-    warnings.simplefilter("ignore")
-    bad = 0
-    for name in args.names or CASES:
-        status = check(name, args.target)
-        if status != "OK" and name in EXPECTED and status.startswith("ERROR"):
-            status = f"EXPECTED ({EXPECTED[name]})"
-        elif status == "OK" and name in EXPECTED:
-            status = "OK (listed as expected to fail: update EXPECTED)"
-        bad += status.startswith(("DIFF", "ERROR"))
-        print(f"{name:<22s} {status}", flush=True)
-    print(f"{len(args.names or CASES)} functions, {bad} unexpected")
-    return 1 if bad else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(census.main(__doc__, CASES, EXPECTED, check, "functions", 22))

@@ -14,11 +14,11 @@ failure.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import warnings
 
 import torch
+
+from pullback.testing import census
 
 nn = torch.nn
 torch.manual_seed(0)
@@ -284,39 +284,18 @@ def check(name: str, target: str) -> str:
         torch.manual_seed(1)
         ref = eager(*ys)
     except Exception as e:  # noqa: BLE001 - reported
-        return f"ERROR: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        return f"ERROR: {type(e).__name__}: {census.brief(e)}"
     try:
         torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
         for (key, b), c in zip(model.named_buffers(), eager.buffers()):  # running statistics, power iterations
             torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-10, msg=lambda m, key=key: f"buffer {key}: {m}")
         ct = torch.randn_like(ref)
-        for g, w in zip(_grads(model, xs, out, ct), _grads(eager, ys, ref, ct)):
-            if g is not None or w is not None:
-                torch.testing.assert_close(torch.zeros_like(w) if g is None else g, torch.zeros_like(g) if w is None else w,
-                                           rtol=GRAD_RTOL.get(name, 1e-8), atol=1e-10)
+        census.assert_same_gradients(_grads(model, xs, out, ct), _grads(eager, ys, ref, ct),
+                                     rtol=GRAD_RTOL.get(name, 1e-8), atol=1e-10)
     except Exception as e:  # noqa: BLE001 - reported
-        return f"DIFF: {' '.join(str(e).split())[:200]}"
+        return f"DIFF: {census.brief(e)}"
     return "OK"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help="cases to run (default: all)")
-    ap.add_argument("--target", default="numpy")
-    args = ap.parse_args()
-    warnings.simplefilter("ignore")
-    bad = 0
-    for name in args.names or CASES:
-        status = check(name, args.target)
-        if status != "OK" and name in EXPECTED and status.startswith("ERROR"):
-            status = f"EXPECTED ({EXPECTED[name]})"
-        elif status == "OK" and name in EXPECTED:
-            status = "OK (listed as expected to fail: update EXPECTED)"
-        bad += status.startswith(("DIFF", "ERROR"))
-        print(f"{name:<34s} {status}", flush=True)
-    print(f"{len(args.names or CASES)} modules, {bad} unexpected")
-    return 1 if bad else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(census.main(__doc__, CASES, EXPECTED, check, "modules", 34))

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
 pytest.importorskip("torch")
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "torch_function_census.py"
-_spec = importlib.util.spec_from_file_location("torch_function_census", _PATH)
-census = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(census)
+from census_scripts import load  # noqa: E402
+
+census = load("torch_function_census")
 
 
 def test_expected_failures_name_cases():
