@@ -255,6 +255,46 @@ def test_a_custom_autograd_function_whose_backward_is_the_derivative_imports_and
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
+class _MaskedDropout(torch.autograd.Function):
+    """A custom dropout (DeBERTa's XDropout): its forward draws a mask, its backward applies the saved mask."""
+
+    @staticmethod
+    def forward(ctx, x):
+        mask = (torch.rand_like(x) > 0.3).to(x.dtype)
+        ctx.save_for_backward(mask)
+        return x * mask / 0.7
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return g * mask / 0.7
+
+
+class _CustomDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return _MaskedDropout.apply(self.lin(x)).pow(2).mean()
+
+
+def test_a_custom_function_that_draws_is_checked_with_the_same_draws_and_trains_like_eager():
+    """The check runs the Function's forward twice (with its backward, and differentiated by autograd): both
+    runs draw the same mask, so a correct backward is not refused; the user's generator is left as it was."""
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    model, x = _CustomDropout(), torch.randn(4, 3)
+    state = torch.random.get_rng_state()
+    prog = import_torch(model, (x,))
+    assert [m.kind for m in prog.masks] == ["uniform"]
+    assert torch.equal(torch.random.get_rng_state(), state)
+    batches = [((torch.randn(4, 3),), None) for _ in range(3)]
+    result = train_side_by_side(_CustomDropout(), batches, lambda loss, _: loss, verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
 def test_torch_compile_backend_checks_a_custom_autograd_function():
     """Dynamo keeps the Function's forward and backward graphs: the backend runs both on random inputs and
     refuses a backward that is not the forward's derivative; one that is trains like eager."""

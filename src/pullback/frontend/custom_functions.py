@@ -116,10 +116,12 @@ def mismatch(custom: Callable, plain: Callable, specs: tuple) -> str:
 
     try:
         args = inputs()
-        with torch.enable_grad():
+        plain_args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a
+                      for a in args]
+        with torch.enable_grad(), torch.random.fork_rng(devices=[]):  # the user's generator is left as it was
+            torch.manual_seed(0)  # a forward that draws (a custom dropout) draws alike in both runs
             outs_c = _tensors(custom(args))
-            plain_args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a
-                          for a in args]
+            torch.manual_seed(0)
             outs_p = _tensors(plain(plain_args))
         cts = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_c]
         wrt = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
