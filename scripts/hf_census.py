@@ -384,8 +384,7 @@ EXPECTED = {
     "yoso": "its custom autograd.Function YosoCumulation has its own backward (not the forward's derivative); "
             "torch.export keeps only the forward",
     "sew_d": "SpecAugment draws its masks with np.random (refused: they would be baked in); with mask_time_prob=0, "
-             "pullback refuses its XDropout and XSoftmax Functions (their backward check redraws XDropout's mask, "
-             "and cannot differentiate XSoftmax's in-place masked_fill_)",
+             "layerdrop=0 it trains like eager (its XDropout and XSoftmax Functions included)",
     "data2vec_audio": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "
                       "with np.random (refused: they would be baked in); layerdrop=0, mask_time_prob=0 train like eager",
     "sew": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "

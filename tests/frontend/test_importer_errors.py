@@ -295,6 +295,42 @@ def test_a_custom_function_that_draws_is_checked_with_the_same_draws_and_trains_
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
+class _MaskedSoftmax(torch.autograd.Function):
+    """DeBERTa's XSoftmax: a softmax whose masked entries are zeroed in place; its backward is the derivative."""
+
+    @staticmethod
+    def forward(ctx, x, mask):
+        out = torch.softmax(x.masked_fill(mask, -1e9), -1)
+        out.masked_fill_(mask, 0.0)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(-1, keepdim=True)), None
+
+
+class _MaskedAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return _MaskedSoftmax.apply(self.lin(x), x > 1.0).pow(2).sum()
+
+
+def test_a_custom_function_that_writes_in_place_is_checked_and_trains_like_eager():
+    """Autograd cannot differentiate the forward's in-place write as plain code; the check differentiates its
+    functional form instead, and the Function trains like eager."""
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    batches = [((torch.randn(4, 3) * 2,), None) for _ in range(3)]
+    result = train_side_by_side(_MaskedAttention(), batches, lambda loss, _: loss, verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+
+
 def test_torch_compile_backend_checks_a_custom_autograd_function():
     """Dynamo keeps the Function's forward and backward graphs: the backend runs both on random inputs and
     refuses a backward that is not the forward's derivative; one that is trains like eager."""
