@@ -260,25 +260,14 @@ def check(name: str, target: str) -> str:
     from pullback.integrations.torch import compile as pb_compile
 
     fn, args = CASES[name]
-    try:
-        compiled = pb_compile(Call(fn), args, target=target)
-        xs = [a.clone().requires_grad_(True) for a in args]
-        ys = [a.clone().requires_grad_(True) for a in args]
-        torch.manual_seed(1)  # random draws: the same stream for both (pullback draws as eager does)
-        out = compiled(*xs)
-        torch.manual_seed(1)
-        ref = fn(*ys)
-    except Exception as e:  # noqa: BLE001 - reported
-        return f"ERROR: {type(e).__name__}: {census.brief(e)}"
-    try:
-        torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+
+    def input_gradients(out, ref, xs, ys):
         ct = torch.randn_like(ref)
-        got = torch.autograd.grad(out, xs, ct, allow_unused=True)
-        want = torch.autograd.grad(ref, ys, ct, allow_unused=True)
-        census.assert_same_gradients(got, want, rtol=1e-8, atol=1e-10)
-    except Exception as e:  # noqa: BLE001 - reported
-        return f"DIFF: {census.brief(e)}"
-    return "OK"
+        xs, ys = ([a for a in v if a.requires_grad] for v in (xs, ys))
+        census.assert_same_gradients(torch.autograd.grad(out, xs, ct, allow_unused=True),
+                                     torch.autograd.grad(ref, ys, ct, allow_unused=True), rtol=1e-8, atol=1e-10)
+
+    return census.side_by_side(lambda: pb_compile(Call(fn), args, target=target), fn, args, input_gradients)
 
 
 if __name__ == "__main__":

@@ -275,26 +275,15 @@ def check(name: str, target: str) -> str:
     model = factory().double().train()
     torch.manual_seed(0)  # built twice alike: hook-based weight_norm cannot be deep-copied
     eager = factory().double().train()
-    xs = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
-    ys = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
-    try:
-        compiled = pb_compile(model, args, target=target)
-        torch.manual_seed(1)  # the same random draws for both
-        out = compiled(*xs)
-        torch.manual_seed(1)
-        ref = eager(*ys)
-    except Exception as e:  # noqa: BLE001 - reported
-        return f"ERROR: {type(e).__name__}: {census.brief(e)}"
-    try:
-        torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+
+    def buffers_and_gradients(out, ref, xs, ys):
         for (key, b), c in zip(model.named_buffers(), eager.buffers()):  # running statistics, power iterations
             torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-10, msg=lambda m, key=key: f"buffer {key}: {m}")
         ct = torch.randn_like(ref)
         census.assert_same_gradients(_grads(model, xs, out, ct), _grads(eager, ys, ref, ct),
                                      rtol=GRAD_RTOL.get(name, 1e-8), atol=1e-10)
-    except Exception as e:  # noqa: BLE001 - reported
-        return f"DIFF: {census.brief(e)}"
-    return "OK"
+
+    return census.side_by_side(lambda: pb_compile(model, args, target=target), eager, args, buffers_and_gradients)
 
 
 if __name__ == "__main__":

@@ -91,10 +91,3 @@ def _angle(cx, x):
     x = cast(cx, x, dt)
     sign = _op("where")(_op("less")(x, scalar(0, dt)), scalar(math.pi, dt), scalar(0, dt))
     return _op("stop_gradient")(_op("where")(_op("isnan")(x), x, sign))
-
-
-@aten("aten.ldexp.Tensor")
-def _ldexp(cx, x, e):
-    """``x * 2 ** e`` in the result's (floating) dtype."""
-    dt = cx.out_dtype
-    return _op("multiply")(cast(cx, x, dt), _op("power")(scalar(2.0, dt), cast(cx, e, dt)))  # exact at integers

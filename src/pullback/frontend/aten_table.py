@@ -180,6 +180,12 @@ def _exp2(cx, x):
     return _op("power")(scalar(2.0, cx.out_dtype), x)  # exact at integers, as PyTorch's exp2
 
 
+@aten("aten.ldexp.Tensor")
+def _ldexp(cx, x, e):
+    """``x * 2 ** e`` in the result's (floating) dtype."""
+    return _op("multiply")(cast(cx, x, cx.out_dtype), _exp2(cx, e))
+
+
 @aten("aten.polygamma.default")
 def _polygamma(cx, n, x):
     x = cast(cx, x, cx.out_dtype)

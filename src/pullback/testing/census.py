@@ -24,6 +24,30 @@ def assert_same_gradients(got: Sequence, want: Sequence, rtol: float, atol: floa
                                        rtol=rtol, atol=atol)
 
 
+def side_by_side(build: Callable, eager: Callable, args: Sequence, compare: Callable) -> str:
+    """``OK``, ``DIFF: ...`` or ``ERROR: ...``: ``build()`` (the compiled callable) and ``eager`` run on copies of
+    ``args`` (float ones requiring gradients) after the same ``torch.manual_seed`` (random draws alike); their
+    outputs must be equal, then ``compare(out, ref, xs, ys)`` checks the rest (gradients, buffers)."""
+    import torch
+
+    xs = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    ys = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    try:
+        compiled = build()
+        torch.manual_seed(1)
+        out = compiled(*xs)
+        torch.manual_seed(1)
+        ref = eager(*ys)
+    except Exception as e:  # noqa: BLE001 - reported
+        return f"ERROR: {type(e).__name__}: {brief(e)}"
+    try:
+        torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+        compare(out, ref, xs, ys)
+    except Exception as e:  # noqa: BLE001 - reported
+        return f"DIFF: {brief(e)}"
+    return "OK"
+
+
 def main(doc: str, cases: dict, expected: dict, check: Callable[[str, str], str], noun: str, width: int = 22,
          expected_on: Optional[dict] = None) -> int:
     """The command line of a census script: ``[names ...] [--target T]``; prints a status per case and a total,
@@ -49,4 +73,4 @@ def main(doc: str, cases: dict, expected: dict, check: Callable[[str, str], str]
     return 1 if bad else 0
 
 
-__all__ = ["assert_same_gradients", "brief", "main"]
+__all__ = ["assert_same_gradients", "brief", "main", "side_by_side"]
