@@ -105,3 +105,54 @@ def test_composite_ops_are_materialised_again_only_after_new_registrations(monke
         assert utils._materialize_cpp_cia_ops is counted
     finally:
         lib._destroy()
+
+
+def test_narrowed_composite_overrides_decompose_to_the_same_graph_in_fewer_overrides(monkeypatch):
+    """``run_decompositions`` inside ``composite_overrides_narrowed`` gives the graph it gives alone, on modules
+    whose composites (linear, layer_norm, dropout, attention, an RNN, pooling, a custom composite operator)
+    decompose through other composites, while overriding a few dozen operators instead of every composite one;
+    torch's function is back after the block."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    import torch.export.exported_program as epm
+
+    from pullback.frontend import export_repairs
+    from pullback.frontend.torch_importer import decomposition_table
+
+    lib = torch.library.Library("pullback_test_narrow", "DEF")
+    lib.define("softsign(Tensor x) -> Tensor")
+    lib.impl("softsign", lambda x: torch.nn.functional.softsign(x) * torch.nn.functional.glu(torch.cat([x, x], -1)),
+             "CompositeImplicitAutograd")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+            self.rnn = torch.nn.GRU(8, 8, num_layers=2, batch_first=True)
+            self.norm = torch.nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            h = torch.ops.pullback_test_narrow.softsign(self.layer(x))
+            h = self.rnn(h)[0] + torch.nn.functional.adaptive_avg_pool1d(h, 8)
+            return torch.nn.functional.pixel_shuffle(self.norm(h.transpose(1, 2)).unsqueeze(-1), 1).sum(-1)
+
+    original = epm._override_composite_implicit_decomp
+    sizes = []
+
+    def counted(table):
+        sizes.append(len(table))
+        return original(table)
+
+    monkeypatch.setattr(epm, "_override_composite_implicit_decomp", counted)
+    try:
+        ep = torch.export.export(Model().eval(), (torch.randn(2, 5, 8),))
+        plain = ep.run_decompositions(decomposition_table()).graph_module.code
+        everything, before = max(sizes), len(sizes)
+        with export_repairs.composite_overrides_narrowed(ep):
+            narrowed = ep.run_decompositions(decomposition_table()).graph_module.code
+        assert epm._override_composite_implicit_decomp is counted
+    finally:
+        lib._destroy()
+    assert narrowed == plain
+    assert everything > 400 and 0 < max(sizes[before:]) < 60, (everything, sizes[before:])

@@ -210,7 +210,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
-        with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()):
+        with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
+                export_repairs.composite_overrides_narrowed(ep):
             return ep.run_decompositions(decomposition_table())
 
 
