@@ -156,3 +156,36 @@ def test_narrowed_composite_overrides_decompose_to_the_same_graph_in_fewer_overr
         lib._destroy()
     assert narrowed == plain
     assert everything > 400 and 0 < max(sizes[before:]) < 60, (everything, sizes[before:])
+
+
+def test_composite_ops_are_collected_again_only_after_new_registrations(monkeypatch):
+    """Inside the block ``run_decompositions``' collection of composite operators runs once per set of C++
+    composite registrations: a new custom composite operator is collected by the next call."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    import torch.export.exported_program as epm
+
+    from pullback.frontend import export_repairs
+
+    original = epm._collect_all_valid_cia_ops
+    calls = []
+
+    def counted():
+        calls.append(1)
+        return original()
+
+    monkeypatch.setattr(epm, "_collect_all_valid_cia_ops", counted)
+    monkeypatch.setattr(export_repairs, "_collected_cia", (None, frozenset()))
+    lib = torch.library.Library("pullback_test_collect", "DEF")
+    try:
+        with export_repairs.composite_ops_materialised_once():
+            first = epm._collect_all_valid_cia_ops()
+            assert epm._collect_all_valid_cia_ops() == first and len(calls) == 1
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+            again = epm._collect_all_valid_cia_ops()
+            assert len(calls) == 2 and torch.ops.pullback_test_collect.twice.default in again - first
+        assert epm._collect_all_valid_cia_ops is counted
+    finally:
+        lib._destroy()

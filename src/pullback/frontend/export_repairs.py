@@ -131,6 +131,12 @@ def _torch_export_utils():
     return torch._export.utils
 
 
+def _exported_program_module():
+    import torch.export.exported_program
+
+    return torch.export.exported_program
+
+
 _materialised_cia = None  # the CompositeImplicitAutograd registrations last materialised
 
 
@@ -152,23 +158,41 @@ def _materialise_once(original):
 
 _cia_once = _WhileOpen(_torch_export_utils, "_materialize_cpp_cia_ops", _materialise_once)
 
+_collected_cia = (None, frozenset())  # (the registrations and namespaces it was collected for, the operators)
 
-def composite_ops_materialised_once():
+
+def _collected_once(original):
+    if not callable(original):
+        return None
+
+    def collect():
+        global _collected_cia
+        import torch
+
+        key = (torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"), tuple(torch.ops._dir))
+        if _collected_cia[0] != key:
+            _collected_cia = (key, frozenset(original()))
+        return _collected_cia[1]
+
+    return collect
+
+
+_collect_once = _WhileOpen(_exported_program_module, "_collect_all_valid_cia_ops", _collected_once)
+
+
+@contextmanager
+def composite_ops_materialised_once() -> Iterator[None]:
     """torch's ``_materialize_cpp_cia_ops`` (creating the Python objects of every C++ CompositeImplicitAutograd
-    operator, about 2,000, a few ms) runs only when those registrations changed since it last ran.
+    operator, about 2,000, a few ms) runs only when those registrations changed since it last ran, and so does
+    ``run_decompositions``' collection of the composite operators (``_collect_all_valid_cia_ops``, 17 ms).
 
     Collecting the composite operators an export may keep calls it once per operator namespace (about 26 times) on
     every ``torch.export`` and again in ``run_decompositions``: about 65 ms of each export (26 x 2.5 ms; the
-    collection 75 -> 10 ms). Materialising is idempotent, and new registrations (a custom operator) change the
-    list, so a skipped call would have done nothing.
+    collection 75 -> 10 ms). Materialising is idempotent, and new registrations (a custom operator, a new
+    namespace) change the list, so a skipped call would have done nothing.
     """
-    return _cia_once()
-
-
-def _exported_program_module():
-    import torch.export.exported_program
-
-    return torch.export.exported_program
+    with _cia_once(), _collect_once():
+        yield
 
 
 _CALLED_OPS: contextvars.ContextVar = contextvars.ContextVar("pullback_called_ops", default=None)
