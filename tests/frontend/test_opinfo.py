@@ -101,3 +101,22 @@ def test_a_float32_gradient_passes_only_as_close_to_float64_as_eagers():
     assert opinfo._no_further(np.array([0.630216, 1.0]), eager, exact)  # 1.3e-4: within 2x
     assert not opinfo._no_further(np.array([0.6305, 1.0]), eager, exact)  # 4e-4: beyond
     assert not opinfo._no_further(np.array([np.nan, 1.0]), eager, exact)
+
+
+def test_samples_are_drawn_as_seeded_by_torch_manual_seed_without_touching_it(monkeypatch):
+    """Drawing samples seeds the CPU generator alone (no call queued per uninitialised accelerator), draws the
+    values ``torch.manual_seed`` would, and leaves ``torch.manual_seed`` as it was."""
+    import contextlib
+
+    import torch
+
+    info = next(i for i in INFOS if opinfo.full_name(i) == "nn.functional.max_pool2d")
+    seeded = torch.manual_seed
+    fast = opinfo.samples(info, "float64")
+    assert torch.manual_seed is seeded
+    monkeypatch.setattr(opinfo, "_cpu_seeding", contextlib.nullcontext)
+    slow = opinfo.samples(info, "float64")
+    assert len(fast) == len(slow) > 100
+    for (i, a), (j, b) in zip(fast, slow):
+        la, lb = opinfo._leaves([a.input, a.args, a.kwargs]), opinfo._leaves([b.input, b.args, b.kwargs])
+        assert i == j and all(torch.equal(x, y) for x, y in zip(la, lb))
