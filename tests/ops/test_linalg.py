@@ -119,6 +119,8 @@ CASES = [
          id="pinv-tolerances"),
     case("qr", normal(4, 4), torch=L("qr")),
     case("qr", normal(2, 5, 3), torch=L("qr"), id="qr-tall-batched"),
+    case("qr", normal(3, 5), torch=L("qr"), id="qr-wide"),
+    case("qr", normal(2, 2, 4), torch=L("qr"), id="qr-wide-batched"),
     case("cholesky", spd(4, 4), torch=L("cholesky"), fd=False),
     case("cholesky", spd(2, 3, 3), torch=L("cholesky"), fd=False, id="cholesky-batched"),
 ]

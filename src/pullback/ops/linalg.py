@@ -582,25 +582,45 @@ def _qr(xp, a, attrs=None):
 
 
 def _qr_grad(call: Call, g: Expr):
-    """``A_bar = (Q_bar + Q copyltu(M)) R^-T``, ``M = R R_bar^T - Q_bar^T Q`` (copyltu: the lower triangle
-    mirrored onto the upper); for m >= n, where ``R`` is square (PyTorch's rule there)."""
+    """PyTorch's rule. Square or tall (m >= n, ``R`` square): ``A_bar = (Q_bar + Q copyltu(M)) R^-T`` with
+    ``M = R R_bar^T - Q_bar^T Q`` (copyltu: the lower triangle mirrored onto the upper). Wide (m < n):
+    ``A = [X | Y]`` with ``X = Q R1`` square and ``R2 = Q^T Y``, so ``Y_bar = Q R2_bar`` and ``X_bar`` is the
+    square rule for ``(Q_bar + Y R2_bar^T, R1_bar)``."""
     a = call.args[0]
     m, n = a.checked_type.shape[-2:]
-    if Any in (m, n) or m < n:
-        raise PullbackError(f"the gradient of qr is implemented for m >= n (static sizes), got {a.checked_type}")
+    if Any in (m, n):
+        raise PullbackError(f"the gradient of qr needs static matrix sizes, got {a.checked_type}")
     q, r = TupleGetItem(call, 0), TupleGetItem(call, 1)
     gq, gr = nonzero(field(g, 0)), nonzero(field(g, 1))
     if gq is None and gr is None:
         return [None]
+    if m >= n:
+        return [_qr_square_grad(q, r, gq, gr)]
+    if m == 0:
+        return [T.zeros_like(a)]
+
+    def cols(x, lo, hi):
+        return strided_slice(x, (lo,), (hi,), axes=(-1,))
+
+    y = cols(a, m, n)
+    gr1, gr2 = (None, None) if gr is None else (cols(gr, 0, m), cols(gr, m, n))
+    gy = T.zeros_like(y) if gr2 is None else mm(q, gr2)
+    if gr2 is not None:
+        gq = mm(y, gr2, tb=True) if gq is None else E.add(gq, mm(y, gr2, tb=True))
+    return [concatenate([_qr_square_grad(q, cols(r, 0, m), gq, gr1), gy], -1)]
+
+
+def _qr_square_grad(q: Expr, r: Expr, gq: Optional[Expr], gr: Optional[Expr]) -> Expr:
+    """The input gradient of ``(Q, R) = qr(A)`` with ``R`` square, from ``Q_bar``, ``R_bar`` (None: zero, not both)."""
     terms = ([mm(r, gr, tb=True)] if gr is not None else []) + ([E.negative(mm(gq, q, ta=True))] if gq is not None else [])
     big_m = terms[0] if len(terms) == 1 else E.add(*terms)
     copyltu = E.add(trilu(big_m, 0, False), mT(trilu(big_m, -1, False)))
     b = mm(q, copyltu) if gq is None else E.add(gq, mm(q, copyltu))
-    return [solve_triangular(mT(r), b, upper=False, left=False)]
+    return solve_triangular(mT(r), b, upper=False, left=False)
 
 
 qr = defop("qr", 1, _qr_infer, kernel=_qr, grad=_qr_grad, pattern=FusionKind.OPAQUE,
            flops=_factor_flops(4),
            torch_name="linalg_qr", dtypes=LINALG_DTYPES,
-           doc="``a -> (Q, R)``, the reduced QR decomposition (Householder, LAPACK's signs); its gradient needs "
-               "m >= n.")
+           doc="``a -> (Q, R)``, the reduced QR decomposition (Householder, LAPACK's signs); tall, square and wide "
+               "matrices are differentiable (wide: through the leading square block, as PyTorch).")
