@@ -391,7 +391,7 @@ def _cotangent(rng, out) -> np.ndarray:
     """A random cotangent for ``out`` (complex parts both random), zeros for an integer or bool result."""
     dtype, shape = str(out.dtype).replace("torch.", ""), tuple(out.shape)
     if out.is_complex():
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+        return np.asarray(rng.standard_normal(shape) + 1j * rng.standard_normal(shape), dtype)  # 0-d: an array too
     return rng.standard_normal(shape).astype(dtype) if out.is_floating_point() else np.zeros(shape, dtype)
 
 
