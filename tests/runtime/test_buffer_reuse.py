@@ -69,6 +69,20 @@ def test_a_live_view_keeps_its_buffer(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("like", ["collapse_sum_like", "reshape_like", "broadcast_to_like", "cast_like"])
+def test_a_like_operators_template_is_not_aliased_by_its_result(target, like):
+    """``like(y, a)`` shares memory with ``y`` at most, never with its template ``a``: ``a``'s buffer is free at
+    ``a``'s last use (AD's gradients are full of such calls; taking the template as aliased made planning a
+    chain of n of them O(n^2))."""
+    x, y = var("x", shape=(N, N)), var("y", shape=(N, N))
+    a = op.exp(x)
+    t = getattr(op, like)(y, a)  # evaluated before negative(a), used after it
+    f = Function([x, y], op.add(t, op.negative(a)))
+    assert _reused(f, target).get("negative") == 0
+    _same_with_and_without_reuse(f, [_x(), _x() + 1], target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_an_operand_aliased_by_the_other_is_not_written(target):
     x = var("x", shape=(N, N))
     a = op.exp(x)

@@ -330,10 +330,10 @@ def _like_result(op):
     return infer
 
 
-zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
+zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), type_only=(0,), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
                    grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like",
                    dtypes=ALL_DTYPES)
-ones_like = defop("ones_like", 1, _like_result("ones_like"), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
+ones_like = defop("ones_like", 1, _like_result("ones_like"), type_only=(0,), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like",
                   dtypes=ALL_DTYPES)
 
@@ -346,7 +346,7 @@ def _full_like_infer(arg_types, attrs):
     return x
 
 
-full_like = defop("full_like", 2, _full_like_infer,
+full_like = defop("full_like", 2, _full_like_infer, type_only=(0,),
                   kernel=lambda xp, x, f, attrs=None: xp.full(tuple(x.shape), f, dtype=x.dtype),
                   grad=lambda c, g: [None, _fill_grad(c.args[1], g)], pattern=FusionKind.ELEMWISE, flops=zero_flops,
                   torch_name="full_like")
@@ -399,6 +399,7 @@ reshape_like = defop(
     "reshape_like",
     2,
     _reshape_like_infer,
+    type_only=(1,),
     kernel=_reshape_like,
     attrs_type=ReshapeLikeAttrs,
     grad=lambda c, g: [reshape_like(g, c.args[0]), None],
@@ -419,6 +420,7 @@ collapse_sum_like = defop(
     "collapse_sum_like",
     2,
     _collapse_sum_like_infer,
+    type_only=(1,),
     kernel=lambda xp, x, like, attrs=None: collapse_sum(xp, x, like.shape),
     grad=lambda c, g: [broadcast_to_like(g, c.args[0]), None],
     pattern=FusionKind.COMM_REDUCE,
@@ -439,6 +441,7 @@ broadcast_to_like = defop(
     "broadcast_to_like",
     2,
     _broadcast_to_like_infer,
+    type_only=(1,),
     kernel=lambda xp, x, like, attrs=None: xp.broadcast_to(x, tuple(like.shape)),
     grad=lambda c, g: [collapse_sum_like(g, c.args[0]), None],
     pattern=FusionKind.BROADCAST,
@@ -486,6 +489,7 @@ cast_like = defop(
     "cast_like",
     2,
     lambda ts, attrs: TensorType(tensor_arg("cast_like", ts, 0).shape, tensor_arg("cast_like", ts, 1).dtype),
+    type_only=(1,),
     kernel=lambda xp, x, like, attrs=None: _astype(xp, x, dtype_name(like)),
     grad=lambda c, g: [_cast_grad_to(c.args[0], g) if is_inexact(c.checked_type.dtype) else None, None],
     pattern=FusionKind.ELEMWISE,

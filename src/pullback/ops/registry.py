@@ -131,7 +131,9 @@ class OpDef(Op):
     ``example_attrs`` attributes to use where its attrs have no defaults.
 
     ``pattern`` is its Relay fusion kind; ``recompute`` what recomputing it in the backward costs
-    (a :class:`Recompute` class, by default derived from ``pattern``).
+    (a :class:`Recompute` class, by default derived from ``pattern``); ``type_only`` the positions of the
+    operands it reads only for their shape and dtype (the like-operators' templates): its result never shares
+    their memory (the executor's buffer reuse reads it).
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class OpDef(Op):
         nondiff_reason: str = "",
         pattern: FusionKind = FusionKind.OPAQUE,
         recompute: Optional[Recompute] = None,
+        type_only: tuple = (),
         flops: FlopsFn = _default_flops,
         torch_name: Optional[str] = None,
         doc: str = "",
@@ -183,6 +186,7 @@ class OpDef(Op):
         if recompute is None:
             recompute = Recompute.CHEAP if self.pattern in _RECOMPUTABLE_KINDS else Recompute.NEVER
         self.recompute = Recompute(recompute)
+        self.type_only = tuple(type_only)
         self.flops = flops
         self.torch_name = torch_name
         self.__doc__ = doc or f"The ``{name}`` operator."

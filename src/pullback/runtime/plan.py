@@ -242,7 +242,7 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     nothing else). Any other node may alias every buffer its operands hold (views, tuples, calls of
     functions); parameters and constants hold memory the plan does not own. A call may take over
     argument ``i``'s buffer when that argument allocated it and the call is the last use of every
-    value that may alias it (so the result of a function, a residual, or a view still needed is never
+    value that may alias it (a like-operator's result does not alias its template, ``OpDef.type_only``) (so the result of a function, a residual, or a view still needed is never
     written), and no other argument aliases it."""
     allocates = target.allocates
     inplace = target.inplace_kernel
@@ -264,8 +264,11 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
             buffer_last[n] = until
             candidates.append((p, n))
             continue
-        # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers
+        # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers (not those
+        # of the operands a kernel reads only for their type: a like-operator's template)
         ops = _operands(n)
+        if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
+            ops = tuple(c for i, c in enumerate(ops) if i not in n.op.type_only)
         b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
         holds[n] = b
         for k in b:
