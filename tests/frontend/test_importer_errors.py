@@ -237,13 +237,16 @@ class _Softplus(torch.autograd.Function):
         return g * torch.sigmoid(x)
 
 
-class _Smooth(torch.nn.Module):
-    def __init__(self):
+class _Through(torch.nn.Module):
+    """A linear layer, then the custom Function ``fn``, then a mean square loss."""
+
+    def __init__(self, fn):
         super().__init__()
+        self.fn = fn
         self.lin = torch.nn.Linear(3, 3)
 
     def forward(self, x):
-        return _Softplus.apply(self.lin(x)).pow(2).mean()
+        return self.fn.apply(self.lin(x)).pow(2).mean()
 
 
 def test_a_custom_autograd_function_whose_backward_is_the_derivative_imports_and_trains_like_eager():
@@ -251,7 +254,7 @@ def test_a_custom_autograd_function_whose_backward_is_the_derivative_imports_and
 
     torch.manual_seed(0)
     batches = [((torch.randn(4, 3),), None) for _ in range(3)]
-    result = train_side_by_side(_Smooth(), batches, lambda loss, _: loss, verbose=False)
+    result = train_side_by_side(_Through(_Softplus), batches, lambda loss, _: loss, verbose=False)
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
@@ -270,28 +273,19 @@ class _MaskedDropout(torch.autograd.Function):
         return g * mask / 0.7
 
 
-class _CustomDropout(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(3, 3)
-
-    def forward(self, x):
-        return _MaskedDropout.apply(self.lin(x)).pow(2).mean()
-
-
 def test_a_custom_function_that_draws_is_checked_with_the_same_draws_and_trains_like_eager():
     """The check runs the Function's forward twice (with its backward, and differentiated by autograd): both
     runs draw the same mask, so a correct backward is not refused; the user's generator is left as it was."""
     from pullback.integrations.torch import check_side_by_side, train_side_by_side
 
     torch.manual_seed(0)
-    model, x = _CustomDropout(), torch.randn(4, 3)
+    model, x = _Through(_MaskedDropout), torch.randn(4, 3)
     state = torch.random.get_rng_state()
     prog = import_torch(model, (x,))
     assert [m.kind for m in prog.masks] == ["uniform"]
     assert torch.equal(torch.random.get_rng_state(), state)
     batches = [((torch.randn(4, 3),), None) for _ in range(3)]
-    result = train_side_by_side(_CustomDropout(), batches, lambda loss, _: loss, verbose=False)
+    result = train_side_by_side(_Through(_MaskedDropout), batches, lambda loss, _: loss, verbose=False)
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
@@ -342,7 +336,7 @@ def test_torch_compile_backend_checks_a_custom_autograd_function():
     with pytest.raises(Exception, match="custom torch.autograd.Function.*its backward differs"):
         compiled(X)
     torch.manual_seed(0)
-    model, x = _Smooth(), torch.randn(4, 3)
+    model, x = _Through(_Softplus), torch.randn(4, 3)
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, backend="pullback")
     for m in (eager, compiled):
