@@ -350,8 +350,8 @@ FAMILIES = {
                              num_conv_layers=2, max_source_positions=32, max_target_positions=32),
 }
 
-# families torch.export cannot trace in training mode (a branch on a tensor's value, a custom autograd.Function's
-# backward, a module cast in forward), with the reason
+# families torch.export cannot trace in training mode (a branch on a tensor's value, a module cast in forward), with
+# the reason
 EXPECTED = {
     "deberta_v2": "its loss branches on `label_index.size(0) > 0` (a data-dependent size)",
     "wav2vec2": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "
@@ -377,12 +377,6 @@ EXPECTED = {
                            "which torch.export cannot trace (`_apply(): Couldn't swap Linear.weight`), in float32 too",
     "nystromformer": "under torch.export create_bidirectional_mask materializes a (batch, 1, seq, seq) mask (eager "
                      "drops an all-ones one), which the landmark scores (batch, heads, landmarks, seq) cannot add",
-    "phimoe": "its router's custom autograd.Function PhimoeMultiplier has a backward that is not its forward's "
-              "derivative; torch.export keeps only the forward",
-    "recurrent_gemma": "its custom autograd.Function SqrtBoundDerivative bounds sqrt's derivative near 0 in its "
-                       "backward; torch.export keeps only the forward",
-    "yoso": "its custom autograd.Function YosoCumulation has its own backward (not the forward's derivative); "
-            "torch.export keeps only the forward",
     "sew_d": "SpecAugment draws its masks with np.random (refused: they would be baked in); with mask_time_prob=0, "
              "layerdrop=0 it trains like eager (its XDropout and XSoftmax Functions included)",
     "data2vec_audio": "LayerDrop draws `torch.rand(()) < layerdrop` per layer in training, and SpecAugment draws its masks "

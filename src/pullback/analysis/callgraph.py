@@ -1,8 +1,9 @@
 """The call graph of a module: which functions reference which, in what order, what recurses.
 
 A function *references* another when its body calls it (``Call(@f, ...)``) or uses
-its GlobalVar as a value; both are edges (a value use needs the callee as much as
-a call). Primitive function bodies count as part of the function holding them.
+its GlobalVar as a value, or names it as its ``custom_vjp``; all are edges (a value
+use needs the callee as much as a call; AD calls a custom vjp). A custom vjp counts
+as a value use: its signature is observable. Primitive function bodies count as part of the function holding them.
 Everything is iterative, and each Function object is scanned once (the scan is
 cached on it), so passes that ask for the graph every round pay only for the
 functions they changed.
@@ -44,6 +45,10 @@ class FunctionRefs:
             elif isinstance(n, GlobalVar):
                 first.setdefault(n.name_hint, n)
                 values.add(n.name_hint)
+        vjp = fn.custom_vjp
+        if vjp is not None:
+            first.setdefault(vjp, fn)
+            values.add(vjp)
         self.refs: tuple = tuple(first.items())
         self.value_uses: frozenset = frozenset(values)
 

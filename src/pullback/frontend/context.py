@@ -159,6 +159,7 @@ class ConvertContext:
         self.masks: list[RandomInput] = []
         self.mask_vars: list[Var] = []
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
+        self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
 
     def note_sizes(self, v: Expr, val) -> None:
         """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as

@@ -1,11 +1,11 @@
 """Custom ``torch.autograd.Function``s met while exporting.
 
-torch.export keeps only a Function's forward: the importer differentiates that forward and never runs the
-user's backward. That is right when the backward is the forward's derivative (Bloom's tanh-GELU, written as a
-Function to save memory) and wrong otherwise (a straight-through estimator, a gradient reversal). ``recorded``
-notes every Function applied while exporting (class outside torch, where, the shapes it got); ``check`` runs each
-once on random float64 inputs of those shapes and compares its backward with autograd through its forward, and
-refuses the module, naming each Function whose backward differs.
+torch.export keeps only a Function's forward: differentiating it is right when the backward is the forward's
+derivative (Bloom's tanh-GELU, written as a Function to save memory), and then the forward imports as plain
+operators that fuse with their neighbours. Otherwise (a straight-through estimator, a gradient reversal) the
+user's backward must run: ``custom_vjp`` keeps it. ``recorded`` notes every Function applied while exporting
+(class outside torch, where, the shapes it got); ``mismatched`` runs each once on random float64 inputs of those
+shapes and compares its backward with autograd through its forward, naming each Function whose backward differs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-from ..ir.errors import PullbackError
 
 
 @dataclass
@@ -55,21 +54,24 @@ def _static_shape(t) -> tuple:
     return tuple(d if isinstance(d, int) else 3 for d in t.shape)
 
 
-def check(applied: dict) -> None:
-    """Raise unless every recorded Function's backward equals autograd through its forward."""
-    bad = []
+def mismatched(applied: dict) -> dict:
+    """``class -> what differs`` for the recorded Functions whose backward is not autograd through their forward
+    (or could not be compared with it)."""
+    bad = {}
     for cls, use in applied.items():
         problem = _backward_mismatch(cls, use.args)
         if problem:
-            bad.append(f"{cls.__qualname__} (applied at {use.where}: {problem})")
-    if bad:
-        raise custom_function_error(bad)
+            bad[cls] = f"{cls.__qualname__} (applied at {use.where}: {problem})"
+    return bad
 
 
-class _Ctx:
-    """A stand-in ``ctx`` for calling a Function's forward as plain code (autograd through its operations)."""
+class StandInCtx:
+    """A stand-in ``ctx`` for calling a Function's forward (and backward) as plain code."""
 
     saved_tensors: tuple = ()
+
+    def __init__(self, needs_input_grad: tuple = ()):
+        self.needs_input_grad = needs_input_grad
 
     def save_for_backward(self, *tensors):
         self.saved_tensors = tensors
@@ -90,7 +92,7 @@ def _backward_mismatch(cls, specs: tuple) -> str:
 
     overridden = cls.setup_context is not torch.autograd.Function.setup_context
     return mismatch(lambda args: cls.apply(*args),
-                    lambda args: cls.forward(*args) if overridden else cls.forward(_Ctx(), *args), specs)
+                    lambda args: cls.forward(*args) if overridden else cls.forward(StandInCtx(), *args), specs)
 
 
 def mismatch(custom: Callable, plain: Callable, specs: tuple) -> str:
@@ -164,15 +166,4 @@ def _grads(outs: list, cts: list, wrt: list) -> list:
     return [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt)]
 
 
-def custom_function_error(uses: Sequence[str], who: str = "from_torch") -> PullbackError:
-    """The error for custom ``torch.autograd.Function`` uses whose backward pullback cannot follow."""
-    return PullbackError(
-        f"{who}: the module applies custom torch.autograd.Function{'s' if len(uses) > 1 else ''} "
-        f"{', '.join(uses)}. torch.export keeps only a Function's forward, so pullback differentiates the forward "
-        "and never runs its backward (a straight-through estimator would get a zero gradient, a gradient reversal "
-        "the wrong sign). Write the backward into the forward with detach(), e.g. a straight-through round as "
-        "x + (torch.round(x) - x).detach() and a gradient reversal as 2 * x.detach() - x, or train this module "
-        "eagerly")
-
-
-__all__ = ["Use", "recorded", "check", "mismatch", "custom_function_error"]
+__all__ = ["Use", "recorded", "mismatched", "mismatch", "StandInCtx"]

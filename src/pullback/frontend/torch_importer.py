@@ -49,7 +49,7 @@ from ..ir.expr import Constant, Expr, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
 from ..transform.recognize_ops import RecognizeOps
-from . import custom_functions, export_repairs
+from . import custom_functions, custom_vjp, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
@@ -195,18 +195,26 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         with export_repairs.host_random_draws_refused():  # checked once the trace succeeded
+            n = len(example_inputs) - len(keywords)
+            kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
             try:
                 with custom_functions.recorded() as applied, redirect_stderr(printed), \
                         export_repairs.unvalidated_arguments(), export_repairs.transformer_masks_as_given():
-                    n = len(example_inputs) - len(keywords)
-                    kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
                     ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+                # custom Functions whose backward is not their forward's derivative: exported again as opaque
+                # operators, imported with their own backward (custom_vjp)
+                own = custom_functions.mismatched(applied)
+                if own:
+                    with redirect_stderr(printed), custom_vjp.routed(own), export_repairs.unvalidated_arguments(), \
+                            export_repairs.transformer_masks_as_given():
+                        ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+            except PullbackError:
+                raise
             except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
                 export_repairs.pass_on(printed.getvalue(), getattr(e, "partial_fx_graph", None))
                 raise PullbackError(f"from_torch: torch.export failed{export_repairs.failure_hint(e)}: "
                                     f"{type(e).__name__}: {e}") from e
         export_repairs.pass_on(printed.getvalue())
-        custom_functions.check(applied)
         export_repairs.detach_no_grad_blocks(ep)
         if not decompose:
             return ep
@@ -338,7 +346,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     single = len(user_out) == 1 and not extra
     body = user_out[0] if single else Tuple(user_out + extra)
     fn_params = user_vars + [entry[0] for entry in state_vars] + cx.mask_vars
-    mod = IRModule({"main": Function(fn_params, body)})
+    mod = IRModule({"main": Function(fn_params, body), **cx.functions})
     infer_module(mod)
     mod = RecognizeOps()(mod)  # decomposed formulas (Hugging Face's gelu_new) back into operators
     state_names = {}
@@ -406,6 +414,8 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         if value is None:
             problems.add(f"output {args[1]} of {node.args[0].target}", node, "this result is not converted")
             return _MISSING
+    elif str(node.target).startswith(custom_vjp.NAMESPACE + "."):  # a custom Function with its own backward
+        value = custom_vjp.convert(cx, str(node.target).split(".")[1], args[0])
     else:
         key = str(node.target)
         conv = ATEN_TABLE.get(key)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..frontend.context import source_line
-from ..frontend.custom_functions import custom_function_error, mismatch
 from ..frontend.torch_importer import export, import_exported, tied_keys
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, training_wrt
 
@@ -91,54 +89,66 @@ class _Layout:
         return tuple(out)
 
 
-def _plain_custom_functions(gm):
-    """``gm`` with each custom ``torch.autograd.Function`` as plain code, or a pullback error.
-
-    Dynamo keeps a Function as ``autograd_function_apply`` (its forward and backward graphs, the forward run
-    under no_grad); exporting the graph would keep only that forward, with no gradient. Each one is run on
-    random float64 inputs with its backward and as plain code differentiated by autograd
-    (``frontend.custom_functions.mismatch``): when they agree, the call becomes the plain forward (in Dynamo's
-    graph, which the backend owns; parameters stay its inputs), whose gradient is then pullback's; when they
-    differ, the graph is refused."""
+def _custom_functions_as_functions(gm):
+    """``gm`` with each custom ``torch.autograd.Function`` Dynamo kept as ``autograd_function_apply`` (its
+    forward and backward graphs) applied again as a ``torch.autograd.Function`` of those graphs, which the
+    importer handles as the user's own: run as plain code when its backward is its forward's derivative, else
+    kept with its backward (``frontend.custom_vjp``). Exporting the higher-order operator itself would keep only
+    the forward, run under no_grad: no gradient."""
     import torch
 
     hop = getattr(torch.ops.higher_order, "autograd_function_apply", None)
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
-    if not calls:
-        return gm
-    bad, plains = [], []
-    for n in calls:
+    for k, n in enumerate(calls):
         fwd, bwd = (getattr(gm, a.target) for a in n.args[:2])
-        plain = _with_grad(fwd)
-        specs = tuple(_spec(a) for a in n.args[2:])
-        problem = mismatch(lambda args, f=fwd, b=bwd, kw=n.kwargs: hop(f, b, *args, **kw),
-                           lambda args, p=plain: p(*args), specs)
-        if problem:
-            bad.append(f"(at {source_line(n)}: {problem})")
-        plains.append(plain)
-    if bad:
-        raise custom_function_error(bad, "pullback_backend")
-    for k, (n, plain) in enumerate(zip(calls, plains)):
-        name = f"_pullback_plain_function_{k}"
-        gm.add_submodule(name, plain)
+        name = f"_pullback_function_{k}"
+        gm.add_submodule(name, _applied(_function_of(_without_grad_switches(fwd), bwd, f"DynamoFunction{k}")))
         with gm.graph.inserting_before(n):
             new = gm.graph.call_module(name, tuple(n.args[2:]))
         new.meta.update(n.meta)
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
-    gm.recompile()
+    if calls:
+        gm.recompile()
     return gm
 
 
-def _spec(arg):
-    """``(shape, dtype)`` of a graph tensor argument (its example value), else the value itself."""
-    val = arg.meta.get("example_value") if hasattr(arg, "meta") else None
-    return (tuple(val.shape), val.dtype) if val is not None else arg
+def _function_of(fwd, bwd, name: str):
+    """A ``torch.autograd.Function`` whose forward runs Dynamo's forward graph ``fwd`` (it returns the output and
+    the values it saves) and whose backward runs ``bwd`` on the cotangents and those values."""
+    import torch
+
+    def forward(ctx, *args):
+        output, saved = fwd(*args)
+        ctx.saved_values = tuple(saved)
+        return output
+
+    def backward(ctx, *grads):
+        return bwd(*grads, *ctx.saved_values)
+
+    cls = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    cls.__module__ = __name__  # a user Function to the importer (not one of torch's)
+    return cls
 
 
-def _with_grad(fwd):
-    """A copy of Dynamo's forward graph of a Function as plain code: without its ``_set_grad_enabled`` calls,
-    returning its outputs only (not the tensors it saves for the backward)."""
+def _applied(fn):
+    """A module applying the Function ``fn`` (a submodule of Dynamo's graph, so exporting the graph applies it)."""
+    import torch
+
+    class Applied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *args):
+            return self.fn.apply(*args)
+
+    return Applied()
+
+
+def _without_grad_switches(fwd):
+    """A copy of Dynamo's forward graph of a Function without its ``_set_grad_enabled`` calls (it runs the forward
+    under no_grad; as plain code, autograd must see through it)."""
     import copy
 
     import torch
@@ -147,8 +157,6 @@ def _with_grad(fwd):
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
             gm.graph.erase_node(node)
-        elif node.op == "output":
-            node.args = (node.args[0][0],)
     gm.recompile()
     return gm
 
@@ -158,7 +166,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
-    gm = _plain_custom_functions(gm)
+    gm = _custom_functions_as_functions(gm)
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))

@@ -345,6 +345,9 @@ class If(Expr):
         return (self.cond, self.true_branch, self.false_branch)
 
 
+CUSTOM_VJP = "custom_vjp"
+
+
 class Function(Expr):
     """``fn(params) -> ret_type { body }``; ``attrs`` is a read-only mapping (e.g. Primitive=1)."""
 
@@ -371,6 +374,14 @@ class Function(Expr):
     @property
     def is_primitive(self) -> bool:
         return bool(self.attrs.get("Primitive", 0))
+
+    @property
+    def custom_vjp(self) -> Optional[str]:
+        """The name of the module function AD calls for this function's vector-Jacobian product instead of
+        differentiating its body (attribute ``custom_vjp``, e.g. an imported ``torch.autograd.Function``), or None.
+        It takes this function's parameters, then one cotangent per floating-point leaf of its result, and returns
+        the tuple of the parameters' gradients."""
+        return self.attrs.get(CUSTOM_VJP)
 
     def with_attr(self, key: str, value) -> "Function":
         attrs = dict(self.attrs)

@@ -115,7 +115,7 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
         order = post_order(fn.body)
         active = active_nodes(order, params)
     body = fn.body
-    sweep = ReverseSweep(body, order, active, func, fn)
+    sweep = ReverseSweep(body, order, active, func, fn, mod)
     seed, ct = _seed(body, mode)
     sweep.run(seed)
     grads = [sweep.param_adjoint(p) for p in params]

@@ -45,7 +45,7 @@ from typing import Optional
 from ..analysis.liveness import type_bytes
 from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
-from ..ir.expr import Call, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
@@ -118,10 +118,10 @@ class _Split:
         on_ct: set[int] = {id(ct)}
         on_var: set[int] = set()
         for n in order:
-            if isinstance(n, Function) or (isinstance(n, Call) and isinstance(n.op, (GlobalVar, Function))):
-                what = type(n).__name__ if not isinstance(n, Call) else "call to " + n.op_name
+            if isinstance(n, Function) or (isinstance(n, Call) and isinstance(n.op, Function)):
+                what = type(n).__name__ if not isinstance(n, Call) else "call to a fused function"
                 raise PassError(f"PartitionForwardBackward: @{name} holds a {what}; run it on a gradient function "
-                                "without closures or calls (inline them first)")
+                                "without closures or fused functions (before FuseOps)")
             if isinstance(n, Var):
                 if n is not ct:
                     on_var.add(id(n))

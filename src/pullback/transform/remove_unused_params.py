@@ -2,9 +2,10 @@
 
 Repeats until nothing changes (dropping an argument can leave a caller's own
 parameter unused). Entry functions (``entry``, default ``("main",)``) keep their
-signature unless ``include_entry=True``; so do primitive functions and functions
+signature unless ``include_entry=True``; so do primitive functions, functions
 whose GlobalVar is used as a value rather than called (their signature is
-observable).
+observable), and functions with a ``custom_vjp`` and those vjps (AD calls the
+vjp with the function's arguments).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class RemoveUnusedParameters(ModulePass):
         object.__setattr__(self, "include_entry", bool(self.include_entry))
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        frozen = CallGraph(mod).value_uses()
+        frozen = CallGraph(mod).value_uses() | {name for name, fn in mod.items() if fn.custom_vjp}
         if not self.include_entry:
             frozen |= set(self.entry)
         while True:

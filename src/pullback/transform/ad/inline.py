@@ -25,7 +25,8 @@ from ...ir.traversal import post_order, rebuild
 def _callee(mod: IRModule, node: Expr) -> Optional[Function]:
     if isinstance(node, Call):
         if isinstance(node.op, GlobalVar):
-            return mod[node.op.name_hint]
+            fn = mod[node.op.name_hint]
+            return None if fn.custom_vjp else fn  # kept: AD calls its vjp
         if isinstance(node.op, Function) and node.op.is_primitive:
             return node.op
     return None
@@ -48,7 +49,8 @@ class _Frame:
 
 
 def inline_calls(mod: IRModule, func: str) -> Function:
-    """``mod[func]`` with every call to a module function or a primitive function inlined (typed)."""
+    """``mod[func]`` with every call to a module function (except those with a ``custom_vjp``) or a primitive
+    function inlined (typed)."""
     fn = mod[func]
     shared: dict[int, Expr] = {}  # id(call) -> its inlined body, for calls independent of any parameter
     frames = [_Frame(fn.body, {})]

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...analysis.type_infer import infer_expr
 from ...ir.errors import PullbackError
-from ...ir.expr import Call, Expr, If, Tuple, TupleGetItem
-from ...ir.types import TensorType
+from ...ir.expr import Call, Expr, GlobalVar, If, Tuple, TupleGetItem
+from ...ir.traversal import transform
+from ...ir.types import TensorType, TupleType, is_inexact
 from ...ops.registry import OpDef
 from .common import binding, rule_type_error, sum_terms, type_at, types_compatible
 from .zeros import Zero, is_zero
@@ -38,10 +40,13 @@ if TYPE_CHECKING:
 
 
 class OpRule:
-    """A call to an operator: ``OpDef.grad(call, g)`` gives one gradient (or None) per argument."""
+    """A call to an operator: ``OpDef.grad(call, g)`` gives one gradient (or None) per argument. A call to a
+    module function with a ``custom_vjp`` (left by ``ad.inline``) calls that function instead."""
 
     def transpose(self, sweep: "ReverseSweep", frame: "Frame", call: Call, cts: dict) -> list:
         op = call.op
+        if isinstance(op, GlobalVar):
+            return custom_vjp(sweep, call, cts)
         if not isinstance(op, OpDef) or op.grad is None:  # the scan reported it if it was needed
             return []
         g = cts.get(())
@@ -65,6 +70,33 @@ class OpRule:
             if not is_zero(d):
                 out.append((arg, (), d))
         return out
+
+
+def custom_vjp(sweep: "ReverseSweep", call: Call, cts: dict) -> list:
+    """``@f(args)`` with ``f.custom_vjp = "f_vjp"``: the body of ``@f_vjp(args..., cotangents of f's float
+    leaves...)``, the tuple of the arguments' gradients, inlined (what it does not read of the forward is not
+    saved for it)."""
+    mod, name = sweep.mod, call.op.name_hint
+    vjp = mod[name].custom_vjp if mod is not None and name in mod else None
+    if vjp is None:  # the scan reported it if it was needed
+        return []
+    t = call.checked_type
+    fields = t.fields if isinstance(t, TupleType) else (t,)
+    if not all(isinstance(f, TensorType) for f in fields):
+        raise PullbackError(f"@{name} has a custom_vjp and returns nested tuples ({t!r}): a custom vjp takes one "
+                            f"cotangent per tensor result, {binding(sweep.fn_name, sweep.fn, call)}")
+    ct = cts[()] if type(t) is TensorType and () in cts else sweep.zeros.instantiate(call, cts)
+    leaves = [ct] if type(t) is TensorType else [TupleGetItem(ct, i) for i, f in enumerate(fields) if is_inexact(f.dtype)]
+    if vjp not in mod or len(mod[vjp].params) != len(call.args) + len(leaves):
+        have = f"{len(mod[vjp].params)} parameters" if vjp in mod else "no such function"
+        raise PullbackError(f"@{name}'s custom_vjp @{vjp} must take its {len(call.args)} arguments and {len(leaves)} "
+                            f"cotangent(s) ({have}), {binding(sweep.fn_name, sweep.fn, call)}")
+    fn = mod[vjp]
+    infer_expr(fn, mod)
+    grads = transform(fn.body, memo={id(p): a for p, a in zip(fn.params, list(call.args) + leaves)})
+    active = sweep.active
+    return [(arg, (), grads.fields[i] if type(grads) is Tuple else TupleGetItem(grads, i))
+            for i, arg in enumerate(call.args) if arg in active]
 
 
 class TupleRule:

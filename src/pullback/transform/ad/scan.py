@@ -100,7 +100,12 @@ def scan_module(mod: IRModule, entry: str, params: list[Var]) -> tuple[dict[str,
             continue
         fn = mod[name]
         scans[name] = sc = FunctionScan(name, fn, params if name == entry else float_params(fn))
-        todo.extend(c for c, _ in sc.callees)
+        for c, site in sc.callees:
+            vjp = mod[c].custom_vjp if c in mod else None
+            if vjp is None:
+                todo.append(c)
+            elif vjp not in mod:  # else AD calls the vjp, not differentiating @c
+                sc.problems.append(f"@{c}'s custom_vjp @{vjp} is not a function of the module, {binding(name, fn, site)}")
     problems: list[str] = []
     done_prims: set[int] = set()
     for name, sc in scans.items():

@@ -53,8 +53,9 @@ class Frame:
 class ReverseSweep:
     """Cotangents of ``body`` seeded at its result; ``param_adjoint`` gives the parameters' gradients."""
 
-    def __init__(self, body: Expr, order: list, active: set, fn_name: str = "main", fn=None):
+    def __init__(self, body: Expr, order: list, active: set, fn_name: str = "main", fn=None, mod=None):
         self.body = body
+        self.mod = mod  # the module: what a call of a function with a custom_vjp calls
         self.active = active
         self.fn_name = fn_name
         self.fn = fn

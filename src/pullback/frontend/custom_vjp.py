@@ -1,0 +1,228 @@
+"""Custom ``torch.autograd.Function``s whose backward is not their forward's derivative, kept with that backward.
+
+A straight-through estimator (round forward, identity backward), a gradient reversal or a clipped gradient
+trains with the user's backward in eager PyTorch. torch.export keeps only a Function's forward, so the importer
+routes each such Function (``custom_functions.mismatched`` finds them) through an opaque operator while exporting
+again (``routed``): ``pullback_custom::fK(Tensor[] args) -> Tensor[]``, one per Function and non-tensor arguments.
+Converting a call of it (``convert``) exports the Function's forward and a backward program on its own, at the
+call's shapes, and adds them to the module:
+
+- ``@Name(args...)``: the forward, with the attribute ``custom_vjp="Name_vjp"``;
+- ``@Name_vjp(args..., cts...)``: runs the forward (for what it saves in ``ctx``), then the user's backward; it
+  returns one gradient per tensor argument (zeros where the backward returns None). A forward output that is
+  not floating point has no cotangent parameter.
+
+``FirstOrderGradient`` calls ``@Name_vjp`` instead of differentiating ``@Name``; what the backward does not read
+of the forward is dead code (a straight-through estimator saves nothing).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..analysis.type_infer import infer_expr
+from ..ir.errors import PullbackError
+from ..ir.expr import CUSTOM_VJP, Call, Function, GlobalVar, Tuple, TupleGetItem
+from ..ir.module import IRModule
+from .custom_functions import StandInCtx
+
+NAMESPACE = "pullback_custom"
+
+
+@dataclass
+class Route:
+    """One opaque operator: the Function, its arguments with the tensors left out (``None`` in ``template``,
+    their positions in ``slots``), and where it was first applied."""
+
+    cls: type
+    template: tuple
+    slots: tuple
+    where: str
+    single: bool = True  # the forward returns one tensor (not a tuple): set when the operator first runs
+
+    def merged(self, tensors) -> list:
+        args = list(self.template)
+        for i, t in zip(self.slots, tensors):
+            args[i] = t
+        return args
+
+    def ctx(self) -> StandInCtx:
+        """A fresh stand-in context: every tensor argument needs a gradient."""
+        return StandInCtx(tuple(i in self.slots for i in range(len(self.template))))
+
+    def forward(self, ctx, tensors):
+        """The Function's forward as plain code on ``tensors`` (``ctx`` a stand-in context)."""
+        import torch
+
+        args = self.merged(tensors)
+        if self.cls.setup_context is not torch.autograd.Function.setup_context:
+            out = self.cls.forward(*args)
+            self.cls.setup_context(ctx, tuple(args), out)
+            return out
+        return self.cls.forward(ctx, *args)
+
+
+_ROUTES: dict[str, Route] = {}  # operator name -> route
+_KEYS: dict[tuple, str] = {}  # (class, non-tensor arguments) -> operator name
+_counter = itertools.count()
+_library = None
+
+
+def _outputs(out, name: str) -> list:
+    import torch
+
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        raise PullbackError(f"from_torch: custom Function {name}'s forward returns {type(out).__name__} values other "
+                            "than tensors; pullback keeps a Function's own backward only for tensor results")
+    return outs
+
+
+def _operator(cls, args: tuple, where: str) -> str:
+    """The opaque operator for ``cls`` applied to ``args`` (registered on first use)."""
+    global _library
+    import torch
+
+    slots = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    template = tuple(None if i in slots else a for i, a in enumerate(args))
+    for a in template:
+        if isinstance(a, (list, tuple, dict)) and any(isinstance(v, torch.Tensor) for v in a):
+            raise PullbackError(f"from_torch: custom Function {cls.__qualname__} (applied at {where}) takes tensors "
+                                "inside a list; pullback keeps a Function's own backward only for tensor arguments")
+    try:
+        key = (cls, template)
+        hash(key)
+    except TypeError:  # an unhashable setting: a fresh operator for this use
+        key = (cls, next(_counter))
+    name = _KEYS.get(key)
+    if name is not None:
+        return name
+    if _library is None:
+        _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    name = f"f{next(_counter)}"
+    route = _ROUTES[name] = Route(cls, template, slots, where)
+    _KEYS[key] = name
+
+    def run(tensors):  # what the operator computes: the forward, outputs never aliasing inputs
+        with torch.no_grad():
+            out = route.forward(route.ctx(), tensors)
+        route.single = not isinstance(out, (tuple, list))
+        return [o.clone() for o in _outputs(out, cls.__qualname__)]
+
+    _library.define(f"{name}(Tensor[] args) -> Tensor[]")
+    _library.impl(name, run, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", lib=_library)(run)
+    return name
+
+
+@contextmanager
+def routed(classes) -> Iterator[None]:
+    """While exporting, each Function of ``classes`` applied becomes a call of its opaque operator."""
+    import torch
+
+    base = torch.autograd.Function
+    original = base.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        if cls not in classes or kwargs:
+            return original.__func__(cls, *args, **kwargs)
+        caller = sys._getframe(1)
+        name = _operator(cls, args, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        route = _ROUTES[name]
+        outs = getattr(getattr(torch.ops, NAMESPACE), name)([args[i] for i in route.slots])
+        return outs[0] if route.single else tuple(outs)
+
+    base.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        base.apply = original
+
+
+def _examples(vals) -> list:
+    """Tensors of the shapes and dtypes of the (fake) values ``vals`` (random floats: the values do not matter)."""
+    import torch
+
+    from .context import static_dim
+
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for v in vals:
+        shape = tuple(static_dim(d) for d in v.shape)
+        if not all(isinstance(d, int) for d in shape):
+            raise PullbackError("from_torch: a custom Function whose backward pullback keeps needs static shapes "
+                                f"(it got {tuple(v.shape)}); export without a dynamic batch")
+        out.append(torch.randn(shape, generator=gen, dtype=v.dtype) if v.dtype.is_floating_point
+                   else torch.zeros(shape, dtype=v.dtype))
+    return out
+
+
+def _program(module, examples, what: str):
+    """``@main`` of ``module`` imported on ``examples`` (constants for its own tensors)."""
+    from .torch_importer import import_torch
+
+    prog = import_torch(module, tuple(examples), params_as="constants")
+    if prog.masks or prog.mutations:
+        raise PullbackError(f"from_torch: {what} draws random numbers or writes buffers; pullback keeps a custom "
+                            "Function's own backward only for a pure forward")
+    return prog.mod["main"]
+
+
+def convert(cx, name: str, tensors: list):
+    """The call of custom Function operator ``name`` on ``tensors`` (pullback values), its forward and backward
+    programs added to ``cx.functions``; a list of the results (one per output)."""
+    import torch
+
+    route = _ROUTES.get(name)
+    if route is None:
+        raise PullbackError(f"from_torch: {NAMESPACE}::{name} is not an operator of this process")
+    cls_name = route.cls.__qualname__.replace(".", "_").replace("<", "").replace(">", "")
+    fwd_name = _fresh(cx, cls_name)
+    bwd_name = fwd_name + "_vjp"
+    examples = _examples([a.meta["val"] for a in cx.node.args[0]])
+    outs = [v for v in cx.val]
+    floats = [i for i, o in enumerate(outs) if o.dtype.is_floating_point]
+    single = route.single
+
+    class Forward(torch.nn.Module):
+        def forward(self, *ts):
+            return route.forward(route.ctx(), list(ts))
+
+    class Backward(torch.nn.Module):
+        def forward(self, *ts):
+            xs, cts = list(ts[:len(examples)]), ts[len(examples):]
+            ctx = route.ctx()
+            out = _outputs(route.forward(ctx, xs), route.cls.__qualname__)
+            full = [torch.zeros_like(o) for o in out]  # what autograd passes for a non-differentiable result
+            for i, c in zip(floats, cts):
+                full[i] = c
+            grads = route.cls.backward(ctx, *full)
+            grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
+            return tuple(grads[i] if i < len(grads) and grads[i] is not None else torch.zeros_like(x)
+                         for i, x in zip(route.slots, xs))
+
+    what = f"custom Function {route.cls.__qualname__} (applied at {route.where})"
+    fwd = _program(Forward(), examples, what)
+    bwd = _program(Backward(), examples + [torch.randn(outs[i].shape, dtype=outs[i].dtype) for i in floats], what)
+    body = fwd.body if single or len(outs) > 1 else Tuple([fwd.body])  # a 1-tuple stays one (the importer unpacks it)
+    cx.functions[fwd_name] = Function(fwd.params, body, None, {CUSTOM_VJP: bwd_name})
+    # one gradient per tensor argument, always a tuple (the importer makes a single result the body itself)
+    cx.functions[bwd_name] = bwd if len(route.slots) > 1 else Function(bwd.params, Tuple([bwd.body]))
+    call = Call(GlobalVar(fwd_name), tensors)
+    infer_expr(call, IRModule({fwd_name: cx.functions[fwd_name]}))  # typed now: the converters after it ask
+    return [call] if single else [TupleGetItem(call, i) for i in range(len(outs))]
+
+
+def _fresh(cx, base: str) -> str:
+    name, k = base, 0
+    while name in cx.functions or name == "main":
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+__all__ = ["routed", "convert", "NAMESPACE"]
