@@ -59,12 +59,14 @@ class _ClippedProduct(torch.autograd.Function):
 
 
 class _Quantized(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, detach_form: bool = False):
         super().__init__()
-        self.lin = torch.nn.Linear(3, 3)
+        self.lin, self.detach_form = torch.nn.Linear(3, 3), detach_form
 
     def forward(self, x):
-        return _RoundSTE.apply(self.lin(x) * 3).pow(2).mean()
+        h = self.lin(x) * 3
+        q = h + (torch.round(h) - h).detach() if self.detach_form else _RoundSTE.apply(h)
+        return q.pow(2).mean()
 
 
 class _Adversarial(torch.nn.Module):
@@ -124,10 +126,12 @@ def test_a_straight_through_estimator_imports_with_its_backward():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_straight_through_estimator_trains_like_eager_and_saves_nothing_for_its_backward(target):
-    torch.manual_seed(0)
-    batches = [((torch.randn(4, 3),), None) for _ in range(3)]
-    result = train_side_by_side(_Quantized(), batches, lambda loss, _: loss, target=target, verbose=False)
-    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
+    """As a Function and as its detach() rewrite, both like eager; the Function's program saves nothing for it."""
+    for detach_form in (False, True):
+        torch.manual_seed(0)
+        batches = [((torch.randn(4, 3),), None) for _ in range(3)]
+        result = train_side_by_side(_Quantized(detach_form), batches, lambda loss, _: loss, target=target, verbose=False)
+        check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
     model = _Quantized()
     m = pb_compile(model, (torch.randn(4, 3),), target=target)
     x = torch.randn(4, 3)
@@ -229,9 +233,10 @@ def test_tensors_in_a_list_argument_and_dynamic_shapes_are_clear_errors():
 
 
 @pytest.mark.parametrize("make, shapes", [
+    (_Quantized, [(4, 3)]),
     (_Adversarial, [(5, 4)]),
     (lambda: _Clipped(True), [(4, 3), (4, 3)]),
-], ids=["gradient-reversal", "clipped-product"])
+], ids=["straight-through", "gradient-reversal", "clipped-product"])
 def test_torch_compile_backend_keeps_a_custom_backward(make, shapes):
     """Dynamo hands the backend a Function's forward and backward graphs; they are applied again as a Function
     and kept as the importer keeps one: gradients equal eager's."""
@@ -247,4 +252,5 @@ def test_torch_compile_backend_keeps_a_custom_backward(make, shapes):
     for m in (eager, compiled):
         m(*inputs).backward()
     for p, q in zip(eager.parameters(), model.parameters()):
+        assert p.grad.abs().sum() > 0  # differentiating round() or a reversal's forward gives other gradients
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
