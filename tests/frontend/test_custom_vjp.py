@@ -225,11 +225,28 @@ class _Listed(torch.nn.Module):
         return _ListSTE.apply(x, [x * 2]).sum()
 
 
-def test_tensors_in_a_list_argument_and_dynamic_shapes_are_clear_errors():
+def test_tensors_in_a_list_argument_are_a_clear_error():
     with pytest.raises(pb.PullbackError, match=r"_ListSTE \(applied at .*\) takes tensors inside a list"):
         from_torch(_Listed(), (torch.randn(3),))
-    with pytest.raises(pb.PullbackError, match=r"needs static shapes .*export without a dynamic batch"):
-        from_torch(_Apply(_RoundSTE), (torch.randn(4, 3),), dynamic_batch=True)
+
+
+def test_a_dynamic_batch_goes_through_the_pair():
+    """With ``dynamic_batch`` the Function's forward and vjp take a ``?`` batch too: one program, eager's
+    gradients at every batch size."""
+    torch.manual_seed(0)
+    model = _Clipped(True).double()
+    mod, params = from_torch(model, (torch.randn(4, 3).double(), torch.randn(4, 3).double()), dynamic_batch=True)
+    assert pb.astext(mod["_ClippedProduct"]).count("Tensor[(?, 3), float64]") >= 2
+    grad = pb.build(pb.transform.FirstOrderGradient()(mod))["main_grad"]
+    for batch in (2, 7):
+        x, y = torch.randn(batch, 3).double(), torch.randn(batch, 3).double() * 3
+        value, grads = grad(x.numpy(), y.numpy(), *params.values())
+        model.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        np.testing.assert_allclose(value, loss.item(), rtol=1e-12)
+        for got, p in zip(grads[2:], model.parameters()):
+            np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("make, shapes", [
@@ -254,3 +271,24 @@ def test_torch_compile_backend_keeps_a_custom_backward(make, shapes):
     for p, q in zip(eager.parameters(), model.parameters()):
         assert p.grad.abs().sum() > 0  # differentiating round() or a reversal's forward gives other gradients
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+
+
+class _Stacked(torch.nn.Module):
+    """The same Function in two layers of one width and a third of another."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 5)
+
+    def forward(self, x):
+        h = _RoundSTE.apply(self.b(_RoundSTE.apply(self.a(x) * 3)))
+        return _RoundSTE.apply(self.c(h) * 2).pow(2).mean()
+
+
+def test_one_pair_per_shape():
+    """Calls at the same shapes share one @F / @F_vjp pair (exported once); another shape gets its own."""
+    torch.manual_seed(0)
+    mod = _grads_match_eager(_Stacked(), [torch.randn(4, 3)])
+    assert sorted(_custom_calls(mod["main"])) == ["_RoundSTE", "_RoundSTE", "_RoundSTE_1"]
+    assert sorted(name for name in mod if name != "main") == [
+        "_RoundSTE", "_RoundSTE_1", "_RoundSTE_1_vjp", "_RoundSTE_vjp"]

@@ -160,6 +160,7 @@ class ConvertContext:
         self.mask_vars: list[Var] = []
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
         self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
+        self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
 
     def note_sizes(self, v: Expr, val) -> None:
         """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as

@@ -28,6 +28,7 @@ from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import CUSTOM_VJP, Call, Function, GlobalVar, Tuple, TupleGetItem
 from ..ir.module import IRModule
+from ..ir.types import Any
 from .custom_functions import StandInCtx
 
 NAMESPACE = "pullback_custom"
@@ -143,29 +144,34 @@ def routed(classes) -> Iterator[None]:
         base.apply = original
 
 
-def _examples(vals) -> list:
-    """Tensors of the shapes and dtypes of the (fake) values ``vals`` (random floats: the values do not matter)."""
+def _examples(vals) -> tuple[list, list]:
+    """Tensors of the shapes and dtypes of the (fake) values ``vals`` (random floats: the values do not matter),
+    a symbolic batch (dimension 0) at its example size, and per tensor whether its batch is symbolic."""
     import torch
 
     from .context import static_dim
 
     gen = torch.Generator().manual_seed(0)
-    out = []
+    out, batched = [], []
     for v in vals:
-        shape = tuple(static_dim(d) for d in v.shape)
-        if not all(isinstance(d, int) for d in shape):
-            raise PullbackError("from_torch: a custom Function whose backward pullback keeps needs static shapes "
-                                f"(it got {tuple(v.shape)}); export without a dynamic batch")
+        shape = [static_dim(d) for d in v.shape]
+        if any(d is Any for d in shape[1:]):
+            raise PullbackError("from_torch: a custom Function whose backward pullback keeps takes a tensor with a "
+                                f"dynamic size other than the batch (dimension 0): {tuple(v.shape)}")
+        batched.append(bool(shape) and shape[0] is Any)
+        if batched[-1]:
+            shape[0] = max(2, int(getattr(v.shape[0].node, "hint", None) or 2))  # the example's batch size
         out.append(torch.randn(shape, generator=gen, dtype=v.dtype) if v.dtype.is_floating_point
                    else torch.zeros(shape, dtype=v.dtype))
-    return out
+    return out, batched
 
 
-def _program(module, examples, what: str):
-    """``@main`` of ``module`` imported on ``examples`` (constants for its own tensors)."""
+def _program(module, examples, batched: list, what: str):
+    """``@main`` of ``module`` imported on ``examples`` (constants for its own tensors; dimension 0 symbolic for
+    the ``batched`` ones)."""
     from .torch_importer import import_torch
 
-    prog = import_torch(module, tuple(examples), params_as="constants")
+    prog = import_torch(module, tuple(examples), params_as="constants", dynamic_batch=batched if any(batched) else False)
     if prog.masks or prog.mutations:
         raise PullbackError(f"from_torch: {what} draws random numbers or writes buffers; pullback keeps a custom "
                             "Function's own backward only for a pure forward")
@@ -175,18 +181,34 @@ def _program(module, examples, what: str):
 def convert(cx, name: str, tensors: list):
     """The call of custom Function operator ``name`` on ``tensors`` (pullback values), its forward and backward
     programs added to ``cx.functions``; a list of the results (one per output)."""
-    import torch
 
     route = _ROUTES.get(name)
     if route is None:
         raise PullbackError(f"from_torch: {NAMESPACE}::{name} is not an operator of this process")
+    examples, batched = _examples([a.meta["val"] for a in cx.node.args[0]])
+    outs = list(cx.val)
+    key = (name, tuple((tuple(e.shape), e.dtype, b) for e, b in zip(examples, batched)))
+    fwd_name = cx.function_keys.get(key)
+    if fwd_name is None:  # one pair per operator and shapes (a quantizer in every layer: one pair)
+        fwd_name = cx.function_keys[key] = _pair(cx, route, examples, batched, outs)
+    call = Call(GlobalVar(fwd_name), tensors)
+    try:  # typed now: the converters after it ask
+        infer_expr(call, IRModule({fwd_name: cx.functions[fwd_name]}))
+    except PullbackError as e:  # e.g. torch.export fixed a batch the caller keeps dynamic
+        raise PullbackError(f"from_torch: the forward of custom Function {route.cls.__qualname__} (applied at "
+                            f"{route.where}) does not take its arguments' types: {e}") from e
+    return [call] if route.single else [TupleGetItem(call, i) for i in range(len(outs))]
+
+
+def _pair(cx, route: Route, examples: list, batched: list, outs: list) -> str:
+    """Export ``route``'s forward and backward programs at the shapes of ``examples`` (a dynamic batch for the
+    ``batched`` ones) into ``cx.functions``; returns the forward's name."""
+    import torch
+
     cls_name = route.cls.__qualname__.replace(".", "_").replace("<", "").replace(">", "")
     fwd_name = _fresh(cx, cls_name)
     bwd_name = fwd_name + "_vjp"
-    examples = _examples([a.meta["val"] for a in cx.node.args[0]])
-    outs = [v for v in cx.val]
     floats = [i for i, o in enumerate(outs) if o.dtype.is_floating_point]
-    single = route.single
 
     class Forward(torch.nn.Module):
         def forward(self, *ts):
@@ -206,15 +228,14 @@ def convert(cx, name: str, tensors: list):
                          for i, x in zip(route.slots, xs))
 
     what = f"custom Function {route.cls.__qualname__} (applied at {route.where})"
-    fwd = _program(Forward(), examples, what)
-    bwd = _program(Backward(), examples + [torch.randn(outs[i].shape, dtype=outs[i].dtype) for i in floats], what)
-    body = fwd.body if single or len(outs) > 1 else Tuple([fwd.body])  # a 1-tuple stays one (the importer unpacks it)
+    fwd = _program(Forward(), examples, batched, what)
+    cts, ct_batched = _examples([outs[i] for i in floats])
+    bwd = _program(Backward(), examples + cts, batched + ct_batched, what)
+    body = fwd.body if route.single or len(outs) > 1 else Tuple([fwd.body])  # a 1-tuple the importer unpacked
     cx.functions[fwd_name] = Function(fwd.params, body, None, {CUSTOM_VJP: bwd_name})
     # one gradient per tensor argument, always a tuple (the importer makes a single result the body itself)
     cx.functions[bwd_name] = bwd if len(route.slots) > 1 else Function(bwd.params, Tuple([bwd.body]))
-    call = Call(GlobalVar(fwd_name), tensors)
-    infer_expr(call, IRModule({fwd_name: cx.functions[fwd_name]}))  # typed now: the converters after it ask
-    return [call] if single else [TupleGetItem(call, i) for i in range(len(outs))]
+    return fwd_name
 
 
 def _fresh(cx, base: str) -> str:
