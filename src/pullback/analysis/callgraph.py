@@ -3,7 +3,8 @@
 A function *references* another when its body calls it (``Call(@f, ...)``) or uses
 its GlobalVar as a value, or names it as its ``custom_vjp``; all are edges (a value
 use needs the callee as much as a call; AD calls a custom vjp). A custom vjp counts
-as a value use: its signature is observable. Primitive function bodies count as part of the function holding them.
+as a value use: its signature is observable. Primitive function bodies count as
+part of the function holding them.
 Everything is iterative, and each Function object is scanned once (the scan is
 cached on it), so passes that ask for the graph every round pay only for the
 functions they changed.
