@@ -72,6 +72,11 @@ def test_a_missing_or_ill_shaped_vjp_is_reported():
     short = TEXT.replace("%b: Tensor[(3,), float32], %g", "%g")
     with pytest.raises(pb.PullbackError, match=r"@f's custom_vjp @f_vjp must take its 2 arguments and 1 cotangent"):
         T.FirstOrderGradient()(pb.parse(short))
+    for wrong in ("(%g,)", "%g", "(%g, sum(%g, axis=None, keepdims=False, exclude=False))"):
+        bad = TEXT.replace("(multiply(%g, const(0.5, float32)), %g)", wrong)
+        with pytest.raises(pb.PullbackError, match=r"@f's custom_vjp @f_vjp must return one gradient per argument, "
+                                                   r"of the argument's type \(\(Tensor\[\(3,\), float32\]"):
+            T.FirstOrderGradient()(pb.parse(bad))
 
 
 def test_the_passes_keep_the_pair():

@@ -92,7 +92,12 @@ def custom_vjp(sweep: "ReverseSweep", call: Call, cts: dict) -> list:
         raise PullbackError(f"@{name}'s custom_vjp @{vjp} must take its {len(call.args)} arguments and {len(leaves)} "
                             f"cotangent(s) ({have}), {binding(sweep.fn_name, sweep.fn, call)}")
     fn = mod[vjp]
-    infer_expr(fn, mod)
+    ret = infer_expr(fn, mod).ret_type
+    want = [a.checked_type for a in call.args]
+    if not (isinstance(ret, TupleType) and len(ret.fields) == len(want)
+            and all(types_compatible(w, g) for w, g in zip(want, ret.fields))):
+        raise PullbackError(f"@{name}'s custom_vjp @{vjp} must return one gradient per argument, of the argument's "
+                            f"type ({TupleType(tuple(want))!r}), not {ret!r}, {binding(sweep.fn_name, sweep.fn, call)}")
     grads = transform(fn.body, memo={id(p): a for p, a in zip(fn.params, list(call.args) + leaves)})
     active = sweep.active
     return [(arg, (), grads.fields[i] if type(grads) is Tuple else TupleGetItem(grads, i))
