@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pullback as pb
-from pullback.frontend.torch_importer import from_torch
+from pullback.frontend.torch_importer import from_torch, import_torch
 from pullback.integrations.torch import check_side_by_side, compile as pb_compile, train_side_by_side
 from pullback.ir.expr import Call, GlobalVar
 from pullback.ir.traversal import post_order
@@ -201,13 +201,34 @@ class _Apply(torch.nn.Module):
         return (out[0] if isinstance(out, tuple) else out).sum()
 
 
-@pytest.mark.parametrize("fn, message", [
-    (_Pair, r"custom Function _Pair's forward returns tuple values other than tensors"),
-    (_NoisySTE, r"custom Function _NoisySTE \(applied at .*test_custom_vjp.py:\d+\) draws random numbers"),
-], ids=["non-tensor-result", "random-draws"])
-def test_what_a_custom_vjp_cannot_keep_is_a_clear_error(fn, message):
-    with pytest.raises(pb.PullbackError, match=message):
-        from_torch(_Apply(fn), (torch.randn(3),))
+def test_a_non_tensor_result_is_a_clear_error():
+    with pytest.raises(pb.PullbackError, match=r"custom Function _Pair's forward returns tuple values other than tensors"):
+        from_torch(_Apply(_Pair), (torch.randn(3),))
+
+
+class _Noisy(torch.nn.Module):
+    """A stochastic rounding (noise drawn in the Function's forward) with a straight-through backward, twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = _NoisySTE.apply(self.lin(x) * 3)
+        return (_NoisySTE.apply(h * 0.5) * h).mean()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_function_whose_forward_draws_trains_like_eager(target):
+    """The draws of the Function's forward are random inputs of the program, drawn in eager's order (one per
+    call), and passed to both the forward and the vjp: the same noise as eager, step after step."""
+    torch.manual_seed(0)
+    prog = import_torch(_Noisy(), (torch.randn(4, 3),))
+    assert [m.kind for m in prog.masks] == ["uniform", "uniform"]
+    assert _custom_calls(prog.main) == ["_NoisySTE", "_NoisySTE"]
+    batches = [((torch.randn(4, 3),), None) for _ in range(3)]
+    result = train_side_by_side(_Noisy(), batches, lambda loss, _: loss, target=target, verbose=False)
+    check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
 class _ListSTE(torch.autograd.Function):

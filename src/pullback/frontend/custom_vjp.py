@@ -29,6 +29,7 @@ from ..ir.errors import PullbackError
 from ..ir.expr import CUSTOM_VJP, Call, Function, GlobalVar, Tuple, TupleGetItem
 from ..ir.module import IRModule
 from ..ir.types import Any
+from ..ops.registry import get_op
 from .custom_functions import StandInCtx
 
 NAMESPACE = "pullback_custom"
@@ -167,15 +168,20 @@ def _examples(vals) -> tuple[list, list]:
 
 
 def _program(module, examples, batched: list, what: str):
-    """``@main`` of ``module`` imported on ``examples`` (constants for its own tensors; dimension 0 symbolic for
-    the ``batched`` ones)."""
+    """The program of ``module`` imported on ``examples`` (constants for its own tensors; dimension 0 symbolic
+    for the ``batched`` ones): a ``TorchProgram``, whose random draws become inputs after the examples."""
     from .torch_importer import import_torch
 
     prog = import_torch(module, tuple(examples), params_as="constants", dynamic_batch=batched if any(batched) else False)
-    if prog.masks or prog.mutations:
-        raise PullbackError(f"from_torch: {what} draws random numbers or writes buffers; pullback keeps a custom "
-                            "Function's own backward only for a pure forward")
-    return prog.mod["main"]
+    if prog.mutations:
+        raise PullbackError(f"from_torch: {what} writes buffers; pullback keeps a custom Function's own backward "
+                            "only for a forward without side effects")
+    return prog
+
+
+def _draw(m) -> tuple:
+    """What a random input draws (its name aside)."""
+    return (m.kind, m.shape, m.dtype, m.rate, m.params)
 
 
 def convert(cx, name: str, tensors: list):
@@ -188,10 +194,14 @@ def convert(cx, name: str, tensors: list):
     examples, batched = _examples([a.meta["val"] for a in cx.node.args[0]])
     outs = list(cx.val)
     key = (name, tuple((tuple(e.shape), e.dtype, b) for e, b in zip(examples, batched)))
-    fwd_name = cx.function_keys.get(key)
-    if fwd_name is None:  # one pair per operator and shapes (a quantizer in every layer: one pair)
-        fwd_name = cx.function_keys[key] = _pair(cx, route, examples, batched, outs)
-    call = Call(GlobalVar(fwd_name), tensors)
+    pair = cx.function_keys.get(key)
+    if pair is None:  # one pair per operator and shapes (a quantizer in every layer: one pair)
+        pair = cx.function_keys[key] = _pair(cx, route, examples, batched, outs)
+    fwd_name, draws = pair
+    # the forward's random draws are the program's, drawn here in eager's order, and passed to @F and its vjp
+    drawn = [cx.random_input(m.kind, tuple(Any if d is None else d for d in m.shape), m.dtype, m.rate, m.stride, m.params)
+             for m in draws]
+    call = Call(GlobalVar(fwd_name), list(tensors) + drawn)
     try:  # typed now: the converters after it ask
         infer_expr(call, IRModule({fwd_name: cx.functions[fwd_name]}))
     except PullbackError as e:  # e.g. torch.export fixed a batch the caller keeps dynamic
@@ -200,9 +210,10 @@ def convert(cx, name: str, tensors: list):
     return [call] if route.single else [TupleGetItem(call, i) for i in range(len(outs))]
 
 
-def _pair(cx, route: Route, examples: list, batched: list, outs: list) -> str:
+def _pair(cx, route: Route, examples: list, batched: list, outs: list) -> tuple:
     """Export ``route``'s forward and backward programs at the shapes of ``examples`` (a dynamic batch for the
-    ``batched`` ones) into ``cx.functions``; returns the forward's name."""
+    ``batched`` ones) into ``cx.functions``; returns the forward's name and its random draws (``RandomInput``s,
+    parameters of both functions after the arguments)."""
     import torch
 
     cls_name = route.cls.__qualname__.replace(".", "_").replace("<", "").replace(">", "")
@@ -228,14 +239,23 @@ def _pair(cx, route: Route, examples: list, batched: list, outs: list) -> str:
                          for i, x in zip(route.slots, xs))
 
     what = f"custom Function {route.cls.__qualname__} (applied at {route.where})"
-    fwd = _program(Forward(), examples, batched, what)
+    fwd_prog = _program(Forward(), examples, batched, what)
     cts, ct_batched = _examples([outs[i] for i in floats])
-    bwd = _program(Backward(), examples + cts, batched + ct_batched, what)
+    bwd_prog = _program(Backward(), examples + cts, batched + ct_batched, what)
+    fwd, bwd, draws = fwd_prog.main, bwd_prog.main, fwd_prog.masks
+    if [_draw(m) for m in bwd_prog.masks] != [_draw(m) for m in draws]:
+        raise PullbackError(f"from_torch: the backward of {what} draws random numbers of its own; pullback keeps a "
+                            "custom Function's own backward when only its forward draws")
     body = fwd.body if route.single or len(outs) > 1 else Tuple([fwd.body])  # a 1-tuple the importer unpacked
     cx.functions[fwd_name] = Function(fwd.params, body, None, {CUSTOM_VJP: bwd_name})
-    # one gradient per tensor argument, always a tuple (the importer makes a single result the body itself)
-    cx.functions[bwd_name] = bwd if len(route.slots) > 1 else Function(bwd.params, Tuple([bwd.body]))
-    return fwd_name
+    # the vjp takes @F's parameters (the arguments, then the draws), then the cotangents; it returns one gradient
+    # per parameter, always a tuple (the importer makes a single result the body itself): zeros for the draws
+    n, k = len(examples), len(cts)
+    xs, ct_params, drawn = bwd.params[:n], bwd.params[n:n + k], bwd.params[n + k:]
+    grads = list(bwd.body.fields) if len(route.slots) > 1 else [bwd.body]
+    grads += [get_op("zeros_like")(d) for d in drawn]
+    cx.functions[bwd_name] = Function(list(xs) + list(drawn) + list(ct_params), Tuple(grads))
+    return fwd_name, draws
 
 
 def _fresh(cx, base: str) -> str:
