@@ -8,6 +8,7 @@
 - ``torch.distributions`` validate their arguments by a branch on values: not while exporting, and neither does
   ``F.gaussian_nll_loss`` (``nn.GaussianNLLLoss``) check its variance for negative entries;
 - ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
+- reentrant activation checkpointing runs its function under no_grad: it runs as plain code;
 - a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
 - ``run_decompositions`` drops a random draw whose result is unused (a dropout feeding only an unused output):
   eager still draws it, so every later draw would differ; such draws are kept (``random_draws_kept``);
@@ -91,7 +92,10 @@ class _WhileOpen:
                 self._blocks -= 1
                 if self._blocks == 0 and self._saved is not None:
                     owner, original = self._saved
-                    setattr(owner, self.name, original)
+                    if original is None:  # the owner inherited it
+                        delattr(owner, self.name)
+                    else:
+                        setattr(owner, self.name, original)
                     self._saved = None
 
 
@@ -381,6 +385,28 @@ def transformer_masks_as_given():
     return _masks_as_given()
 
 
+def _checkpoint_function():
+    import torch.utils.checkpoint
+
+    return torch.utils.checkpoint.CheckpointFunction
+
+
+def _run_plainly(cls, run_function, preserve_rng_state, *args):
+    return run_function(*args)
+
+
+_plain_checkpoints = _WhileOpen(_checkpoint_function, "apply", lambda original: classmethod(_run_plainly))
+
+
+def checkpoints_as_plain_calls():
+    """``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=True)`` (Hugging Face's gradient
+    checkpointing) runs ``fn(*args)`` as plain code while the block is open. Its autograd Function runs ``fn``
+    under no_grad and recomputes it in its backward, which torch.export does not keep: the block and everything
+    after it trained with no gradient at all. Checkpointing changes memory, not values (with the same random
+    draws): what the program saves for the backward is the partitioner's choice (``policy="min_cut"``)."""
+    return _plain_checkpoints()
+
+
 @contextmanager
 def rnn_dropout_between_layers() -> Iterator[None]:
     """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
@@ -440,4 +466,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "checkpoints_as_plain_calls"]

@@ -37,7 +37,7 @@ import io
 import operator
 import re
 import warnings
-from contextlib import redirect_stderr
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -198,15 +198,13 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
             n = len(example_inputs) - len(keywords)
             kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
             try:
-                with custom_functions.recorded() as applied, redirect_stderr(printed), \
-                        export_repairs.unvalidated_arguments(), export_repairs.transformer_masks_as_given():
+                with custom_functions.recorded() as applied, redirect_stderr(printed), repairs():
                     ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
                 # custom Functions whose backward is not their forward's derivative: exported again as opaque
                 # operators, imported with their own backward (custom_vjp)
                 own = custom_functions.mismatched(applied)
                 if own:
-                    with redirect_stderr(printed), custom_vjp.routed(own), export_repairs.unvalidated_arguments(), \
-                            export_repairs.transformer_masks_as_given():
+                    with redirect_stderr(printed), custom_vjp.routed(own), repairs():
                         ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
             except PullbackError:
                 raise
@@ -221,6 +219,14 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
                 export_repairs.composite_overrides_narrowed(ep):
             return ep.run_decompositions(decomposition_table())
+
+
+@contextmanager
+def repairs():
+    """What ``torch.export`` needs set right while it traces (see ``export_repairs``)."""
+    with export_repairs.unvalidated_arguments(), export_repairs.transformer_masks_as_given(), \
+            export_repairs.checkpoints_as_plain_calls():
+        yield
 
 
 @functools.cache

@@ -113,6 +113,25 @@ def _custom_functions_as_functions(gm):
     return gm
 
 
+def _checkpoints_as_calls(gm):
+    """``gm`` with each activation checkpoint Dynamo kept (``tag_activation_checkpoint`` of a body graph) a plain
+    call of its body: checkpointing changes memory, not values, and what the program saves is the partitioner's
+    choice; torch.export cannot trace the higher-order operator."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    for n in calls:
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_module(n.args[0].target, tuple(n.args[1:]))
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+    if calls:
+        gm.recompile()
+    return gm
+
+
 def _function_of(fwd, bwd, name: str):
     """A ``torch.autograd.Function`` whose forward runs Dynamo's forward graph ``fwd`` (it returns the output and
     the values it saves) and whose backward runs ``bwd`` on the cotangents and those values."""
@@ -166,7 +185,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
-    gm = _custom_functions_as_functions(gm)
+    gm = _custom_functions_as_functions(_checkpoints_as_calls(gm))
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))
