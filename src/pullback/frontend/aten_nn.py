@@ -918,3 +918,33 @@ def _embedding_bag(cx, weight, indices, offsets, scale_grad_by_freq=False, mode=
 
 def _int64_of(cx, x):
     return cast(cx, x, "int64")
+
+
+# ------------------------------------------------------------------ fake quantization (quantization-aware training)
+
+
+def _fake_quant(cx, x, scale: Expr, zero_point: Expr, qmin, qmax) -> list:
+    """ATen's fake quantization: ``(clamp(round(x / scale) + zp, qmin, qmax) - zp) * scale`` (``x`` times the
+    float32 reciprocal of the scale, rounded half to even) and the mask of the values inside the range. The
+    gradient is the straight-through estimator ATen's backward uses, ``g * mask``: the rounded value carries no
+    gradient, ``x - stop_gradient(x)`` (zero) carries the identity."""
+    dt = cx.dtype_of(x)
+    r = _op("add")(_op("round")(_op("multiply")(x, _op("divide")(scalar(1.0, dt), scale))), zero_point)
+    q = _op("multiply")(_op("subtract")(_op("clip")(r, float(qmin), float(qmax)), zero_point), scale)
+    mask = _op("logical_and")(_op("greater_equal")(r, scalar(qmin, dt)), _op("less_equal")(r, scalar(qmax, dt)))
+    through = _op("multiply")(_op("subtract")(x, _op("stop_gradient")(x)), _op("cast")(mask, dt))
+    return [_op("add")(_op("stop_gradient")(q), through), mask]
+
+
+@aten("aten.fake_quantize_per_tensor_affine_cachemask.default")
+def _fake_quantize_per_tensor(cx, x, scale, zero_point, quant_min, quant_max):
+    dt = cx.dtype_of(x)
+    return _fake_quant(cx, x, scalar(np.float32(scale), dt), scalar(zero_point, dt), quant_min, quant_max)
+
+
+@aten("aten.fake_quantize_per_channel_affine_cachemask.default")
+def _fake_quantize_per_channel(cx, x, scale, zero_point, axis, quant_min, quant_max):
+    dt, ndim = cx.dtype_of(x), cx.ndim_of(x)
+    shape = tuple(-1 if i == axis % ndim else 1 for i in range(ndim))
+    per = [_op("reshape")(cast(cx, cast(cx, v, "float32"), dt), shape) for v in (scale, zero_point)]
+    return _fake_quant(cx, x, per[0], per[1], quant_min, quant_max)

@@ -1,0 +1,75 @@
+"""Fake quantization (quantization-aware training): ``torch.fake_quantize_per_tensor_affine`` and
+``..._per_channel_affine`` give eager's values bit for bit and its straight-through gradient (``g`` inside the
+range, zero where the value was clamped)."""
+
+import numpy as np
+import pytest
+import torch
+
+import pullback as pb
+from pullback.frontend.torch_importer import from_torch
+from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+
+class _PerTensor(torch.nn.Module):
+    def __init__(self, scale=0.1, zero_point=3, qmin=-20, qmax=20):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 6)
+        self.q = (scale, zero_point, qmin, qmax)
+
+    def quantize(self, h):
+        return torch.fake_quantize_per_tensor_affine(h, *self.q)
+
+    def forward(self, x):
+        return self.quantize(self.lin(x))
+
+
+class _PerChannel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 6)
+        self.register_buffer("scale", torch.tensor([0.05, 0.1, 0.2, 0.07, 0.3, 0.01]))
+        self.register_buffer("zero_point", torch.tensor([0, 1, -2, 3, 0, 5], dtype=torch.int32))
+
+    def quantize(self, h):
+        return torch.fake_quantize_per_channel_affine(h, self.scale, self.zero_point, 1, -8, 7)
+
+    def forward(self, x):
+        return self.quantize(self.lin(x))
+
+
+@pytest.mark.parametrize("make", [_PerTensor, _PerChannel], ids=["per-tensor", "per-channel"])
+def test_values_and_straight_through_gradient_equal_eager(make):
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(16, 4) * 3
+    x[0, 0] = 0.25  # half-way values after scaling round to even as in eager
+    mod, params = from_torch(model, (x,))
+    grad = pb.build(pb.transform.FirstOrderGradient(mode="vjp")(mod))["main_grad"]
+    ct = torch.randn(16, 6)
+    out, grads = grad(x.numpy(), *params.values(), ct.numpy())
+    xr = x.clone().requires_grad_(True)
+    y = model(xr)
+    (y * ct).sum().backward()
+    np.testing.assert_array_equal(out, y.detach().numpy())  # bit for bit
+    h = model.lin(x).detach().requires_grad_(True)
+    (inside,) = torch.autograd.grad(model.quantize(h).sum(), h)
+    assert 0 < float(inside.mean()) < 1  # some values clamped (zero gradient there), some not
+    for got, want in zip(grads, [xr.grad] + [p.grad for p in model.parameters()]):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["torch", "numpy"])
+def test_quantization_aware_training_steps_like_eager(target):
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _PerTensor(scale=0.05, zero_point=0, qmin=-64, qmax=63)
+
+        def forward(self, x):
+            return self.net(x).pow(2).mean()
+
+    torch.manual_seed(0)
+    batches = [((torch.randn(8, 4),), None) for _ in range(3)]
+    result = train_side_by_side(Loss(), batches, lambda loss, _: loss, target=target, verbose=False)
+    check_side_by_side(result, rtol=1e-5, atol=1e-6, verbose=False)
