@@ -385,3 +385,63 @@ def test_a_forward_drawing_from_a_host_random_generator_is_refused_and_the_gener
     with pytest.raises(pb.PullbackError, match=rf"draws random numbers from {which}.*torch.rand"):
         from_torch(HostRandom(), (torch.ones(2),))
     assert (np.random.rand(), random.random()) == (want_np, want_py)
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self, hook_in_forward: bool = False):
+        super().__init__()
+        self.a, self.b, self.hook_in_forward = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1), hook_in_forward
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.hook_in_forward and h.requires_grad:
+            h.register_hook(lambda g: g * 2)
+        return self.b(torch.tanh(h)).pow(2).mean()
+
+
+@pytest.mark.parametrize("register, where", [
+    (lambda m: m.a.register_full_backward_hook(lambda mod, gi, go: (gi[0] * 3,)), "a"),
+    (lambda m: m.b.register_full_backward_pre_hook(lambda mod, go: (go[0] * 7,)), "b"),
+    (lambda m: m.register_full_backward_hook(lambda mod, gi, go: None), "the module itself"),
+    (lambda m: torch.nn.modules.module.register_module_full_backward_hook(lambda mod, gi, go: None),
+     r"every module \(torch.nn.modules.module.register_module_full_backward_hook\)"),
+], ids=["full", "pre", "on-the-root", "global"])
+def test_backward_hooks_are_refused_not_silently_skipped(register, where):
+    """The compiled backward cannot call a module's backward hooks: they would not run (and a hook changing a
+    gradient would be ignored, a wrong gradient), so the module is refused, naming where they are."""
+    model = _TwoLayers()
+    handle = register(model)
+    try:
+        with pytest.raises(pb.PullbackError, match=rf"backward hooks on {where} \(handle.remove\(\) removes one\); "
+                                                   "pullback runs the backward as one compiled program"):
+            from_torch(model, (torch.randn(4, 3),))
+    finally:
+        handle.remove()
+    from_torch(model, (torch.randn(4, 3),))  # without them it imports
+
+
+def test_a_tensor_hook_registered_in_forward_is_refused_with_its_line():
+    with pytest.raises(pb.PullbackError, match=r"forward registers a gradient hook on a tensor \(Tensor.register_hook "
+                                               r"at .*test_importer_errors.py:\d+\)"):
+        from_torch(_TwoLayers(hook_in_forward=True), (torch.randn(4, 3),))
+
+
+def test_parameter_and_forward_hooks_run_as_in_eager():
+    """Hooks that stay outside the compiled backward: a parameter's gradient hook (run by autograd when it
+    accumulates the gradient) and forward hooks (traced with the forward)."""
+    import copy
+
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    model = _TwoLayers()
+    eager = copy.deepcopy(model)
+    for m in (model, eager):
+        m.a.weight.register_hook(lambda g: g * 5)
+        m.b.register_forward_hook(lambda mod, inp, out: out * 2)
+        m.a.register_forward_pre_hook(lambda mod, inp: (inp[0] + 1,))
+    x = torch.randn(4, 3)
+    eager(x).backward()
+    pb_compile(model, (x,))(x).backward()
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)

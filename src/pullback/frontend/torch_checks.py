@@ -2,7 +2,9 @@
 
 ``check_inputs``: every example input is a CPU tensor of a supported dtype (not
 an ``int``, a list, a NumPy array or a meta tensor); ``check_module_state``:
-parameters and buffers hold data on the CPU (not meta tensors). Each failure is
+parameters and buffers hold data on the CPU (not meta tensors), and no module has
+backward hooks (``tensor_hooks_refused``: nor does forward register tensor hooks).
+Each failure is
 one ``PullbackError`` that names the value and says what is supported.
 ``quiet_torch_logs``: torch's own log lines about a failing export stay quiet
 (the ``PullbackError`` carries torch's reason).
@@ -17,7 +19,7 @@ from typing import Iterator, Sequence
 from ..ir.errors import PullbackError
 from ..ir.types import ALL_DTYPES
 
-__all__ = ["check_inputs", "check_module_state", "quiet_torch_logs"]
+__all__ = ["check_inputs", "check_module_state", "check_backward_hooks", "tensor_hooks_refused", "quiet_torch_logs"]
 
 
 def _describe(value) -> str:
@@ -69,6 +71,54 @@ def check_module_state(module, who: str) -> None:
                                          "then load_state_dict")
             if problem:
                 raise PullbackError(f"{who}: {kind} {name} {problem}")
+    if hasattr(module, "named_modules"):
+        check_backward_hooks(module, who)
+
+
+HOOKS_HINT = ("pullback runs the backward as one compiled program and cannot call them: a hook that changes a "
+              "gradient would be ignored and one that records it would not run. Remove them or train this module "
+              "eagerly; hooks on parameters (p.register_hook) and forward hooks run as usual")
+
+
+def check_backward_hooks(module, who: str) -> None:
+    """Raise ``PullbackError`` if ``module`` or a submodule has backward hooks (``register_full_backward_hook``,
+    ``register_full_backward_pre_hook``, the legacy ``register_backward_hook``), or global ones."""
+    import torch.nn.modules.module as mm
+
+    found = [name or "the module itself" for name, m in module.named_modules()
+             if getattr(m, "_backward_hooks", None) or getattr(m, "_backward_pre_hooks", None)]
+    if mm._global_backward_hooks or mm._global_backward_pre_hooks:
+        found.append("every module (torch.nn.modules.module.register_module_full_backward_hook)")
+    if found:
+        raise PullbackError(f"{who}: backward hooks on {', '.join(found)} (handle.remove() removes one); {HOOKS_HINT}")
+
+
+@contextmanager
+def tensor_hooks_refused(who: str) -> Iterator[None]:
+    """While the block runs (``torch.export``), a ``Tensor.register_hook`` call from outside torch is recorded;
+    when the block ends, a ``PullbackError`` names each (the trace keeps no hook: it would silently not run)."""
+    import sys
+
+    import torch
+
+    root = torch.__file__.rsplit("/", 1)[0]
+    original = torch.Tensor.__dict__["register_hook"]
+    calls: list = []
+
+    def register_hook(self, hook):
+        caller = sys._getframe(1)
+        if not caller.f_code.co_filename.startswith(root):
+            calls.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        return original(self, hook)
+
+    torch.Tensor.register_hook = register_hook
+    try:
+        yield
+    finally:
+        torch.Tensor.register_hook = original
+    if calls:
+        raise PullbackError(f"{who}: forward registers a gradient hook on a tensor (Tensor.register_hook at "
+                            f"{', '.join(dict.fromkeys(calls))}); {HOOKS_HINT}")
 
 
 @contextmanager

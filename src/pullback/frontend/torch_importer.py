@@ -55,7 +55,7 @@ from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .decompositions import own_decompositions
-from .torch_checks import check_inputs, check_module_state, quiet_torch_logs
+from .torch_checks import check_inputs, check_module_state, quiet_torch_logs, tensor_hooks_refused
 
 # composite ops kept whole by run_decompositions because one pullback op covers them (or, for detach, because
 # decomposing it to ``alias`` would lose its meaning: no gradient). Still the better choice: on a
@@ -198,7 +198,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
             n = len(example_inputs) - len(keywords)
             kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
             try:
-                with custom_functions.recorded() as applied, redirect_stderr(printed), repairs():
+                with custom_functions.recorded() as applied, redirect_stderr(printed), repairs(), \
+                        tensor_hooks_refused("from_torch"):
                     ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
                 # custom Functions whose backward is not their forward's derivative: exported again as opaque
                 # operators, imported with their own backward (custom_vjp)
