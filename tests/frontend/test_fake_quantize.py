@@ -43,7 +43,6 @@ def test_values_and_straight_through_gradient_equal_eager(make):
     torch.manual_seed(0)
     model = make()
     x = torch.randn(16, 4) * 3
-    x[0, 0] = 0.25  # half-way values after scaling round to even as in eager
     mod, params = from_torch(model, (x,))
     grad = pb.build(pb.transform.FirstOrderGradient(mode="vjp")(mod))["main_grad"]
     ct = torch.randn(16, 6)
@@ -73,3 +72,13 @@ def test_quantization_aware_training_steps_like_eager(target):
     batches = [((torch.randn(8, 4),), None) for _ in range(3)]
     result = train_side_by_side(Loss(), batches, lambda loss, _: loss, target=target, verbose=False)
     check_side_by_side(result, rtol=1e-5, atol=1e-6, verbose=False)
+
+
+def test_ties_round_half_to_even_as_in_eager():
+    class Quantize(torch.nn.Module):
+        def forward(self, x):
+            return torch.fake_quantize_per_tensor_affine(x, 0.5, 1, -4, 3)
+
+    x = torch.tensor([0.25, 0.75, -0.25, -0.75, 1.25, 2.75, 9.0, -9.0])  # x / 0.5 = +-0.5, +-1.5, 2.5, 5.5: ties
+    mod, _ = from_torch(Quantize(), (x,))
+    np.testing.assert_array_equal(pb.build(mod)["main"](x.numpy()), Quantize()(x).numpy())
