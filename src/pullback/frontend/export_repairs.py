@@ -408,6 +408,14 @@ def checkpoints_as_plain_calls():
 
 
 @contextmanager
+def while_tracing() -> Iterator[None]:
+    """The repairs ``torch.export`` needs while it traces: ``unvalidated_arguments``,
+    ``transformer_masks_as_given``, ``checkpoints_as_plain_calls``."""
+    with unvalidated_arguments(), transformer_masks_as_given(), checkpoints_as_plain_calls():
+        yield
+
+
+@contextmanager
 def rnn_dropout_between_layers() -> Iterator[None]:
     """Decompose multi-layer RNNs (LSTM, GRU, RNN) with their dropout between layers. ``run_decompositions``
     lowers them through ``torch._decomp.decompositions._rnn_helper``, which in torch 2.13 never applies ``dropout`` (its
@@ -466,4 +474,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "checkpoints_as_plain_calls"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "checkpoints_as_plain_calls", "while_tracing"]

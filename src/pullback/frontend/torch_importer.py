@@ -37,7 +37,7 @@ import io
 import operator
 import re
 import warnings
-from contextlib import contextmanager, redirect_stderr
+from contextlib import redirect_stderr
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -197,16 +197,20 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         with export_repairs.host_random_draws_refused():  # checked once the trace succeeded
             n = len(example_inputs) - len(keywords)
             kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
+
+            def trace():
+                with redirect_stderr(printed), export_repairs.while_tracing():
+                    return torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+
             try:
-                with custom_functions.recorded() as applied, redirect_stderr(printed), repairs(), \
-                        tensor_hooks_refused("from_torch"):
-                    ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+                with custom_functions.recorded() as applied, tensor_hooks_refused("from_torch"):
+                    ep = trace()
                 # custom Functions whose backward is not their forward's derivative: exported again as opaque
                 # operators, imported with their own backward (custom_vjp)
                 own = custom_functions.mismatched(applied)
                 if own:
-                    with redirect_stderr(printed), custom_vjp.routed(own), repairs():
-                        ep = torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
+                    with custom_vjp.routed(own):
+                        ep = trace()
             except PullbackError:
                 raise
             except Exception as e:  # noqa: BLE001 - report torch's reason as a pullback error
@@ -220,14 +224,6 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
                 export_repairs.composite_overrides_narrowed(ep):
             return ep.run_decompositions(decomposition_table())
-
-
-@contextmanager
-def repairs():
-    """What ``torch.export`` needs set right while it traces (see ``export_repairs``)."""
-    with export_repairs.unvalidated_arguments(), export_repairs.transformer_masks_as_given(), \
-            export_repairs.checkpoints_as_plain_calls():
-        yield
 
 
 @functools.cache

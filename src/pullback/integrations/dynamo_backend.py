@@ -89,47 +89,46 @@ class _Layout:
         return tuple(out)
 
 
+def _higher_order_as_calls(gm, name: str, module_of):
+    """``gm`` with each call of the higher-order operator ``name`` replaced by a call of the submodule
+    ``module_of(gm, k, node)`` returns (its name, and its arguments); ``gm`` itself when there is none."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, name, None)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
+    for k, n in enumerate(calls):
+        target, args = module_of(gm, k, n)
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_module(target, tuple(args))
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+    if calls:
+        gm.recompile()
+    return gm
+
+
 def _custom_functions_as_functions(gm):
     """``gm`` with each custom ``torch.autograd.Function`` Dynamo kept as ``autograd_function_apply`` (its
     forward and backward graphs) applied again as a ``torch.autograd.Function`` of those graphs, which the
     importer handles as the user's own: run as plain code when its backward is its forward's derivative, else
     kept with its backward (``frontend.custom_vjp``). Exporting the higher-order operator itself would keep only
     the forward, run under no_grad: no gradient."""
-    import torch
 
-    hop = getattr(torch.ops.higher_order, "autograd_function_apply", None)
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
-    for k, n in enumerate(calls):
+    def applied(gm, k, n):
         fwd, bwd = (getattr(gm, a.target) for a in n.args[:2])
         name = f"_pullback_function_{k}"
         gm.add_submodule(name, _applied(_function_of(_without_grad_switches(fwd), bwd, f"DynamoFunction{k}")))
-        with gm.graph.inserting_before(n):
-            new = gm.graph.call_module(name, tuple(n.args[2:]))
-        new.meta.update(n.meta)
-        n.replace_all_uses_with(new)
-        gm.graph.erase_node(n)
-    if calls:
-        gm.recompile()
-    return gm
+        return name, n.args[2:]
+
+    return _higher_order_as_calls(gm, "autograd_function_apply", applied)
 
 
 def _checkpoints_as_calls(gm):
     """``gm`` with each activation checkpoint Dynamo kept (``tag_activation_checkpoint`` of a body graph) a plain
     call of its body: checkpointing changes memory, not values, and what the program saves is the partitioner's
     choice; torch.export cannot trace the higher-order operator."""
-    import torch
-
-    hop = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
-    for n in calls:
-        with gm.graph.inserting_before(n):
-            new = gm.graph.call_module(n.args[0].target, tuple(n.args[1:]))
-        new.meta.update(n.meta)
-        n.replace_all_uses_with(new)
-        gm.graph.erase_node(n)
-    if calls:
-        gm.recompile()
-    return gm
+    return _higher_order_as_calls(gm, "tag_activation_checkpoint", lambda gm, k, n: (n.args[0].target, n.args[1:]))
 
 
 def _function_of(fwd, bwd, name: str):

@@ -330,10 +330,12 @@ def _like_result(op):
     return infer
 
 
-zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), type_only=(0,), kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
+zeros_like = defop("zeros_like", 1, _like_result("zeros_like"), type_only=(0,),
+                   kernel=lambda xp, x, attrs=None: xp.zeros_like(x),
                    grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="zeros_like",
                    dtypes=ALL_DTYPES)
-ones_like = defop("ones_like", 1, _like_result("ones_like"), type_only=(0,), kernel=lambda xp, x, attrs=None: xp.ones_like(x),
+ones_like = defop("ones_like", 1, _like_result("ones_like"), type_only=(0,),
+                  kernel=lambda xp, x, attrs=None: xp.ones_like(x),
                   grad=lambda c, g: [None], pattern=FusionKind.ELEMWISE, flops=zero_flops, torch_name="ones_like",
                   dtypes=ALL_DTYPES)
 

@@ -242,8 +242,9 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     nothing else). Any other node may alias every buffer its operands hold (views, tuples, calls of
     functions); parameters and constants hold memory the plan does not own. A call may take over
     argument ``i``'s buffer when that argument allocated it and the call is the last use of every
-    value that may alias it (a like-operator's result does not alias its template, ``OpDef.type_only``) (so the result of a function, a residual, or a view still needed is never
-    written), and no other argument aliases it."""
+    value that may alias it (so the result of a function, a residual, or a view still needed is never
+    written), and no other argument aliases it. A like-operator's result does not alias its template
+    (``OpDef.type_only``)."""
     allocates = target.allocates
     inplace = target.inplace_kernel
     end = len(order)

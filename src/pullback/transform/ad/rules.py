@@ -87,11 +87,10 @@ def custom_vjp(sweep: "ReverseSweep", call: Call, cts: dict) -> list:
                             f"cotangent per tensor result, {binding(sweep.fn_name, sweep.fn, call)}")
     ct = cts[()] if type(t) is TensorType and () in cts else sweep.zeros.instantiate(call, cts)
     leaves = [ct] if type(t) is TensorType else [TupleGetItem(ct, i) for i, f in enumerate(fields) if is_inexact(f.dtype)]
-    if vjp not in mod or len(mod[vjp].params) != len(call.args) + len(leaves):
-        have = f"{len(mod[vjp].params)} parameters" if vjp in mod else "no such function"
+    fn = mod[vjp]  # the scan reported a missing one
+    if len(fn.params) != len(call.args) + len(leaves):
         raise PullbackError(f"@{name}'s custom_vjp @{vjp} must take its {len(call.args)} arguments and {len(leaves)} "
-                            f"cotangent(s) ({have}), {binding(sweep.fn_name, sweep.fn, call)}")
-    fn = mod[vjp]
+                            f"cotangent(s) ({len(fn.params)} parameters), {binding(sweep.fn_name, sweep.fn, call)}")
     ret = infer_expr(fn, mod).ret_type
     want = [a.checked_type for a in call.args]
     if not (isinstance(ret, TupleType) and len(ret.fields) == len(want)
