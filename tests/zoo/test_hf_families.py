@@ -4,7 +4,8 @@ the loss, every gradient and the weights after one SGD step equal eager PyTorch'
 Each family brings something of its own: Phi-3's fused gate/up projection, Gemma 2's soft-capped logits and
 sliding windows, OPT's learned positions, Bloom's ALiBi, mT5's relative buckets and encoder-decoder cache,
 Whisper's audio convolutions, Swin's shifted windows (``roll``), DeBERTa-v2's disentangled attention, Mamba's
-selective scan, CLIP's two towers and contrastive loss.
+selective scan, CLIP's two towers and contrastive loss, PhiMoE's router and YOSO's LSH cumulation (custom
+autograd Functions with a backward of their own).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ FAMILIES = {
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
                            patch_size=8), projection_dim=8)),
         {"input_ids": _ids(2, 6), "pixel_values": torch.randn(2, 3, 16, 16), "return_loss": True}),
+    # custom autograd.Functions whose backward is not their forward's derivative (kept: frontend.custom_vjp)
+    "phimoe": lambda: _lm(T.PhimoeForCausalLM(T.PhimoeConfig(num_key_value_heads=1, num_local_experts=4,
+                                                              num_experts_per_tok=2, experts_implementation="batched_mm",
+                                                              **D))),
+    "yoso": lambda: (T.YosoForSequenceClassification(T.YosoConfig(use_expectation=True, num_labels=3, **D)),
+                     {"input_ids": _ids(2, 10), "labels": torch.tensor([0, 2])}),
 }
 
 
