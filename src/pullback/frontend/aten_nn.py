@@ -16,7 +16,7 @@ from ..ir.expr import Expr, const
 from ..ir.types import FLOAT_DTYPES
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
-from .aten_table import _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
+from .aten_table import _isinf, _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
 
 # ------------------------------------------------------------------ dropout and random draws
 
@@ -948,3 +948,81 @@ def _fake_quantize_per_channel(cx, x, scale, zero_point, axis, quant_min, quant_
     shape = tuple(-1 if i == axis % ndim else 1 for i in range(ndim))
     per = [_op("reshape")(cast(cx, cast(cx, v, "float32"), dt), shape) for v in (scale, zero_point)]
     return _fake_quant(cx, x, per[0], per[1], quant_min, quant_max)
+
+
+SMALL_SCALE = np.float32(6.1e-5)  # ATen's ChooseQuantizationParams raises smaller scales to this
+
+
+def _choose_qparams(cx, lo: Expr, hi: Expr, qmin: int, qmax: int, symmetric: bool) -> tuple:
+    """(float32 scale, int32 zero point) per element of the float32 running ``lo``/``hi``: the arithmetic of
+    ATen's ``ChooseQuantizationParams``, which its fused observer calls. The range is widened to hold 0 (and, when
+    ``symmetric``, to a symmetric one); the scale, rounded to float32, is 0.1 where it is 0 or its reciprocal
+    overflows, and at least ``SMALL_SCALE`` (the range grows with it); the zero point, from that float32 scale in
+    float64, rounds half to even (the middle of ``[qmin, qmax]`` for a symmetric range holding 0)."""
+    f32, f64 = "float32", "float64"
+    where, zero, span = _op("where"), scalar(0, f32), qmax - qmin
+    straddles = _op("logical_and")(_op("less")(lo, zero), _op("greater")(hi, zero))
+    if symmetric:
+        sym_min, sym_max = -(span // 2 + 1), span // 2
+        half = _op("maximum")(_op("abs")(_op("divide")(lo, scalar(sym_min, f32))),
+                              _op("abs")(_op("divide")(hi, scalar(sym_max, f32))))
+        lo = where(straddles, _op("multiply")(half, scalar(sym_min, f32)), lo)
+        hi = where(straddles, _op("multiply")(half, scalar(sym_max, f32)), hi)
+    lo, hi = _op("minimum")(lo, zero), _op("maximum")(hi, zero)
+    scale = _op("cast")(_op("divide")(_op("subtract")(_op("cast")(hi, f64), _op("cast")(lo, f64)), scalar(span, f64)), f32)
+    bad = _op("logical_or")(_op("equal")(scale, zero), _isinf(cx, _op("divide")(scalar(1, f32), scale)))
+    scale = where(bad, scalar(0.1, f32), scale)
+    floor = scalar(SMALL_SCALE, f32)
+    small, grow, widest = _op("less")(scale, floor), _op("divide")(floor, scale), scalar(SMALL_SCALE * np.float32(span), f32)
+    lo_zero, hi_zero = _op("equal")(lo, zero), _op("equal")(hi, zero)
+    lo, hi = (where(small, where(lo_zero, lo, where(hi_zero, _op("negative")(widest), _op("multiply")(lo, grow))), lo),
+              where(small, where(lo_zero, widest, where(hi_zero, hi, _op("multiply")(hi, grow))), hi))
+    scale = where(small, floor, scale)
+    s64 = _op("cast")(scale, f64)
+    from_lo, from_hi = (_op("divide")(_op("cast")(v, f64), s64) for v in (lo, hi))
+    err_lo = _op("subtract")(scalar(abs(qmin), f64), _op("abs")(from_lo))
+    err_hi = _op("subtract")(scalar(abs(qmax), f64), _op("abs")(from_hi))
+    zp = where(_op("less")(err_lo, err_hi), _op("subtract")(scalar(qmin, f64), from_lo),
+               _op("subtract")(scalar(qmax, f64), from_hi))
+    if symmetric:
+        zp = where(straddles, scalar((qmin + qmax) / 2, f64), zp)
+    return scale, _op("cast")(_op("clip")(_op("round")(zp), float(qmin), float(qmax)), "int32")
+
+
+@aten("aten._fused_moving_avg_obs_fq_helper_functional.default")
+def _fused_observer_fake_quant(cx, x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point,
+                               averaging_const, quant_min, quant_max, ch_axis, per_row_fake_quant=False,
+                               symmetric_quant=False):
+    """``torch.ao.quantization``'s fused observer and fake quantization (``FusedMovingAvgObsFakeQuantize``, the
+    default of ``get_default_qat_qconfig``), as ATen's CPU kernel: while ``observer_on``, the running min/max
+    move toward the batch's (per tensor, or per channel along ``ch_axis``; an unseen running value, +-inf,
+    takes the batch's); while ``fake_quant_on``, the scale and zero point are chosen from them
+    (``_choose_qparams``) and ``x`` is fake-quantized with them (else passed through). A per-channel observer
+    that has seen nothing yet holds empty buffers: they come out with one value per channel, as eager resizes
+    them. Returns (output, mask, running min, running max, scale, zero point): the buffers' new values."""
+    dt, ndim = cx.dtype_of(x), cx.ndim_of(x)
+    if dt != "float32":
+        raise PullbackError(f"fused_moving_avg_obs_fake_quant: ATen's kernel takes float32 data, got {dt}")
+    where = _op("where")
+    on = [_op("not_equal")(_op("reshape")(flag, ()), scalar(0, cx.dtype_of(flag))) for flag in (observer_on, fake_quant_on)]
+    if per_row_fake_quant:
+        axis = ch_axis % ndim
+        channels = static(cx, "fused_moving_avg_obs_fake_quant", cx.shape_of(x))[axis]
+        others = tuple(i for i in range(ndim) if i != axis)
+        cur = [_op(name)(x, others, False) for name in ("min", "max")]
+        if static(cx, "the observer's running min", cx.shape_of(running_min)) == (0,):  # nothing seen yet
+            running_min = const(np.full((channels,), np.inf, np.float32))
+            running_max = const(np.full((channels,), -np.inf, np.float32))
+    else:
+        cur = [_op(name)(x, None, False) for name in ("min", "max")]
+    c = scalar(np.float32(averaging_const), "float32")
+    moved = [where(_isinf(cx, r), v, _op("add")(r, _op("multiply")(c, _op("subtract")(v, r))))
+             for r, v in zip((running_min, running_max), cur)]
+    lo, hi = (where(on[0], m, r) for m, r in zip(moved, (running_min, running_max)))
+    new_scale, new_zp = _choose_qparams(cx, lo, hi, quant_min, quant_max, symmetric_quant)
+    shape = tuple(-1 if i == axis else 1 for i in range(ndim)) if per_row_fake_quant else ()
+    quantized, mask = _fake_quant(cx, x, _op("reshape")(new_scale, shape), _op("reshape")(_op("cast")(new_zp, dt), shape),
+                                  quant_min, quant_max)
+    out = where(on[1], quantized, x)
+    mask = _op("logical_or")(mask, _op("logical_not")(on[1]))
+    return [out, mask, lo, hi, where(on[1], new_scale, scale), where(on[1], new_zp, zero_point)]

@@ -98,6 +98,9 @@ class TorchProgram:
     single_output: bool  # the result is one tensor (not a tuple)
     # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
     mutations: list = field(default_factory=list)
+    # positions in ``mutations`` of the buffers whose new value has another shape (a per-channel observer's
+    # first batch: eager resizes them), so the program runs once: later calls take the new shapes
+    resized: tuple = ()
     out_spec: object = None  # torch.export's pytree spec of forward's result (a tuple, dict, ModelOutput, ...)
     # forward's results that are not tensors (a number, a string, None), by their position among its results'
     # leaves: not outputs of @main, put back by the PyTorch integration as they are
@@ -352,6 +355,9 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     mod = IRModule({"main": Function(fn_params, body), **cx.functions})
     infer_module(mod)
     mod = RecognizeOps()(mod)  # decomposed formulas (Hugging Face's gelu_new) back into operators
+    by_key = {k: v for v, keys, _ in state_vars for k in keys}
+    resized = tuple(i for i, ((kind, name), e) in enumerate(zip(mutations, extra))
+                    if name in by_key and e.checked_type.shape != by_key[name].type_annotation.shape)
     state_names = {}
     for v, keys, _ in state_vars:
         more = [k for key in keys for k in (tied or {}).get(key, ()) if k not in keys]
@@ -360,7 +366,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
         mod=mod, params=params, inputs=[v.name_hint for v in user_vars], state_names=state_names,
         trainable=[v.name_hint for v, _, is_param in state_vars if is_param],
         masks=list(cx.masks), num_outputs=len(user_out), single_output=single, mutations=mutations,
-        out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None), constant_outputs=constant_outputs,
+        resized=resized, out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None), constant_outputs=constant_outputs,
     )
 
 

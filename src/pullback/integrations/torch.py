@@ -273,6 +273,9 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     targets = [by_input[name] if kind == "input" else state[name] for kind, name in prog.mutations]
     results = run(tp, tensors, targets)
     with torch.no_grad():
+        for i in prog.resized:  # as eager resizes them (a per-channel observer's first batch); the import may
+            t = targets[i]      # have shared the old storage with NumPy, which cannot resize it: a new one
+            t.set_(t.new_empty(results[prog.num_outputs + i].shape))
         for t, value in zip(targets, results[prog.num_outputs:]):
             t.copy_(value)
     return results[: prog.num_outputs]
@@ -517,7 +520,10 @@ def _module_class():
             key, state, tensors = self._state(inputs, *named)
             tp = self._program(inputs, key, tensors)
             prog = tp.prog
-            return structured(call(tp, inputs, state, state_tensors=tensors), prog.out_spec, prog.constant_outputs)
+            outs = call(tp, inputs, state, state_tensors=tensors)
+            if prog.resized:  # buffers changed shape: the next call reads them again (and exports for them)
+                self._imports[key].seen = []
+            return structured(outs, prog.out_spec, prog.constant_outputs)
 
     return CompiledModule
 
