@@ -73,13 +73,17 @@ class _QAT(torch.nn.Module):
 
 
 @pytest.mark.parametrize("target", ["torch", "numpy"])
-@pytest.mark.parametrize("backend", ["x86", "qnnpack"])
+@pytest.mark.parametrize("backend", ["x86", "qnnpack", "x86-fused"])
 def test_prepare_qat_trains_like_eager(target, backend):
     """Six SGD steps side by side: the observers watch, then stop (``disable_observer``), fake quantization is
     switched off and on again. Losses, gradients and weights agree; every observer buffer (per-channel ones
-    resized by the first batch) equals eager's."""
+    resized by the first batch) equals eager's. ``-fused``: conv, batch norm and ReLU fused first
+    (``fuse_modules_qat``: ``ConvBnReLU2d``, which folds the batch norm's statistics into the weight)."""
     torch.manual_seed(0)
     model = _QAT().train()
+    if backend.endswith("-fused"):
+        backend = backend[: -len("-fused")]
+        model = tq.fuse_modules_qat(model, [["conv", "bn"]])
     model.qconfig = tq.get_default_qat_qconfig(backend)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
