@@ -930,8 +930,9 @@ def _fake_quant(cx, x, scale: Expr, zero_point: Expr, qmin, qmax) -> list:
     gradient, ``x - stop_gradient(x)`` (zero) carries the identity."""
     dt = cx.dtype_of(x)
     r = _op("add")(_op("round")(_op("multiply")(x, _op("divide")(scalar(1.0, dt), scale))), zero_point)
-    q = _op("multiply")(_op("subtract")(_op("clip")(r, float(qmin), float(qmax)), zero_point), scale)
-    mask = _op("logical_and")(_op("greater_equal")(r, scalar(qmin, dt)), _op("less_equal")(r, scalar(qmax, dt)))
+    clipped = _op("clip")(r, float(qmin), float(qmax))
+    q = _op("multiply")(_op("subtract")(clipped, zero_point), scale)
+    mask = _op("equal")(r, clipped)  # inside [qmin, qmax] (a NaN is outside, as in ATen)
     through = _op("multiply")(_op("subtract")(x, _op("stop_gradient")(x)), _op("cast")(mask, dt))
     return [_op("add")(_op("stop_gradient")(q), through), mask]
 
