@@ -99,7 +99,7 @@ class TorchProgram:
     # per extra field: ("buffer" | "parameter", state key) or ("input", input var name)
     mutations: list = field(default_factory=list)
     # positions in ``mutations`` of the buffers whose new value has another shape (a per-channel observer's
-    # first batch: eager resizes them), so the program runs once: later calls take the new shapes
+    # first batch: eager resizes them); the PyTorch integration resizes them, and exports again for the next call
     resized: tuple = ()
     out_spec: object = None  # torch.export's pytree spec of forward's result (a tuple, dict, ModelOutput, ...)
     # forward's results that are not tensors (a number, a string, None), by their position among its results'

@@ -521,8 +521,8 @@ def _module_class():
             tp = self._program(inputs, key, tensors)
             prog = tp.prog
             outs = call(tp, inputs, state, state_tensors=tensors)
-            if prog.resized:  # buffers changed shape: the next call reads them again (and exports for them)
-                self._imports[key].seen = []
+            if prog.resized:  # buffers changed shape: the next call checks them again (and exports for them)
+                self._imports[key].seen = []  # ``read`` trusts the tensors it saw last only while this is theirs
             return structured(outs, prog.out_spec, prog.constant_outputs)
 
     return CompiledModule
