@@ -202,11 +202,36 @@ MISC = [
     case("nn.nll_loss", normal(4, 3), targets((4,), 3, ignore=-100), positive(3), attrs=dict(reduction="none"),
          torch=lambda x, t, w: F("nll_loss", weight=w, reduction="none")(x, t), wrt=[0], id="nll_loss-none-ignore"),
 ]
+
+
+def fake_quant_torch(qmin: int, qmax: int):
+    """ATen's fake quantization of x by a broadcast scale and zero point (per tensor, or per channel)."""
+    def f(x, scale, zp):
+        import torch
+
+        zi = zp.reshape(-1).to(torch.int32)
+        axis = [i for i, d in enumerate(scale.shape) if d != 1]
+        if not axis:
+            return torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zi.reshape(()), qmin, qmax)
+        return torch.fake_quantize_per_channel_affine(x, scale.reshape(-1).float(), zi, axis[0], qmin, qmax)
+    return f
+
+
+# scales that are powers of two: float32 and float64 reciprocals agree (ATen's per-channel kernel takes float32)
+PER_CHANNEL_Q = (np.array([0.125, 0.25, 0.5, 0.0625]).reshape(1, 4, 1), np.array([0.0, 1.0, 2.0, -3.0]).reshape(1, 4, 1))
+MISC += [
+    case("nn.fake_quantize", normal(3, 4) * 2, np.array(0.125), np.array(3.0), attrs=dict(quant_min=-20, quant_max=20),
+         torch=fake_quant_torch(-20, 20), wrt=[0], fd=False),  # the straight-through gradient is not the derivative
+    case("nn.fake_quantize", normal(2, 4, 3), *PER_CHANNEL_Q, attrs=dict(quant_min=-8, quant_max=7),
+         torch=fake_quant_torch(-8, 7), wrt=[0], fd=False, id="fake_quantize-per-channel"),
+]
 for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch
 
 HELPERS = [  # gradient ops: their own rules are checked too
+    case("nn.fake_quantize_grad", normal(2, 4, 3), normal(2, 4, 3) * 2, *PER_CHANNEL_Q, attrs=dict(quant_min=-8, quant_max=7),
+         wrt=[0]),
     case("nn.conv2d_backward_weight", normal(1, 4, 4, 2), normal(1, 2, 7, 6),
          attrs=dict(kernel_size=(3, 2), strides=(2, 3), padding=(1, 1), dilation=(1, 2), groups=2)),
     case("nn.max_pool2d_grad", normal(1, 2, 4, 3), normal(1, 2, 7, 6), attrs=dict(pool_size=(3, 2), strides=(2, 2), padding=(1, 0)),

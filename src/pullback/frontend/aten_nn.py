@@ -924,17 +924,12 @@ def _int64_of(cx, x):
 
 
 def _fake_quant(cx, x, scale: Expr, zero_point: Expr, qmin, qmax) -> list:
-    """ATen's fake quantization: ``(clamp(round(x / scale) + zp, qmin, qmax) - zp) * scale`` (``x`` times the
-    float32 reciprocal of the scale, rounded half to even) and the mask of the values inside the range. The
-    gradient is the straight-through estimator ATen's backward uses, ``g * mask``: the rounded value carries no
-    gradient, ``x - stop_gradient(x)`` (zero) carries the identity."""
+    """ATen's fake quantization (``nn.fake_quantize``: values bit for bit, the straight-through gradient) and the
+    mask of the values inside the range (computed only if a later node reads it)."""
     dt = cx.dtype_of(x)
     r = _op("add")(_op("round")(_op("multiply")(x, _op("divide")(scalar(1.0, dt), scale))), zero_point)
-    clipped = _op("clip")(r, float(qmin), float(qmax))
-    q = _op("multiply")(_op("subtract")(clipped, zero_point), scale)
-    mask = _op("equal")(r, clipped)  # inside [qmin, qmax] (a NaN is outside, as in ATen)
-    through = _op("multiply")(_op("subtract")(x, _op("stop_gradient")(x)), _op("cast")(mask, dt))
-    return [_op("add")(_op("stop_gradient")(q), through), mask]
+    mask = _op("equal")(r, _op("clip")(r, float(qmin), float(qmax)))  # inside [qmin, qmax]; NaN is outside
+    return [_op("nn.fake_quantize")(x, scale, zero_point, qmin, qmax), mask]
 
 
 @aten("aten.fake_quantize_per_tensor_affine_cachemask.default")
