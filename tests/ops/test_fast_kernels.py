@@ -324,3 +324,23 @@ def test_weight_gradient_of_a_narrow_strided_1x1_convolution_on_torch(channels):
     kernel = get_op("nn.conv2d_backward_weight").impl("torch")
     for _ in range(20):
         torch.testing.assert_close(kernel(gy, x, a).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("g_last,x_last", [(False, True), (True, False), (True, True), (False, False)])
+def test_batch_norm_gradient_in_mixed_memory_layouts_on_torch(g_last, x_last):
+    """The torch kernel of ``nn.batch_norm_grad`` takes an output gradient and data in any memory layouts (NCHW,
+    channels-last, mixed: both go to ATen as NCHW then) and gives autograd's gradients of ``batch_norm``."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+    from pullback.ops.norm import BatchNormGradAttrs
+
+    gen = torch.Generator().manual_seed(0)
+    x, g = (torch.randn((4, 6, 5, 5), generator=gen, dtype=torch.float64) for _ in range(2))
+    gamma = torch.rand(6, generator=gen, dtype=torch.float64) + 0.5
+    layout = (lambda t, last: t.contiguous(memory_format=torch.channels_last) if last else t)
+    xr, gr = x.clone().requires_grad_(True), gamma.clone().requires_grad_(True)
+    y = torch.nn.functional.batch_norm(xr, None, None, gr, torch.zeros(6, dtype=torch.float64), training=True)
+    y.backward(g)
+    got = get_op("nn.batch_norm_grad").impl("torch")(layout(g, g_last), layout(x, x_last), gamma, BatchNormGradAttrs())
+    for a, b in zip(got, (xr.grad, gr.grad, g.sum((0, 2, 3)))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
