@@ -82,3 +82,23 @@ def test_ties_round_half_to_even_as_in_eager():
     x = torch.tensor([0.25, 0.75, -0.25, -0.75, 1.25, 2.75, 9.0, -9.0])  # x / 0.5 = +-0.5, +-1.5, 2.5, 5.5: ties
     mod, _ = from_torch(Quantize(), (x,))
     np.testing.assert_array_equal(pb.build(mod)["main"](x.numpy()), Quantize()(x).numpy())
+
+
+def test_the_cachemask_operators_mask_equals_eager():
+    """The mask output of ATen's ``fake_quantize_*_cachemask`` (True where the value was not clamped; NaN is
+    clamped), per tensor and per channel, when a forward reads it."""
+
+    class Masks(torch.nn.Module):
+        def forward(self, x):
+            per_tensor = torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 3, -20, 20)[1]
+            scale, zp = torch.tensor([0.05, 0.3, 0.1]), torch.tensor([0, 2, -1], dtype=torch.int32)
+            per_channel = torch.ops.aten.fake_quantize_per_channel_affine_cachemask(x, scale, zp, 1, -8, 7)[1]
+            return per_tensor.float() + 2 * per_channel.float()
+
+    x = torch.randn(5, 3) * 3
+    x[0, 0] = float("nan")
+    mod, params = from_torch(Masks(), (x,))
+    got = pb.build(mod)["main"](x.numpy(), *params.values())
+    want = Masks()(x).numpy()
+    assert 0 < (want == 3).sum() < want.size  # some values inside both ranges, some clamped
+    np.testing.assert_array_equal(got, want)

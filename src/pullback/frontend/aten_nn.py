@@ -925,11 +925,9 @@ def _int64_of(cx, x):
 
 def _fake_quant(cx, x, scale: Expr, zero_point: Expr, qmin, qmax) -> list:
     """ATen's fake quantization (``nn.fake_quantize``: values bit for bit, the straight-through gradient) and the
-    mask of the values inside the range (computed only if a later node reads it)."""
-    dt = cx.dtype_of(x)
-    r = _op("add")(_op("round")(_op("multiply")(x, _op("divide")(scalar(1.0, dt), scale))), zero_point)
-    mask = _op("equal")(r, _op("clip")(r, float(qmin), float(qmax)))  # inside [qmin, qmax]; NaN is outside
-    return [_op("nn.fake_quantize")(x, scale, zero_point, qmin, qmax), mask]
+    mask of the values inside the range, where its gradient passes ones (computed only if a later node reads it)."""
+    through = _op("nn.fake_quantize_grad")(_op("ones_like")(x), x, scale, zero_point, qmin, qmax)
+    return [_op("nn.fake_quantize")(x, scale, zero_point, qmin, qmax), _op("not_equal")(through, scalar(0, cx.dtype_of(x)))]
 
 
 @aten("aten.fake_quantize_per_tensor_affine_cachemask.default")

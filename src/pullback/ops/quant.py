@@ -82,18 +82,20 @@ def _fake_quantize_torch(x, scale, zero_point, attrs):
     return r.round_().add_(zero_point).clamp_(attrs.quant_min, attrs.quant_max).sub_(zero_point).mul_(scale)
 
 
+def _inside(xp, r, attrs):
+    """Where the rounded values ``r`` lie in ``[quant_min, quant_max]``: they are their own clip (NaN is not)."""
+    return r == xp.clip(r, attrs.quant_min, attrs.quant_max)
+
+
 def _fake_quantize_grad_kernel(xp, g, x, scale, zero_point, attrs):
-    r = _rounded(xp, x, scale, zero_point)
-    inside = (r >= attrs.quant_min) & (r <= attrs.quant_max)
-    return xp.where(inside, g, xp.zeros_like(g))
+    return xp.where(_inside(xp, _rounded(xp, x, scale, zero_point), attrs), g, xp.zeros_like(g))
 
 
 def _fake_quantize_grad_torch(g, x, scale, zero_point, attrs):
-    """``g`` where the rounded value is its own clip (NaN is not), in one buffer for the rounded values."""
+    """The kernel with the rounded values in one buffer."""
     import torch
 
-    r = torch.mul(x, 1 / scale).round_().add_(zero_point)
-    return torch.where(torch.eq(r, r.clamp(attrs.quant_min, attrs.quant_max)), g, 0.0)
+    return torch.where(_inside(torch, torch.mul(x, 1 / scale).round_().add_(zero_point), attrs), g, 0.0)
 
 
 fake_quantize_grad = defop(
