@@ -581,3 +581,19 @@ def test_exporting_for_many_shapes_warns_once_with_what_to_do(recwarn):
     for b in (3, 4, 5, 6, 7):
         assert dyn(torch.randn(b, 3)).shape == (b, 2)
     assert len(dyn._imports) == 1
+
+
+def test_results_may_be_written_in_place_after_the_call(target):
+    """The call's results are tensors of their own (a reshape's view on the torch target included): code after
+    the call may write into them in place, as after eager's, and the gradients follow the write."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 12), nn.Unflatten(1, (3, 4))).double()
+    ref = copy.deepcopy(model)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    cm = pb_compile(model, (x,), target=target)
+    for m in (ref, cm):
+        h = m(x)
+        h[:, 0] = 0.0
+        h.square().sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)

@@ -450,6 +450,18 @@ def rnn_dropout_between_layers() -> Iterator[None]:
         decompositions._rnn_helper = original
 
 
+def outer_guards_left_to_dynamo(ep) -> None:
+    """Inside Dynamo's compilation (the ``torch.compile`` backend), torch.export shares Dynamo's ShapeEnv: the
+    guards it lists name the sources of Dynamo's frame (``L['args'][0].size()[1] == 4``,
+    ``L['n'].item() == 1``), which ``run_decompositions`` would compile into a ``_guards_fn`` over the graph's own
+    inputs (a NameError or IndexError). Dynamo installs those guards on its frame and recompiles when one fails,
+    so the exported program drops them."""
+    import torch
+
+    if torch._guards.TracingContext.try_get() is not None:
+        ep._guards_code = []
+
+
 def detach_no_grad_blocks(ep) -> None:
     """Give each result of a ``with torch.no_grad():`` block a ``detach``: torch.export keeps the block as a
     ``wrap_with_set_grad_enabled(False, ...)`` call, which ``run_decompositions`` inlines, losing the grad mode

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..frontend.torch_importer import export, import_exported, tied_keys
-from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, training_wrt
+from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, placed, training_wrt
 
 
 def _bound_module(gm, inputs: Sequence, is_input: Sequence[bool], sizes: dict):
@@ -131,6 +131,20 @@ def _checkpoints_as_calls(gm):
     return _higher_order_as_calls(gm, "tag_activation_checkpoint", lambda gm, k, n: (n.args[0].target, n.args[1:]))
 
 
+def _data_as_detach(gm):
+    """``gm`` with each ``x.data`` (Dynamo's ``_get_data_attr(x)``) a ``detach`` (the same values, no gradient):
+    torch.export cannot trace ``_get_data_attr`` (the fake tensor it makes has no data)."""
+    import torch
+
+    get_data = torch._C._autograd._get_data_attr
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is get_data]
+    for node in nodes:
+        node.target = torch.ops.aten.detach.default
+    if nodes:
+        gm.recompile()
+    return gm
+
+
 def _function_of(fwd, bwd, name: str):
     """A ``torch.autograd.Function`` whose forward runs Dynamo's forward graph ``fwd`` (it returns the output and
     the values it saves) and whose backward runs ``bwd`` on the cotangents and those values."""
@@ -179,23 +193,67 @@ def _without_grad_switches(fwd):
     return gm
 
 
+def _inputs_returned(gm, layout: _Layout) -> dict:
+    """Output position -> input position, for the outputs that return an input that is not a tensor of the
+    program unchanged (a size Dynamo passes through a graph to the code after it): they are not the program's to
+    compute (with a dynamic batch their value changes with the inputs)."""
+    import torch
+
+    (out,) = (n for n in gm.graph.nodes if n.op == "output")
+    if not isinstance(out.args[0], (tuple, list)):
+        return {}
+    position = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return {i: position[a] for i, a in enumerate(out.args[0])
+            if isinstance(a, torch.fx.Node) and a in position and not layout.is_input[position[a]]}
+
+
+def _without_outputs(gm, dropped):
+    """``gm`` as a module returning its outputs but those at the positions ``dropped``."""
+    import torch
+
+    class Kept(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *args):
+            return tuple(o for i, o in enumerate(self.gm(*args)) if i not in dropped)
+
+    return Kept() if dropped else gm
+
+
+def _computes_a_tensor(gm) -> bool:
+    """Whether the graph returns a tensor (a graph that returns none, or only its inputs unchanged, has nothing to
+    differentiate: it runs as it is)."""
+    import torch
+
+    (out,) = (n for n in gm.graph.nodes if n.op == "output")
+    found = []
+    torch.fx.node.map_arg(out.args, found.append)
+    return any(n.op != "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor) for n in found)
+
+
 def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
     """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
-    gm = _custom_functions_as_functions(_checkpoints_as_calls(gm))
+    if not _computes_a_tensor(gm):
+        return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
+    gm = _custom_functions_as_functions(_checkpoints_as_calls(_data_as_detach(gm)))
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (tuple, list))
     programs: dict = {}
     layout = _Layout(gm)
+    passed = _inputs_returned(gm, layout)
+    graph = _without_outputs(gm, passed)
     dynamic = [any(layout.batched)]  # cleared when torch.export cannot keep the batch dynamic
 
     def compile_for(inputs: Sequence, dyn: bool) -> tuple:
         tensors = [x for x, i in zip(inputs, layout.is_input) if i]
         plain = len(tensors) == len(inputs)
-        module = gm if plain else _bound_module(gm, inputs, layout.is_input, layout.sizes if dyn else {})
+        module = graph if plain else _bound_module(graph, inputs, layout.is_input, layout.sizes if dyn else {})
         flags = [b for b, i in zip(layout.batched, layout.is_input) if i] if dyn else False
         prog = import_exported(export(module, tensors, dynamic_batch=flags), tied=tied_keys(module), copy_params=False)
         tp = TrainingProgram(prog, training_wrt(prog, tensors), target, policy)
@@ -221,6 +279,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
         tp, state = program(inputs)
         user = [x for x, i in zip(inputs, layout.is_input) if i]
         outs = call(tp, user, state, batched=[x for x, b in zip(inputs, layout.batched) if b])
+        outs = placed(placed(outs, tp.prog.constant_outputs), {i: inputs[k] for i, k in passed.items()})
         return tuple(outs) if as_tuple else outs[0]
 
     compiled.programs = programs

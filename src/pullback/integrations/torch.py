@@ -167,6 +167,10 @@ def _function():
         def forward(ctx, tp: TrainingProgram, mutated: tuple, *tensors):
             bridge = tp.bridge
             results, residuals = bridge.forward(tensors)
+            # a result that is a view (of an input, a residual or another result: the torch target's reshapes)
+            # would be a view "returned by a function that returns several", which autograd forbids to write in
+            # place (``h[mask] = v`` after the call); detached, it is a tensor of its own on the same memory
+            results = [r.detach() if r._is_view() else r for r in results]
             if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
                 residuals = bridge.unalias(residuals, mutated)
             ctx.tp = tp
@@ -281,13 +285,18 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     return results[: prog.num_outputs]
 
 
+def placed(values: Sequence, extra: dict) -> list:
+    """``values`` with the ``extra`` values (position in the result -> value) in their places."""
+    it = iter(values)
+    return [extra[i] if i in extra else next(it) for i in range(len(values) + len(extra))]
+
+
 def structured(outs: Sequence, spec=None, constants: Optional[dict] = None):
     """The user outputs in the structure ``forward`` returned them (a tensor, tuple, list, dict or Hugging Face
     ``ModelOutput``) by ``spec``, torch.export's output spec, with ``forward``'s results that are not tensors
     (``constants``: leaf position -> value) back in their places; without a spec, a tensor or a tuple."""
     if constants:
-        tensors = iter(outs)
-        outs = [constants[i] if i in constants else next(tensors) for i in range(len(outs) + len(constants))]
+        outs = placed(outs, constants)
     if spec is not None and spec.num_leaves == len(outs):
         from torch.utils._pytree import tree_unflatten
 
@@ -556,9 +565,11 @@ def compile(module, example_inputs, target: str = DEFAULT_TARGET, policy: str = 
 
 
 def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = DEFAULT_TARGET,
-                       policy: str = "save_all", verbose: bool = True) -> dict:
-    """Train a copy of ``model`` eagerly and ``model`` through ``compile`` with ``torch.optim.SGD`` on
+                       policy: str = "save_all", verbose: bool = True, route: str = "export") -> dict:
+    """Train a copy of ``model`` eagerly and ``model`` through pullback with ``torch.optim.SGD`` on
     the same ``batches`` (tuples ``(inputs, labels)``), from the same initial weights and RNG seeds.
+    ``route``: ``"export"`` compiles with ``compile`` (one whole-model export), ``"dynamo"`` with
+    ``torch.compile(model, backend=...)`` of pullback's backend (Dynamo splits the model at graph breaks).
 
     Returns ``{"eager": [losses], "pullback": [losses], "max_weight_diff": float, "eager_model": m}``.
     """
@@ -567,7 +578,16 @@ def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, targe
     import torch
 
     eager = copy.deepcopy(model)
-    compiled = compile(model, batches[0][0], target=target, policy=policy)
+    if route == "dynamo":
+        import functools
+
+        from .dynamo_backend import pullback_backend
+
+        compiled = torch.compile(model, backend=functools.partial(pullback_backend, target=target, policy=policy))
+    elif route == "export":
+        compiled = compile(model, batches[0][0], target=target, policy=policy)
+    else:
+        raise PullbackError(f"train_side_by_side: route must be 'export' or 'dynamo', got {route!r}")
     opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (eager, compiled)]
     losses: dict = {"eager": [], "pullback": []}
     for step, (inputs, labels) in enumerate(batches):

@@ -1,0 +1,153 @@
+"""``torch.compile(backend="pullback")`` on models that Dynamo splits into several graphs: what a graph break
+leaves to the backend (an empty graph, sizes passed through, ``x.data``, guards of Dynamo's own frame) trains
+like eager. Hugging Face's LayerDrop, Longformer's global attention and I-BERT's range checks are of this kind
+(``scripts/hf_census.py --route dynamo``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from pullback.integrations.dynamo_backend import pullback_backend  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class LayerDrop(nn.Module):
+    """Skips each layer when a draw falls under ``p`` (a branch on a tensor's value: a graph break per layer)."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+        self.p = p
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = torch.tanh(layer(x))
+        return x.square().mean()
+
+
+class DataRange(nn.Module):
+    """Scales by the range of its activations read through ``.data`` (no gradient through the range), and asserts
+    on a tensor's value (a graph break), as I-BERT's QuantAct does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        lo, hi = y.data.min(), y.data.max()
+        assert hi.isnan().sum() == 0
+        return (y / (hi - lo)).square().mean()
+
+
+class Sizes(nn.Module):
+    """Reads a size before a graph break and uses it after: once the length changes from call to call (Dynamo
+    makes it symbolic), the first graph passes the size through to the code after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        n = x.shape[1]
+        h = self.lin(x.reshape(-1, 4))
+        torch._dynamo.graph_break()
+        return h.view(2, n, 4).square().mean()
+
+
+class WriteAfter(nn.Module):
+    """Writes a parameter into a graph's result after a graph break, in place (wav2vec2's SpecAugment:
+    ``hidden_states[mask] = masked_spec_embed``); the result is a view (the torch target's reshape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 12)
+        self.fill = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        h = self.lin(x).view(-1, 3, 4)
+        if h.sum() > 0:
+            h = h * 2
+        h[h[..., 0] > 0] = self.fill
+        return h.square().mean()
+
+
+def _train_side_by_side(model, batches, rtol: float = 1e-9):
+    """SGD steps of ``model`` eagerly and through the backend, the same draws: equal losses and parameters after
+    each step (float64)."""
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=pullback_backend)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
+    for step, x in enumerate(batches):
+        losses = []
+        for m, opt in zip((ref, compiled), opts):
+            torch.manual_seed(100 + step)
+            loss = m(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=rtol), f"step {step}"
+        for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+            where = f"{name} after step {step}"
+            torch.testing.assert_close(b, a, rtol=rtol, atol=rtol * 1e-2, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def test_layer_drop_trains_like_eager():
+    torch.manual_seed(0)
+    _train_side_by_side(LayerDrop().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(6)])
+
+
+def test_data_reads_train_like_eager():
+    torch.manual_seed(0)
+    _train_side_by_side(DataRange().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)])
+
+
+def test_sizes_passed_through_a_graph_train_like_eager():
+    torch.manual_seed(0)
+    _train_side_by_side(Sizes().double(), [torch.randn(2, n, 4, dtype=torch.float64) for n in (3, 5, 5, 7, 3)])
+
+
+@pytest.mark.slow
+def test_longformer_trains_like_eager():
+    """Longformer's global attention branches on ``.any().item()``: torch.export refuses it, Dynamo splits it into
+    graphs whose sizes Dynamo guards (the backend's exports share Dynamo's ShapeEnv and leave its guards to it)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LongformerConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=32, attention_window=4, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+
+    class Loss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.LongformerForSequenceClassification(cfg)
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, labels=torch.tensor([0, 1])).loss
+
+    batches = [torch.randint(1, 40, (2, 6)) for _ in range(2)]
+    _train_side_by_side(Loss().double(), batches, rtol=1e-6)  # its masks add finfo.min: float64 rounding grows
+
+
+def test_writing_into_a_result_in_place_trains_like_eager():
+    torch.manual_seed(0)
+    _train_side_by_side(WriteAfter().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)])
+
+
+def test_a_graph_that_returns_no_tensor_runs_as_it_is():
+    gm = torch.fx.symbolic_trace(lambda: ())
+    assert pullback_backend(gm, []) is gm
