@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from pullback import PullbackError  # noqa: E402
 from pullback.integrations.dynamo_backend import pullback_backend  # noqa: E402
+from pullback.integrations.torch import train_side_by_side  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +88,19 @@ class WriteAfter(nn.Module):
         return h.square().mean()
 
 
+class NumpyMasks(nn.Module):
+    """Zeroes rows chosen with ``np.random`` (SpecAugment's masks are drawn so)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        keep = torch.from_numpy(np.random.rand(h.shape[0]) < 0.5)
+        return (h * keep[:, None]).square().mean()
+
+
 def _train_side_by_side(model, batches, rtol: float = 1e-9):
     """SGD steps of ``model`` eagerly and through the backend, the same draws: equal losses and parameters after
     each step (float64)."""
@@ -146,6 +162,22 @@ def test_longformer_trains_like_eager():
 def test_writing_into_a_result_in_place_trains_like_eager():
     torch.manual_seed(0)
     _train_side_by_side(WriteAfter().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)])
+
+
+def test_numpy_draws_train_like_eager_with_numpys_stream():
+    """Dynamo draws ``np.random`` from torch's generator unless told to keep NumPy's stream; kept, the masks are
+    eager's (``train_side_by_side`` seeds both generators at each step)."""
+    torch.manual_seed(0)
+    batches = [((torch.randn(6, 4, dtype=torch.float64),), None) for _ in range(4)]
+    with torch._dynamo.config.patch(use_numpy_random_stream=True):
+        res = train_side_by_side(NumpyMasks().double(), batches, lambda loss, _: loss, route="dynamo", verbose=False)
+    assert res["pullback"] == pytest.approx(res["eager"], rel=1e-12)
+    assert len(set(res["eager"])) == 4 and res["max_weight_diff"] < 1e-12
+
+
+def test_train_side_by_side_names_its_routes():
+    with pytest.raises(PullbackError, match="route must be 'export' or 'dynamo'"):
+        train_side_by_side(NumpyMasks(), [((torch.randn(2, 4),), None)], lambda loss, _: loss, route="jit")
 
 
 def test_a_graph_that_returns_no_tensor_runs_as_it_is():

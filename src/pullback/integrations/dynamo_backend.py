@@ -59,7 +59,7 @@ def _is_static(x) -> bool:
 
 class _Layout:
     """What Dynamo's placeholders say: ``is_input[k]``: argument ``k`` is a tensor input of the program (not a
-    size, nor a number passed as a tensor); ``batched[k]``: a tensor input whose dimension 0 is the batch (the
+    size, nor a Python number passed as a 0-d tensor); ``batched[k]``: a tensor input whose dimension 0 is the batch (the
     symbol of the first symbolic dimension 0); ``sizes``: size arguments equal to the batch -> (tensor input
     position, 0)."""
 
@@ -69,7 +69,8 @@ class _Layout:
         nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
         vals = [n.meta.get("example_value") for n in nodes]
         number = [getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False) for n in nodes]
-        self.is_input = [isinstance(v, torch.Tensor) and not f for v, f in zip(vals, number)]
+        # a NumPy array Dynamo passes as a tensor is an input like any (a number is a constant of the program)
+        self.is_input = [isinstance(v, torch.Tensor) and not (f and v.ndim == 0) for v, f in zip(vals, number)]
         sym = lambda d: str(d.node.expr) if isinstance(d, torch.SymInt) else None  # noqa: E731
         dim0 = [sym(v.shape[0]) if i and v.ndim else None for v, i in zip(vals, self.is_input)]
         batch = next((d for d in dim0 if d is not None), None)

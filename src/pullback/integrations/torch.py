@@ -573,8 +573,7 @@ def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, targe
 
     Returns ``{"eager": [losses], "pullback": [losses], "max_weight_diff": float, "eager_model": m}``.
     """
-    import copy
-
+    import numpy as np
     import torch
 
     eager = copy.deepcopy(model)
@@ -592,7 +591,8 @@ def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, targe
     losses: dict = {"eager": [], "pullback": []}
     for step, (inputs, labels) in enumerate(batches):
         for key, m, opt in (("eager", eager, opts[0]), ("pullback", compiled, opts[1])):
-            torch.manual_seed(step)  # same dropout masks on both sides
+            torch.manual_seed(step)  # same dropout masks on both sides (NumPy's draws too: SpecAugment)
+            np.random.seed(step)
             loss = loss_fn(m(*inputs), labels)
             opt.zero_grad()
             loss.backward()
