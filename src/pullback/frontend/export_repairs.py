@@ -33,7 +33,8 @@ from typing import Iterator
 DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
     "torch.export follows one path: make the choice a Python setting, e.g. layerdrop=0 in a model's config, "
-    "or compute both sides and pick with torch.where)")
+    "or compute both sides and pick with torch.where; or train it through torch.compile(model, backend=\"pullback\"), "
+    "which runs such branches eagerly between the graphs it compiles)")
 DYNAMIC_SHAPE_HINT = (
     " (an operator whose result's shape depends on the values of its inputs, such as nonzero, unique, masked_select, "
     "boolean-mask indexing or ctc_loss, has no static type: compute with masks of fixed shape, "
