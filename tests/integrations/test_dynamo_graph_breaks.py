@@ -6,6 +6,7 @@ like eager. Hugging Face's LayerDrop, Longformer's global attention and I-BERT's
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import pytest
@@ -101,11 +102,11 @@ class NumpyMasks(nn.Module):
         return (h * keep[:, None]).square().mean()
 
 
-def _train_side_by_side(model, batches, rtol: float = 1e-9):
-    """SGD steps of ``model`` eagerly and through the backend, the same draws: equal losses and parameters after
-    each step (float64)."""
+def _train_side_by_side(model, batches, rtol: float = 1e-9, target: str = "torch"):
+    """SGD steps of ``model`` eagerly and through the backend on ``target``, the same draws: equal losses and
+    parameters after each step (float64)."""
     ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=pullback_backend)
+    compiled = torch.compile(model, backend=functools.partial(pullback_backend, target=target))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
     for step, x in enumerate(batches):
         losses = []
@@ -122,19 +123,19 @@ def _train_side_by_side(model, batches, rtol: float = 1e-9):
             torch.testing.assert_close(b, a, rtol=rtol, atol=rtol * 1e-2, msg=lambda m, where=where: f"{where}: {m}")
 
 
-def test_layer_drop_trains_like_eager():
+def test_layer_drop_trains_like_eager(target):
     torch.manual_seed(0)
-    _train_side_by_side(LayerDrop().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(6)])
+    _train_side_by_side(LayerDrop().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(6)], target=target)
 
 
-def test_data_reads_train_like_eager():
+def test_data_reads_train_like_eager(target):
     torch.manual_seed(0)
-    _train_side_by_side(DataRange().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)])
+    _train_side_by_side(DataRange().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)], target=target)
 
 
-def test_sizes_passed_through_a_graph_train_like_eager():
+def test_sizes_passed_through_a_graph_train_like_eager(target):
     torch.manual_seed(0)
-    _train_side_by_side(Sizes().double(), [torch.randn(2, n, 4, dtype=torch.float64) for n in (3, 5, 5, 7, 3)])
+    _train_side_by_side(Sizes().double(), [torch.randn(2, n, 4, dtype=torch.float64) for n in (3, 5, 5, 7, 3)], target=target)
 
 
 @pytest.mark.slow
@@ -159,9 +160,9 @@ def test_longformer_trains_like_eager():
     _train_side_by_side(Loss().double(), batches, rtol=1e-6)  # its masks add finfo.min: float64 rounding grows
 
 
-def test_writing_into_a_result_in_place_trains_like_eager():
+def test_writing_into_a_result_in_place_trains_like_eager(target):
     torch.manual_seed(0)
-    _train_side_by_side(WriteAfter().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)])
+    _train_side_by_side(WriteAfter().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)], target=target)
 
 
 def test_numpy_draws_train_like_eager_with_numpys_stream():
