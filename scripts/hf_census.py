@@ -399,9 +399,6 @@ EXPECTED = {
 # not train like eager, with the reason (by default that route runs the families EXPECTED above: Dynamo runs the
 # branches on tensor values eagerly between graphs, so most of them train there)
 EXPECTED_DYNAMO = {
-    "dbrx": "a graph per expert the router picked (`for expert_idx in expert_hit`) accumulates into one tensor in "
-            "place (`index_add_`); a compiled graph keeps that tensor for its backward while the later ones write "
-            "into it, and autograd's version check refuses the backward",
     "fsmt": "in float64 eager fails (finfo(float64).min written into a float32 mask)",
     "nystromformer": "Dynamo itself fails (fake tensors: the (batch, 1, seq, seq) mask against the landmark scores), "
                      "with aot_eager too",

@@ -89,6 +89,26 @@ class WriteAfter(nn.Module):
         return h.square().mean()
 
 
+class Experts(nn.Module):
+    """A mixture of experts as DBRX writes it: a zero accumulator, then per expert the router picked (a loop over a
+    data-dependent set: a graph break each) ``index_add_`` of that expert's tokens into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.router = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = x.reshape(-1, 4)
+        r = torch.softmax(self.router(h), -1)
+        top = r.argmax(-1)
+        acc = torch.zeros_like(h)
+        for e in torch.unique(top):
+            idx = torch.where(top == e)[0]
+            acc.index_add_(0, idx, self.experts[e](h[idx]) * r[idx, e, None])
+        return acc.square().mean()
+
+
 class NumpyMasks(nn.Module):
     """Zeroes rows chosen with ``np.random`` (SpecAugment's masks are drawn so)."""
 
@@ -163,6 +183,14 @@ def test_longformer_trains_like_eager():
 def test_writing_into_a_result_in_place_trains_like_eager(target):
     torch.manual_seed(0)
     _train_side_by_side(WriteAfter().double(), [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)], target=target)
+
+
+def test_experts_accumulating_in_place_train_like_eager(target):
+    """The accumulator is a constant of the first graph (zeros): each call returns a tensor of its own, or the
+    writes of one step would be the next step's starting values."""
+    torch.manual_seed(0)
+    _train_side_by_side(Experts().double(), [torch.randn(2, 5, 4, dtype=torch.float64) for _ in range(3)],
+                        target=target)
 
 
 def test_numpy_draws_train_like_eager_with_numpys_stream():

@@ -163,3 +163,22 @@ def test_an_autocast_region_does_not_change_the_programs_dtypes():
         got = exe["main"](a, b)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_constant_result_is_a_fresh_tensor_each_call():
+    """Torch tensors cannot be read-only: a result that is a constant of the program (alone, in a tuple, or an If
+    branch's) comes back as a copy, so a caller writing into it in place (``acc.index_add_``) leaves the next
+    call's result alone; a computed result is not copied."""
+    x, c = var("x", shape=(2,)), var("c", shape=(), dtype="bool")
+    zeros = pb.const(np.zeros(2, "float32"))
+    body = pb.Tuple([pb.op.negative(x), zeros, pb.If(c, pb.const(np.ones(2, "float32")), x)])
+    f = pb.build(pb.IRModule.from_expr(Function([x, c], body)), target="torch")["main"]
+    xs = torch.tensor([1.0, 2.0])
+    for _ in range(2):
+        neg, z, branch = f(xs, torch.tensor(True))
+        torch.testing.assert_close(z, torch.zeros(2))
+        torch.testing.assert_close(branch, torch.ones(2))
+        z.add_(5.0)
+        branch.mul_(3.0)
+    _, _, same = f(xs, torch.tensor(False))
+    assert same.data_ptr() == xs.data_ptr()  # an input passed through stays itself

@@ -90,6 +90,10 @@ class Target:
     take = staticmethod(read_only)
     # None, or ``fn(leaf)``: a result leaf as returned to the caller (None: NumPy scalars as 0-d arrays).
     output: Optional[Callable] = None
+    # None, or ``fn(value)``: a copy of a constant's value, for targets whose constants the caller could write
+    # into (torch tensors cannot be read-only): a result that is a constant of the program is returned as a
+    # copy, so writing into it in place cannot change what the next call returns
+    fresh: Optional[Callable] = None
 
     def buffer(self, value) -> Optional[tuple]:
         """``(owner, nbytes)`` of the memory a result leaf lives in, ``owner`` being a weak-referenceable
@@ -122,6 +126,16 @@ def _kernel_error(ins: tuple, slots: list, plan: FunctionPlan, exc: BaseExceptio
     shapes = ", ".join(describe(slots[a]) for a in arg_slots)
     span = f" at {node.span}" if getattr(node, "span", None) else ""
     return ExecutionError(f"@{plan.name}: kernel of {kernel_label(node)}{span} failed on inputs ({shapes}): {type(exc).__name__}: {exc}")
+
+
+def _fresh_constants(ids: frozenset, fresh: Callable, output: Optional[Callable]) -> Callable:
+    """``output`` of a copy of each leaf that is one of the constants ``ids``."""
+    def leaf(v):
+        if id(v) in ids:
+            v = fresh(v)
+        return v if output is None else output(v)
+
+    return leaf
 
 
 def _check_output(value, node: Call, plan: FunctionPlan) -> None:
@@ -383,7 +397,10 @@ class Executable:
         else:
             with ctx:
                 value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth)
-        return to_output(value, target.output)
+        leaf = target.output
+        if target.fresh is not None and plan.constant_ids:
+            leaf = _fresh_constants(plan.constant_ids, target.fresh, leaf)
+        return to_output(value, leaf)
 
     def profile(self, *inputs, func: str = "main") -> Profile:
         """Run ``func`` once, timing every kernel and measuring peak live intermediate bytes."""

@@ -52,7 +52,7 @@ class FunctionPlan:
     callees are compiled only when first entered, so recursion is fine.
     """
 
-    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "target")
+    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "target", "constant_ids")
 
     def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"], target: "Target"):
         self.target = target
@@ -60,12 +60,14 @@ class FunctionPlan:
         self.func = func
         self.code: Optional[list] = None
         self.template: list = []
+        self.constant_ids: frozenset = frozenset()  # ids of the constants' values in the template
         self.num_params = len(func.params)
         self._resolve = resolve
 
     def ensure(self) -> "FunctionPlan":
         if self.code is None:
             self.code, self.template = compile_function(self.func, self.name, self._resolve, self.target)
+            self.constant_ids = frozenset(id(v) for v in self.template if v is not None)
         return self
 
     def dump(self) -> str:

@@ -88,6 +88,10 @@ class TorchTarget(Target):
     def output(value):
         return value
 
+    @staticmethod
+    def fresh(value):
+        return value.clone()
+
     def buffer(self, value) -> Optional[tuple]:
         if not isinstance(value, self.torch.Tensor):
             return None
