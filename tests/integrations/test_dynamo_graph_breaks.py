@@ -212,3 +212,4 @@ def test_train_side_by_side_names_its_routes():
 def test_a_graph_that_returns_no_tensor_runs_as_it_is():
     gm = torch.fx.symbolic_trace(lambda: ())
     assert pullback_backend(gm, []) is gm
+

@@ -231,7 +231,8 @@ def _computes_a_tensor(gm) -> bool:
     (out,) = (n for n in gm.graph.nodes if n.op == "output")
     found = []
     torch.fx.node.map_arg(out.args, found.append)
-    return any(n.op != "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor) for n in found)
+    return any(n.op != "placeholder" and isinstance(n.meta.get("example_value", torch.empty(0)), torch.Tensor)
+               for n in found)  # a node without Dynamo's example value (a graph traced by hand) may be one
 
 
 def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):

@@ -41,8 +41,10 @@ class Target:
 
     ``name`` selects the operators' implementations (``op.impl(name)``). Override
     ``kernel`` to adapt them; ``constant``, ``take(leaf)`` (a checked input) and
-    ``output`` (None or ``fn(leaf)``, a result) for the target's arrays;
-    ``group_kernel`` to run a fused group as one kernel; and set ``cond``
+    ``output`` (None or ``fn(leaf)``, a result) for the target's arrays, and
+    ``fresh`` (a copy of a constant's value returned as a result, where the
+    caller could write into it); ``group_kernel`` to run a fused group as one
+    kernel; and set ``cond``
     (``cond(pred, then_fn, else_fn) -> value``) when values are traced and
     ``If`` cannot jump on a concrete condition.
     """
