@@ -400,8 +400,8 @@ class Executable:
             with ctx:
                 value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth)
         leaf = target.output
-        if target.fresh is not None and plan.constant_ids:
-            leaf = _fresh_constants(plan.constant_ids, target.fresh, leaf)
+        if plan.returned_constants:  # a result that is a constant: a copy the caller may write into
+            leaf = _fresh_constants(plan.returned_constants, target.fresh, leaf)
         return to_output(value, leaf)
 
     def profile(self, *inputs, func: str = "main") -> Profile:

@@ -52,7 +52,7 @@ class FunctionPlan:
     callees are compiled only when first entered, so recursion is fine.
     """
 
-    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "target", "constant_ids")
+    __slots__ = ("name", "func", "code", "template", "num_params", "_resolve", "target", "returned_constants")
 
     def __init__(self, name: str, func: Function, resolve: Callable[[Expr], "FunctionPlan"], target: "Target"):
         self.target = target
@@ -60,14 +60,15 @@ class FunctionPlan:
         self.func = func
         self.code: Optional[list] = None
         self.template: list = []
-        self.constant_ids: frozenset = frozenset()  # ids of the constants' values in the template
+        # ids of the template values of the constants the function may return (only on targets with ``fresh``)
+        self.returned_constants: frozenset = frozenset()
         self.num_params = len(func.params)
         self._resolve = resolve
 
     def ensure(self) -> "FunctionPlan":
         if self.code is None:
-            self.code, self.template = compile_function(self.func, self.name, self._resolve, self.target)
-            self.constant_ids = frozenset(id(v) for v in self.template if v is not None)
+            self.code, self.template, self.returned_constants = compile_function(self.func, self.name, self._resolve,
+                                                                                 self.target)
         return self
 
     def dump(self) -> str:
@@ -300,8 +301,10 @@ def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
     return kernel.__name__ if kernel is not None else group_label(op) if isinstance(op, Function) else repr(op)
 
 
-def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list]:
-    """Flat code and slot template for ``fn`` on ``target`` (see the module docstring).
+def compile_function(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan],
+                     target: "Target") -> tuple[list, list, frozenset]:
+    """Flat code and slot template for ``fn`` on ``target`` (see the module docstring), and the ids of the
+    template values of the constants ``fn`` may return (where the target copies those: ``target.fresh``).
 
     Calls of operators run ``target.kernel(call)``; a call of a primitive Function
     (a FuseOps group) runs ``target.group_kernel(fn)`` when the target gives one,
@@ -310,7 +313,24 @@ def compile_function(fn: Function, name: str, resolve: Callable[[Expr], Function
         return _compile(fn, name, resolve, target)
 
 
-def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list]:
+def _returned_constants(body: Expr) -> list:
+    """The Constants a function may return as its result or part of it: reached from ``body`` through tuples,
+    tuple projections and If branches (not through calls: a kernel's result is its own)."""
+    out, stack = [], [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Constant):
+            out.append(e)
+        elif isinstance(e, Tuple):
+            stack.extend(e.fields)
+        elif isinstance(e, TupleGetItem):
+            stack.append(e.tuple_value)
+        elif isinstance(e, If):
+            stack.extend((e.true_branch, e.false_branch))
+    return out
+
+
+def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list, frozenset]:
     where = f"@{name}"
     body = fn.body
     order = post_order(body)
@@ -398,4 +418,5 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
             code[if_pc] = (IF, slot[n.cond], then_end + 1, tuple(branch_start.get((id(n), 0), no_frees)),
                            tuple(branch_start.get((id(n), 1), no_frees)), n)
     emit((RET, slot[body]))
-    return code, template
+    returned = frozenset(id(template[slot[c]]) for c in _returned_constants(body)) if target.fresh else frozenset()
+    return code, template, returned
