@@ -194,13 +194,12 @@ def _without_grad_switches(fwd):
     return gm
 
 
-def _inputs_returned(gm, layout: _Layout) -> dict:
+def _inputs_returned(gm, out, layout: _Layout) -> dict:
     """Output position -> input position, for the outputs that return an input that is not a tensor of the
     program unchanged (a size Dynamo passes through a graph to the code after it): they are not the program's to
     compute (with a dynamic batch their value changes with the inputs)."""
     import torch
 
-    (out,) = (n for n in gm.graph.nodes if n.op == "output")
     if not isinstance(out.args[0], (tuple, list)):
         return {}
     position = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
@@ -223,12 +222,11 @@ def _without_outputs(gm, dropped):
     return Kept() if dropped else gm
 
 
-def _computes_a_tensor(gm) -> bool:
-    """Whether the graph returns a tensor (a graph that returns none, or only its inputs unchanged, has nothing to
-    differentiate: it runs as it is)."""
+def _computes_a_tensor(out) -> bool:
+    """Whether the graph whose output node is ``out`` returns a tensor (a graph that returns none, or only its
+    inputs unchanged, has nothing to differentiate: it runs as it is)."""
     import torch
 
-    (out,) = (n for n in gm.graph.nodes if n.op == "output")
     found = []
     torch.fx.node.map_arg(out.args, found.append)
     return any(n.op != "placeholder" and isinstance(n.meta.get("example_value", torch.empty(0)), torch.Tensor)
@@ -240,15 +238,15 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
 
     check_target(target, "pullback_backend")
-    if not _computes_a_tensor(gm):
-        return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
-    gm = _custom_functions_as_functions(_checkpoints_as_calls(_data_as_detach(gm)))
-
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    if not _computes_a_tensor(out_node):
+        return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
+    gm = _custom_functions_as_functions(_checkpoints_as_calls(_data_as_detach(gm)))  # the same graph, rewritten
+
     as_tuple = isinstance(out_node.args[0], (tuple, list))
     programs: dict = {}
     layout = _Layout(gm)
-    passed = _inputs_returned(gm, layout)
+    passed = _inputs_returned(gm, out_node, layout)
     graph = _without_outputs(gm, passed)
     dynamic = [any(layout.batched)]  # cleared when torch.export cannot keep the batch dynamic
 
