@@ -9,7 +9,7 @@ row is the best of 30 runs in ms. "pullback" rows run pullback itself: the vjp p
 kernel from the registry; the other rows are candidates written here: plain NumPy, numexpr, numba
 (single-pass, ``parallel=True``), torch ATen kernels called on ``torch.from_numpy`` views, and jax.jit.
 
-    PYTHONPATH=src .venv/bin/python bench/experiments/kernels.py [--only softmax,conv] [--threads 2]
+    PYTHONPATH=src .venv/bin/python bench/experiments/kernel_candidates.py [--only softmax,conv] [--threads 2]
 """
 
 from __future__ import annotations
