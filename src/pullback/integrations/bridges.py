@@ -116,6 +116,11 @@ class Bridge:
         """The address of the first element of a residual, or None if it cannot alias a tensor."""
         return None
 
+    def viewed(self, residuals: Sequence) -> tuple:
+        """The caller's tensors whose memory residuals of this target view without autograd knowing (a
+        tensor written in place before the backward would change them): ``(tensor, version)`` pairs."""
+        return ()
+
     def copy(self, value):
         return value
 
@@ -181,6 +186,21 @@ class NumpyBridge(Bridge):
     @staticmethod
     def copy(value):
         return np.array(value)
+
+    @staticmethod
+    def viewed(residuals: Sequence) -> tuple:
+        # a NumPy view of a tensor's memory (``Tensor.numpy()``) has at the end of its bases a torch tensor that
+        # shares the version counter of the caller's tensor; the kernels' own arrays end in an ndarray or None
+        out = []
+        for r in residuals:
+            while isinstance(r, np.ndarray):
+                r = r.base
+            if r is not None:
+                try:
+                    out.append((r, r._version))
+                except (AttributeError, RuntimeError):  # not a tensor; an inference tensor (no version counter)
+                    pass
+        return tuple(out)
 
     def to_torch(self, value):
         a = np.asarray(value)

@@ -176,15 +176,16 @@ def _function():
             ctx.tp = tp
             ctx.set_materialize_grads(False)  # an output without a gradient: None, the bridge makes its zeros
             # the inputs too, for a differentiable backward (create_graph=True: higher_order), unless the call
-            # overwrites some of them (written-back buffers)
-            kept = () if mutated or tp.prog.mutations else tensors
+            # overwrites some of them (written-back buffers). Not through save_for_backward: autograd would then
+            # refuse every backward once an input is written in place after the call, also the first-order one,
+            # which never reads them (eager saves only what its backward reads); their versions are checked when
+            # a differentiable backward does read them
+            ctx.inputs = None if mutated or tp.prog.mutations else _Versioned(tensors)
             if bridge.saves_tensors:
-                ctx.save_for_backward(*residuals, *kept)
-                ctx.num_residuals = len(residuals)
+                ctx.save_for_backward(*residuals)
             else:
                 ctx.residuals = residuals
-                ctx.save_for_backward(*kept)
-                ctx.num_residuals = 0
+                ctx.viewed = bridge.viewed(residuals)
             ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
             nondiff = [r for r, f in zip(results, tp.float_out) if not f]
             nondiff += results[tp.prog.num_outputs:]
@@ -200,19 +201,24 @@ def _function():
             wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[2 + i] and k not in tp.no_path]
             full = [None] * tp.num_inputs
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
-                inputs = saved[ctx.num_residuals:]
-                if not inputs:
-                    raise PullbackError(DOUBLE_BACKWARD)
+                if ctx.inputs is None or ctx.inputs is _RELEASED:
+                    raise PullbackError(DOUBLE_BACKWARD if ctx.inputs is None else BACKWARD_TWICE)
+                inputs = ctx.inputs.unchanged()
                 positions = tuple(i for _, i in wrt)
                 for i, g in zip(positions, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
                     full[i] = g
                 return (None, None, *full)
+            if not _keeps_graph():  # as autograd frees what it saved
+                ctx.inputs = _RELEASED
             if tp.bridge.saves_tensors:
-                residuals = saved[: ctx.num_residuals]
+                residuals = saved
             else:  # the target's own arrays: freed after the backward, as autograd frees saved tensors,
                 residuals = ctx.residuals  # unless the graph is retained (retain_graph=True)
                 if residuals is None:
                     raise PullbackError(BACKWARD_TWICE)
+                for t, v in ctx.viewed:
+                    if t._version != v:
+                        raise SavedTensorModifiedError(t, v)
                 if not _keeps_graph():
                     ctx.residuals = None
             gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)
@@ -221,6 +227,43 @@ def _function():
             return (None, None, *full)
 
     return PullbackFunction
+
+
+class SavedTensorModifiedError(PullbackError, RuntimeError):
+    """A tensor the backward reads was written in place after the call (autograd's error for saved tensors)."""
+
+    def __init__(self, t, version: int, what: str = "one of the tensors the compiled call's backward reads"):
+        super().__init__(
+            f"pullback.integrations.torch: {what} (shape {tuple(t.shape)}, dtype {t.dtype}) has been modified by an "
+            f"inplace operation since the call: it is at version {t._version}; expected version {version} instead. "
+            f"Write into a copy (x = x.clone()) or after the backward")
+
+
+_RELEASED = object()  # ``ctx.inputs`` after a backward that did not keep the graph
+
+
+class _Versioned:
+    """The inputs of a call with their version counters, for a differentiable backward: ``unchanged()`` gives
+    them back, or raises as autograd does for a saved tensor written in place since."""
+
+    def __init__(self, tensors: tuple):
+        self.tensors = tensors
+        self.versions = tuple(_version(t) for t in tensors)
+
+    def unchanged(self) -> tuple:
+        for i, (t, v) in enumerate(zip(self.tensors, self.versions)):
+            if _version(t) != v:
+                raise SavedTensorModifiedError(
+                    t, v, f"input {i} of the compiled call, which a differentiable gradient (create_graph=True) "
+                          f"recomputes from,")
+        return self.tensors
+
+
+def _version(t) -> Optional[int]:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
 
 
 def _keeps_graph() -> bool:
@@ -322,6 +365,35 @@ def module_state(module) -> dict:
     state = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
     return state
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def module_structure(module) -> list:
+    """What an exported program of ``module`` fixed besides the parameters' values and the inputs: every
+    submodule (identity), its train/eval mode, its hooks (by the newest handle's id: ids only grow, so adding or
+    removing one changes it) and an instance ``forward``, and the global module hooks. A compiled module compares
+    it at each call (about 1 us per submodule), so a submodule switched to eval mode (frozen batch norm), a hook
+    added or removed or a layer replaced after the first call is exported anew, as eager would run it."""
+    from torch.nn.modules import module as torch_module
+
+    out = [(len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None for name in _GLOBAL_HOOKS]
+    add = out.append
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        d = m.__dict__
+        add(m)
+        add(d.get("training"))
+        add(d.get("forward"))
+        for name in _HOOKS:
+            h = d.get(name)
+            add((len(h), next(reversed(h))) if h else None)
+        stack.extend(c for c in d.get("_modules", {}).values() if c is not None)
+    return out
 
 
 class ModuleState:
@@ -433,6 +505,8 @@ def _module_class():
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             self._params = None  # forward's parameters, their positions and order, read at the first call
+            self._structures = [module_structure(module)]  # the module's structures seen (module_structure)
+            self._structure = 0  # the index of the last one seen
             if example_inputs is not None:
                 inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
                 key, _, tensors = self._state(inputs, *named)
@@ -478,7 +552,7 @@ def _module_class():
             in the program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self.module.training, keywords, settings) + shapes
+            key = ((self.module.training, self._structure_id()), keywords, settings) + shapes
             state = ModuleState(self.module)
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state)
@@ -495,6 +569,17 @@ def _module_class():
                 entry = self._imports[key] = _Import(prog, lap)
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
+
+        def _structure_id(self) -> int:
+            """The index of the module's structure (``module_structure``) among those seen: programs are kept
+            per structure, so switching back (a layer frozen, then unfrozen) exports nothing again."""
+            now = module_structure(self.module)
+            seen = self._structures
+            if seen[self._structure] != now:
+                self._structure = next((i for i, s in enumerate(seen) if s == now), len(seen))
+                if self._structure == len(seen):
+                    seen.append(now)
+            return self._structure
 
         def _warn_if_exporting_often(self, key: tuple, shapes: tuple) -> None:
             """Warn once when the module in one mode is about to be exported ``EXPORTS_BEFORE_WARNING`` times for
@@ -620,4 +705,5 @@ def check_side_by_side(result: dict, rtol: float = 1e-4, atol: float = 1e-4, ver
 
 
 __all__ = ["compile", "train_side_by_side", "check_side_by_side", "TrainingProgram", "run", "call", "structured", "draw_masks",
-           "float_wrt", "training_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target"]
+           "float_wrt", "training_wrt", "module_state", "ModuleState", "TARGETS", "DEFAULT_TARGET", "default_target",
+           "SavedTensorModifiedError"]
