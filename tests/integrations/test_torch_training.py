@@ -715,3 +715,39 @@ def test_hooks_and_layers_changed_after_the_first_call_are_followed(target):
     model(x).sum().backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad)
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(3, 4)
+        self.a = nn.Linear(4, 2)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        return self.a(h), self.b(h)
+
+
+def test_parameters_that_reach_only_unused_outputs_get_no_gradient_like_eager(target):
+    """A head whose output the loss does not use (a pooler) keeps ``.grad`` None, as in eager, rather than a zero
+    gradient: AdamW then neither decays its weights nor moves its moments. Which outputs the loss uses may change
+    from step to step."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    ref = copy.deepcopy(model)
+    cm = pb_compile(model, (torch.ones(5, 3, dtype=torch.float64),), target=target)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (ref, model)]
+    for uses in ("a", "a", "ab", "b"):
+        x = torch.randn(5, 3, dtype=torch.float64)
+        for m, opt in zip((ref, cm), opts):
+            opt.zero_grad(set_to_none=True)
+            a, b = m(x)
+            loss = (a.square().sum() if "a" in uses else 0.0) + (b.sum() if "b" in uses else 0.0)
+            loss.backward()
+            opt.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert (p.grad is None) == (q.grad is None), (uses, name)
+            assert (p.grad is None) == (name[0] not in uses and name[0] != "t"), (uses, name)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)

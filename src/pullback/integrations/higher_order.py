@@ -13,9 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from ..ir.expr import Function, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..ir.traversal import transform
+from ..ir.traversal import post_order, transform
 from ..ir.types import TupleType, flatten_type, is_inexact
 from ..runtime import build
 from ..transform import standard_cleanup
@@ -29,6 +29,31 @@ def structural_zeros(body) -> frozenset:
     that do not depend on the input at all, left None as eager leaves them."""
     fields = body.fields if isinstance(body, Tuple) else (body,)
     return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
+
+
+def cotangent_uses(fn: Function) -> list[int]:
+    """Per field of the gradient tuple ``fn`` returns (``@main_bwd``: the residuals, then the outputs'
+    cotangent, one tensor or a flat tuple), a bit mask of the outputs whose cotangents it reads (bit ``i``:
+    output ``i``; all of them where the tuple is read whole or a local function is called). A gradient that
+    reads only outputs autograd gave no gradient is left None, as eager leaves it."""
+    ct = fn.params[-1]
+    ty = ct.checked_type
+    every = (1 << (len(ty.fields) if isinstance(ty, TupleType) else 1)) - 1
+    mask: dict = {ct: every}
+    for node in post_order(fn.body):
+        if node in mask:
+            continue
+        if isinstance(node, TupleGetItem) and node.tuple_value is ct:
+            mask[node] = 1 << node.index
+        elif isinstance(node, Function) or isinstance(node, Call) and isinstance(node.op, Function):
+            mask[node] = every
+        else:
+            m = 0
+            for c in node.children():
+                m |= mask.get(c, 0)
+            mask[node] = m
+    body = fn.body
+    return [mask[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
 
 
 def _structure(ty, leaves: list):

@@ -42,7 +42,7 @@ from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES
-from .higher_order import DifferentiableProgram, gradients, structural_zeros
+from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros
 
 TARGETS = ("torch", "numpy", "jax")
 
@@ -106,6 +106,10 @@ class TrainingProgram:
         # wrt positions whose gradient is structurally zero (the parameter does not reach the loss, or only through
         # non-differentiable or no_grad paths): None, as eager leaves .grad (optimizers then skip it: no weight decay)
         self.no_path = structural_zeros(self.mod["main_bwd"].body)
+        # per wrt position, the outputs whose gradients reach it: when autograd gives none to any of them (a
+        # pooler output the loss does not use), the gradient is None, as eager leaves .grad (AdamW then neither
+        # decays the weight nor moves its moments)
+        self.reaches = cotangent_uses(self.mod["main_bwd"])
         self.float_out = [is_inexact(t.dtype) for t in self.out_types]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
@@ -198,7 +202,9 @@ def _function():
             tp = ctx.tp
             saved = ctx.saved_tensors
             needs = ctx.needs_input_grad
-            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[2 + i] and k not in tp.no_path]
+            given = sum(1 << j for j, g in enumerate(grads) if g is not None)
+            reaches = tp.reaches
+            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[2 + i] and reaches[k] & given and k not in tp.no_path]
             full = [None] * tp.num_inputs
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
                 if ctx.inputs is None or ctx.inputs is _RELEASED:
