@@ -708,7 +708,8 @@ def test_hooks_and_layers_changed_after_the_first_call_are_followed(target):
         cm(x)
     handle.remove()
     model[1] = nn.ReLU()
-    torch.testing.assert_close(cm(x), model(x))
+    with pytest.warns(UserWarning, match="changed since its last call for the 4th time"):  # the 4th structure
+        torch.testing.assert_close(cm(x), model(x))
     cm(x).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -751,3 +752,41 @@ def test_parameters_that_reach_only_unused_outputs_get_no_gradient_like_eager(ta
             assert (p.grad is None) == (name[0] not in uses and name[0] != "t"), (uses, name)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
+class _Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 4)
+        self.drop = nn.Dropout(0.3)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return torch.softmax(self.drop(self.lin(x)) / self.temperature, dim=-1)
+
+
+def test_module_attributes_changed_after_the_first_call_are_followed(target, recwarn):
+    """A dropout rate or a temperature kept as a module attribute is a constant of the exported program: when the
+    training loop changes it, the module is exported for the new value (as eager reads it); the fourth structure
+    warns, naming what changed."""
+    torch.manual_seed(0)
+    model = _Tempered().double()
+    ref = copy.deepcopy(model)
+    cm = pb_compile(model, (torch.ones(5, 3, dtype=torch.float64),), target=target)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model)]
+    for step, (p, temperature) in enumerate([(0.3, 1.0), (0.1, 1.0), (0.1, 2.5), (0.0, 2.5), (0.3, 1.0)]):
+        for m in (ref, model):
+            m.drop.p, m.temperature = p, temperature
+        x = torch.randn(5, 3, dtype=torch.float64)
+        losses = []
+        for m, opt in zip((ref, cm), opts):
+            torch.manual_seed(step)
+            opt.zero_grad()
+            loss = m(x)[:, 0].square().sum()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-12)
+    assert len(cm._imports) == 4  # the last step's values were seen before: no export
+    (w,) = [w for w in recwarn if "has changed since its last call" in str(w.message)]
+    assert "submodule 'drop': p changed from 0.1 to 0.0" in str(w.message) and "4th time" in str(w.message)

@@ -378,28 +378,58 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
                  "_global_backward_pre_hooks")
 
 
+_SCALARS = frozenset({bool, int, float, str, type(None)})
+_is_scalar = _SCALARS.__contains__
+
+
+def _settings(d: dict) -> tuple:
+    """A module's public attributes that are numbers, strings, None or tuples of them (``training``, a dropout's
+    ``p``, a user's ``temperature``): what ``forward`` may read as constants of the program."""
+    return tuple([(k, v) for k, v in d.items() if k[0] != "_" and (
+        _is_scalar(t := type(v)) or t is tuple and all(map(_is_scalar, map(type, v))))])
+
+
 def module_structure(module) -> list:
-    """What an exported program of ``module`` fixed besides the parameters' values and the inputs: every
-    submodule (identity), its train/eval mode, its hooks (by the newest handle's id: ids only grow, so adding or
-    removing one changes it) and an instance ``forward``, and the global module hooks. A compiled module compares
-    it at each call (about 1 us per submodule), so a submodule switched to eval mode (frozen batch norm), a hook
-    added or removed or a layer replaced after the first call is exported anew, as eager would run it."""
+    """What an exported program of ``module`` fixed besides the parameters' values and the inputs, one entry per
+    submodule: the submodule (identity), its public number attributes (train/eval mode, a dropout's ``p``:
+    ``_settings``), an instance ``forward``, its hooks (by the newest handle's id: ids only grow, so adding or
+    removing one changes it); then the global module hooks. A compiled module compares it at each call (1-2 us
+    per submodule), so a submodule switched to eval mode (frozen batch norm), a dropout rate or temperature
+    changed, a hook added or removed or a layer replaced after the first call is exported anew, as eager would
+    run it."""
     from torch.nn.modules import module as torch_module
 
-    out = [(len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None for name in _GLOBAL_HOOKS]
+    out = []
     add = out.append
     stack = [module]
     while stack:
         m = stack.pop()
         d = m.__dict__
-        add(m)
-        add(d.get("training"))
-        add(d.get("forward"))
-        for name in _HOOKS:
-            h = d.get(name)
-            add((len(h), next(reversed(h))) if h else None)
+        hooks = tuple((len(h), next(reversed(h))) if (h := d.get(name)) else None for name in _HOOKS)
+        add((m, _settings(d), d.get("forward"), hooks))
         stack.extend(c for c in d.get("_modules", {}).values() if c is not None)
+    add(tuple((len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None
+              for name in _GLOBAL_HOOKS))
     return out
+
+
+def structure_change(root, before: list, after: list) -> str:
+    """What differs between two ``module_structure`` lists of ``root``, in words (the first difference)."""
+    names = {id(m): f"submodule {n!r}" if n else "the module" for n, m in root.named_modules(remove_duplicate=False)}
+    for b, a in zip(before, after):
+        if b == a:
+            continue
+        if len(b) != 4 or len(a) != 4:
+            return "a global module hook was added or removed"
+        name = names.get(id(a[0]), "a submodule")
+        if b[0] is not a[0]:
+            return f"{name} was replaced, or submodules were added or removed"
+        if b[1] != a[1]:
+            was, now = dict(b[1]), dict(a[1])
+            key = next((k for k in {**was, **now} if was.get(k, ...) != now.get(k, ...)), "?")
+            return f"{name}: {key} changed from {was.get(key, 'unset')!r} to {now.get(key, 'unset')!r}"
+        return f"{name}: its forward or hooks changed"
+    return "submodules were added or removed"
 
 
 class ModuleState:
@@ -491,6 +521,9 @@ MANY_SHAPES = ("pullback.integrations.torch: the module is being exported for th
                "shapes ({shapes}); each export takes seconds. With batch sizes that vary, compile with "
                "dynamic_batch=True (one program for every batch size); with sequence lengths that vary, pad them to "
                "a few fixed lengths")
+MANY_STRUCTURES = ("pullback.integrations.torch: the module has changed since its last call for the {n}th time "
+                   "({what}); each change exports it again (seconds). A value that changes at every step should be "
+                   "a tensor (a buffer or an input), not a module attribute")
 AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
                  "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
 
@@ -582,9 +615,12 @@ def _module_class():
             now = module_structure(self.module)
             seen = self._structures
             if seen[self._structure] != now:
-                self._structure = next((i for i, s in enumerate(seen) if s == now), len(seen))
+                last, self._structure = seen[self._structure], next((i for i, s in enumerate(seen) if s == now), len(seen))
                 if self._structure == len(seen):
                     seen.append(now)
+                    if len(seen) == EXPORTS_BEFORE_WARNING:
+                        warnings.warn(MANY_STRUCTURES.format(n=len(seen), what=structure_change(self.module, last, now)),
+                                      UserWarning, stacklevel=6)
             return self._structure
 
         def _warn_if_exporting_often(self, key: tuple, shapes: tuple) -> None:
