@@ -662,6 +662,21 @@ def test_an_input_the_backward_reads_written_in_place_after_the_call_never_gives
         y.square().sum().backward()
 
 
+def _one_step_alike(ref, compiled, opts, x, loss_of, seed=None) -> None:
+    """One SGD step of ``ref`` (eager) and ``compiled`` on ``x`` (the same dropout masks with ``seed``): the same
+    loss (float64)."""
+    losses = []
+    for m, opt in zip((ref, compiled), opts):
+        if seed is not None:
+            torch.manual_seed(seed)
+        opt.zero_grad()
+        loss = loss_of(m(x))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-12)
+
+
 def test_a_submodule_switched_to_eval_mode_after_the_first_call_trains_like_eager(target):
     """Freezing batch norm mid-training (``model.bn.eval()`` while the model trains) changes what the forward
     computes: the compiled module follows (the submodules' modes are part of what it was exported for)."""
@@ -674,15 +689,7 @@ def test_a_submodule_switched_to_eval_mode_after_the_first_call_trains_like_eage
         if step == 2:
             ref[1].eval()
             model[1].eval()
-        x = torch.randn(5, 3, dtype=torch.float64)
-        losses = []
-        for m, opt in zip((ref, cm), opts):
-            opt.zero_grad()
-            loss = m(x).square().mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        assert losses[1] == pytest.approx(losses[0], rel=1e-12)
+        _one_step_alike(ref, cm, opts, torch.randn(5, 3, dtype=torch.float64), lambda y: y.square().mean())
     for a, b in zip(ref.state_dict().values(), model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     assert len(cm._imports) == 2
@@ -777,16 +784,7 @@ def test_module_attributes_changed_after_the_first_call_are_followed(target, rec
     for step, (p, temperature) in enumerate([(0.3, 1.0), (0.1, 1.0), (0.1, 2.5), (0.0, 2.5), (0.3, 1.0)]):
         for m in (ref, model):
             m.drop.p, m.temperature = p, temperature
-        x = torch.randn(5, 3, dtype=torch.float64)
-        losses = []
-        for m, opt in zip((ref, cm), opts):
-            torch.manual_seed(step)
-            opt.zero_grad()
-            loss = m(x)[:, 0].square().sum()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        assert losses[1] == pytest.approx(losses[0], rel=1e-12)
+        _one_step_alike(ref, cm, opts, torch.randn(5, 3, dtype=torch.float64), lambda y: y[:, 0].square().sum(), seed=step)
     assert len(cm._imports) == 4  # the last step's values were seen before: no export
     (w,) = [w for w in recwarn if "has changed since its last call" in str(w.message)]
     assert "submodule 'drop': p changed from 0.1 to 0.0" in str(w.message) and "4th time" in str(w.message)
