@@ -393,7 +393,7 @@ def module_structure(module) -> list:
     """What an exported program of ``module`` fixed besides the parameters' values and the inputs, one entry per
     submodule: the submodule (identity), its public number attributes (train/eval mode, a dropout's ``p``:
     ``_settings``), an instance ``forward``, its hooks (by the newest handle's id: ids only grow, so adding or
-    removing one changes it); then the global module hooks. A compiled module compares it at each call (1-2 us
+    removing one changes it); then the global module hooks. A compiled module compares it at each call (about 3 us
     per submodule), so a submodule switched to eval mode (frozen batch norm), a dropout rate or temperature
     changed, a hook added or removed or a layer replaced after the first call is exported anew, as eager would
     run it."""
