@@ -788,3 +788,23 @@ def test_module_attributes_changed_after_the_first_call_are_followed(target, rec
     assert len(cm._imports) == 4  # the last step's values were seen before: no export
     (w,) = [w for w in recwarn if "has changed since its last call" in str(w.message)]
     assert "submodule 'drop': p changed from 0.1 to 0.0" in str(w.message) and "4th time" in str(w.message)
+
+
+def test_a_deep_copy_shares_only_the_programs_of_the_structure_it_copies(target):
+    """The programs of a compiled module are kept per structure (a frozen batch norm's, an unfrozen one's): a deep
+    copy shares those of the structure it copies, and runs the copied module as it is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    cm = pb_compile(model, (x,), target=target)
+    cm(x)
+    model[1].eval()  # frozen batch norm: the second structure
+    cm(x)
+    assert len(cm._imports) == 2
+    twin = copy.deepcopy(cm)
+    ref = copy.deepcopy(model)
+    torch.testing.assert_close(twin(x), ref(x))
+    torch.testing.assert_close(twin.module[1].running_mean, ref[1].running_mean)
+    assert len(twin._imports) == 1  # no export: the programs of the structure it copied
+    model[1].train()  # changed after the last call: the copy shares nothing it could mistake
+    assert copy.deepcopy(cm)._imports == {}

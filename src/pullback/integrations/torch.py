@@ -556,9 +556,15 @@ def _module_class():
 
         def __deepcopy__(self, memo):
             """A compiled module of a deep copy of ``module`` sharing the programs (they read the parameters
-            at each call), so a copy (an EMA of the weights) does not export again."""
+            at each call), so a copy (an EMA of the weights) does not export again: those of the module's
+            structure now (``module_structure``; the copy's only one so far), if its last call had it."""
             new = _recompiled(copy.deepcopy(self.module, memo), self.target, self.policy, self.dynamic_batch)
-            new._imports, new._programs = dict(self._imports), dict(self._programs)
+            sid = self._structure
+            if self._structures[sid] == module_structure(self.module):
+                def ours(table: dict) -> dict:
+                    return {((k[0][0], 0), *k[1:]): v for k, v in table.items() if k[0][1] == sid}
+
+                new._imports, new._programs = ours(self._imports), ours(self._programs)
             return new
 
         def _flat(self, args: tuple, kwargs: dict) -> tuple:
