@@ -808,3 +808,36 @@ def test_a_deep_copy_shares_only_the_programs_of_the_structure_it_copies(target)
     assert len(twin._imports) == 1  # no export: the programs of the structure it copied
     model[1].train()  # changed after the last call: the copy shares nothing it could mistake
     assert copy.deepcopy(cm)._imports == {}
+
+
+class _SkipAdd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, skip):
+        return torch.tanh(self.lin(x)) + skip
+
+
+def test_a_differentiable_gradient_refuses_only_the_written_inputs_it_reads(target):
+    """A gradient penalty after writing into an input the gradient program never reads (a residual ``skip``
+    added at the end) gives eager's second-order gradients; writing into one it reads (``x``) is refused."""
+    torch.manual_seed(0)
+    model = _SkipAdd().double()
+    ref = copy.deepcopy(model)
+    x, skip = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    cm = pb_compile(model, (x, skip), target=target)
+    for m in (ref, cm):
+        s = skip.clone()
+        y = m(x, s)
+        s.mul_(2.0)
+        gs = torch.autograd.grad(y.square().sum(), list(m.parameters()), create_graph=True)
+        sum(g.square().sum() for g in gs).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
+    xs = x.clone()
+    y = cm(xs, skip)
+    xs.mul_(2.0)
+    # the torch target's residuals (autograd's saved tensors) refuse first; else the inputs' versions
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y.sum(), list(model.parameters()), create_graph=True)

@@ -86,6 +86,7 @@ class DifferentiableProgram:
         self.zeros = structural_zeros(mod["main"].body)  # results that are evidently zero (as gradients: None)
         self._bridge = None
         self._vjps: dict = {}
+        self._reads = None
 
     def run(self, tensors: Sequence) -> list:
         """The results as torch tensors (the program built on first use)."""
@@ -94,6 +95,15 @@ class DifferentiableProgram:
             single = not isinstance(self.mod["main"].body.checked_type, TupleType)
             self._bridge = BRIDGES[self.target](main, None, self.out_types, single)
         return self._bridge.infer(tensors)
+
+    @property
+    def reads(self) -> frozenset:
+        """Positions of the parameters of ``@main`` its body reads (the others' values do not matter)."""
+        if self._reads is None:
+            main = self.mod["main"]
+            index = {p: i for i, p in enumerate(main.params)}
+            self._reads = frozenset(index[n] for n in post_order(main.body) if n in index)
+        return self._reads
 
     def vjp(self, wrt: tuple) -> "DifferentiableProgram":
         """The program of the gradients w.r.t. the inputs at positions ``wrt`` (built on first use, kept)."""

@@ -209,8 +209,8 @@ def _function():
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
                 if ctx.inputs is None or ctx.inputs is _RELEASED:
                     raise PullbackError(DOUBLE_BACKWARD if ctx.inputs is None else BACKWARD_TWICE)
-                inputs = ctx.inputs.unchanged()
                 positions = tuple(i for _, i in wrt)
+                inputs = ctx.inputs.unchanged(tp.differentiable().vjp(positions).reads)
                 for i, g in zip(positions, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
                     full[i] = g
                 return (None, None, *full)
@@ -249,16 +249,17 @@ _RELEASED = object()  # ``ctx.inputs`` after a backward that did not keep the gr
 
 
 class _Versioned:
-    """The inputs of a call with their version counters, for a differentiable backward: ``unchanged()`` gives
-    them back, or raises as autograd does for a saved tensor written in place since."""
+    """The inputs of a call with their version counters, for a differentiable backward: ``unchanged(reads)``
+    gives them back, or raises as autograd does for a saved tensor written in place since, if one of those at
+    positions ``reads`` (those the gradient program reads) was."""
 
     def __init__(self, tensors: tuple):
         self.tensors = tensors
         self.versions = tuple(_version(t) for t in tensors)
 
-    def unchanged(self) -> tuple:
+    def unchanged(self, reads) -> tuple:
         for i, (t, v) in enumerate(zip(self.tensors, self.versions)):
-            if _version(t) != v:
+            if i in reads and _version(t) != v:
                 raise SavedTensorModifiedError(
                     t, v, f"input {i} of the compiled call, which a differentiable gradient (create_graph=True) "
                           f"recomputes from,")
