@@ -98,11 +98,12 @@ class DifferentiableProgram:
 
     @property
     def reads(self) -> frozenset:
-        """Positions of the parameters of ``@main`` its body reads (the others' values do not matter)."""
+        """Positions of the parameters of ``@main`` its body reads, local functions included (the others' values
+        do not matter)."""
         if self._reads is None:
             main = self.mod["main"]
             index = {p: i for i, p in enumerate(main.params)}
-            self._reads = frozenset(index[n] for n in post_order(main.body) if n in index)
+            self._reads = frozenset(index[n] for n in post_order(main.body, into_functions=True) if n in index)
         return self._reads
 
     def vjp(self, wrt: tuple) -> "DifferentiableProgram":
