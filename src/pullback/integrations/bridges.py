@@ -31,6 +31,15 @@ from ..ir.types import TensorType, is_inexact
 from ..runtime.tuning import CoreHandover
 
 
+def version(t) -> Optional[int]:
+    """A tensor's version counter (bumped by every in-place write); None for anything else and for inference
+    tensors, which have none."""
+    try:
+        return t._version
+    except (AttributeError, RuntimeError):
+        return None
+
+
 class Bridge:
     """Runs built ``@main_fwd`` / ``@main_bwd`` of one target on torch tensors.
 
@@ -195,11 +204,8 @@ class NumpyBridge(Bridge):
         for r in residuals:
             while isinstance(r, np.ndarray):
                 r = r.base
-            if r is not None:
-                try:
-                    out.append((r, r._version))
-                except (AttributeError, RuntimeError):  # not a tensor; an inference tensor (no version counter)
-                    pass
+            if r is not None and (v := version(r)) is not None:
+                out.append((r, v))
         return tuple(out)
 
     def to_torch(self, value):

@@ -41,7 +41,7 @@ from ..ir.errors import PullbackError
 from ..ir.types import flatten_type, is_inexact
 from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
-from .bridges import BRIDGES
+from .bridges import BRIDGES, version
 from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros
 
 TARGETS = ("torch", "numpy", "jax")
@@ -255,22 +255,15 @@ class _Versioned:
 
     def __init__(self, tensors: tuple):
         self.tensors = tensors
-        self.versions = tuple(_version(t) for t in tensors)
+        self.versions = tuple(version(t) for t in tensors)
 
     def unchanged(self, reads) -> tuple:
         for i, (t, v) in enumerate(zip(self.tensors, self.versions)):
-            if i in reads and _version(t) != v:
+            if i in reads and version(t) != v:
                 raise SavedTensorModifiedError(
                     t, v, f"input {i} of the compiled call, which a differentiable gradient (create_graph=True) "
                           f"recomputes from,")
         return self.tensors
-
-
-def _version(t) -> Optional[int]:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor has no version counter
-        return None
 
 
 def _keeps_graph() -> bool:
@@ -563,7 +556,7 @@ def _module_class():
             sid = self._structure
             if self._structures[sid] == module_structure(self.module):
                 def ours(table: dict) -> dict:
-                    return {((k[0][0], 0), *k[1:]): v for k, v in table.items() if k[0][1] == sid}
+                    return {(0, *k[1:]): v for k, v in table.items() if k[0] == sid}
 
                 new._imports, new._programs = ours(self._imports), ours(self._programs)
             return new
@@ -598,7 +591,7 @@ def _module_class():
             in the program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = ((self.module.training, self._structure_id()), keywords, settings) + shapes
+            key = (self._structure_id(), keywords, settings) + shapes  # the structure holds each mode
             state = ModuleState(self.module)
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state)
