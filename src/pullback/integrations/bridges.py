@@ -7,11 +7,12 @@ tensors back; the residuals stay the target's own arrays between forward and bac
   are the tensors the forward produced, saved with ``ctx.save_for_backward`` (so PyTorch's version
   counters catch an in-place change of a saved tensor, and ``saved_tensors_hooks`` see them);
 - ``numpy``: zero-copy views both ways (``Tensor.numpy()`` / ``torch.from_numpy``; a read-only or
-  non-contiguous result is copied once, a tensor cannot be read-only);
+  non-contiguous result is copied once, a tensor cannot be read-only); built with ``aten=True``: GEMMs,
+  convolutions, pooling and batch norm run ATen's kernels on the arrays (``runtime.aten_on_numpy``);
 - ``jax``: DLPack both ways (``jnp.from_dlpack`` / ``torch.from_dlpack``), residuals kept as jax arrays.
 
-Around each program run, the cores change hands (``runtime.tuning.CoreHandover``): on the numpy target,
-PyTorch's idle OpenMP workers exit before the kernels and NumPy's OpenBLAS workers after them, so neither
+Around each program run, the cores change hands (``runtime.tuning.CoreHandover``): NumPy's OpenBLAS
+workers exit after it (numpy target), PyTorch's idle OpenMP workers before it (jax target), so neither
 pool's spinning workers slow the other side's next calls (the optimizer's update, the next forward).
 
 The forward's inputs are checked against ``@main_fwd``'s parameters like every executable's, with a fast
@@ -49,6 +50,7 @@ class Bridge:
 
     saves_tensors = False  # residuals are torch tensors (ctx.save_for_backward) rather than other arrays
     handover: Optional[CoreHandover] = None  # what the cores do at the crossings (None: nothing)
+    build_options: dict = {}  # the target's options of ``build`` in the integration
 
     def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
         import torch
@@ -178,9 +180,11 @@ class TorchBridge(Bridge):
 
 
 class NumpyBridge(Bridge):
-    """The numpy target: zero-copy views of the tensors' memory."""
+    """The numpy target: zero-copy views of the tensors' memory; GEMMs, convolutions, pooling and batch norm
+    run ATen's kernels on them (``runtime.aten_on_numpy``), so one thread pool (PyTorch's) serves the step."""
 
-    handover = CoreHandover(openmp=True, blas=True)
+    handover = CoreHandover(openmp=False, blas=True)
+    build_options = {"aten": True}
 
     def cotangent(self, g, i: int, shape):
         dtype = self.out_dtypes[i]
@@ -251,4 +255,11 @@ class JaxBridge(Bridge):
 
 BRIDGES = {"torch": TorchBridge, "numpy": NumpyBridge, "jax": JaxBridge}
 
-__all__ = ["Bridge", "TorchBridge", "NumpyBridge", "JaxBridge", "BRIDGES"]
+
+def build_for(mod, target: str):
+    """``mod`` built for ``target`` with the integration's options of that target (``Bridge.build_options``)."""
+    from ..runtime import build
+
+    return build(mod, target=target, **BRIDGES[target].build_options)
+
+__all__ = ["Bridge", "TorchBridge", "NumpyBridge", "JaxBridge", "BRIDGES", "build_for"]

@@ -17,11 +17,10 @@ from ..ir.expr import Call, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import post_order, transform
 from ..ir.types import TupleType, flatten_type, is_inexact
-from ..runtime import build
 from ..transform import standard_cleanup
 from ..transform.eliminate_identity import uniform_value
 from ..transform.first_order_gradient import differentiate
-from .bridges import BRIDGES
+from .bridges import BRIDGES, build_for
 
 
 def structural_zeros(body) -> frozenset:
@@ -91,7 +90,7 @@ class DifferentiableProgram:
     def run(self, tensors: Sequence) -> list:
         """The results as torch tensors (the program built on first use)."""
         if self._bridge is None:
-            main = build(self.mod, target=self.target)["main"]
+            main = build_for(self.mod, self.target)["main"]
             single = not isinstance(self.mod["main"].body.checked_type, TupleType)
             self._bridge = BRIDGES[self.target](main, None, self.out_types, single)
         return self._bridge.infer(tensors)

@@ -39,9 +39,8 @@ from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
 from ..ir.types import flatten_type, is_inexact
-from ..runtime import build
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
-from .bridges import BRIDGES, version
+from .bridges import BRIDGES, build_for, version
 from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros
 
 TARGETS = ("torch", "numpy", "jax")
@@ -99,7 +98,7 @@ class TrainingProgram:
         mod = lap("cleanup", standard_cleanup()(mod))
         # min_cut prices recomputation with the target's costs
         self.mod = lap("partition", PartitionForwardBackward("main_grad", policy=policy, target=target)(mod))
-        exe = build(self.mod, target=target)
+        exe = build_for(self.mod, target)
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
         self.fwd.plan.ensure()
         lap("build", self.bwd.plan.ensure())
@@ -133,7 +132,7 @@ class TrainingProgram:
         import torch
 
         if self._inference is None:
-            main = build(standard_cleanup()(self.prog.mod), target=self.target)["main"]
+            main = build_for(standard_cleanup()(self.prog.mod), self.target)["main"]
             self._inference = BRIDGES[self.target](main, None, self.out_types, self.prog.single_output)
         with torch.no_grad():
             return self._inference.infer(tensors)

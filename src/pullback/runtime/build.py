@@ -43,7 +43,7 @@ def build(mod: Union[IRModule, Function], target: str = "numpy", *, check_output
     compares every kernel result with its node's inferred type (for tests).
     Type inference runs first if the module is not typed. Every target takes
     ``max_call_depth`` (how deeply calls between module functions may nest) and
-    its own options: numpy ``fuse``, ``tune_malloc``, ``blas_threads``, ``reuse``; jax
+    its own options: numpy ``fuse``, ``tune_malloc``, ``blas_threads``, ``reuse``, ``aten``; jax
     ``devices``, ``batch_axis``; torch ``device``, ``fast``.
     """
     if isinstance(mod, Function):

@@ -13,7 +13,7 @@ kernel. A chain ``tanh -> multiply -> subtract`` therefore runs in one buffer.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -37,8 +37,9 @@ def group_label(fn: Function) -> str:
     return "fused(" + "+".join(names) + ")"
 
 
-def compile_group(fn: Function) -> Callable:
-    """One closure ``kernel(*args, attrs)`` running the primitive Function ``fn`` (typed)."""
+def compile_group(fn: Function, kernel_of: Optional[Callable[[Call], Callable]] = None) -> Callable:
+    """One closure ``kernel(*args, attrs)`` running the primitive Function ``fn`` (typed); a call that is not
+    an elementwise ufunc runs ``kernel_of(call)`` (default: its operator's NumPy kernel)."""
     order = post_order(fn.body)
     slot: dict[int, int] = {id(p): i for i, p in enumerate(fn.params)}
     template: list = [None] * len(fn.params)
@@ -77,7 +78,7 @@ def compile_group(fn: Function) -> Callable:
                           and k != result and k not in escaped and tuple(a.checked_type.shape) == tuple(ty.shape))
             steps.append((UFUNC_STEP, uf, args, out, cands))
         else:
-            steps.append((KERNEL_STEP, (n.op.compute, n.attrs), args, out, ()))
+            steps.append((KERNEL_STEP, (n.op.compute if kernel_of is None else kernel_of(n), n.attrs), args, out, ()))
     frees: list = [[] for _ in steps]
     for k, i in last.items():
         if k >= len(fn.params) and template[k] is None and k != result:

@@ -10,13 +10,17 @@ as one kernel reusing its own buffers (``runtime.fused``).
 from __future__ import annotations
 
 import functools
+import importlib.util
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 import numpy as np
 
+from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
 from ..ir.types import FLOAT_DTYPES, TensorType
+from .aten_on_numpy import ALLOCATING, aten_kernel, autocast_off, takes
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
 from .tuning import BlasThreads, keep_freed_memory
@@ -53,20 +57,37 @@ def _inplace(uf, i: Optional[int]) -> Callable:
     return quiet
 
 
+@contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
+
 class NumpyTarget(Target):
     """Kernels on NumPy arrays; fused groups as single kernels when ``fuse`` (compiled once per group);
-    elementwise results written into a dying operand's buffer (``runtime.plan.buffer_reuse``) when ``reuse``."""
+    elementwise results written into a dying operand's buffer (``runtime.plan.buffer_reuse``) when ``reuse``;
+    ATen's kernels for the heavy operators when ``aten`` (``runtime.aten_on_numpy``)."""
 
     name = "numpy"
 
-    def __init__(self, fuse: bool = True, blas_threads: Optional[int] = None, reuse: bool = True):
+    def __init__(self, fuse: bool = True, blas_threads: Optional[int] = None, reuse: bool = True, aten: bool = False):
         self.fuse = fuse
         self.reuses_buffers = reuse
         self.blas_limit = BlasThreads(blas_threads)
+        if not isinstance(aten, bool):
+            raise ExecutionError(f"aten must be True or False, got {aten!r}")
+        if aten and importlib.util.find_spec("torch") is None:
+            raise ExecutionError("aten=True runs PyTorch's kernels: install PyTorch (pip install torch)")
+        self.aten = aten
         self._groups: dict[Function, Callable] = {}  # primitive Function (identity hash) -> its kernel
+
+    def kernel(self, call: Call) -> Callable:
+        return (self.aten and aten_kernel(call)) or call.op.impl(self.name)
 
     def allocates(self, call: Call) -> bool:
         name = call.op.name
+        if self.aten and name in ALLOCATING and takes(call):
+            return _array_type(call.checked_type)
         return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in MATMUL_OPS) and _array_type(call.checked_type)
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
@@ -86,11 +107,15 @@ class NumpyTarget(Target):
             return None
         kernel = self._groups.get(fn)
         if kernel is None:
-            kernel = self._groups[fn] = compile_group(fn)
+            kernel = self._groups[fn] = compile_group(fn, self.kernel)
         return kernel
 
     def run_context(self):
-        return self.blas_limit() if self.blas_limit.n is not None else None
+        limit = self.blas_limit() if self.blas_limit.n is not None else None
+        off = autocast_off() if self.aten else None
+        if limit is None or off is None:
+            return limit or off
+        return _both(limit, off)
 
 
 class Executable(_Executable):
@@ -101,13 +126,16 @@ class Executable(_Executable):
     (``runtime.plan.buffer_reuse``). Process-wide tuning, off by default (``runtime.tuning``):
     ``tune_malloc=True`` keeps freed memory in the process for the next step;
     ``blas_threads=n`` limits BLAS threads during each call (restored after it).
+    ``aten=True`` (needs PyTorch) runs GEMMs, convolutions, pooling and batch norm on float32/float64
+    arrays with ATen's kernels on the arrays' memory (``runtime.aten_on_numpy``).
     """
 
     def __init__(self, mod: IRModule, check_outputs: bool = False, fuse: bool = True, tune_malloc: bool = False,
-                 blas_threads: Optional[int] = None, max_call_depth: int = DEFAULT_MAX_CALL_DEPTH, reuse: bool = True):
+                 blas_threads: Optional[int] = None, max_call_depth: int = DEFAULT_MAX_CALL_DEPTH, reuse: bool = True,
+                 aten: bool = False):
         if tune_malloc:
             keep_freed_memory()
-        super().__init__(mod, NumpyTarget(fuse, blas_threads, reuse), check_outputs, max_call_depth)
+        super().__init__(mod, NumpyTarget(fuse, blas_threads, reuse, aten), check_outputs, max_call_depth)
         self.fuse = fuse
 
 

@@ -24,6 +24,7 @@ from ..ir.errors import ExecutionError, PullbackError
 from ..ir.module import IRModule
 from ..ops.registry import array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
+from .aten_on_numpy import autocast_off
 from .torch_kernels import allocates, fast_kernel, inplace_kernel
 from .values import to_numpy
 
@@ -62,13 +63,8 @@ class TorchTarget(Target):
         return inplace_kernel(call, i) if self.fast else None
 
     def run_context(self):
-        """Autocast off while the kernels run, when a ``torch.autocast`` region is open: a program computes in
-        the dtypes of its types (an autocast ``F.linear`` would return bfloat16 where the program says float32,
-        and a backward would then mix the two)."""
-        torch, kind = self.torch, self.device.type
-        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
-            return torch.autocast(kind, enabled=False)
-        return None
+        """Autocast off while the kernels run, when a ``torch.autocast`` region is open (``autocast_off``)."""
+        return autocast_off(self.device.type)
 
     def constant(self, data: np.ndarray):
         return self.torch.from_numpy(np.array(data)).to(self.device)  # a copy: the Constant stays intact

@@ -1,0 +1,93 @@
+"""ATen's kernels for the NumPy target's heavy operators, on the arrays' own memory (``build(..., aten=True)``).
+
+Where PyTorch is in the process (the PyTorch integration), the numpy target can run its GEMMs,
+convolutions, pooling and batch norm with PyTorch's CPU kernels (oneDNN, ATen's pooling) on zero-copy
+views of the NumPy arrays (``torch.from_numpy`` / ``Tensor.numpy()``), and everything else with NumPy.
+
+The GEMMs go with the convolutions on purpose: OpenBLAS (NumPy's GEMMs) and PyTorch's OpenMP each keep
+a pool of workers that busy-wait after every parallel call, so a program alternating between the two
+has each pool's spinning workers steal the cores from the other's. Measured on the 2-core bench machine
+(ResNet-18 layout, batch 16, training step through the integration): ATen convolutions and pooling with
+NumPy's GEMMs 113-116 ms, the same with ATen's GEMMs too 51 ms, NumPy alone 72 ms.
+
+A ``torch.autocast`` region around a call does not reach the kernels (``autocast_off``, as on the torch
+target). Only calls whose tensors are all float32 or float64 take ATen's kernel; the rest (other dtypes,
+operators not listed) run the operator's NumPy kernel, so results are the torch target's kernels'.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..ir.expr import Call
+from ..ir.types import TensorType, TupleType
+from .torch_kernels import fast_kernel
+
+ATEN_DTYPES = frozenset({"float32", "float64"})
+GEMMS = frozenset({"nn.dense", "nn.matmul", "nn.batch_matmul"})
+CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
+ATEN_OPS = GEMMS | CONVOLUTIONS | frozenset({
+    "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
+    "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad"})
+# operators whose ATen kernel always returns new memory, shared with no other value
+ALLOCATING = GEMMS | CONVOLUTIONS
+
+
+def _float_tensors(t) -> bool:
+    if isinstance(t, TensorType):
+        return t.dtype in ATEN_DTYPES
+    return isinstance(t, TupleType) and all(_float_tensors(f) for f in t.fields)
+
+
+def takes(call: Call) -> bool:
+    """Does ``call`` run ATen's kernel on this target (a listed operator on float32/float64 tensors)?"""
+    return (call.op.name in ATEN_OPS and _float_tensors(call.checked_type)
+            and all(_float_tensors(a.checked_type) for a in call.args))
+
+
+def as_tensor(torch, a: np.ndarray):
+    """A tensor on ``a``'s memory: a read-only array (an input, a view of one) through a writable view of
+    the same memory (ATen's kernels never write into their operands); a copy where no view can be made
+    (memory that is read-only at its source, negative strides)."""
+    if not a.flags.writeable:
+        v = a.view()
+        try:
+            v.flags.writeable = True
+            a = v
+        except ValueError:
+            a = np.array(a)
+    if any(s < 0 for s in a.strides):
+        a = np.ascontiguousarray(a)
+    return torch.from_numpy(a)
+
+
+def autocast_off(device_type: str = "cpu"):
+    """A context turning a ``torch.autocast`` region of ``device_type`` off while kernels run, or None when no
+    region is open: a program computes in the dtypes of its types (an autocast ``F.linear`` would return
+    bfloat16 where the program says float32, and a backward would then mix the two)."""
+    import torch
+
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return None
+
+
+def aten_kernel(call: Call) -> Optional[Callable]:
+    """``fn(*arrays, attrs)`` running ``call`` with ATen's kernel on NumPy arrays, or None (not ``takes``)."""
+    if not takes(call):
+        return None
+    import torch
+
+    fn = fast_kernel(call) or call.op.impl("torch")
+
+    def run(*args):
+        *arrays, attrs = args
+        out = fn(*[as_tensor(torch, a) for a in arrays], attrs)
+        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+
+    return run
+
+
+__all__ = ["ATEN_OPS", "takes", "aten_kernel", "as_tensor", "autocast_off"]

@@ -1,0 +1,122 @@
+"""The numpy target with ATen's kernels for its heavy operators (``build(mod, aten=True)``).
+
+Every op-table program holding a GEMM, convolution, pooling or batch norm runs with ``aten=True`` and
+equals the plain numpy target; inputs the caller passed (read-only, strided, reversed) and constants
+reach ATen's kernels without being written, results stay NumPy arrays, and calls ATen does not take
+(other dtypes) run NumPy's kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from op_table import table_programs
+from pullback import Function, op, var
+from pullback.ir.expr import Call
+from pullback.ir.traversal import post_order
+from pullback.runtime.aten_on_numpy import ATEN_OPS, aten_kernel, takes
+
+torch = pytest.importorskip("torch")
+
+
+def assert_same(want, got):
+    wl, gl = pb.runtime.values.leaves(want), pb.runtime.values.leaves(got)
+    assert len(wl) == len(gl)
+    for k, (w, g) in enumerate(zip(wl, gl)):
+        assert isinstance(g, (np.ndarray, np.generic)), type(g)
+        assert g.dtype == w.dtype and g.shape == w.shape, (k, g.dtype, w.dtype, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=f"output {k}")
+
+
+def _typed(fn: Function) -> Function:
+    return pb.transform.InferType()(pb.IRModule.from_expr(fn))["main"]
+
+
+def _taken(mod) -> set:
+    pb.analysis.infer_module(mod)
+    return {n.op.name for n in post_order(mod["main"].body) if isinstance(n, Call) and takes(n)}
+
+
+PROGRAMS = [(name, mod, inputs) for name, mod, inputs in table_programs("torch") if _taken(mod)]
+
+
+def test_the_table_reaches_every_aten_operator():
+    assert set().union(*(_taken(mod) for _, mod, _ in PROGRAMS)) == ATEN_OPS
+
+
+@pytest.mark.parametrize("mod, inputs", [pytest.param(m, i, id=name) for name, m, i in PROGRAMS])
+def test_op_table_matches_numpy(mod, inputs):
+    originals = [np.array(x, copy=True) for x in inputs]
+    got = pb.build(mod, aten=True, check_outputs=True)["main"](*inputs)
+    assert_same(pb.build(mod)["main"](*inputs), got)
+    for x, x0 in zip(inputs, originals):
+        np.testing.assert_array_equal(x, x0)  # nothing the caller passed was written
+
+
+def _conv_relu():
+    x, w = var("x", shape=(2, 3, 6, 6), dtype="float64"), var("w", shape=(4, 3, 3, 3), dtype="float64")
+    return Function([x, w], op.nn.relu(op.nn.conv2d(x, w, padding=1)))
+
+
+def test_caller_arrays_of_every_layout_and_constants():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 6, 6))
+    w = rng.standard_normal((4, 3, 3, 3))
+    fn = _conv_relu()
+    want = pb.build(fn)["main"](x, w)
+    exe = pb.build(fn, aten=True)["main"]
+    ro = x.copy()
+    ro.flags.writeable = False  # read-only at its source: copied for ATen
+    flipped = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1]  # negative strides: copied for ATen
+    strided = np.repeat(x, 2, axis=3)[..., ::2]  # a view with gaps
+    for arr in (x, ro, flipped, strided):
+        before = np.array(arr, copy=True)
+        np.testing.assert_allclose(exe(arr, w), want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(arr, before)
+    # the weight as a constant of the program (read-only data)
+    xv = var("x", shape=(2, 3, 6, 6), dtype="float64")
+    const_fn = Function([xv], op.nn.relu(op.nn.conv2d(xv, pb.const(w), padding=1)))
+    np.testing.assert_allclose(pb.build(const_fn, aten=True)["main"](x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_results_reused_in_place_stay_right():
+    # relu writes into the convolution's fresh result (the plan's buffer reuse); the convolution itself is ATen's
+    fn = _typed(_conv_relu())
+    conv = next(n for n in post_order(fn.body) if isinstance(n, Call) and n.op.name == "nn.conv2d")
+    assert aten_kernel(conv) is not None
+    exe = pb.build(fn, aten=True)
+    plan = exe["main"].plan
+    plan.ensure()
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+    for _ in range(3):  # buffers of one call must not leak into the next
+        np.testing.assert_allclose(exe["main"](x, w), pb.build(fn)["main"](x, w), rtol=1e-12, atol=1e-12)
+
+
+def test_other_dtypes_run_numpy_kernels():
+    for dtype in ("float16", "int32"):
+        a, b = var("a", shape=(3, 4), dtype=dtype), var("b", shape=(5, 4), dtype=dtype)
+        fn = _typed(Function([a, b], op.nn.dense(a, b)))
+        call = fn.body
+        assert not takes(call) and aten_kernel(call) is None
+        x, y = np.arange(12).reshape(3, 4).astype(dtype), np.arange(20).reshape(5, 4).astype(dtype)
+        got = pb.build(fn, aten=True)["main"](x, y)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, pb.build(fn)["main"](x, y))
+
+
+def test_fused_groups_run_aten_gemms():
+    a, b = var("a", shape=(3, 4), dtype="float64"), var("b", shape=(5, 4), dtype="float64")
+    mod = pb.IRModule.from_expr(Function([a, b], op.tanh(op.add(op.nn.dense(a, b), pb.const(1.0, "float64")))))
+    fused = pb.transform.FuseOps()(pb.transform.InferType()(mod))
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    np.testing.assert_allclose(pb.build(fused, aten=True)["main"](x, y), np.tanh(x @ y.T + 1.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_aten_option_must_be_a_bool(bad):
+    with pytest.raises(pb.ExecutionError, match="aten must be True or False"):
+        pb.build(_conv_relu(), aten=bad)
