@@ -120,3 +120,22 @@ def test_fused_groups_run_aten_gemms():
 def test_aten_option_must_be_a_bool(bad):
     with pytest.raises(pb.ExecutionError, match="aten must be True or False"):
         pb.build(_conv_relu(), aten=bad)
+
+
+def test_the_integration_builds_its_numpy_programs_with_aten():
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 2)).double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    compiled = pb_compile(model, (x,), target="numpy")
+    compiled(x).sum().backward()
+    (tp,) = compiled._programs.values()
+    for exe in (tp.fwd, tp.bwd):
+        assert exe._exe.target.aten
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-12)

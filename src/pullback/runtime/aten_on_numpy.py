@@ -11,8 +11,9 @@ has each pool's spinning workers steal the cores from the other's. Measured on t
 NumPy's GEMMs 113-116 ms, the same with ATen's GEMMs too 51 ms, NumPy alone 72 ms.
 
 A ``torch.autocast`` region around a call does not reach the kernels (``autocast_off``, as on the torch
-target). Only calls whose tensors are all float32 or float64 take ATen's kernel; the rest (other dtypes,
-operators not listed) run the operator's NumPy kernel, so results are the torch target's kernels'.
+target). Only calls whose tensors are all float32 or float64 take ATen's kernel, that of the torch target (its
+direct ATen call, ``torch_kernels.fast_kernel``, or the operator's torch override); the rest (other dtypes,
+a matmul with a ``?`` dimension, operators not listed) run the operator's NumPy kernel.
 """
 
 from __future__ import annotations
@@ -42,9 +43,17 @@ def _float_tensors(t) -> bool:
 
 
 def takes(call: Call) -> bool:
-    """Does ``call`` run ATen's kernel on this target (a listed operator on float32/float64 tensors)?"""
-    return (call.op.name in ATEN_OPS and _float_tensors(call.checked_type)
-            and all(_float_tensors(a.checked_type) for a in call.args))
+    """Does ``call`` run ATen's kernel on this target (a listed operator on float32/float64 tensors, with a
+    torch kernel of its own)?"""
+    return _torch_kernel(call) is not None
+
+
+def _torch_kernel(call: Call) -> Optional[Callable]:
+    if not (call.op.name in ATEN_OPS and _float_tensors(call.checked_type)
+            and all(_float_tensors(a.checked_type) for a in call.args)):
+        return None
+    # the direct ATen call or the operator's torch override, not the shared kernel: no array-api-compat needed
+    return fast_kernel(call) or call.op.impls.get("torch")
 
 
 def as_tensor(torch, a: np.ndarray):
@@ -76,11 +85,10 @@ def autocast_off(device_type: str = "cpu"):
 
 def aten_kernel(call: Call) -> Optional[Callable]:
     """``fn(*arrays, attrs)`` running ``call`` with ATen's kernel on NumPy arrays, or None (not ``takes``)."""
-    if not takes(call):
+    fn = _torch_kernel(call)
+    if fn is None:
         return None
     import torch
-
-    fn = fast_kernel(call) or call.op.impl("torch")
 
     def run(*args):
         *arrays, attrs = args
