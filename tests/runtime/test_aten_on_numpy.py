@@ -16,7 +16,7 @@ from op_table import table_programs
 from pullback import Function, op, var
 from pullback.ir.expr import Call
 from pullback.ir.traversal import post_order
-from pullback.runtime.aten_on_numpy import ATEN_OPS, aten_kernel, takes
+from pullback.runtime.aten_on_numpy import ATEN_OPS, as_tensor, aten_kernel, takes
 
 torch = pytest.importorskip("torch")
 
@@ -79,6 +79,21 @@ def test_caller_arrays_of_every_layout_and_constants():
     xv = var("x", shape=(2, 3, 6, 6), dtype="float64")
     const_fn = Function([xv], op.nn.relu(op.nn.conv2d(xv, pb.const(w), padding=1)))
     np.testing.assert_allclose(pb.build(const_fn, aten=True)["main"](x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_as_tensor_shares_memory_where_it_can():
+    a = np.arange(6.0).reshape(2, 3)
+    ro = a[:, 1:]
+    ro.flags.writeable = False  # a read-only view of writable memory (the evaluator's inputs): shared
+    t = as_tensor(torch, ro)
+    assert t.data_ptr() == ro.ctypes.data and not ro.flags.writeable
+    src = np.arange(4.0)
+    src.flags.writeable = False  # read-only at its source: a copy
+    assert as_tensor(torch, src).data_ptr() != src.ctypes.data
+    rev = a[:, ::-1]  # negative strides: a copy
+    torch.testing.assert_close(as_tensor(torch, rev), torch.from_numpy(a.copy()).flip(1))
+    s = as_tensor(torch, np.float64(2.5))  # a NumPy scalar: a 0-d tensor
+    assert s.shape == () and s.item() == 2.5
 
 
 def test_results_reused_in_place_stay_right():

@@ -143,6 +143,26 @@ def gradients(program: DifferentiableProgram, tensors: Sequence, shapes: Sequenc
     return [None if k in vjp.zeros else g for k, g in enumerate(out)]
 
 
+def wanted(ctx, needs: Sequence[bool]) -> list:
+    """Per tensor input of the autograd Function whose backward is running (``needs``: its
+    ``needs_input_grad`` entries for those inputs), whether this backward wants its gradient: the input
+    requires grad and the engine will run its edge. ``torch.autograd.grad(y, x)`` runs only the edges towards
+    ``x``, so the gradients of parameters it did not ask for are not computed (a gradient penalty on the
+    input of a critic computes the input's gradient only, as eager does)."""
+    import torch
+
+    will = torch._C._will_engine_execute_node
+    out = []
+    for need, (node, _) in zip(needs, ctx.next_functions):
+        if need and node is not None:
+            try:
+                need = will(node)
+            except RuntimeError:  # a leaf asked for by autograd.grad: the engine cannot say; it is wanted
+                pass
+        out.append(need)
+    return out
+
+
 @lru_cache(maxsize=None)
 def _function():
     """The ``torch.autograd.Function`` (made on first use: ``import pullback`` never imports torch)."""
@@ -155,7 +175,13 @@ def _function():
         def forward(ctx, program: DifferentiableProgram, *tensors):
             results = program.run(tensors)
             ctx.program = program
-            ctx.save_for_backward(*tensors)
+            # only the inputs the program reads (its VJP reads no other): one written in place after the call
+            # stops a backward only if that backward needs it, as in eager; the others' places are kept by a
+            # stand-in of their shape and dtype (its values are never read)
+            reads = program.reads
+            ctx.save_for_backward(*(t if i in reads else None for i, t in enumerate(tensors)))
+            ctx.unread = {i: (t.shape, t.dtype, t.device) for i, t in enumerate(tensors) if i not in reads}
+            ctx.floating = [t.is_floating_point() for t in tensors]
             ctx.shapes = [r.shape for r in results]
             ctx.set_materialize_grads(False)
             nondiff = [r for r, t in zip(results, program.out_types) if not is_inexact(t.dtype)]
@@ -165,10 +191,12 @@ def _function():
 
         @staticmethod
         def backward(ctx, *grads):
-            tensors = ctx.saved_tensors
+            tensors = list(ctx.saved_tensors)
+            for i, (shape, dtype, device) in ctx.unread.items():
+                tensors[i] = torch.zeros((), dtype=dtype, device=device).expand(shape)
             n = len(tensors)
-            needs = ctx.needs_input_grad[1:]
-            wrt = tuple(i for i, (t, need) in enumerate(zip(tensors, needs)) if need and t.is_floating_point())
+            needs = wanted(ctx, ctx.needs_input_grad[1:])
+            wrt = tuple(i for i, (f, need) in enumerate(zip(ctx.floating, needs)) if need and f)
             full = [None] * n
             if wrt and any(g is not None for g in grads):
                 for i, g in zip(wrt, gradients(ctx.program, tensors, ctx.shapes, grads, wrt)):
@@ -178,4 +206,4 @@ def _function():
     return DifferentiableFunction
 
 
-__all__ = ["DifferentiableProgram", "differentiable_call", "gradients", "structural_zeros", "vjp_module"]
+__all__ = ["DifferentiableProgram", "differentiable_call", "gradients", "structural_zeros", "vjp_module", "wanted"]

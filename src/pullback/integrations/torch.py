@@ -41,7 +41,7 @@ from ..ir.errors import PullbackError
 from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES, build_for, version
-from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros
+from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros, wanted
 
 TARGETS = ("torch", "numpy", "jax")
 
@@ -200,10 +200,10 @@ def _function():
         def backward(ctx, *grads):
             tp = ctx.tp
             saved = ctx.saved_tensors
-            needs = ctx.needs_input_grad
+            needs = wanted(ctx, ctx.needs_input_grad[2:])
             given = sum(1 << j for j, g in enumerate(grads) if g is not None)
             reaches = tp.reaches
-            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[2 + i] and reaches[k] & given and k not in tp.no_path]
+            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[i] and reaches[k] & given and k not in tp.no_path]
             full = [None] * tp.num_inputs
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
                 if ctx.inputs is None or ctx.inputs is _RELEASED:

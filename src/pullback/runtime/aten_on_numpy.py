@@ -59,7 +59,9 @@ def _torch_kernel(call: Call) -> Optional[Callable]:
 def as_tensor(torch, a: np.ndarray):
     """A tensor on ``a``'s memory: a read-only array (an input, a view of one) through a writable view of
     the same memory (ATen's kernels never write into their operands); a copy where no view can be made
-    (memory that is read-only at its source, negative strides)."""
+    (memory that is read-only at its source, negative strides); a NumPy scalar as a 0-d tensor."""
+    if not isinstance(a, np.ndarray):
+        a = np.array(a)
     if not a.flags.writeable:
         v = a.view()
         try:
