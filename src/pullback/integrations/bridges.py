@@ -262,4 +262,5 @@ def build_for(mod, target: str):
 
     return build(mod, target=target, **BRIDGES[target].build_options)
 
+
 __all__ = ["Bridge", "TorchBridge", "NumpyBridge", "JaxBridge", "BRIDGES", "build_for"]

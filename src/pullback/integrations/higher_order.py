@@ -151,9 +151,12 @@ def wanted(ctx, needs: Sequence[bool]) -> list:
     input of a critic computes the input's gradient only, as eager does)."""
     import torch
 
-    will = torch._C._will_engine_execute_node
+    will = getattr(torch._C, "_will_engine_execute_node", None)
+    edges = ctx.next_functions
+    if will is None or len(edges) != len(needs):  # an older PyTorch, or inputs that are not all tensors
+        return list(needs)
     out = []
-    for need, (node, _) in zip(needs, ctx.next_functions):
+    for need, (node, _) in zip(needs, edges):
         if need and node is not None:
             try:
                 need = will(node)
