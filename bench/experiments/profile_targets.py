@@ -4,7 +4,8 @@ Per workload of ``bench/torch_train.py`` and per target (numpy, jax): the integr
 backward + SGD), the executables ``@main_fwd`` / ``@main_bwd`` called directly on NumPy arrays, the SGD
 update alone, and what is left: the integration's own overhead (torch<->NumPy conversions, the autograd
 Function, gathering parameters). The conversions are timed by wrapping the integration's converters.
-numpy target: the per-op profile (``exe.profile``) grouped by kind, the Python time between kernels
+numpy target (built as the integration builds it: ATen's GEMMs, convolutions, pooling and batch norm):
+the per-op profile (``exe.profile``) grouped by kind, the Python time between kernels
 (unprofiled wall time minus the kernels' time), and the same program after ``FuseOps`` (the integration
 does not fuse today). jax target: the jitted call on device arrays vs on NumPy arrays (the copies in and
 out). Also the residual bytes under ``save_all`` and ``min_cut``.
@@ -40,7 +41,7 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
 
     import pullback.integrations.torch as pbt
     from pullback.analysis.saved import saved_bytes
-    from pullback.runtime import build
+    from pullback.integrations.bridges import build_for
     from pullback.testing.torch_models import make_workload
     from pullback.transform import FuseOps, PartitionForwardBackward
 
@@ -81,7 +82,7 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
     print(f"{name:<12s}{target:<6s} step {step_ms:8.2f}  fwd {fwd_ms:8.2f}  bwd {bwd_ms:8.2f}  SGD {sgd_ms:6.2f}  "
           f"rest (integration: bridges, autograd) {overhead:6.2f} ms = {100 * overhead / step_ms:4.1f}%")
     if target == "numpy":
-        exe = build(tp.mod)
+        exe = build_for(tp.mod, target)  # as the integration builds it (numpy: ATen's GEMMs and convolutions)
         by_kind: dict = defaultdict(float)
         per_op: dict = defaultdict(float)
         walls = []
@@ -96,13 +97,13 @@ def profile_workload(name: str, target: str, small: bool, reps: int) -> None:
               f"{100 * (wall - kernels) / wall:.1f}%; by kind: "
               + ", ".join(f"{k} {100 * v / kernels:.0f}%" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
         print(f"{'':<18s}top ops (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])[:8]))
-        fused = build(FuseOps()(tp.mod))
+        fused = build_for(FuseOps()(tp.mod), target)
         f_fwd = median_ms(lambda: fused["main_fwd"](*np_in), reps)
         f_bwd = median_ms(lambda: fused["main_bwd"](*res, ct), reps)
         print(f"{'':<18s}with FuseOps: fwd {f_fwd:.2f} bwd {f_bwd:.2f} ms (vs {fwd_ms:.2f} {bwd_ms:.2f})")
         mc = PartitionForwardBackward("main_grad", policy="min_cut")(tp.mod)
         sa, mcb = saved_bytes(tp.mod, "main_fwd"), saved_bytes(mc, "main_fwd")
-        mexe = build(mc)
+        mexe = build_for(mc, target)
         m_fwd = median_ms(lambda: mexe["main_fwd"](*np_in), reps)
         _, mres = mexe["main_fwd"](*np_in)
         m_bwd = median_ms(lambda: mexe["main_bwd"](*mres, ct), reps)
