@@ -42,6 +42,32 @@ def test_where_with_a_zero_branch_matches_np_where_bitwise(dtype, shapes):
         assert np.array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("cs, xs", [((2, 3, 4, 5), (2, 3, 4, 5)), ((4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 5))])
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_where_against_a_zero_constant_on_torch_matches_np_where_bitwise(dtype, cs, xs, zero):
+    """The torch target's select against a +0.0 constant (a bitwise AND with the condition) gives np.where's bits,
+    NaN and inf included, in any memory layout; against -0.0 it is an ordinary where."""
+    torch = pytest.importorskip("torch")
+    import pullback as pb
+
+    c = RNG.standard_normal(cs) > 0
+    x = _specials(dtype, xs)
+    z = pb.const(np.full((), zero, dtype))
+    cv, xv = pb.var("c", shape=cs, dtype="bool"), pb.var("x", shape=xs, dtype=dtype)
+    for keep_true in (True, False):
+        body = pb.op.where(cv, xv, z) if keep_true else pb.op.where(cv, z, xv)
+        exe = pb.build(pb.Function([cv, xv], body), target="torch")["main"]
+        want = np.where(c, x, np.array(zero, dtype)) if keep_true else np.where(c, np.array(zero, dtype), x)
+        xt = torch.from_numpy(x.copy())
+        ct = torch.from_numpy(c.copy())
+        for layout in (torch.contiguous_format, torch.channels_last):
+            xl = xt.contiguous(memory_format=layout) if xt.dim() == 4 else xt
+            got = exe(ct, xl).numpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(_bits(got), _bits(want)), (keep_true, layout)
+
+
 def test_select_or_zero_writes_into_a_strided_out():
     g = _specials(np.float32, (3, 4))
     hit = RNG.standard_normal((3, 4)) > 0

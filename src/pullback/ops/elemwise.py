@@ -279,7 +279,7 @@ class ClipAttrs:
 def _clip_grad(c: Call, g: Expr):
     x = c.args[0]
     inside = logical_and(greater_equal(x, _cl(c.attrs.a_min, x)), less_equal(x, _cl(c.attrs.a_max, x)))
-    return [where(inside, g, T.zeros_like(g))]
+    return [where(inside, g, _cl(0, g))]  # a 0-d zero: no zeros tensor to fill, a select-or-zero kernel
 
 
 def _clip(xp, x, a):
@@ -457,7 +457,7 @@ def _infer_where(arg_types, attrs):
 
 def _where_grad(call: Call, g: Expr):
     c, x, y = call.args
-    zero = T.zeros_like(g)
+    zero = _cl(0, g)  # 0-d: g has the result's shape, so each select keeps it
     return [None, unbroadcast(where(c, g, zero), x), unbroadcast(where(c, zero, g), y)]
 
 
