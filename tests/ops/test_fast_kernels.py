@@ -68,6 +68,29 @@ def test_where_against_a_zero_constant_on_torch_matches_np_where_bitwise(dtype, 
             assert np.array_equal(_bits(got), _bits(want)), (keep_true, layout)
 
 
+@pytest.mark.parametrize("shape", [(4, 6, 5, 7), (2, 3, 1, 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_global_average_pool_gradient_on_torch_is_eagers_as_a_view(shape, channels_last):
+    """adaptive_avg_pool2d_grad to a 1x1 output on torch: eager autograd's gradient of ``adaptive_avg_pool2d(x, 1)``
+    (a mean) exactly, as a broadcast view of the output gradient (no filled tensor)."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+
+    x = torch.randn(shape, dtype=torch.float32)
+    g = torch.randn(shape[:-2] + (1, 1), dtype=torch.float32)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    op = get_op("nn.adaptive_avg_pool2d_grad")
+    got = op.impl("torch")(g, x, op.make_attrs(output_size=(1, 1)))
+    xr = x.clone().requires_grad_(True)
+    torch.nn.functional.adaptive_avg_pool2d(xr, 1).backward(g)
+    assert got.shape == xr.grad.shape and torch.equal(got, xr.grad)
+    torch.testing.assert_close(got, torch.ops.aten._adaptive_avg_pool2d_backward(g, x), rtol=1e-6, atol=0)
+    assert shape[-2:] == (1, 1) or got.stride()[-2:] == (0, 0)
+    np.testing.assert_allclose(got.numpy(), op.impl("numpy")(g.numpy(), x.numpy(), op.make_attrs(output_size=(1, 1))),
+                               rtol=1e-6, atol=0)
+
+
 def test_select_or_zero_writes_into_a_strided_out():
     g = _specials(np.float32, (3, 4))
     hit = RNG.standard_normal((3, 4)) > 0

@@ -697,6 +697,11 @@ def _adaptive_torch(x, a):
 def _adaptive_grad_torch(g, x, a):
     import torch
 
+    if tuple(g.shape[-2:]) == (1, 1):
+        # a global average pool, which eager computes as a mean: its gradient is eager's MeanBackward, the output
+        # gradient over the plane's size as a broadcast view, instead of a filled tensor (a CNN head's
+        # (32, 64, 32, 32): 4 ms on the 2-core bench machine)
+        return (g / (x.shape[-2] * x.shape[-1])).expand(x.shape)
     return torch.ops.aten._adaptive_avg_pool2d_backward(g, x)
 
 

@@ -92,12 +92,25 @@ def aten_kernel(call: Call) -> Optional[Callable]:
         return None
     import torch
 
-    def run(*args):
+    if call.op.name in ALLOCATING:
+        def run(*args):
+            *arrays, attrs = args
+            return fn(*[as_tensor(torch, a) for a in arrays], attrs).numpy()
+
+        return run
+
+    def run_read_only(*args):
+        # a result may be a view (a global pool's gradient broadcasts its input): read-only, as views are here
         *arrays, attrs = args
         out = fn(*[as_tensor(torch, a) for a in arrays], attrs)
-        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+        return tuple(_read_only(o.numpy()) for o in out) if isinstance(out, tuple) else _read_only(out.numpy())
 
-    return run
+    return run_read_only
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 __all__ = ["ATEN_OPS", "takes", "aten_kernel", "as_tensor", "autocast_off"]
