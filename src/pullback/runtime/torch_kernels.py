@@ -5,9 +5,9 @@ checks, axis normalisation, ``as_array``) cost 1-8 microseconds per call: on the
 with 170-750 operator calls per step, as much as the small kernels themselves. For a call whose
 operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
-arithmetic, comparisons and math on one float dtype, sums and means over static axes, layout
-changes to static shapes, ``nn.dense`` (``F.linear``) and the matmuls (oneDNN's inner product for
-float32 rows on the CPU), ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators
+arithmetic, comparisons and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
+AND), sums and means over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``)
+and the matmuls (oneDNN's inner product for float32 rows on the CPU), ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators
 not listed) keeps the operator's own kernel, so results are the kernel's in every case
 (``tests/runtime/test_torch_target.py`` runs the op table through this target).
 
@@ -119,14 +119,14 @@ def _where(call: Call):
     # a select against +0.0 (the gradients of clip and where): the kept branch's bits ANDed with the condition
     # as a mask, bit for bit ``where``'s result; ATen's CPU ``where`` takes 4.1-4.5 ms on 2M float32 elements,
     # this 0.7-0.9 ms (1.6-3.3 ms where the condition and the branch differ in memory layout)
-    bits, dtype, on_false = getattr(torch, _BITS[out.dtype]), getattr(torch, out.dtype), keep == 1
+    bits, dtype, zero_on_false = getattr(torch, _BITS[out.dtype]), getattr(torch, out.dtype), keep == 1
 
     def select_or_zero(c, x, y, attrs=None):
-        v = x if on_false else y
+        v = x if zero_on_false else y
         if not v.is_cpu:
             return where(c, x, y)
         mask = c.to(bits)
-        mask = mask.neg_() if on_false else mask.sub_(1)  # all ones where v is kept
+        mask = mask.neg_() if zero_on_false else mask.sub_(1)  # all ones where v is kept
         return torch.bitwise_and(v.view(bits), mask).view(dtype)
 
     return select_or_zero
