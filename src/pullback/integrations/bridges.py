@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..ir.types import TensorType, is_inexact
+from ..runtime import build
 from ..runtime.tuning import CoreHandover
 
 
@@ -258,8 +259,6 @@ BRIDGES = {"torch": TorchBridge, "numpy": NumpyBridge, "jax": JaxBridge}
 
 def build_for(mod, target: str):
     """``mod`` built for ``target`` with the integration's options of that target (``Bridge.build_options``)."""
-    from ..runtime import build
-
     return build(mod, target=target, **BRIDGES[target].build_options)
 
 

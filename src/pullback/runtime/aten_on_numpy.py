@@ -10,8 +10,8 @@ has each pool's spinning workers steal the cores from the other's. Measured on t
 (ResNet-18 layout, batch 16, training step through the integration): ATen convolutions and pooling with
 NumPy's GEMMs 113-116 ms, the same with ATen's GEMMs too 51 ms, NumPy alone 72 ms.
 
-A ``torch.autocast`` region around a call does not reach the kernels (``autocast_off``, as on the torch
-target). Only calls whose tensors are all float32 or float64 take ATen's kernel, that of the torch target (its
+A ``torch.autocast`` region around a call does not reach the kernels (``torch_kernels.autocast_off``, as on
+the torch target). Only calls whose tensors are all float32 or float64 take ATen's kernel, that of the torch target (its
 direct ATen call, ``torch_kernels.fast_kernel``, or the operator's torch override); the rest (other dtypes,
 a matmul with a ``?`` dimension, operators not listed) run the operator's NumPy kernel.
 """
@@ -74,17 +74,6 @@ def as_tensor(torch, a: np.ndarray):
     return torch.from_numpy(a)
 
 
-def autocast_off(device_type: str = "cpu"):
-    """A context turning a ``torch.autocast`` region of ``device_type`` off while kernels run, or None when no
-    region is open: a program computes in the dtypes of its types (an autocast ``F.linear`` would return
-    bfloat16 where the program says float32, and a backward would then mix the two)."""
-    import torch
-
-    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return None
-
-
 def aten_kernel(call: Call) -> Optional[Callable]:
     """``fn(*arrays, attrs)`` running ``call`` with ATen's kernel on NumPy arrays, or None (not ``takes``)."""
     fn = _torch_kernel(call)
@@ -113,4 +102,4 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
-__all__ = ["ATEN_OPS", "takes", "aten_kernel", "as_tensor", "autocast_off"]
+__all__ = ["ATEN_OPS", "takes", "aten_kernel", "as_tensor"]

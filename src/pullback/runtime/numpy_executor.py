@@ -20,9 +20,10 @@ from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
 from ..ir.types import FLOAT_DTYPES, TensorType
-from .aten_on_numpy import ALLOCATING, aten_kernel, autocast_off, takes
+from .aten_on_numpy import ALLOCATING, aten_kernel, takes
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
+from .torch_kernels import autocast_off
 from .tuning import BlasThreads, keep_freed_memory
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from ..ir.expr import Call, Constant
 from ..ir.types import FLOAT_DTYPES, TensorType
+from ..ops.common import broadcast_shapes
 from ..ops.nn import dense_in_memory_order
 
 torch = None  # set by _load()
@@ -114,7 +115,8 @@ def _where(call: Call):
         return None
     where = torch.where
     keep = 2 if _plus_zero(call.args[1]) else 1 if _plus_zero(call.args[2]) else None
-    if keep is None or not _static(out) or _broadcast(c.shape, call.args[keep].checked_type.shape) != tuple(out.shape):
+    kept = None if keep is None else call.args[keep].checked_type
+    if kept is None or not _static(out) or broadcast_shapes("where", (), c.shape, kept.shape) != tuple(out.shape):
         return lambda c, x, y, attrs=None: where(c, x, y)
     # a select against +0.0 (the gradients of clip and where): the kept branch's bits ANDed with the condition
     # as a mask, bit for bit ``where``'s result; ATen's CPU ``where`` takes 4.1-4.5 ms on 2M float32 elements,
@@ -132,11 +134,6 @@ def _where(call: Call):
     return select_or_zero
 
 
-def _broadcast(*shapes) -> Optional[tuple]:
-    try:
-        return tuple(torch.broadcast_shapes(*shapes))
-    except (RuntimeError, TypeError):
-        return None
 
 
 def _reduce_axes(call: Call) -> Optional[tuple]:
@@ -284,6 +281,17 @@ ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "sum", "mean", "coll
                         "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
 
 
+def autocast_off(device_type: str = "cpu"):
+    """A context turning a ``torch.autocast`` region of ``device_type`` off while kernels run, or None when no
+    region is open: a program computes in the dtypes of its types (an autocast ``F.linear`` would return
+    bfloat16 where the program says float32, and a backward would then mix the two)."""
+    import torch
+
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return None
+
+
 def fast_kernel(call: Call) -> Optional[Callable]:
     """The direct ATen call for ``call`` (``fn(*tensors, attrs)``), or None to use the op's kernel."""
     make = MAKERS.get(call.op.name)
@@ -315,4 +323,4 @@ def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     return lambda a, b, attrs=None: f(a, b, out=b)
 
 
-__all__ = ["fast_kernel", "allocates", "inplace_kernel"]
+__all__ = ["fast_kernel", "allocates", "inplace_kernel", "autocast_off"]

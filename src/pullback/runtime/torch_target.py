@@ -24,8 +24,7 @@ from ..ir.errors import ExecutionError, PullbackError
 from ..ir.module import IRModule
 from ..ops.registry import array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
-from .aten_on_numpy import autocast_off
-from .torch_kernels import allocates, fast_kernel, inplace_kernel
+from .torch_kernels import allocates, autocast_off, fast_kernel, inplace_kernel
 from .values import to_numpy
 
 
