@@ -206,6 +206,28 @@ def test_an_input_written_in_place_after_a_differentiable_gradient_that_does_not
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
+def test_a_wgan_gp_critic_step_equals_eager(target):
+    """A convolutional critic with ReLU6, LeakyReLU and a global average pool under WGAN-GP's penalty on its input
+    gradient (autograd.grad w.r.t. the interpolated input alone), the parameters' gradients side by side."""
+    torch.manual_seed(0)
+    model, (x,) = SECOND_ORDER_MODELS["relu6_leaky"]()
+    model = model.double()
+    real, fake = x.double(), torch.randn(2, 2, 6, 6, dtype=F64)
+    compiled = pb_compile(model, (real,), target=target)
+    grads = []
+    for m in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        alpha = torch.full((2, 1, 1, 1), 0.3, dtype=F64)
+        xi = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+        (g,) = torch.autograd.grad(m(xi).sum(), xi, create_graph=True)
+        loss = m(fake).mean() - m(real).mean() + 10 * ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert sum(bool(b.abs().max() > 0) for b in grads[1]) >= 5  # all but the last bias, which the loss cancels
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
 def test_vjp_module_takes_flat_cotangents_and_returns_the_gradients():
     x, y = pb.var("x", shape=(2,)), pb.var("y", shape=(2,))
     mod = pb.IRModule.from_expr(pb.Function([x, y], pb.Tuple([pb.op.tanh(x), pb.op.multiply(x, y)])))
@@ -242,6 +264,10 @@ SECOND_ORDER_MODELS = {
     "upsampling": lambda: (nn.Sequential(nn.ConvTranspose2d(2, 3, 2, stride=2), nn.Upsample(scale_factor=2, mode="bilinear"),
                                          nn.ELU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(48, 2)), [torch.randn(2, 2, 2, 2)]),
     "gru": lambda: (nn.GRU(3, 4, batch_first=True), [torch.randn(2, 5, 3)]),
+    # clip's and leaky_relu's gradients (a select against zero, leaky_relu_grad), a global average pool's (a view)
+    "relu6_leaky": lambda: (nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU6(), nn.Conv2d(4, 4, 3, padding=1),
+                                          nn.LeakyReLU(0.2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)),
+                            [5 * torch.randn(2, 2, 6, 6)]),
     "bert": _bert,  # embeddings, GELU, layer norm, dropout in training, the pooler's tanh
 }
 
