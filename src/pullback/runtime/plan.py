@@ -30,9 +30,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from ..ir.errors import ExecutionError
-from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, set_span, set_type
 from ..ir.scope import Scope, ScopeInfo, ancestor_at
-from ..ir.traversal import post_order
+from ..ir.traversal import post_order, transform
 from ..ops.registry import OpDef
 from ..ir.gc_pause import gc_paused
 from .fused import group_label
@@ -330,12 +330,42 @@ def _returned_constants(body: Expr) -> list:
     return out
 
 
+def share_reshape_sources(body: Expr, order: list) -> Expr:
+    """``body`` (without ``If``; its nodes are ``order``) with every ``reshape`` of a value that an earlier
+    ``reshape`` also reads rewritten to reshape that earlier result: the same elements in the same order, so
+    where the value is not contiguous its one copy serves both (the backward of attention's in-projection copied
+    its transposed gradient twice, for the weight's GEMM and for the bias's sum). ``body`` itself if none."""
+    first: dict = {}  # a reshaped value -> the first reshape of it
+    later: dict = {}  # id of a later reshape -> the first one
+    for n in order:
+        if type(n) is Call and getattr(n.op, "name", None) == "reshape" and 0 not in n.attrs.newshape:
+            r = first.setdefault(n.args[0], n)  # (a 0 in newshape copies a dim of the reshaped value: kept as is)
+            if r is not n:
+                later[id(n)] = r
+    if not later:
+        return body
+    memo: dict = {}
+
+    def reread(old: Expr, new: Expr) -> Optional[Expr]:
+        r = later.get(id(old))
+        if r is None:
+            return None
+        call = Call(old.op, [memo[id(r)]], old.attrs)
+        set_type(call, old.checked_type)
+        set_span(call, old.span)
+        return call
+
+    return transform(body, reread, memo=memo)
+
+
 def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list, frozenset]:
     where = f"@{name}"
     body = fn.body
     order = post_order(body)
-    slot, template = _assign_slots(fn, order, where, target.constant)
     branching = any(type(n) is If for n in order)
+    if not branching and (shared := share_reshape_sources(body, order)) is not body:
+        body, order = shared, post_order(shared)
+    slot, template = _assign_slots(fn, order, where, target.constant)
     scopes = ScopeInfo(body, order) if branching else _RootOnly(order)
     reuse = buffer_reuse(order, body, target) if not branching and target.reuses_buffers else {}
     root = scopes.root
