@@ -123,6 +123,8 @@ ACTIVATIONS = [
 
 LINEAR = (
     [case("nn.dense", normal(*xs), normal(4, xs[-1]), torch=F("linear")) for xs in [(3, 5), (2, 3, 5), (5,)]]
+    + [case("nn.linear", normal(*xs), normal(4, xs[-1]), normal(4), torch=F("linear"), id=f"linear-{len(xs)}d")
+       for xs in [(3, 5), (2, 3, 5), (5,)]]
     + [case("nn.matmul", normal(*((4, 3) if ta else (3, 4))), normal(*((5, 4) if tb else (4, 5))),
             attrs=dict(transpose_a=ta, transpose_b=tb), torch=matmul_torch(ta, tb), id=f"matmul-ta{ta}-tb{tb}")
        for ta in (False, True) for tb in (False, True)]

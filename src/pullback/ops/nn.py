@@ -271,22 +271,25 @@ threshold_grad = defop(
 # ------------------------------------------------------------------ dense
 
 
-def _dense_infer(arg_types, attrs):
-    x = tensor_arg("nn.dense", arg_types, 0)
-    w = tensor_arg("nn.dense", arg_types, 1)
-    same_dtype("nn.dense", arg_types)
+def _dense_infer(arg_types, attrs, name: str = "nn.dense"):
+    x = tensor_arg(name, arg_types, 0)
+    w = tensor_arg(name, arg_types, 1)
+    same_dtype(name, arg_types)
     if x.ndim < 1 or w.ndim != 2:
-        raise type_error("nn.dense", arg_types, "expects data of rank >= 1 and a weight of rank 2 (units, in_features)")
+        raise type_error(name, arg_types, "expects data of rank >= 1 and a weight of rank 2 (units, in_features)")
     k, kw = x.shape[-1], w.shape[1]
     if isinstance(k, int) and isinstance(kw, int) and k != kw:
-        raise type_error("nn.dense", arg_types, f"in_features differ: data has {k}, weight has {kw}")
+        raise type_error(name, arg_types, f"in_features differ: data has {k}, weight has {kw}")
     return TensorType(x.shape[:-1] + (w.shape[0],), x.dtype)
 
 
 def _dense_grad(call: Call, g: Expr):
+    return dense_grads(call.args[0], call.args[1], g)
+
+
+def dense_grads(x: Expr, w: Expr, g: Expr) -> list:
     """dx = dense(g, w^T); dw = dense(g2^T, x2^T) with the leading dims of g and x flattened
     (by reshape when the sizes are static, else by moving the last axis first and batch_flatten)."""
-    x, w = call.args
     xt = x.checked_type
     gx = dense(g, T.transpose(w, (1, 0)))
     units, k = w.checked_type.shape[0], xt.shape[-1]
@@ -340,6 +343,49 @@ dense = defop(
     pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=_dense_flops,
     torch_name="linear",
+)
+
+# ------------------------------------------------------------------ linear: dense plus a bias
+
+
+def _linear_infer(arg_types, attrs):
+    out = _dense_infer(arg_types[:2], attrs, "nn.linear")
+    b = tensor_arg("nn.linear", arg_types, 2)
+    units = out.shape[-1]
+    if b.dtype != out.dtype or b.ndim != 1 or b.shape[0] is not Any and units is not Any and b.shape[0] != units:
+        raise type_error("nn.linear", arg_types, f"the bias must be a {out.dtype} vector of the {units} units")
+    return out
+
+
+def _linear_numpy(x, w, b, attrs=None):
+    y = dense_in_memory_order(x, w)  # new memory (a view of it in x's axis order)
+    y += b
+    return y
+
+
+def linear_rows(x, w, b, attrs=None):
+    """``nn.linear`` on torch tensors: ``F.linear`` (addmm) on matrices, else the GEMM in x's memory order plus
+    the bias in place (the GEMM's result is new memory)."""
+    if x.ndim <= 2:
+        import torch.nn.functional as F
+
+        return F.linear(x, w, b)
+    return dense_in_memory_order(x, w).add_(b)
+
+
+linear = defop(
+    "nn.linear",
+    3,
+    _linear_infer,
+    kernel=lambda xp, x, w, b, attrs=None: xp.matmul(x, w.T) + b,
+    impls={"numpy": _linear_numpy, "torch": linear_rows},
+    grad=lambda c, g: [*dense_grads(c.args[0], c.args[1], g), T.collapse_sum_like(g, c.args[2])],
+    pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
+    flops=lambda ts, out, attrs: _dense_flops(ts, out, attrs) + numel(out.shape),
+    torch_name="linear",
+    doc="``dense(data, weight) + bias`` (PyTorch's ``F.linear``) in one kernel: a bias vector of the units "
+        "added to each row as the GEMM writes it (oneDNN's and MKL's epilogue on torch). The executors run "
+        "a ``dense`` whose one use adds such a bias as this operator (``runtime.plan``).",
 )
 
 # ------------------------------------------------------------------ bias_add

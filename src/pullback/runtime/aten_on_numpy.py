@@ -27,7 +27,7 @@ from ..ir.types import TensorType, TupleType
 from .torch_kernels import fast_kernel
 
 ATEN_DTYPES = frozenset({"float32", "float64"})
-GEMMS = frozenset({"nn.dense", "nn.matmul", "nn.batch_matmul"})
+GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
 CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
 ATEN_OPS = GEMMS | CONVOLUTIONS | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",

@@ -33,7 +33,7 @@ from .tuning import BlasThreads, keep_freed_memory
 QUIET_UFUNC_OPS = frozenset({"add", "subtract", "multiply", "divide", "power", "maximum", "minimum"})
 UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square", "reciprocal", "sin", "cos",
                        "log1p", "log2"})
-MATMUL_OPS = frozenset({"nn.dense", "nn.batch_matmul", "nn.matmul"})  # np.matmul: a new array
+MATMUL_OPS = frozenset({"nn.dense", "nn.linear", "nn.batch_matmul", "nn.matmul"})  # np.matmul: a new array
 
 
 def _array_type(t) -> bool:

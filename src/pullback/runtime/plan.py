@@ -11,6 +11,12 @@ branch range as a function of its own instead, see ``evaluator``). Each
 instruction carries the slots whose last use it is (``frees``); the loop sets
 them to None right after it.
 
+Before slots are assigned, a body without ``If`` is lowered for execution (the
+values stay those of the body as written): a reshape of a value that an earlier
+reshape reads reshapes that result instead, so a transposed value is copied
+once (``share_reshape_sources``), and a GEMM of rows whose one use adds a bias
+vector runs as ``nn.linear`` (``fuse_bias_adds``).
+
 Instruction layouts (``node`` is the IR node, for errors and checks)::
 
     (CALL1, kernel, attrs, a0, out, frees, node)
@@ -33,7 +39,9 @@ from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, set_span, set_type
 from ..ir.scope import Scope, ScopeInfo, ancestor_at
 from ..ir.traversal import post_order, transform
-from ..ops.registry import OpDef
+from ..ops import layout as T
+from ..ops.registry import OpDef, get_op
+from ..ir.types import TensorType
 from ..ir.gc_pause import gc_paused
 from .fused import group_label
 
@@ -350,12 +358,96 @@ def share_reshape_sources(body: Expr, order: list) -> Expr:
         r = later.get(id(old))
         if r is None:
             return None
-        call = Call(old.op, [memo[id(r)]], old.attrs)
-        set_type(call, old.checked_type)
-        set_span(call, old.span)
-        return call
+        return _typed_like(old, Call(old.op, [memo[id(r)]], old.attrs))
 
     return transform(body, reread, memo=memo)
+
+
+def _rows_gemm(e: Expr) -> bool:
+    """Is ``e`` a GEMM of rows by a weight matrix: ``nn.dense``, or ``nn.matmul`` of data (rank >= 2, not
+    transposed) by a matrix (``x @ w``: GPT-2's ``Conv1D``, ``addmm``)?"""
+    if type(e) is not Call:
+        return False
+    name = getattr(e.op, "name", None)
+    if name == "nn.dense":
+        return True
+    return (name == "nn.matmul" and not e.attrs.transpose_a and e.args[0].checked_type.ndim >= 2
+            and e.args[1].checked_type.ndim == 2)
+
+
+def _linear_args(gemm: Call, x: Expr, w: Expr) -> tuple:
+    """``(data, weight)`` of ``gemm`` (``_rows_gemm``, its operands now ``x``, ``w``) as ``nn.linear`` takes them."""
+    if gemm.op.name == "nn.matmul" and not gemm.attrs.transpose_b:
+        w = T.transpose(w, (1, 0))  # a view on NumPy and torch; oneDNN takes the transposed weight as it is
+        w.checked_type  # noqa: B018 - typed now: the kernels are chosen by type
+    return x, w
+
+
+def _bias_of(add: Call, dense: Expr, uses: dict) -> Optional[Expr]:
+    """The bias ``add`` adds to ``dense`` when ``dense`` is a GEMM of rows (``_rows_gemm``) whose one use is
+    ``add`` and the other operand is a vector of its units in its dtype (the result keeps the GEMM's type),
+    else None."""
+    if uses.get(dense) != 1 or not _rows_gemm(dense):
+        return None
+    if add.op.name == "nn.bias_add":
+        if add.args[0] is not dense or add.attrs.axis not in (-1, dense.checked_type.ndim - 1):
+            return None
+        b = add.args[1]
+    else:
+        b = add.args[1] if add.args[0] is dense else add.args[0]
+    t, bt = dense.checked_type, b.checked_type
+    if not (isinstance(bt, TensorType) and bt.ndim == 1 and bt.dtype == t.dtype and bt.shape[0] == t.shape[-1]
+            and isinstance(bt.shape[0], int) and add.checked_type == t):
+        return None
+    return b
+
+
+def fuse_bias_adds(body: Expr, order: list) -> Expr:
+    """``body`` (without ``If``; its nodes are ``order``) with each ``add`` / ``nn.bias_add`` of a bias vector
+    to a GEMM of rows used nowhere else (``_rows_gemm``) as one ``nn.linear`` (the GEMM writes its rows with the
+    bias: one pass over the result less); ``body`` itself if none."""
+    uses: dict = {body: 1}
+    for n in order:
+        for c in _operands(n):
+            uses[c] = uses.get(c, 0) + 1
+    fused: dict = {}  # id(add) -> (dense, bias)
+    for n in order:
+        if type(n) is Call and getattr(n.op, "name", None) in ("add", "nn.bias_add"):
+            for d in n.args:
+                b = _bias_of(n, d, uses)
+                if b is not None:
+                    fused[id(n)] = (d, b)
+                    break
+    if not fused:
+        return body
+    memo: dict = {}
+    linear = get_op("nn.linear")
+
+    def fuse(old: Expr, new: Expr) -> Optional[Expr]:
+        if id(old) not in fused:
+            return None
+        d, b = fused[id(old)]
+        x, w = _linear_args(d, *(memo.get(id(a), a) for a in d.args))
+        return _typed_like(old, Call(linear, [x, w, memo.get(id(b), b)]))
+
+    return transform(body, fuse, memo=memo)
+
+
+def _typed_like(old: Expr, new: Expr) -> Expr:
+    """``new`` with ``old``'s type and source span (a lowering that computes the same value)."""
+    set_type(new, old.checked_type)
+    set_span(new, old.span)
+    return new
+
+
+def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
+    """``body`` and its post-order after the plan's lowerings (bodies without ``If``): reshapes sharing their
+    source's copy, dense + bias as ``nn.linear``."""
+    for lower in (share_reshape_sources, fuse_bias_adds):
+        new = lower(body, order)
+        if new is not body:
+            body, order = new, post_order(new)
+    return body, order
 
 
 def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list, frozenset]:
@@ -363,8 +455,8 @@ def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], t
     body = fn.body
     order = post_order(body)
     branching = any(type(n) is If for n in order)
-    if not branching and (shared := share_reshape_sources(body, order)) is not body:
-        body, order = shared, post_order(shared)
+    if not branching:
+        body, order = _lowered(body, order)
     slot, template = _assign_slots(fn, order, where, target.constant)
     scopes = ScopeInfo(body, order) if branching else _RootOnly(order)
     reuse = buffer_reuse(order, body, target) if not branching and target.reuses_buffers else {}

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from ..ir.expr import Call, Constant
 from ..ir.types import FLOAT_DTYPES, TensorType
 from ..ops.common import broadcast_shapes
-from ..ops.nn import dense_in_memory_order
+from ..ops.nn import dense_in_memory_order, linear_rows
 
 torch = None  # set by _load()
 
@@ -210,17 +210,25 @@ _ONEDNN_MIN_WEIGHT = 256 * 256
 
 
 def _rows_times(call: Call, base: Callable, weight: Callable) -> Callable:
-    """``base`` (``fn(x, y, attrs)``, a GEMM of x's rows) with row-major float32 CPU rows sent to oneDNN as
-    ``x @ weight(y).T``. On this machine oneDNN runs the forward and input-gradient GEMMs of the bench's layers
-    at 185-210 GFLOP/s where MKL's sgemm gives 135-190 (bench/torch_train.py). A transposed x (a weight
-    gradient's dY.T) stays with MKL: oneDNN would reorder it first (~90 GFLOP/s). Small weights (K * N under
-    256 x 256) stay with MKL too: oneDNN's ~20 us per call doubles a 32 x 512 x 10 classifier (K = 0 has no
-    primitive at all)."""
+    """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows) with
+    row-major float32 CPU rows sent to oneDNN as ``x @ weight(y).T (+ bias)``. On this machine oneDNN runs the
+    forward and input-gradient GEMMs of the bench's layers at 185-210 GFLOP/s where MKL's sgemm gives 135-190
+    (bench/torch_train.py), and adds a bias as it writes the rows (0.03-0.13 ms less than a separate add on a
+    (1024, 256..1024) result). A transposed x (a weight gradient's dY.T) stays with MKL: oneDNN would reorder it
+    first (~90 GFLOP/s). Small weights (K * N under 256 x 256) stay with MKL too: oneDNN's ~20 us per call
+    doubles a 32 x 512 x 10 classifier (K = 0 has no primitive at all)."""
     k, n = call.args[0].checked_type.shape[-1], call.checked_type.shape[-1]
     big = isinstance(k, int) and isinstance(n, int) and k * n >= _ONEDNN_MIN_WEIGHT
     onednn = _onednn_linear() if call.checked_type.dtype == "float32" and big else None
     if onednn is None:
         return base
+    if len(call.args) == 3:
+        def gemm_bias(x, y, b, attrs=None):
+            if x.is_contiguous() and x.is_cpu:
+                return onednn(x, weight(y), b, "none", [], "")
+            return base(x, y, b)
+
+        return gemm_bias
 
     def gemm(x, y, attrs=None):
         if x.is_contiguous() and x.is_cpu:
@@ -239,6 +247,12 @@ def _dense(call: Call):
         linear = torch.nn.functional.linear
         base = lambda x, w, attrs=None: linear(x, w)  # noqa: E731
     return _rows_times(call, base, lambda w: w)
+
+
+def _linear(call: Call):
+    if _float_args(call) is None:
+        return None
+    return _rows_times(call, linear_rows, lambda w: w)
 
 
 def _matmul(call: Call):
@@ -273,11 +287,11 @@ def _init(fn: str):
 MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
                 "where": _where, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
-                "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense,
+                "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
-ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "sum", "mean", "collapse_sum_to", "nn.dense",
+ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "sum", "mean", "collapse_sum_to", "nn.dense", "nn.linear",
                         "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
 
 

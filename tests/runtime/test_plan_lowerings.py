@@ -1,0 +1,152 @@
+"""The plan's lowerings (``runtime.plan``), on every target with the same results as the body as written:
+
+- reshapes of one value share its copy (``share_reshape_sources``): a later reshape of a value an earlier
+  reshape reads reshapes that earlier result instead;
+- a dense whose one use adds a bias vector runs as ``nn.linear`` (``fuse_bias_adds``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import Function, IRModule, Tuple, op, var
+from pullback.ir.traversal import post_order
+from pullback.runtime.plan import fuse_bias_adds, share_reshape_sources
+
+TARGETS = ["numpy", "torch", "jax"]
+
+
+def _two_reshapes_of_a_transpose(second=(6, 4, 8)):
+    x = var("x", shape=(4, 6, 8))
+    t = op.transpose(x, (1, 0, 2))  # not contiguous: each reshape of it to rows copies
+    return Function([x], Tuple([op.reshape(t, (24, 8)), op.sum(op.reshape(t, second), axis=0)])), x
+
+
+def test_the_second_reshape_reads_the_first():
+    f, _ = _two_reshapes_of_a_transpose()
+    body = share_reshape_sources(f.body, post_order(f.body))
+    first, summed = body.fields
+    second = summed.args[0]
+    assert second.args[0] is first and second.attrs.newshape == (6, 4, 8)
+    assert second.checked_type == f.body.fields[1].args[0].checked_type
+    assert share_reshape_sources(body, post_order(body)) is body  # nothing left to share
+
+
+def test_a_reshape_copying_a_dim_of_its_operand_is_kept():
+    f, _ = _two_reshapes_of_a_transpose(second=(0, 4, 8))  # 0: the operand's dim 0, which differs between the two
+    assert share_reshape_sources(f.body, post_order(f.body)) is f.body
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_results_are_those_of_each_reshape_of_the_value(target):
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    f, _ = _two_reshapes_of_a_transpose()
+    x = np.random.default_rng(0).standard_normal((4, 6, 8)).astype("float32")
+    keep = x.copy()
+    rows, sums = pb.build(IRModule.from_expr(f), target=target)["main"](x)
+    t = x.transpose(1, 0, 2)
+    np.testing.assert_array_equal(np.asarray(rows), t.reshape(24, 8))
+    np.testing.assert_allclose(np.asarray(sums), t.reshape(6, 4, 8).sum(0), rtol=1e-6)
+    np.testing.assert_array_equal(x, keep)
+
+
+def test_the_torch_target_copies_the_value_once():
+    torch = pytest.importorskip("torch")
+    x = var("x", shape=(4, 6, 8))
+    t = op.transpose(x, (1, 0, 2))
+    f = Function([x], Tuple([op.reshape(t, (24, 8)), op.reshape(t, (6, 32))]))
+    a, b = pb.build(IRModule.from_expr(f), target="torch")["main"](torch.randn(4, 6, 8))
+    assert a.data_ptr() == b.data_ptr()  # before: two copies of the transposed value
+    assert torch.equal(a.reshape(6, 32), b)
+
+
+# ---------------------------------------------------------------- dense + bias
+
+
+def _ops(body) -> list:
+    return [n.op.name for n in post_order(body) if hasattr(n, "op")]
+
+
+def _dense_plus(kind: str, x, w, b):
+    d = op.nn.dense(x, w)
+    if kind == "add":
+        return op.add(d, b)
+    if kind == "add-bias-first":
+        return op.add(b, d)
+    return op.nn.bias_add(d, b, axis=-1)
+
+
+@pytest.mark.parametrize("kind", ["add", "add-bias-first", "bias_add"])
+def test_a_dense_plus_its_bias_becomes_one_linear(kind):
+    x, w, b = var("x", shape=(2, 3, 5)), var("w", shape=(4, 5)), var("b", shape=(4,))
+    f = Function([x, w, b], op.tanh(_dense_plus(kind, x, w, b)))
+    body = fuse_bias_adds(f.body, post_order(f.body))
+    assert _ops(body) == ["nn.linear", "tanh"]
+    assert body.args[0].checked_type == f.body.args[0].checked_type
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_matmul_by_a_matrix_plus_its_bias_becomes_one_linear(target):
+    """GPT-2's Conv1D: ``addmm(bias, x, w)`` with w of shape (in, out)."""
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    x, w, b = (var(n, shape=s, dtype="float64") for n, s in (("x", (6, 5)), ("w", (5, 4)), ("b", (4,))))
+    f = Function([x, w, b], op.add(b, op.nn.matmul(x, w)))
+    assert _ops(fuse_bias_adds(f.body, post_order(f.body))) == ["transpose", "nn.linear"]
+    rng = np.random.default_rng(2)
+    xv, wv, bv = (rng.standard_normal(s) for s in ((6, 5), (5, 4), (4,)))
+    np.testing.assert_allclose(np.asarray(pb.build(IRModule.from_expr(f), target=target)["main"](xv, wv, bv)),
+                               xv @ wv + bv, rtol=1e-12)
+
+
+def test_a_matmul_of_transposed_data_or_batched_weights_stays():
+    x, w, b = var("x", shape=(5, 6)), var("w", shape=(5, 4)), var("b", shape=(4,))
+    f = Function([x, w, b], op.add(op.nn.matmul(x, w, transpose_a=True), b))
+    assert fuse_bias_adds(f.body, post_order(f.body)) is f.body
+    x, w = var("x", shape=(2, 6, 5)), var("w", shape=(2, 5, 4))
+    f = Function([x, w, b], op.add(op.nn.matmul(x, w), b))
+    assert fuse_bias_adds(f.body, post_order(f.body)) is f.body
+
+
+def _dense_then(then):
+    x, w, b = var("x", shape=(4, 5)), var("w", shape=(4, 5)), var("b", shape=(4,))
+    return Function([x, w, b], then(op.nn.dense(x, w), b))
+
+
+@pytest.mark.parametrize("why, f", [
+    ("the dense is used twice", _dense_then(lambda d, b: op.multiply(op.add(d, b), d))),
+    ("the dense is returned too", _dense_then(lambda d, b: Tuple([op.add(d, b), d]))),
+    ("the bias is on the rows", _dense_then(lambda d, b: op.nn.bias_add(d, b, axis=0))),
+    ("the sum is not a bias", _dense_then(lambda d, b: op.add(d, op.nn.dense(b, op.reshape(b, (1, 4)))))),
+])
+def test_other_sums_stay_as_written(why, f):
+    assert fuse_bias_adds(f.body, post_order(f.body)) is f.body, why
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(2, 3, 5), (3, 5), (5,), (16, 8, 256)])
+def test_linear_results_are_the_dense_plus_the_bias(target, shape):
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    units = 256 if shape[-1] == 256 else 4  # 256 x 256: oneDNN's GEMM with the bias on torch
+    x, w, b = var("x", shape=shape), var("w", shape=(units, shape[-1])), var("b", shape=(units,))
+    exe = pb.build(IRModule.from_expr(Function([x, w, b], op.tanh(op.add(op.nn.dense(x, w), b)))), target=target)
+    assert "nn.linear" in exe["main"].plan.dump()
+    rng = np.random.default_rng(1)
+    xv, wv, bv = (rng.standard_normal(s).astype("float32") for s in (shape, (units, shape[-1]), (units,)))
+    keep = [a.copy() for a in (xv, wv, bv)]
+    got = np.asarray(exe["main"](xv, wv, bv))
+    want = np.tanh(xv.astype("float64") @ wv.T.astype("float64") + bv)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    for a, k in zip((xv, wv, bv), keep):
+        np.testing.assert_array_equal(a, k)
+
+
+def test_a_sequence_first_view_gets_its_bias_too():
+    """attention's in-projection: a dense of a transposed input (the GEMM in memory order) plus its bias."""
+    torch = pytest.importorskip("torch")
+    x, w, b = var("x", shape=(8, 16, 256)), var("w", shape=(768, 256)), var("b", shape=(768,))
+    f = Function([x, w, b], op.add(op.nn.dense(op.transpose(x, (1, 0, 2)), w), b))
+    xv, wv, bv = torch.randn(8, 16, 256), torch.randn(768, 256), torch.randn(768)
+    got = pb.build(IRModule.from_expr(f), target="torch")["main"](xv, wv, bv)
+    want = torch.nn.functional.linear(xv.double().transpose(0, 1), wv.double(), bv.double())
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-4)
