@@ -9,14 +9,17 @@ times are comparable; with ``--rounds N`` the rows run N times, rounds interleav
 median over the rounds. Columns:
 
 - ``step ms``: median of ``--reps`` steps after warm-up; ``x eager``: its ratio to eager in this run;
+- ``x alt``: the same ratio measured inside the row's process, its steps alternating one by one with
+  eager steps of a copy of the model (``alternating_ratio``): robust to the machine's speed drifting
+  between the rows' processes, which ``x eager`` is not;
 - ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
   ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
   (NumPy and torch, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
 - ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
-  between kernels): per step, its CPU time (``time.process_time``) minus the CPU time inside the
-  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the
-  optimizer's, minus the timers' own calibrated cost; median over ``--reps`` instrumented steps, as a
-  share of the median step CPU time (``cpu ms``);
+  between kernels): the median step CPU time (``time.process_time``) minus the median CPU time inside the
+  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the optimizer's,
+  plain and instrumented steps alternating (``integration_overhead``), as a share of ``cpu ms``;
+  ``wall %``: the same on the wall clock (``time.perf_counter``), as a share of ``step ms``;
 - ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
   AD, clean-up, partition, build) to the end of the first step; for eager the first step. Under each
   workload, a line per pullback target splits it into phases (``TrainingProgram.phases``: ``export``
@@ -209,12 +212,13 @@ class KernelClock:
         self.calls += 1
         return v
 
-    def install(self, fn) -> None:
-        """Time the kernels of ``fn`` (a ``CompiledFunction``) from now on."""
+    def install(self, fn):
+        """Time the kernels of ``fn`` (a ``CompiledFunction``) until the returned function is called."""
         if hasattr(fn, "_jitted"):  # jax: the whole XLA executable is the kernel
             import jax
 
-            jitted = fn._jitted.fn
+            holder = fn._jitted
+            jitted = holder.fn
 
             def timed(*args):
                 t0 = self.clock()
@@ -223,11 +227,11 @@ class KernelClock:
                 self.calls += 1
                 return out
 
-            fn._jitted.fn = timed
-            return
+            holder.fn = timed
+            return lambda: setattr(holder, "fn", jitted)
         exe = fn._exe
-        execute = exe.execute
-        exe.execute = lambda plan, args, prof=None: execute(plan, args, self)
+        exe.execute = lambda plan, args, prof=None: type(exe).execute(exe, plan, args, self)
+        return lambda: exe.__dict__.pop("execute", None)
 
 
 def timer_cost(clock, n: int = 20000) -> float:
@@ -242,15 +246,14 @@ def timer_cost(clock, n: int = 20000) -> float:
 
 
 def integration_overhead(m, step, opt, reps: int, clock) -> dict:
-    """The integration's own time per step (conversions, autograd, Python between kernels): per step, its
-    time minus its kernels' and the optimizer's, minus the timers' own cost (two clock reads per kernel
-    call, calibrated by ``timer_cost``); medians over ``reps`` instrumented steps."""
+    """The integration's own time per step (conversions, autograd, Python between kernels): the median step
+    minus the median time inside its kernels and the optimizer. Plain steps alternate with instrumented ones
+    (every kernel call timed, ``KernelClock``; one clock read per call, calibrated by ``timer_cost``, taken
+    off), so the instrumentation's own Python is in neither figure."""
     (tp,) = m._programs.values()
-    cost = 2 * timer_cost(clock)
+    cost = timer_cost(clock)
     plain, kernels, sgd = [], [], []
     timer = KernelClock(clock)
-    for f in (tp.fwd, tp.bwd):
-        timer.install(f)
     step_sgd = opt.step
 
     def timed_sgd():
@@ -258,16 +261,20 @@ def integration_overhead(m, step, opt, reps: int, clock) -> dict:
         step_sgd()
         sgd.append(clock() - t0)
 
-    opt.step = timed_sgd
     for _ in range(reps):
-        t0, k0, n0 = clock(), timer.seconds, timer.calls
+        t0 = clock()
         step()
-        total = clock() - t0
-        kernels.append(timer.seconds - k0 + (timer.calls - n0) * cost)
-        plain.append(total)
-    opt.step = step_sgd
-    rest = [t - k - s for t, k, s in zip(plain, kernels, sgd)]
-    return {"kernels_ms": statistics.median(kernels) * 1e3, "overhead_ms": statistics.median(rest) * 1e3}
+        plain.append(clock() - t0)
+        undo = [timer.install(f) for f in (tp.fwd, tp.bwd)]
+        opt.step = timed_sgd
+        k0, n0 = timer.seconds, timer.calls
+        step()
+        kernels.append(timer.seconds - k0 - (timer.calls - n0) * cost)
+        opt.step = step_sgd
+        for u in undo:
+            u()
+    k = statistics.median(kernels)
+    return {"kernels_ms": k * 1e3, "overhead_ms": (statistics.median(plain) - k - statistics.median(sgd)) * 1e3}
 
 
 def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, threads: int, policy: str,
@@ -332,6 +339,7 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
     row["step_ms"] = statistics.median(times) * 1e3
     if config not in ("eager", "inductor"):
         row.update(integration_overhead(m, step, opt, reps, time.process_time))
+        row["wall_overhead_ms"] = integration_overhead(m, step, opt, reps, time.perf_counter)["overhead_ms"]
     row["cpu_ms"] = statistics.median(cpu) * 1e3
     row["peak_mb"] = _status_kb("VmHWM") / 1024 if peak_ok else None
     row["added_mb"] = (_status_kb("VmHWM") - rss0) / 1024 if peak_ok else None
@@ -345,7 +353,37 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
         (tp,) = m._programs.values()
         row["saved_mb"] = saved_bytes(tp.mod, "main_fwd") / 2**20
         row["act_mb"] = saved_bytes(tp.mod, "main_fwd", inputs=False) / 2**20
+    if config != "eager":  # after the peak: the eager twin's memory is not the row's
+        row["x_eager_alternating"] = alternating_ratio(step, model, inputs, reps, warmup)
     return row
+
+
+def alternating_ratio(step, model, inputs, reps: int, warmup: int) -> float:
+    """``step``'s median time over that of eager steps of a copy of ``model`` (its own SGD), the two
+    alternating step by step in this process: the ratio of ``x eager`` without the machine's speed drifting
+    between the rows' processes (on the 2-core bench machine eager's transformer step has measured 34 to 50 ms
+    in one run)."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=1e-4)
+
+    def eager():
+        opt.zero_grad(set_to_none=True)
+        twin(*inputs).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        eager()
+    mine, theirs = [], []
+    for _ in range(reps):
+        for f, out in ((step, mine), (eager, theirs)):
+            t = time.perf_counter()
+            f()
+            out.append(time.perf_counter() - t)
+    return statistics.median(mine) / statistics.median(theirs)
 
 
 # ------------------------------------------------------------------ the parent: one subprocess per row
@@ -436,7 +474,7 @@ def _policy_note(rows: dict, w: str, configs: list) -> str:
 
 def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None:
     best = max(rates.values())
-    head = (f"{'workload':<12s}{'config':<24s}{'step ms':>9s}{'x eager':>9s}{'x floor':>9s}{'ovh %':>7s}{'first s':>9s}"
+    head = (f"{'workload':<12s}{'config':<24s}{'step ms':>9s}{'x eager':>9s}{'x alt':>7s}{'x floor':>9s}{'ovh %':>7s}{'wall %':>7s}{'first s':>9s}"
             f"{'peak MB':>9s}{'+MB':>8s}{'saved MB':>10s}{'act MB':>8s}{'cpu ms':>9s}{'others':>8s}")
     print(head)
     print("-" * len(head))
@@ -456,7 +494,9 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             ms = r["step_ms"]
             ovh = r.get("overhead_ms")
             print(f"{w:<12s}{label:<24s}{ms:>9.2f}{_f(ms / e_ms if e_ms else None, '.2f'):>9s}"
+                  f"{_f(r.get('x_eager_alternating'), '.2f'):>7s}"
                   f"{_f(ms / floor_ms if floor_ms else None, '.2f'):>9s}{_f(100 * ovh / r['cpu_ms'] if ovh is not None else None, '.1f'):>7s}"
+                  f"{_f(100 * r['wall_overhead_ms'] / ms if 'wall_overhead_ms' in r else None, '.1f'):>7s}"
                   f"{r['first_s']:>9.2f}"
                   f"{_f(r['peak_mb'], '.0f'):>9s}{_f(r['added_mb'], '.1f'):>8s}{r['saved_mb']:>10.2f}"
                   f"{_f(r.get('act_mb'), '.2f'):>8s}{_f(r.get('cpu_ms'), '.1f'):>9s}{100 * r.get('others', 0):>7.0f}%")
@@ -464,7 +504,7 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
         if note:
             print(note)
         if flops:
-            print(f"{w:<12s}{'floor':<24s}{floor_ms:>9.2f}{_f(floor_ms / e_ms if e_ms else None, '.2f'):>9s}{1:>9.2f}"
+            print(f"{w:<12s}{'floor':<24s}{floor_ms:>9.2f}{_f(floor_ms / e_ms if e_ms else None, '.2f'):>9s}{'':>7s}{1:>9.2f}"
                   f"   {flops / 1e9:.2f} GFLOP of GEMM/conv per step at {best:.0f} GFLOP/s ({eager.get('description', '')})")
         for c in configs:
             phases = {k[len(PHASE):]: v for k, v in rows.get((w, c), {}).items() if k.startswith(PHASE)}
