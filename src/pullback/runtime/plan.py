@@ -39,10 +39,10 @@ from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, set_span, set_type
 from ..ir.scope import Scope, ScopeInfo, ancestor_at
 from ..ir.traversal import post_order, transform
-from ..ops import layout as T
-from ..ops.registry import OpDef, get_op
 from ..ir.types import TensorType
 from ..ir.gc_pause import gc_paused
+from ..ops import layout as T
+from ..ops.registry import OpDef, get_op
 from .fused import group_label
 
 if TYPE_CHECKING:
