@@ -346,40 +346,35 @@ def share_reshape_sources(body: Expr, order: list) -> Expr:
     first: dict = {}  # a reshaped value -> the first reshape of it
     later: dict = {}  # id of a later reshape -> the first one
     for n in order:
-        if type(n) is Call and getattr(n.op, "name", None) == "reshape" and 0 not in n.attrs.newshape:
+        if (type(n) is Call and getattr(n.op, "name", None) == "reshape" and 0 not in n.attrs.newshape
+                and n._checked_type is not None):
             r = first.setdefault(n.args[0], n)  # (a 0 in newshape copies a dim of the reshaped value: kept as is)
             if r is not n:
                 later[id(n)] = r
     if not later:
         return body
-    memo: dict = {}
-
-    def reread(old: Expr, new: Expr) -> Optional[Expr]:
-        r = later.get(id(old))
-        if r is None:
-            return None
-        return _typed_like(old, Call(old.op, [memo[id(r)]], old.attrs))
-
-    return transform(body, reread, memo=memo)
+    return _rewrite(body, lambda old, memo: Call(old.op, [memo[id(later[id(old)])]], old.attrs) if id(old) in later else None)
 
 
 def _rows_gemm(e: Expr) -> bool:
     """Is ``e`` a GEMM of rows by a weight matrix: ``nn.dense``, or ``nn.matmul`` of data (rank >= 2, not
     transposed) by a matrix (``x @ w``: GPT-2's ``Conv1D``, ``addmm``)?"""
-    if type(e) is not Call:
+    if type(e) is not Call or e._checked_type is None or any(a._checked_type is None for a in e.args):
         return False
     name = getattr(e.op, "name", None)
     if name == "nn.dense":
         return True
-    return (name == "nn.matmul" and not e.attrs.transpose_a and e.args[0].checked_type.ndim >= 2
-            and e.args[1].checked_type.ndim == 2)
+    return (name == "nn.matmul" and not e.attrs.transpose_a and e.args[0]._checked_type.ndim >= 2
+            and e.args[1]._checked_type.ndim == 2)
 
 
 def _linear_args(gemm: Call, x: Expr, w: Expr) -> tuple:
     """``(data, weight)`` of ``gemm`` (``_rows_gemm``, its operands now ``x``, ``w``) as ``nn.linear`` takes them."""
     if gemm.op.name == "nn.matmul" and not gemm.attrs.transpose_b:
-        w = T.transpose(w, (1, 0))  # a view on NumPy and torch; oneDNN takes the transposed weight as it is
-        w.checked_type  # noqa: B018 - typed now: the kernels are chosen by type
+        wt = T.transpose(w, (1, 0))  # a view on NumPy and torch; oneDNN takes the transposed weight as it is
+        t = w._checked_type
+        set_type(wt, TensorType(t.shape[::-1], t.dtype))
+        w = wt
     return x, w
 
 
@@ -390,14 +385,14 @@ def _bias_of(add: Call, dense: Expr, uses: dict) -> Optional[Expr]:
     if uses.get(dense) != 1 or not _rows_gemm(dense):
         return None
     if add.op.name == "nn.bias_add":
-        if add.args[0] is not dense or add.attrs.axis not in (-1, dense.checked_type.ndim - 1):
+        if add.args[0] is not dense or add.attrs.axis not in (-1, dense._checked_type.ndim - 1):
             return None
         b = add.args[1]
     else:
         b = add.args[1] if add.args[0] is dense else add.args[0]
-    t, bt = dense.checked_type, b.checked_type
+    t, bt = dense._checked_type, b._checked_type
     if not (isinstance(bt, TensorType) and bt.ndim == 1 and bt.dtype == t.dtype and bt.shape[0] == t.shape[-1]
-            and isinstance(bt.shape[0], int) and add.checked_type == t):
+            and isinstance(bt.shape[0], int) and add._checked_type == t):
         return None
     return b
 
@@ -420,24 +415,35 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
                     break
     if not fused:
         return body
-    memo: dict = {}
     linear = get_op("nn.linear")
 
-    def fuse(old: Expr, new: Expr) -> Optional[Expr]:
+    def fuse(old: Expr, memo: dict) -> Optional[Expr]:
         if id(old) not in fused:
             return None
         d, b = fused[id(old)]
         x, w = _linear_args(d, *(memo.get(id(a), a) for a in d.args))
-        return _typed_like(old, Call(linear, [x, w, memo.get(id(b), b)]))
+        return Call(linear, [x, w, memo.get(id(b), b)])
 
-    return transform(body, fuse, memo=memo)
+    return _rewrite(body, fuse)
 
 
-def _typed_like(old: Expr, new: Expr) -> Expr:
-    """``new`` with ``old``'s type and source span (a lowering that computes the same value)."""
-    set_type(new, old.checked_type)
-    set_span(new, old.span)
-    return new
+def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Expr:
+    """``body`` rebuilt bottom-up with ``replace(old, memo)`` (a node computing the same value, or None) for
+    each node; every new node, replaced or rebuilt over new operands, gets the type and source span of the
+    node it stands for (a lowering changes how values are computed, not what they are: no inference, which a
+    call of a module function could not do without its module)."""
+
+    def fn(old: Expr, new: Expr) -> Expr:
+        out = replace(old, memo)
+        if out is None:
+            out = new
+        if out is not old and old._checked_type is not None:
+            set_type(out, old._checked_type)
+            set_span(out, old.span)
+        return out
+
+    memo: dict = {}
+    return transform(body, fn, memo=memo)
 
 
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
