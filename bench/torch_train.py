@@ -361,8 +361,8 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
 def alternating_ratio(step, model, inputs, reps: int, warmup: int) -> float:
     """``step``'s median time over that of eager steps of a copy of ``model`` (its own SGD), the two
     alternating step by step in this process: the ratio of ``x eager`` without the machine's speed drifting
-    between the rows' processes (on the 2-core bench machine eager's transformer step has measured 34 to 50 ms
-    in one run)."""
+    between the rows' processes (on the 2-core bench machine eager's transformer step measured 35, 42, 50 and
+    67 ms in four runs of one afternoon)."""
     import copy
 
     import torch
