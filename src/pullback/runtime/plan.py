@@ -378,11 +378,10 @@ def _linear_args(gemm: Call, x: Expr, w: Expr) -> tuple:
     return x, w
 
 
-def _bias_of(add: Call, dense: Expr, uses: dict) -> Optional[Expr]:
-    """The bias ``add`` adds to ``dense`` when ``dense`` is a GEMM of rows (``_rows_gemm``) whose one use is
-    ``add`` and the other operand is a vector of its units in its dtype (the result keeps the GEMM's type),
-    else None."""
-    if uses.get(dense) != 1 or not _rows_gemm(dense):
+def _bias_of(add: Call, dense: Expr) -> Optional[Expr]:
+    """The bias ``add`` adds to ``dense`` when ``dense`` is a GEMM of rows (``_rows_gemm``) and the other
+    operand is a vector of its units in its dtype (the result keeps the GEMM's type), else None."""
+    if not _rows_gemm(dense):
         return None
     if add.op.name == "nn.bias_add":
         if add.args[0] is not dense or add.attrs.axis not in (-1, dense._checked_type.ndim - 1):
@@ -401,18 +400,24 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
     """``body`` (without ``If``; its nodes are ``order``) with each ``add`` / ``nn.bias_add`` of a bias vector
     to a GEMM of rows used nowhere else (``_rows_gemm``) as one ``nn.linear`` (the GEMM writes its rows with the
     bias: one pass over the result less); ``body`` itself if none."""
-    uses: dict = {body: 1}
-    for n in order:
-        for c in _operands(n):
-            uses[c] = uses.get(c, 0) + 1
-    fused: dict = {}  # id(add) -> (dense, bias)
+    found = []  # (add, dense, bias)
     for n in order:
         if type(n) is Call and getattr(n.op, "name", None) in ("add", "nn.bias_add"):
             for d in n.args:
-                b = _bias_of(n, d, uses)
+                b = _bias_of(n, d)
                 if b is not None:
-                    fused[id(n)] = (d, b)
+                    found.append((n, d, b))
                     break
+    if not found:
+        return body
+    uses = dict.fromkeys([d for _, d, _ in found], 0)  # the GEMMs' uses: fused only where the add is the one
+    if body in uses:
+        uses[body] += 1
+    for n in order:
+        for c in _operands(n):
+            if c in uses:
+                uses[c] += 1
+    fused = {id(n): (d, b) for n, d, b in found if uses[d] == 1}  # id(add) -> (dense, bias)
     if not fused:
         return body
     linear = get_op("nn.linear")
