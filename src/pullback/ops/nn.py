@@ -357,20 +357,12 @@ def _linear_infer(arg_types, attrs):
     return out
 
 
-def _linear_numpy(x, w, b, attrs=None):
-    y = dense_in_memory_order(x, w)  # new memory (a view of it in x's axis order)
+def linear_rows(x, w, b, attrs=None):
+    """``nn.linear`` on NumPy arrays and torch tensors: the GEMM in x's memory order (``dense_in_memory_order``:
+    new memory), then the bias added in place."""
+    y = dense_in_memory_order(x, w)
     y += b
     return y
-
-
-def linear_rows(x, w, b, attrs=None):
-    """``nn.linear`` on torch tensors: ``F.linear`` (addmm) on matrices, else the GEMM in x's memory order plus
-    the bias in place (the GEMM's result is new memory)."""
-    if x.ndim <= 2:
-        import torch.nn.functional as F
-
-        return F.linear(x, w, b)
-    return dense_in_memory_order(x, w).add_(b)
 
 
 linear = defop(
@@ -378,13 +370,13 @@ linear = defop(
     3,
     _linear_infer,
     kernel=lambda xp, x, w, b, attrs=None: xp.matmul(x, w.T) + b,
-    impls={"numpy": _linear_numpy, "torch": linear_rows},
+    impls={"numpy": linear_rows, "torch": linear_rows},
     grad=lambda c, g: [*dense_grads(c.args[0], c.args[1], g), T.collapse_sum_like(g, c.args[2])],
     pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
     flops=lambda ts, out, attrs: _dense_flops(ts, out, attrs) + numel(out.shape),
     torch_name="linear",
     doc="``dense(data, weight) + bias`` (PyTorch's ``F.linear``) in one kernel: a bias vector of the units "
-        "added to each row as the GEMM writes it (oneDNN's and MKL's epilogue on torch). The executors run "
+        "added to each row as the GEMM writes it (oneDNN's epilogue for float32 rows on torch). The executors run "
         "a ``dense`` whose one use adds such a bias as this operator (``runtime.plan``).",
 )
 

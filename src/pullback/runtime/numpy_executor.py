@@ -20,7 +20,7 @@ from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Function
 from ..ir.module import IRModule
 from ..ir.types import FLOAT_DTYPES, TensorType
-from .aten_on_numpy import ALLOCATING, aten_kernel, takes
+from .aten_on_numpy import ALLOCATING, GEMMS, aten_kernel, takes
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
 from .torch_kernels import autocast_off
@@ -33,7 +33,6 @@ from .tuning import BlasThreads, keep_freed_memory
 QUIET_UFUNC_OPS = frozenset({"add", "subtract", "multiply", "divide", "power", "maximum", "minimum"})
 UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square", "reciprocal", "sin", "cos",
                        "log1p", "log2"})
-MATMUL_OPS = frozenset({"nn.dense", "nn.linear", "nn.batch_matmul", "nn.matmul"})  # np.matmul: a new array
 
 
 def _array_type(t) -> bool:
@@ -89,7 +88,8 @@ class NumpyTarget(Target):
         name = call.op.name
         if self.aten and name in ALLOCATING and takes(call):
             return _array_type(call.checked_type)
-        return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in MATMUL_OPS) and _array_type(call.checked_type)
+        # GEMMs: np.matmul's result is a new array
+        return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in GEMMS) and _array_type(call.checked_type)
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         name, out = call.op.name, call.checked_type

@@ -6,9 +6,10 @@ with 170-750 operator calls per step, as much as the small kernels themselves. F
 operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
 arithmetic, comparisons and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
-AND), sums and means over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``)
-and the matmuls (oneDNN's inner product for float32 rows on the CPU), ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators
-not listed) keeps the operator's own kernel, so results are the kernel's in every case
+AND), sums and means over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
+``nn.linear`` and the matmuls (oneDNN's inner product for float32 rows on the CPU, with the bias),
+``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
+operator's own kernel, so results are the kernel's in every case
 (``tests/runtime/test_torch_target.py`` runs the op table through this target).
 
 ``inplace_kernel(call, i)`` is the elementwise call writing its result into argument ``i``
@@ -134,8 +135,6 @@ def _where(call: Call):
     return select_or_zero
 
 
-
-
 def _reduce_axes(call: Call) -> Optional[tuple]:
     from ..ops.reduce import reduced_axes
 
@@ -222,18 +221,12 @@ def _rows_times(call: Call, base: Callable, weight: Callable) -> Callable:
     onednn = _onednn_linear() if call.checked_type.dtype == "float32" and big else None
     if onednn is None:
         return base
-    if len(call.args) == 3:
-        def gemm_bias(x, y, b, attrs=None):
-            if x.is_contiguous() and x.is_cpu:
-                return onednn(x, weight(y), b, "none", [], "")
-            return base(x, y, b)
+    biased = len(call.args) == 3
 
-        return gemm_bias
-
-    def gemm(x, y, attrs=None):
+    def gemm(x, y, *rest):  # rest: (attrs,) or (bias, attrs)
         if x.is_contiguous() and x.is_cpu:
-            return onednn(x, weight(y), None, "none", [], "")
-        return base(x, y)
+            return onednn(x, weight(y), rest[0] if biased else None, "none", [], "")
+        return base(x, y, *rest)
 
     return gemm
 
