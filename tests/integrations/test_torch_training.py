@@ -157,6 +157,37 @@ def test_transformer_layer_trains_with_momentum_sgd(norm_first):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_the_backward_reads_the_normalisation_statistics_the_forward_computed(target):
+    """Layer and batch norms (training) import as ``nn.native_*_norm``: the forward keeps the statistics (as
+    eager's autograd saves them) and the backward's gradients read them, none computing them again; the step
+    trains like eager."""
+    from pullback.ir.traversal import post_order
+
+    def ops(fn):
+        return [n.op.name for n in post_order(fn.body) if hasattr(n, "op") and hasattr(n.op, "name")]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LayerNorm(64),
+                          nn.Linear(64, 3))
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(4, 3, 6, 6), torch.tensor([0, 1, 2, 1])
+    cm = pb_compile(model, (x,), target=target)
+    (tp,) = cm._programs.values()
+    fwd, bwd = ops(tp.mod["main_fwd"]), ops(tp.mod["main_bwd"])
+    assert fwd.count("nn.native_batch_norm") == fwd.count("nn.native_layer_norm") == 1
+    assert bwd.count("nn.native_batch_norm_grad") == bwd.count("nn.native_layer_norm_grad") == 1
+    assert not {"nn.batch_norm", "nn.layer_norm", "nn.batch_norm_grad", "nn.layer_norm_grad", "mean", "variance",
+                "rsqrt"} & set(fwd + bwd)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    for _ in range(3):
+        for m, opt in ((eager, opts[0]), (cm, opts[1])):
+            opt.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+    for (name, a), b in zip(eager.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_embedding_cross_entropy_trains_with_adam(target):
     class LM(nn.Module):
         def __init__(self):

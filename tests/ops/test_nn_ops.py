@@ -96,6 +96,49 @@ def batch_norm_torch(training, momentum=0.1, eps=1e-5):
     return f
 
 
+def statistics_torch(x, stat, eps, keepdim):
+    """``(mean, rstd)`` over ``stat``, written differentiably (ATen's native_* ops do not differentiate them)."""
+    mean = x.mean(stat, keepdim=keepdim)
+    return mean, (x.var(stat, unbiased=False, keepdim=keepdim) + eps).rsqrt()
+
+
+def native_layer_norm_torch(axis, eps=1e-5):
+    def f(x, gamma, beta):
+        return (layer_norm_torch(axis, eps)(x, gamma, beta),) + statistics_torch(x, (axis,), eps, True)
+
+    return f
+
+
+def native_batch_norm_torch(training, momentum=0.1, eps=1e-5):
+    def f(x, gamma, beta, mm, mv):
+        out = batch_norm_torch(training, momentum, eps)(x, gamma, beta, mm, mv)
+        if training:
+            return out + statistics_torch(x, [0] + list(range(2, x.ndim)), eps, False)
+        return out + (mm + 0 * x.sum(), (mv + eps).rsqrt() + 0 * x.sum())  # tied to the graph, as the moving ones
+
+    return f
+
+
+def saved_norm_grad_torch(kind, axis=-1):
+    """ATen's native_layer_norm_backward / native_batch_norm_backward (the statistics given), written with
+    differentiable ops: its vjp covers the statistics too."""
+
+    def f(g, x, gamma, mean, rstd):
+        nd = x.ndim
+        stat = (axis % nd,) if kind == "layer" else tuple(i for i in range(nd) if i != axis % nd)
+        others = tuple(i for i in range(nd) if i != axis % nd)
+        shape = [1] * nd
+        shape[axis] = -1
+        if kind == "batch":
+            mean, rstd = mean.reshape(shape), rstd.reshape(shape)
+        xhat = (x - mean) * rstd
+        gx = g * gamma.reshape(shape)
+        dx = rstd * (gx - gx.mean(stat, keepdim=True) - xhat * (gx * xhat).mean(stat, keepdim=True))
+        return dx, (g * xhat).sum(others), g.sum(others)
+
+    return f
+
+
 def cross_entropy_torch(x, t):
     return -(x.log() * t).sum() / x.shape[0]
 
@@ -174,6 +217,25 @@ NORM = [
     case("nn.batch_norm", normal(4, 3, 2, 2), normal(3), normal(3), normal(3), positive(3), attrs=dict(training=True, momentum=0.3),
          torch=batch_norm_torch(True, 0.3), wrt=[0, 1, 2], id="batch_norm-training"),
 ]
+# the normalisations that keep their statistics (PyTorch's native_* ops)
+NATIVE_NORM = [
+    case("nn.native_layer_norm", normal(3, 5), normal(5), normal(5), torch=native_layer_norm_torch(-1)),
+    case("nn.native_layer_norm", normal(2, 4, 3), normal(4), normal(4), attrs=dict(axis=1, epsilon=1e-3),
+         torch=native_layer_norm_torch(1, 1e-3), id="native_layer_norm-axis1"),
+    case("nn.native_batch_norm", normal(4, 3, 2, 2), normal(3), normal(3), normal(3), positive(3),
+         attrs=dict(training=True, momentum=0.3), torch=native_batch_norm_torch(True, 0.3), wrt=[0, 1, 2],
+         id="native_batch_norm-training"),
+    case("nn.native_batch_norm", normal(4, 3, 2, 2), normal(3), normal(3), normal(3), positive(3),
+         torch=native_batch_norm_torch(False), wrt=[0, 1, 2], id="native_batch_norm-inference"),
+    case("nn.native_layer_norm_grad", normal(3, 5), normal(3, 5), normal(5), normal(3, 1), positive(3, 1),
+         torch=saved_norm_grad_torch("layer")),
+    case("nn.native_layer_norm_grad", normal(2, 4, 3), normal(2, 4, 3), normal(4), normal(2, 1, 3), positive(2, 1, 3),
+         attrs=dict(axis=1), torch=saved_norm_grad_torch("layer", 1), id="native_layer_norm_grad-axis1"),
+    case("nn.native_batch_norm_grad", normal(4, 3, 2, 2), normal(4, 3, 2, 2), normal(3), normal(3), positive(3),
+         torch=saved_norm_grad_torch("batch", 1)),
+    case("nn.native_batch_norm_grad", normal(5, 3), normal(5, 3), normal(3), normal(3), positive(3), attrs=dict(axis=-1),
+         torch=saved_norm_grad_torch("batch", -1), id="native_batch_norm_grad-axis-1"),
+]
 # every input, including the moving statistics (PyTorch does not differentiate those)
 NORM_FD = [
     case("nn.batch_norm", normal(4, 3, 2), normal(3), normal(3), normal(3), positive(3), id="batch_norm-inference-all"),
@@ -181,6 +243,13 @@ NORM_FD = [
          id="batch_norm-training-all"),
     case("nn.batch_norm", normal(5, 3), normal(3), normal(3), normal(3), positive(3), attrs=dict(axis=-1, training=True, scale=False),
          wrt=[0, 2, 3, 4], id="batch_norm-training-axis-1-noscale"),
+    case("nn.native_batch_norm", normal(5, 3), normal(3), normal(3), normal(3), positive(3), attrs=dict(axis=-1, training=True),
+         id="native_batch_norm-training-all"),
+    case("nn.native_batch_norm", normal(4, 3, 2), normal(3), normal(3), normal(3), positive(3), id="native_batch_norm-inference-all"),
+    case("nn.native_layer_norm_grad", normal(2, 4), normal(2, 4), normal(4), normal(2, 1), positive(2, 1),
+         attrs=dict(scale=False, center=False), wrt=[0, 1, 3, 4], id="native_layer_norm_grad-plain"),
+    case("nn.native_batch_norm_grad", normal(4, 3, 2), normal(4, 3, 2), normal(3), normal(3), positive(3),
+         attrs=dict(center=False), id="native_batch_norm_grad-nocenter"),
 ]
 
 MISC = [
@@ -357,7 +426,7 @@ POOL_INDICES = [  # gradient rules against finite differences (PyTorch: test_nn_
     for k, (attrs, shape) in enumerate(WITH_INDICES)
 ]
 
-TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + MISC + FUSED_GRADS
+TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
 CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
 
 

@@ -176,45 +176,57 @@ def _vec_or(v: Optional[Expr], c: int, fill: float, dtype: str) -> Expr:
     return v if v is not None else const(np.full((c,), fill, dtype=dtype))
 
 
-def _stats(cx, x, axes: tuple, eps: float, differentiable: bool = False) -> list:
-    """``[mean, rstd]`` over ``axes`` with the axes kept (PyTorch's saved statistics; layer and batch norm
-    pass no gradient back through them, as in PyTorch's derivatives, group norm does)."""
+def _stats(cx, x, axes: tuple, eps: float) -> list:
+    """``[mean, rstd]`` over ``axes`` with the axes kept (group norm's statistics, which PyTorch differentiates)."""
     mean = _op("mean")(x, axes, True)
     rstd = _op("rsqrt")(_op("add")(_op("variance")(x, axes, True), scalar(eps, cx.dtype_of(x))))
-    return [mean, rstd] if differentiable else [_op("stop_gradient")(mean), _op("stop_gradient")(rstd)]
+    return [mean, rstd]
+
+
+def _native_layer_norm_call(cx, x, normalized_shape, weight, bias, eps) -> tuple:
+    """``(out, mean, rstd)`` of PyTorch's layer norm over the trailing ``normalized_shape`` (``nn.native_layer_norm``
+    over the flattened trailing dims; the statistics with those dims of size 1, as ATen's)."""
+    shape, dt = cx.shape_of(x), cx.dtype_of(x)
+    k = len(normalized_shape)
+    n = int(np.prod(normalized_shape))
+    lead = tuple(static(cx, "layer_norm", shape[:-k]))
+    flat = x if k == 1 else _op("reshape")(x, lead + (n,))
+    w = _vec_or(weight, n, 1.0, dt) if k == 1 or weight is None else _op("reshape")(weight, (n,))
+    b = _vec_or(bias, n, 0.0, dt) if k == 1 or bias is None else _op("reshape")(bias, (n,))
+    ln = _op("nn.native_layer_norm")(flat, w, b, axis=-1, epsilon=float(eps), scale=weight is not None,
+                                     center=bias is not None)
+    out, mean, rstd = ln[0], ln[1], ln[2]
+    if k == 1:
+        return out, mean, rstd
+    return (_op("reshape")(out, tuple(shape)),) + tuple(_op("reshape")(s, lead + (1,) * k) for s in (mean, rstd))
 
 
 @aten("aten.layer_norm.default")
 def _layer_norm(cx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    shape, dt = cx.shape_of(x), cx.dtype_of(x)
-    k = len(normalized_shape)
-    n = int(np.prod(normalized_shape))
-    flat = x if k == 1 else _op("reshape")(x, tuple(static(cx, "layer_norm", shape[:-k])) + (n,))
-    w = _vec_or(weight, n, 1.0, dt) if k == 1 or weight is None else _op("reshape")(weight, (n,))
-    b = _vec_or(bias, n, 0.0, dt) if k == 1 or bias is None else _op("reshape")(bias, (n,))
-    y = _op("nn.layer_norm")(flat, w, b, axis=-1, epsilon=float(eps), scale=weight is not None, center=bias is not None)
-    return y if k == 1 else _op("reshape")(y, tuple(shape))
+    return _native_layer_norm_call(cx, x, normalized_shape, weight, bias, eps)[0]
 
 
 @aten("aten.native_layer_norm.default")
 def _native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
-    n = cx.ndim_of(x)
-    axes = tuple(range(n - len(normalized_shape), n))
-    return [_layer_norm(cx, x, normalized_shape, weight, bias, eps)] + _stats(cx, x, axes, float(eps))
+    # PyTorch passes no gradient back through the statistics
+    out, mean, rstd = _native_layer_norm_call(cx, x, normalized_shape, weight, bias, eps)
+    return [out, _op("stop_gradient")(mean), _op("stop_gradient")(rstd)]
 
 
 def _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
+    """``([out, new moving mean, new moving var], [mean, rstd])``: in training ``nn.native_batch_norm``, whose
+    statistics the gradient reads (PyTorch passes no gradient back through them), in evaluation
+    ``nn.batch_norm`` and PyTorch's empty statistics."""
     shape, dt = cx.shape_of(x), cx.dtype_of(x)
     c = shape[1]
     no_stats = mean is None or var is None
     if no_stats:  # track_running_stats=False: batch statistics, nothing to update
         mean, var, training = const(np.zeros((c,), dt)), const(np.ones((c,), dt)), True
-    bn = _op("nn.batch_norm")(x, _vec_or(weight, c, 1.0, dt), _vec_or(bias, c, 0.0, dt), mean, var, axis=1,
-                              epsilon=float(eps), scale=weight is not None, center=bias is not None,
-                              training=bool(training), momentum=float(momentum))
-    axes = (0,) + tuple(range(2, len(shape)))
+    name = "nn.native_batch_norm" if training else "nn.batch_norm"
+    bn = _op(name)(x, _vec_or(weight, c, 1.0, dt), _vec_or(bias, c, 0.0, dt), mean, var, axis=1, epsilon=float(eps),
+                   scale=weight is not None, center=bias is not None, training=bool(training), momentum=float(momentum))
     if training:
-        saved = [_op("reshape")(s, (c,)) for s in _stats(cx, x, axes, float(eps))]
+        saved = [_op("stop_gradient")(bn[k]) for k in (3, 4)]
     else:  # PyTorch's saved statistics in evaluation: empty tensors
         saved = [const(np.zeros(static(cx, "batch_norm", cx.out_shapes[k]), dtype=dt)) for k in (1, 2)]
     return [bn[0], bn[1], bn[2]], saved
@@ -264,7 +276,7 @@ def _group_norm(cx, x, weight, bias, n, c, hxw, groups, eps):
         y = _op("multiply")(y, _op("reshape")(weight, affine))
     if bias is not None:
         y = _op("add")(y, _op("reshape")(bias, affine))
-    mean, rstd = _stats(cx, xr, (2,), float(eps), differentiable=True)  # PyTorch differentiates through them
+    mean, rstd = _stats(cx, xr, (2,), float(eps))
     return [y, _op("reshape")(mean, (n, groups)), _op("reshape")(rstd, (n, groups))]
 
 

@@ -1,4 +1,4 @@
-"""Normalisation: ``nn.layer_norm`` and ``nn.batch_norm``.
+"""Normalisation: ``nn.layer_norm`` and ``nn.batch_norm``, and PyTorch's ``native_*`` forms that keep their statistics.
 
 ``nn.batch_norm`` returns Relay's tuple ``(out, new_moving_mean, new_moving_var)``.
 Attribute ``training`` (default False, Relay's inference semantics):
@@ -17,7 +17,12 @@ Gradients are single fused operators, as ATen's backward functions:
 ``nn.layer_norm_grad`` and ``nn.batch_norm_grad`` (training) map ``(out_grad,
 data, gamma)`` to ``(d data, d gamma, d beta)``, recomputing the statistics
 from the data (one reduction; ATen's ``native_*_backward`` on torch, a few
-in-place passes on NumPy). Their own gradients, the inference-mode gradient of
+in-place passes on NumPy). ``nn.native_layer_norm`` / ``nn.native_batch_norm``
+also return the statistics they normalised with (mean and rstd), and their
+gradients ``nn.native_*_norm_grad`` read them instead (what the PyTorch importer
+emits: the backward does not recompute what the forward computed; on ATen a
+layer norm's gradient 0.27 -> 0.08 ms, a batch norm's 0.73 -> 0.17 ms on
+(32, 16, 32, 32)). Their own gradients, the inference-mode gradient of
 ``nn.batch_norm`` and the moving statistics' terms are written with
 differentiable ops (``sqrt`` from the elementwise module), so second
 derivatives work.
@@ -90,14 +95,40 @@ class LayerNormAttrs:
         check_bool(self, "center", "scale")
 
 
-def _layer_norm_infer(arg_types, attrs):
-    op = "nn.layer_norm"
-    x = float_arg(op, arg_types, 0)
-    same_dtype(op, arg_types)
-    axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
-    for i in (1, 2):
-        _vec_arg(op, arg_types, i, x, axis)
-    return x
+def _stats_type(layer: bool, x: TensorType, axis: int) -> TensorType:
+    """The type of the statistics a normalisation keeps: layer norm's keep the data's rank (the normalised
+    axis of size 1), batch norm's are per-channel vectors."""
+    if layer:
+        return TensorType(x.shape[:axis] + (1,) + x.shape[axis + 1:], x.dtype)
+    return TensorType((x.shape[axis],), x.dtype)
+
+
+def _layer_norm_infer(op: str, native: bool = False):
+    def infer(arg_types, attrs):
+        x = float_arg(op, arg_types, 0)
+        same_dtype(op, arg_types)
+        axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
+        for i in (1, 2):
+            _vec_arg(op, arg_types, i, x, axis)
+        if not native:
+            return x
+        s = _stats_type(True, x, axis)
+        return TupleType((x, s, s))
+
+    return infer
+
+
+def _moments(xp, x, axes: tuple, eps: float) -> tuple:
+    """``(mean, rstd)`` over ``axes`` (kept), the biased variance about the mean."""
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    xc = x - mean
+    return mean, 1.0 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + eps)
+
+
+def _affine(out, gamma, beta, a, ndim: int, axis: int):
+    if a.scale:
+        out = out * _vec(gamma, ndim, axis)
+    return out + _vec(beta, ndim, axis) if a.center else out
 
 
 def layer_norm_math(xp, x, gamma, beta, a):
@@ -105,16 +136,19 @@ def layer_norm_math(xp, x, gamma, beta, a):
     axis = a.axis % x.ndim
     mu = xp.mean(x, axis=axis, keepdims=True)
     var = xp.mean((x - mu) ** 2, axis=axis, keepdims=True)
-    out = (x - mu) / xp.sqrt(var + a.epsilon)
-    if a.scale:
-        out = out * _vec(gamma, x.ndim, axis)
-    if a.center:
-        out = out + _vec(beta, x.ndim, axis)
-    return out
+    return _affine((x - mu) / xp.sqrt(var + a.epsilon), gamma, beta, a, x.ndim, axis)
 
 
 def _layer_norm_kernel(xp, x, gamma, beta, a):
     return as_dtype(xp, layer_norm_math(xp, widen16(xp, x), gamma, beta, a), x.dtype)
+
+
+def _native_layer_norm_kernel(xp, x, gamma, beta, a):
+    axis = a.axis % x.ndim
+    xw = widen16(xp, x)
+    mean, rstd = _moments(xp, xw, (axis,), a.epsilon)
+    out = _affine((xw - mean) * rstd, gamma, beta, a, x.ndim, axis)
+    return tuple(as_dtype(xp, v, x.dtype) for v in (out, mean, rstd))
 
 
 def _rows_ok(x, a) -> bool:
@@ -123,35 +157,49 @@ def _rows_ok(x, a) -> bool:
 
 
 def _normalized_rows(x, eps: float, out=None) -> tuple:
-    """(xhat (in ``out`` if given), rstd (rows, 1)) of a block of rows."""
+    """(xhat (in ``out`` if given), mean (rows, 1), rstd (rows, 1)) of a block of rows."""
     n = x.dtype.type(x.shape[1])
-    xh = np.subtract(x, sum_along(x, 1) / n, out=out)
+    mean = sum_along(x, 1) / n
+    xh = np.subtract(x, mean, out=out)
     rstd = np.vecdot(xh, xh)[:, None]
     rstd /= n
     rstd += x.dtype.type(eps)
     np.sqrt(rstd, out=rstd)
     np.reciprocal(rstd, out=rstd)
     xh *= rstd
-    return xh, rstd
+    return xh, mean, rstd
 
 
-def _layer_norm_numpy(x, gamma, beta, a):
-    """Row blocks (normalised axis last, float32/64), in place in the result."""
+def _native_layer_norm_numpy(x, gamma, beta, a):
+    """Row blocks (normalised axis last, float32/64), in place in the result; the rows' statistics kept."""
     if not _rows_ok(x, a):
-        return _layer_norm_kernel(np, x, gamma, beta, a)
+        return _native_layer_norm_kernel(np, x, gamma, beta, a)
     x2 = as_rows(x)
-    out = numba_kernels.layer_norm(x2, gamma, beta, a)
-    if out is not None:
-        return out.reshape(x.shape)
+    stats_shape = x.shape[:-1] + (1,)
+    res = numba_kernels.layer_norm(x2, gamma, beta, a)
+    if res is not None:
+        return res[0].reshape(x.shape), res[1].reshape(stats_shape), res[2].reshape(stats_shape)
     out = np.empty_like(x2)
+    mean, rstd = np.empty((x2.shape[0], 1), x.dtype), np.empty((x2.shape[0], 1), x.dtype)
     for r in row_blocks(*x2.shape):
         ob = out[r]
-        _normalized_rows(x2[r], a.epsilon, out=ob)
+        _, mean[r], rstd[r] = _normalized_rows(x2[r], a.epsilon, out=ob)
         if a.scale:
             ob *= gamma
         if a.center:
             ob += beta
-    return out.reshape(x.shape)
+    return out.reshape(x.shape), mean.reshape(stats_shape), rstd.reshape(stats_shape)
+
+
+def _layer_norm_numpy(x, gamma, beta, a):
+    return _native_layer_norm_numpy(x, gamma, beta, a)[0] if _rows_ok(x, a) else _layer_norm_kernel(np, x, gamma, beta, a)
+
+
+def _aten_layer_norm(x, a) -> bool:
+    """ATen's fused layer norm applies: normalised axis last, float32/64."""
+    import torch
+
+    return a.axis % x.ndim == x.ndim - 1 and x.dtype in (torch.float32, torch.float64)
 
 
 def _layer_norm_torch(x, gamma, beta, a):
@@ -161,6 +209,16 @@ def _layer_norm_torch(x, gamma, beta, a):
     import torch.nn.functional as F
 
     return F.layer_norm(x, (x.shape[-1],), gamma if a.scale else None, beta if a.center else None, a.epsilon)
+
+
+def _native_layer_norm_torch(x, gamma, beta, a):
+    """ATen's ``native_layer_norm``: the output, the rows' mean and rstd."""
+    if not _aten_layer_norm(x, a):
+        return _native_layer_norm_kernel(array_namespace("torch"), x, gamma, beta, a)
+    import torch
+
+    return tuple(torch.ops.aten.native_layer_norm(x, [x.shape[-1]], gamma if a.scale else None,
+                                                  beta if a.center else None, a.epsilon))
 
 
 def _fields_of(t: Expr, a) -> list:
@@ -174,7 +232,7 @@ def _layer_norm_grad(call: Call, g: Expr):
     return _fields_of(layer_norm_grad(g, x, gamma, a.axis, a.epsilon, a.center, a.scale), a)
 
 
-layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer, kernel=_layer_norm_kernel,
+layer_norm = defop("nn.layer_norm", 3, _layer_norm_infer("nn.layer_norm"), kernel=_layer_norm_kernel,
                    impls={"numpy": _layer_norm_numpy, "torch": _layer_norm_torch},
                    attrs_type=LayerNormAttrs,
                    grad=_layer_norm_grad, pattern=FusionKind.OPAQUE,
@@ -199,19 +257,22 @@ class BatchNormAttrs:
         check_bool(self, "center", "scale", "training")
 
 
-def _batch_norm_infer(arg_types, attrs):
-    op = "nn.batch_norm"
-    x = float_arg(op, arg_types, 0)
-    same_dtype(op, arg_types)
-    axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
-    for i in range(1, 5):
-        _vec_arg(op, arg_types, i, x, axis)
-    v = TensorType((x.shape[axis],), x.dtype)
-    return TupleType((x, v, v))
+def _batch_norm_infer(op: str, native: bool = False):
+    def infer(arg_types, attrs):
+        x = float_arg(op, arg_types, 0)
+        same_dtype(op, arg_types)
+        axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
+        for i in range(1, 5):
+            _vec_arg(op, arg_types, i, x, axis)
+        v = _stats_type(False, x, axis)
+        return TupleType((x, v, v, v, v) if native else (x, v, v))
+
+    return infer
 
 
 def batch_norm_math(xp, x, gamma, beta, mm, mv, a):
-    """Batch norm written once for any array namespace ``xp``: (out, new moving mean, new moving var)."""
+    """Batch norm written once for any array namespace ``xp``: (out, new moving mean, new moving var, mean,
+    rstd), the last two the statistics it normalised with (the batch's in training, the moving ones else)."""
     axis = a.axis % x.ndim
     others = _other_axes(x.ndim, axis)
     if a.training:
@@ -222,12 +283,9 @@ def batch_norm_math(xp, x, gamma, beta, mm, mv, a):
         new_mv = (1 - a.momentum) * mv + a.momentum * var * (n / max(n - 1, 1))
     else:
         mean, var, new_mm, new_mv = mm, mv, mm, mv
-    out = (x - _vec(mean, x.ndim, axis)) / xp.sqrt(_vec(var, x.ndim, axis) + a.epsilon)
-    if a.scale:
-        out = out * _vec(gamma, x.ndim, axis)
-    if a.center:
-        out = out + _vec(beta, x.ndim, axis)
-    return out, new_mm, new_mv
+    rstd = 1.0 / xp.sqrt(var + a.epsilon)
+    out = _affine((x - _vec(mean, x.ndim, axis)) * _vec(rstd, x.ndim, axis), gamma, beta, a, x.ndim, axis)
+    return out, new_mm, new_mv, mean, rstd
 
 
 def _per_channel(x, axis: int) -> int:
@@ -235,14 +293,18 @@ def _per_channel(x, axis: int) -> int:
     return math.prod(x.shape) // max(x.shape[axis], 1)
 
 
-def _batch_norm_kernel(xp, x, gamma, beta, mm, mv, a):
+def _native_batch_norm_kernel(xp, x, gamma, beta, mm, mv, a):
     return tuple(as_dtype(xp, v, x.dtype) for v in batch_norm_math(xp, widen16(xp, x), gamma, beta, mm, mv, a))
 
 
-def _batch_norm_numpy(x, gamma, beta, mm, mv, a):
+def _batch_norm_kernel(xp, x, gamma, beta, mm, mv, a):
+    return _native_batch_norm_kernel(xp, x, gamma, beta, mm, mv, a)[:3]
+
+
+def _native_batch_norm_numpy(x, gamma, beta, mm, mv, a):
     """Statistics by einsum, then ``x * k + c`` per channel in the result's buffer (float32/64)."""
     if x.dtype not in (np.float32, np.float64) or x.size == 0:
-        return _batch_norm_kernel(np, x, gamma, beta, mm, mv, a)
+        return _native_batch_norm_kernel(np, x, gamma, beta, mm, mv, a)
     axis, nd = a.axis % x.ndim, x.ndim
     if a.training:
         n = _per_channel(x, axis)
@@ -254,9 +316,8 @@ def _batch_norm_numpy(x, gamma, beta, mm, mv, a):
     else:
         mean, var, new_mm, new_mv = mm, mv, mm, mv
         out = None
-    k = 1 / np.sqrt(var + a.epsilon)
-    if a.scale:
-        k = k * gamma
+    rstd = 1 / np.sqrt(var + a.epsilon)
+    k = rstd * gamma if a.scale else rstd
     if out is None:
         out = np.multiply(x, along(k.astype(x.dtype, copy=False), nd, axis))
         shift = -mean * k
@@ -267,28 +328,98 @@ def _batch_norm_numpy(x, gamma, beta, mm, mv, a):
         out *= along(k.astype(x.dtype, copy=False), nd, axis)
         if a.center:
             out += along(beta, nd, axis)
-    return out, np.asarray(new_mm, x.dtype), np.asarray(new_mv, x.dtype)
+    return (out,) + tuple(np.asarray(v, x.dtype) for v in (new_mm, new_mv, mean, rstd))
 
 
-def _batch_norm_torch(x, gamma, beta, mm, mv, a):
-    """ATen's fused kernel for channels on axis 1 (it updates the moving statistics in place: of copies)."""
+def _batch_norm_numpy(x, gamma, beta, mm, mv, a):
+    return _native_batch_norm_numpy(x, gamma, beta, mm, mv, a)[:3]
+
+
+def _native_batch_norm_torch(x, gamma, beta, mm, mv, a, stats: bool = True):
+    """ATen's ``native_batch_norm`` for channels on axis 1 (it updates the moving statistics in place: of
+    copies); ``stats=False``: ``nn.batch_norm``'s three results."""
     axis = a.axis % x.ndim
     if axis != 1 or (a.training and _per_channel(x, axis) < 2):  # ATen rejects one value per channel
-        return _batch_norm_kernel(array_namespace("torch"), x, gamma, beta, mm, mv, a)
-    import torch.nn.functional as F
+        res = _native_batch_norm_kernel(array_namespace("torch"), x, gamma, beta, mm, mv, a)
+        return res if stats else res[:3]
+    import torch
 
     if a.training:
         mm, mv = mm.clone(), mv.clone()
-    out = F.batch_norm(x, mm, mv, gamma if a.scale else None, beta if a.center else None, a.training, a.momentum, a.epsilon)
-    return out, mm, mv
+    out, mean, rstd = torch.ops.aten.native_batch_norm(x, gamma if a.scale else None, beta if a.center else None, mm, mv,
+                                                       a.training, a.momentum, a.epsilon)
+    if not stats:
+        return out, mm, mv
+    if not a.training:  # ATen keeps no statistics in evaluation
+        mean, rstd = mm, torch.rsqrt(mv + a.epsilon)
+    return out, mm, mv, mean, rstd
+
+
+def _batch_norm_torch(x, gamma, beta, mm, mv, a):
+    return _native_batch_norm_torch(x, gamma, beta, mm, mv, a, stats=False)
+
+
+def _add(a, b):
+    """``a + b`` where None stands for zero."""
+    return b if a is None else a if b is None else a + b
+
+
+def _stats_terms(x: Expr, layer: bool, axis: int, mean: Expr, rstd: Expr, gm, gr):
+    """The data's cotangent from cotangents ``gm``, ``gr`` (None: zero) of the statistics a normalisation
+    kept: mean = mean_S(x), rstd = (mean_S((x - mean)^2) + eps)^(-1/2) over the statistics axes S."""
+    ndim = x.checked_type.ndim
+    vec = (lambda v: v) if layer else (lambda v: _as_axis_vec(v, ndim, axis))
+    n = count(x, _stat_axes(layer, ndim, axis))
+    term = None if gm is None else T.broadcast_to_like(vec(gm) / n, x)
+    if gr is not None:
+        r = vec(rstd)
+        term = _add(term, E.negative(vec(gr) * r * r * r * (x - vec(mean)) / n))
+    return term
+
+
+def _native_layer_norm_grad(call: Call, g: Expr):
+    x, gamma, _ = call.args
+    a = call.attrs
+    gy, gm, gr = (nonzero(field(g, i)) for i in range(3))
+    mean, rstd = TupleGetItem(call, 1), TupleGetItem(call, 2)
+    out = [None] * 3
+    if gy is not None:
+        out = _fields_of(native_layer_norm_grad(gy, x, gamma, mean, rstd, a.axis, a.epsilon, a.center, a.scale), a)
+    out[0] = _add(out[0], _stats_terms(x, True, a.axis % x.checked_type.ndim, mean, rstd, gm, gr))
+    return out
 
 
 def _batch_norm_grad(call: Call, g: Expr):
-    x, gamma, beta, mm, mv = call.args
-    a = call.attrs
     gy, gmm, gmv = field(g, 0), field(g, 1), field(g, 2)
-    if a.training:
+    if call.attrs.training:
         return _batch_norm_training_grad(call, nonzero(gy), nonzero(gmm), nonzero(gmv))
+    return _batch_norm_eval_grad(call, gy, gmm, gmv)
+
+
+def _native_batch_norm_grad(call: Call, g: Expr):
+    """``nn.batch_norm``'s gradient, the statistics it kept read by the training-mode gradient, and their own
+    cotangents' terms (the batch's statistics in training; in evaluation the moving mean and
+    ``(moving var + eps)^(-1/2)``)."""
+    x = call.args[0]
+    a = call.attrs
+    gy, gmm, gmv, gm, gr = (field(g, i) for i in range(5))
+    gm, gr = nonzero(gm), nonzero(gr)
+    mean, rstd = TupleGetItem(call, 3), TupleGetItem(call, 4)
+    if a.training:
+        out = _batch_norm_training_grad(call, nonzero(gy), nonzero(gmm), nonzero(gmv), (mean, rstd))
+        out[0] = _add(out[0], _stats_terms(x, False, a.axis % x.checked_type.ndim, mean, rstd, gm, gr))
+        return out
+    out = _batch_norm_eval_grad(call, gy, gmm, gmv)
+    out[3] = _add(out[3], gm)
+    if gr is not None:
+        out[4] = _add(out[4], E.negative(gr * rstd * rstd * rstd * scalar(0.5, x)))
+    return out
+
+
+def _batch_norm_eval_grad(call: Call, gy, gmm, gmv) -> list:
+    """Evaluation mode: normalised with the moving statistics, which pass through unchanged."""
+    x, gamma, beta, mm, mv = call.args[:5]
+    a = call.attrs
     ndim = x.checked_type.ndim
     axis = a.axis % ndim
     others = _other_axes(ndim, axis)
@@ -305,16 +436,19 @@ def _batch_norm_grad(call: Call, g: Expr):
     return [gx, dgamma, dbeta, gmean, gvar]
 
 
-def _batch_norm_training_grad(call: Call, gy, gmm, gmv) -> list:
-    """Training mode: ``nn.batch_norm_grad`` for the normalised output; the moving statistics
-    ``(1-m) moving + m batch`` (unbiased batch variance) add their own terms where their cotangents are not zeros."""
+def _batch_norm_training_grad(call: Call, gy, gmm, gmv, saved=None) -> list:
+    """Training mode: ``nn.batch_norm_grad`` for the normalised output (``nn.native_batch_norm_grad`` with the
+    ``saved`` statistics ``(mean, rstd)`` when given); the moving statistics ``(1-m) moving + m batch``
+    (unbiased batch variance) add their own terms where their cotangents are not zeros."""
     x, gamma = call.args[:2]
     a = call.attrs
     ndim = x.checked_type.ndim
     axis = a.axis % ndim
     out = [None] * 5
     if gy is not None:
-        out[:3] = _fields_of(batch_norm_grad(gy, x, gamma, a.axis, a.epsilon, a.center, a.scale), a)
+        grad = (batch_norm_grad(gy, x, gamma, a.axis, a.epsilon, a.center, a.scale) if saved is None else
+                native_batch_norm_grad(gy, x, gamma, *saved, a.axis, a.epsilon, a.center, a.scale))
+        out[:3] = _fields_of(grad, a)
     others = _other_axes(ndim, axis)
     n = count(x, others)
     m = scalar(a.momentum, x)
@@ -331,11 +465,38 @@ def _batch_norm_training_grad(call: Call, gy, gmm, gmv) -> list:
     return out
 
 
-batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer, kernel=_batch_norm_kernel,
+batch_norm = defop("nn.batch_norm", 5, _batch_norm_infer("nn.batch_norm"), kernel=_batch_norm_kernel,
                    impls={"numpy": _batch_norm_numpy, "torch": _batch_norm_torch},
                    attrs_type=BatchNormAttrs,
                    grad=_batch_norm_grad, pattern=FusionKind.OPAQUE,
                    flops=lambda ts, out, a: 8 * numel(ts[0].shape), torch_name="batch_norm")
+
+# ------------------------------------------------------------------ statistics kept for the backward
+# PyTorch's native_layer_norm / native_batch_norm: the normalisation also returns the statistics it normalised with
+# (mean and rstd = (biased variance + eps)^(-1/2); layer norm's keep the data's rank with the normalised axis of
+# size 1, batch norm's are per-channel vectors), and the gradient reads them instead of recomputing them from the
+# data (``nn.native_layer_norm_grad`` / ``nn.native_batch_norm_grad``, ATen's native_*_backward). The importer maps
+# PyTorch's layer and batch norms (training) to them, so a training step's backward reads what its forward computed.
+
+def _native_op(layer: bool, kernel, impls: dict, grad, doc: str):
+    name, n = ("nn.native_layer_norm", 3) if layer else ("nn.native_batch_norm", 5)
+    infer = (_layer_norm_infer if layer else _batch_norm_infer)(name, native=True)
+    return defop(name, n, infer, kernel=kernel, impls=impls, attrs_type=LayerNormAttrs if layer else BatchNormAttrs,
+                 grad=grad, pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 8 * numel(ts[0].shape),
+                 torch_name=name[3:], doc=doc)
+
+
+native_layer_norm = _native_op(
+    True, _native_layer_norm_kernel, {"numpy": _native_layer_norm_numpy, "torch": _native_layer_norm_torch},
+    _native_layer_norm_grad,
+    "``nn.layer_norm`` that also returns the statistics it normalised with: ``(out, mean, rstd)``, both of the "
+    "data's shape with ``axis`` of size 1; its gradient reads them (``nn.native_layer_norm_grad``).")
+native_batch_norm = _native_op(
+    False, _native_batch_norm_kernel, {"numpy": _native_batch_norm_numpy, "torch": _native_batch_norm_torch},
+    _native_batch_norm_grad,
+    "``nn.batch_norm`` that also returns the per-channel statistics it normalised with: ``(out, new_moving_mean, "
+    "new_moving_var, mean, rstd)`` (the batch's in training, the moving ones else); in training its gradient "
+    "reads them (``nn.native_batch_norm_grad``).")
 
 
 # ------------------------------------------------------------------ layer_norm_grad / batch_norm_grad
@@ -354,7 +515,7 @@ def _stat_axes(layer: bool, ndim: int, axis: int) -> tuple:
     return (axis,) if layer else _other_axes(ndim, axis)
 
 
-def _norm_grad_infer(op: str):
+def _norm_grad_infer(op: str, layer: bool, saved: bool):
     def infer(arg_types, attrs):
         g, x = float_arg(op, arg_types, 0), float_arg(op, arg_types, 1)
         same_dtype(op, arg_types)
@@ -362,21 +523,27 @@ def _norm_grad_infer(op: str):
             raise type_error(op, arg_types, f"the output gradient must have the data's shape {x.shape}, got {g.shape}")
         axis = normalize_axis(op, attrs.axis, x.ndim, arg_types)
         _vec_arg(op, arg_types, 2, x, axis)
+        if saved:
+            s = _stats_type(layer, x, axis)
+            for i, what in ((3, "mean"), (4, "rstd")):
+                t = float_arg(op, arg_types, i)
+                if not same_shape(t, s):
+                    raise type_error(op, arg_types, f"the {what} (argument {i}) must have shape {s.shape}, got {t.shape}")
         v = TensorType((x.shape[axis],), x.dtype)
         return TupleType((x, v, v))
 
     return infer
 
 
-def _norm_grad_kernel(layer: bool):
-    def kernel(xp, g, x, gamma, a):
+def _saved_grad_kernel(layer: bool):
+    def kernel(xp, g, x, gamma, mean, rstd, a):
         dt = x.dtype
-        g, x, gamma = widen16(xp, g), widen16(xp, x), widen16(xp, gamma)
+        g, x, gamma, mean, rstd = (widen16(xp, v) for v in (g, x, gamma, mean, rstd))
         axis = a.axis % x.ndim
         stat, others = _stat_axes(layer, x.ndim, axis), _other_axes(x.ndim, axis)
-        xc = x - xp.mean(x, axis=stat, keepdims=True)
-        rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=stat, keepdims=True) + a.epsilon)
-        xhat = xc * rstd
+        if not layer:
+            mean, rstd = _vec(mean, x.ndim, axis), _vec(rstd, x.ndim, axis)
+        xhat = (x - mean) * rstd
         gx = g * _vec(gamma, x.ndim, axis) if a.scale else g
         dx = rstd * (gx - xp.mean(gx, axis=stat, keepdims=True) - xhat * xp.mean(gx * xhat, axis=stat, keepdims=True))
         dgamma = xp.sum(g * xhat, axis=others) if a.scale else xp.zeros_like(gamma)
@@ -386,19 +553,45 @@ def _norm_grad_kernel(layer: bool):
     return kernel
 
 
-def _layer_norm_grad_numpy(g, x, gamma, a):
-    """Row blocks (normalised axis last, float32/64): about a dozen in-cache passes in two buffers."""
+def _norm_grad_kernel(layer: bool):
+    saved = _saved_grad_kernel(layer)
+
+    def kernel(xp, g, x, gamma, a):
+        mean, rstd = _recomputed(xp, layer, x, a)
+        return saved(xp, g, x, gamma, mean, rstd, a)
+
+    return kernel
+
+
+def _recomputed(xp, layer: bool, x, a) -> tuple:
+    """The statistics a normalisation kept (``nn.native_*_norm``), recomputed from the data."""
+    axis = a.axis % x.ndim
+    mean, rstd = _moments(xp, widen16(xp, x), _stat_axes(layer, x.ndim, axis), a.epsilon)
+    return (mean, rstd) if layer else (xp.reshape(mean, (-1,)), xp.reshape(rstd, (-1,)))
+
+
+def _layer_norm_grad_numpy(g, x, gamma, a, mean=None, rstd=None):
+    """Row blocks (normalised axis last, float32/64): about a dozen in-cache passes in two buffers; the rows'
+    statistics recomputed, or given (``mean``, ``rstd``: ``nn.native_layer_norm_grad``)."""
     if not _rows_ok(x, a):
-        return _norm_grad_kernel(True)(np, g, x, gamma, a)
+        if mean is None:
+            return _norm_grad_kernel(True)(np, g, x, gamma, a)
+        return _saved_grad_kernel(True)(np, g, x, gamma, mean, rstd, a)
     g2, x2 = as_rows(g), as_rows(x)
-    if (res := numba_kernels.layer_norm_grad(g2, x2, gamma, a)) is not None:
+    if mean is not None:
+        mean, rstd = mean.reshape(-1, 1), rstd.reshape(-1, 1)
+    if (res := numba_kernels.layer_norm_grad(g2, x2, gamma, a, mean, rstd)) is not None:
         return res[0].reshape(x.shape), res[1], res[2]
     n = x.dtype.type(x2.shape[1])
     dx = np.empty_like(x2)
     dgamma, dbeta = np.zeros_like(gamma), np.zeros_like(gamma)
     for r in row_blocks(*x2.shape):
         gb, out = g2[r], dx[r]
-        xh, rstd = _normalized_rows(x2[r], a.epsilon)
+        if mean is None:
+            xh, _, rs = _normalized_rows(x2[r], a.epsilon)
+        else:
+            rs = rstd[r].astype(x.dtype, copy=False)
+            xh = (x2[r] - mean[r]) * rs
         if a.center:
             dbeta += sum_except(1, gb)
         if a.scale:
@@ -413,18 +606,22 @@ def _layer_norm_grad_numpy(g, x, gamma, a):
         xh *= m2  # dx = rstd (gx - m1 - xhat m2)
         xh += m1
         out -= xh
-        out *= rstd
+        out *= rs
     return dx.reshape(x.shape), dgamma, dbeta
 
 
-def _batch_norm_grad_numpy(g, x, gamma, a):
-    """dx = k g + b xc + c per channel: the statistics and both parameter gradients by einsum, two buffers."""
+def _batch_norm_grad_numpy(g, x, gamma, a, mean=None, rstd=None):
+    """dx = k g + b xc + c per channel: the statistics (recomputed, or given: ``nn.native_batch_norm_grad``) and
+    both parameter gradients by einsum, two buffers."""
     if x.dtype == np.float16:
-        return _norm_grad_kernel(False)(np, g, x, gamma, a)
+        if mean is None:
+            return _norm_grad_kernel(False)(np, g, x, gamma, a)
+        return _saved_grad_kernel(False)(np, g, x, gamma, mean, rstd, a)
     axis, nd = a.axis % x.ndim, x.ndim
     n = x.dtype.type(max(x.size // max(x.shape[axis], 1), 1))
-    xc = np.subtract(x, along(sum_except(axis, x) / n, nd, axis))
-    rstd = 1 / np.sqrt(sum_except(axis, xc, xc) / n + a.epsilon)
+    xc = np.subtract(x, along(sum_except(axis, x) / n if mean is None else mean.astype(x.dtype, copy=False), nd, axis))
+    if rstd is None:
+        rstd = 1 / np.sqrt(sum_except(axis, xc, xc) / n + a.epsilon)
     sg = sum_except(axis, g)  # d beta
     sgx = sum_except(axis, g, xc)
     k = gamma * rstd if a.scale else rstd
@@ -445,36 +642,60 @@ def _aten_results(res, gamma, a) -> tuple:
     return dx, dgamma if a.scale else zero, dbeta if a.center else zero
 
 
-def _layer_norm_grad_torch(g, x, gamma, a):
-    """ATen's native_layer_norm_backward (normalised axis last; float32/64); mean and rstd from ATen's forward."""
+def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
+    """ATen's native_layer_norm_backward (normalised axis last; float32/64); mean and rstd given, or from ATen's
+    forward."""
     import torch
 
-    if a.axis % x.ndim != x.ndim - 1 or x.dtype not in (torch.float32, torch.float64):
-        return _norm_grad_kernel(True)(array_namespace("torch"), g, x, gamma, a)
-    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean is 10x slower
+    if not _aten_layer_norm(x, a):
+        xp = array_namespace("torch")
+        return _norm_grad_kernel(True)(xp, g, x, gamma, a) if mean is None else _saved_grad_kernel(True)(
+            xp, g, x, gamma, mean, rstd, a)
+    if mean is None:
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean: 10x slower
     res = torch.ops.aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, gamma if a.scale else None,
                                                     gamma if a.center else None,  # (its values are not read)
                                                     [True, a.scale, a.center])
     return _aten_results(res, gamma, a)
 
 
-def _batch_norm_grad_torch(g, x, gamma, a):
-    """ATen's native_batch_norm_backward in training mode (channels on axis 1; float32/64)."""
+def _batch_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
+    """ATen's native_batch_norm_backward in training mode (channels on axis 1; float32/64); mean and rstd given,
+    or recomputed."""
     import torch
 
     if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64):
-        return _norm_grad_kernel(False)(array_namespace("torch"), g, x, gamma, a)
-    mean, var = torch.ops.aten.batch_norm_update_stats(x, None, None, 0.0)  # biased variance; var_mean is 5x slower
+        xp = array_namespace("torch")
+        return _norm_grad_kernel(False)(xp, g, x, gamma, a) if mean is None else _saved_grad_kernel(False)(
+            xp, g, x, gamma, mean, rstd, a)
+    if mean is None:
+        mean, var = torch.ops.aten.batch_norm_update_stats(x, None, None, 0.0)  # biased variance; var_mean: 5x slower
+        rstd = torch.rsqrt(var + a.epsilon)
     last = torch.channels_last
     if x.ndim == 4 and x.is_contiguous(memory_format=last) != g.is_contiguous(memory_format=last):
         # one layout, NCHW: ATen's kernel for mixed ones is slower than converting one of them first (measured on
         # (32, 32, 16, 16): 1.18 ms mixed, 0.23 ms converting the channels-last one; 1.57 against 1.23 ms on
         # (32, 16, 32, 32), where converting to channels-last would gain nothing)
         g, x = g.contiguous(), x.contiguous()
-    res = torch.ops.aten.native_batch_norm_backward(g, x, gamma if a.scale else None, None, None, mean,
-                                                    torch.rsqrt(var + a.epsilon), True, a.epsilon,
-                                                    [True, a.scale, a.center])
+    res = torch.ops.aten.native_batch_norm_backward(g, x, gamma if a.scale else None, None, None, mean, rstd, True,
+                                                    a.epsilon, [True, a.scale, a.center])
     return _aten_results(res, gamma, a)
+
+
+def _with_stats(fn):
+    """``fn(g, x, gamma, a, mean, rstd)`` as the kernel of a gradient taking the statistics as operands."""
+    return lambda g, x, gamma, mean, rstd, a: fn(g, x, gamma, a, mean, rstd)
+
+
+def _grad_grad_setting(layer: bool, x: Expr, a, h: Expr) -> tuple:
+    """``(ndim, axis, statistics axes, other axes, count over the statistics axes, (hx, hgamma, hbeta))`` for the
+    gradient of a normalisation's gradient (a cotangent None where it is zero, or its parameter is off)."""
+    ndim = x.checked_type.ndim
+    axis = a.axis % ndim
+    stat = _stat_axes(layer, ndim, axis)
+    hx, hgam, hbeta = nonzero(field(h, 0)), nonzero(field(h, 1)), nonzero(field(h, 2))
+    cts = (hx, hgam if a.scale else None, hbeta if a.center else None)
+    return ndim, axis, stat, _other_axes(ndim, axis), count(x, stat), cts
 
 
 def _norm_grad_grad(layer: bool):
@@ -490,13 +711,7 @@ def _norm_grad_grad(layer: bool):
     def grad(call: Call, h: Expr):
         g, x, gamma = call.args
         a = call.attrs
-        ndim = x.checked_type.ndim
-        axis = a.axis % ndim
-        stat, others = _stat_axes(layer, ndim, axis), _other_axes(ndim, axis)
-        hx, hgam, hbeta = nonzero(field(h, 0)), nonzero(field(h, 1)), nonzero(field(h, 2))
-        hgam = hgam if a.scale else None
-        hbeta = hbeta if a.center else None
-        n = count(x, stat)
+        ndim, axis, stat, others, n, (hx, hgam, hbeta) = _grad_grad_setting(layer, x, a, h)
 
         def mean(v):
             return R.sum(v, stat, True) / n
@@ -534,17 +749,80 @@ def _norm_grad_grad(layer: bool):
     return grad
 
 
-def _norm_grad_op(name: str, layer: bool, attrs_type, impls: dict, torch_name: str, doc: str):
-    return defop(name, 3, _norm_grad_infer(name), kernel=_norm_grad_kernel(layer), impls=impls, attrs_type=attrs_type,
-                 grad=_norm_grad_grad(layer), pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: 12 * numel(ts[1].shape),
-                 dtypes=FLOAT_DTYPES, torch_name=torch_name, doc=doc)
+def _saved_grad_grad(layer: bool):
+    """Gradient of ``(dx, dgamma, dbeta) = F(g, x, gamma, mean, rstd)``, the statistics being operands like the
+    others: with xhat = (x - mean) rstd, gx = g gamma, B = mean_S(gx xhat), dx = rstd (gx - mean_S(gx) - xhat B).
+    For cotangents ``(hx, hgamma, hbeta)`` and u = rstd hx, c = mean_S(u xhat): d/dgx = u - mean_S(u) - xhat c,
+    d/dxhat = hgamma g - (u B + gx c), d/drstd = sum_S(hx dx / rstd) + sum_S(d/dxhat (x - mean)); then through
+    xhat and gx (d/dx = rstd d/dxhat, d/dmean = -sum_S(rstd d/dxhat))."""
+
+    def grad(call: Call, h: Expr):
+        g, x, gamma, mean, rstd = call.args
+        a = call.attrs
+        ndim, axis, stat, others, n, (hx, hgam, hbeta) = _grad_grad_setting(layer, x, a, h)
+
+        def mean_s(v):
+            return R.sum(v, stat, True) / n
+
+        def to_stat(v):  # summed to a statistic's shape
+            return R.sum(v, stat, layer)
+
+        vec = (lambda v: v) if layer else (lambda v: _as_axis_vec(v, ndim, axis))
+        xc = x - vec(mean)
+        r = vec(rstd)
+        xhat = xc * r
+        gam = _as_axis_vec(gamma, ndim, axis) if a.scale else None
+        gx = g * gam if a.scale else g
+        dg = dgamma = xhat_bar = r_bar = None
+        if hx is not None:
+            u = r * hx
+            c = mean_s(u * xhat)
+            gx_bar = u - mean_s(u) - xhat * c
+            dg = gx_bar * gam if a.scale else gx_bar
+            dgamma = R.sum(gx_bar * g, others) if a.scale else None
+            b = mean_s(gx * xhat)
+            xhat_bar = E.negative(u * b + gx * c)
+            r_bar = to_stat(hx * (gx - mean_s(gx) - xhat * b))
+        if hgam is not None:
+            hg = _as_axis_vec(hgam, ndim, axis)
+            dg = _add(dg, hg * xhat)
+            xhat_bar = _add(xhat_bar, hg * g)
+        if hbeta is not None:
+            dg = _add(dg, T.broadcast_to_like(_as_axis_vec(hbeta, ndim, axis), x))
+        dx = dmean = None
+        if xhat_bar is not None:
+            dx = xhat_bar * r
+            dmean = E.negative(to_stat(dx))
+            r_bar = _add(r_bar, to_stat(xhat_bar * xc))
+        return [dg, dx, dgamma, dmean, r_bar]
+
+    return grad
+
+
+def _norm_grad_op(layer: bool, saved: bool, doc: str):
+    """``nn.{layer,batch}_norm_grad`` (statistics recomputed) or ``nn.native_{layer,batch}_norm_grad`` (given)."""
+    kind = "layer" if layer else "batch"
+    name = f"nn.{'native_' if saved else ''}{kind}_norm_grad"
+    impls = {"numpy": _layer_norm_grad_numpy, "torch": _layer_norm_grad_torch} if layer else {
+        "numpy": _batch_norm_grad_numpy, "torch": _batch_norm_grad_torch}
+    if saved:
+        impls = {k: _with_stats(f) for k, f in impls.items()}
+    return defop(name, 5 if saved else 3, _norm_grad_infer(name, layer, saved),
+                 kernel=_saved_grad_kernel(layer) if saved else _norm_grad_kernel(layer), impls=impls,
+                 attrs_type=LayerNormAttrs if layer else BatchNormGradAttrs,
+                 grad=_saved_grad_grad(layer) if saved else _norm_grad_grad(layer), pattern=FusionKind.OPAQUE,
+                 flops=lambda ts, out, a: 12 * numel(ts[1].shape), dtypes=FLOAT_DTYPES,
+                 torch_name=f"native_{kind}_norm_backward", doc=doc)
 
 
 layer_norm_grad = _norm_grad_op(
-    "nn.layer_norm_grad", True, LayerNormAttrs, {"numpy": _layer_norm_grad_numpy, "torch": _layer_norm_grad_torch},
-    "native_layer_norm_backward",
-    "Gradient of ``nn.layer_norm``: ``(out_grad, data, gamma) -> (d data, d gamma, d beta)`` in one kernel.")
+    True, False, "Gradient of ``nn.layer_norm``: ``(out_grad, data, gamma) -> (d data, d gamma, d beta)`` in one kernel.")
 batch_norm_grad = _norm_grad_op(
-    "nn.batch_norm_grad", False, BatchNormGradAttrs, {"numpy": _batch_norm_grad_numpy, "torch": _batch_norm_grad_torch},
-    "native_batch_norm_backward",
+    False, False,
     "Gradient of ``nn.batch_norm(training=True)``'s output: ``(out_grad, data, gamma) -> (d data, d gamma, d beta)``.")
+native_layer_norm_grad = _norm_grad_op(
+    True, True, "``nn.layer_norm_grad`` with the statistics ``nn.native_layer_norm`` kept: ``(out_grad, data, gamma, "
+    "mean, rstd) -> (d data, d gamma, d beta)``.")
+native_batch_norm_grad = _norm_grad_op(
+    False, True, "``nn.batch_norm_grad`` with the statistics ``nn.native_batch_norm`` kept: ``(out_grad, data, gamma, "
+    "mean, rstd) -> (d data, d gamma, d beta)``.")

@@ -58,24 +58,29 @@ def rows(name: str, out: np.ndarray, *arrays: np.ndarray) -> bool:
     return kernel is not None
 
 
-def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[np.ndarray]:
-    """``nn.layer_norm`` of float32 rows ``x2`` (normalised axis last) with ``LayerNormAttrs`` ``a``, or None."""
+def layer_norm(x2: np.ndarray, gamma, beta, a) -> Optional[tuple]:
+    """``(out rows, mean, rstd)`` of ``nn.layer_norm`` on float32 rows ``x2`` (normalised axis last) with
+    ``LayerNormAttrs`` ``a`` (the statistics one per row), or None."""
     kernel = _kernel("layer_norm", x2)
     if kernel is None:
         return None
     out = np.empty_like(x2)
-    kernel(x2, _vector(gamma), _vector(beta), np.float32(a.epsilon), a.scale, a.center, out)
-    return out
+    mean, rstd = np.empty(x2.shape[0], x2.dtype), np.empty(x2.shape[0], x2.dtype)
+    kernel(x2, _vector(gamma), _vector(beta), np.float32(a.epsilon), a.scale, a.center, out, mean, rstd)
+    return out, mean, rstd
 
 
-def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a) -> Optional[tuple]:
-    """``(dx rows, dgamma, dbeta)`` of ``nn.layer_norm_grad`` on float32 rows, or None."""
-    kernel = _kernel("layer_norm_grad", g2, x2)
+def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a, mean=None, rstd=None) -> Optional[tuple]:
+    """``(dx rows, dgamma, dbeta)`` of ``nn.layer_norm_grad`` on float32 rows, or None; with ``mean`` and
+    ``rstd`` (one per row) those of ``nn.native_layer_norm_grad`` (the statistics given, not recomputed)."""
+    saved = mean is not None
+    kernel = _kernel("layer_norm_grad_saved" if saved else "layer_norm_grad", g2, x2)
     if kernel is None:
         return None
     dx = np.empty_like(x2)
     dgamma, dbeta = np.zeros(x2.shape[1]), np.zeros(x2.shape[1])  # float64 accumulators over the rows
-    kernel(g2, x2, _vector(gamma), np.float32(a.epsilon), a.scale, dx, dgamma, dbeta)
+    stats = (_vector(mean), _vector(rstd)) if saved else (np.float32(a.epsilon),)
+    kernel(g2, x2, _vector(gamma), *stats, a.scale, dx, dgamma, dbeta)
     return (dx, dgamma.astype(gamma.dtype) if a.scale else np.zeros_like(gamma),
             dbeta.astype(gamma.dtype) if a.center else np.zeros_like(gamma))
 

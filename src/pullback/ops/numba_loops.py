@@ -168,39 +168,56 @@ def row_stats(x, i, eps):  # (mean, 1 / sqrt(var + eps)) of row i, the variance 
 
 
 @jit
-def layer_norm_rows(x, gamma, beta, eps, scale, center, out):
+def layer_norm_rows(x, gamma, beta, eps, scale, center, out, mean_out, rstd_out):
+    """out = (x - mean) rstd (times gamma, plus beta) by rows; each row's mean and rstd into ``mean_out``/``rstd_out``."""
     for i in range(x.shape[0]):
         mean, rstd = row_stats(x, i, eps)
+        mean_out[i] = mean
+        rstd_out[i] = rstd
         for j in range(x.shape[1]):
             v = (x[i, j] - mean) * rstd
             v = v * gamma[j] if scale else v
             out[i, j] = v + beta[j] if center else v
 
 
-@jit
-def layer_norm_grad_rows(g, x, gamma, eps, scale, dx, dgamma, dbeta):
-    """dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g gamma; dgamma += g xhat and dbeta += g over rows
+@inline
+def layer_norm_grad_row(g, x, gamma, i, mean, rstd, scale, dx, dgamma, dbeta):
+    """Row i of dx = rstd (gx - mean(gx) - xhat mean(gx xhat)), gx = g gamma; dgamma += g xhat and dbeta += g
     (float64 accumulators ``dgamma``/``dbeta``)."""
     n = np.float32(x.shape[1])
+    m1 = ZERO
+    m2 = ZERO
+    for j in range(x.shape[1]):
+        xh = (x[i, j] - mean) * rstd
+        gx = g[i, j] * gamma[j] if scale else g[i, j]
+        m1 += gx
+        m2 += gx * xh
+        dgamma[j] += g[i, j] * xh
+        dbeta[j] += g[i, j]
+    m1 /= n
+    m2 /= n
+    for j in range(x.shape[1]):
+        xh = (x[i, j] - mean) * rstd
+        gx = g[i, j] * gamma[j] if scale else g[i, j]
+        dx[i, j] = rstd * (gx - m1 - xh * m2)
+
+
+@jit
+def layer_norm_grad_rows(g, x, gamma, eps, scale, dx, dgamma, dbeta):
+    """The layer norm gradient by rows, each row's statistics recomputed."""
     for i in range(x.shape[0]):
         mean, rstd = row_stats(x, i, eps)
-        m1 = ZERO
-        m2 = ZERO
-        for j in range(x.shape[1]):
-            xh = (x[i, j] - mean) * rstd
-            gx = g[i, j] * gamma[j] if scale else g[i, j]
-            m1 += gx
-            m2 += gx * xh
-            dgamma[j] += g[i, j] * xh
-            dbeta[j] += g[i, j]
-        m1 /= n
-        m2 /= n
-        for j in range(x.shape[1]):
-            xh = (x[i, j] - mean) * rstd
-            gx = g[i, j] * gamma[j] if scale else g[i, j]
-            dx[i, j] = rstd * (gx - m1 - xh * m2)
+        layer_norm_grad_row(g, x, gamma, i, mean, rstd, scale, dx, dgamma, dbeta)
+
+
+@jit
+def layer_norm_grad_saved_rows(g, x, gamma, mean, rstd, scale, dx, dgamma, dbeta):
+    """The layer norm gradient by rows with the rows' statistics given (``mean``, ``rstd``: one per row)."""
+    for i in range(x.shape[0]):
+        layer_norm_grad_row(g, x, gamma, i, mean[i], rstd[i], scale, dx, dgamma, dbeta)
 
 
 KERNELS = {"gelu/none": gelu_erf, "gelu/tanh": gelu_tanh, "gelu_grad/none": gelu_grad_erf, "gelu_grad/tanh": gelu_grad_tanh,
            "softmax": softmax_rows, "log_softmax": log_softmax_rows, "softmax_grad": softmax_grad_rows,
-           "log_softmax_grad": log_softmax_grad_rows, "layer_norm": layer_norm_rows, "layer_norm_grad": layer_norm_grad_rows}
+           "log_softmax_grad": log_softmax_grad_rows, "layer_norm": layer_norm_rows, "layer_norm_grad": layer_norm_grad_rows,
+           "layer_norm_grad_saved": layer_norm_grad_saved_rows}

@@ -31,7 +31,7 @@ GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
 CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
 ATEN_OPS = GEMMS | CONVOLUTIONS | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
-    "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad"})
+    "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"})
 # operators whose ATen kernel always returns new memory, shared with no other value
 ALLOCATING = GEMMS | CONVOLUTIONS
 
