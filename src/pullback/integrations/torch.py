@@ -42,6 +42,7 @@ from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES, build_for, version
 from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros, wanted
+from .structure import StructureWatch, module_structure, structure_change
 
 TARGETS = ("torch", "numpy", "jax")
 
@@ -366,65 +367,6 @@ def module_state(module) -> dict:
     return state
 
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks")
-
-
-_SCALARS = frozenset({bool, int, float, str, type(None)})
-_is_scalar = _SCALARS.__contains__
-
-
-def _settings(d: dict) -> tuple:
-    """A module's public attributes that are numbers, strings, None or tuples of them (``training``, a dropout's
-    ``p``, a user's ``temperature``): what ``forward`` may read as constants of the program."""
-    return tuple([(k, v) for k, v in d.items() if k[0] != "_" and (
-        _is_scalar(t := type(v)) or t is tuple and all(map(_is_scalar, map(type, v))))])
-
-
-def module_structure(module) -> list:
-    """What an exported program of ``module`` fixed besides the parameters' values and the inputs, one entry per
-    submodule: the submodule (identity), its public number attributes (train/eval mode, a dropout's ``p``:
-    ``_settings``), an instance ``forward``, its hooks (by the newest handle's id: ids only grow, so adding or
-    removing one changes it); then the global module hooks. A compiled module compares it at each call (about 3 us
-    per submodule), so a submodule switched to eval mode (frozen batch norm), a dropout rate or temperature
-    changed, a hook added or removed or a layer replaced after the first call is exported anew, as eager would
-    run it."""
-    from torch.nn.modules import module as torch_module
-
-    out = []
-    add = out.append
-    stack = [module]
-    while stack:
-        m = stack.pop()
-        d = m.__dict__
-        hooks = tuple((len(h), next(reversed(h))) if (h := d.get(name)) else None for name in _HOOKS)
-        add((m, _settings(d), d.get("forward"), hooks))
-        stack.extend(c for c in d.get("_modules", {}).values() if c is not None)
-    add(tuple((len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None
-              for name in _GLOBAL_HOOKS))
-    return out
-
-
-def structure_change(root, before: list, after: list) -> str:
-    """What differs between two ``module_structure`` lists of ``root``, in words (the first difference)."""
-    names = {id(m): f"submodule {n!r}" if n else "the module" for n, m in root.named_modules(remove_duplicate=False)}
-    for b, a in zip(before, after):
-        if b == a:
-            continue
-        if len(b) != 4 or len(a) != 4:
-            return "a global module hook was added or removed"
-        name = names.get(id(a[0]), "a submodule")
-        if b[0] is not a[0]:
-            return f"{name} was replaced, or submodules were added or removed"
-        if b[1] != a[1]:
-            was, now = dict(b[1]), dict(a[1])
-            key = next((k for k in {**was, **now} if was.get(k, ...) != now.get(k, ...)), "?")
-            return f"{name}: {key} changed from {was.get(key, 'unset')!r} to {now.get(key, 'unset')!r}"
-        return f"{name}: its forward or hooks changed"
-    return "submodules were added or removed"
-
-
 class ModuleState:
     """``module_state(module)`` looked up key by key when read (the module as it is at that moment; a few
     dictionary lookups per key instead of walking every submodule on every step)."""
@@ -539,6 +481,7 @@ def _module_class():
             self._params = None  # forward's parameters, their positions and order, read at the first call
             self._structures = [module_structure(module)]  # the module's structures seen (module_structure)
             self._structure = 0  # the index of the last one seen
+            self._watch = StructureWatch(module)  # has it changed since?
             if example_inputs is not None:
                 inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
                 key, _, tensors = self._state(inputs, *named)
@@ -611,7 +554,10 @@ def _module_class():
         def _structure_id(self) -> int:
             """The index of the module's structure (``module_structure``) among those seen: programs are kept
             per structure, so switching back (a layer frozen, then unfrozen) exports nothing again."""
+            if self._watch.unchanged():
+                return self._structure
             now = module_structure(self.module)
+            self._watch = StructureWatch(self.module)
             seen = self._structures
             if seen[self._structure] != now:
                 last, self._structure = seen[self._structure], next((i for i, s in enumerate(seen) if s == now), len(seen))
