@@ -47,15 +47,21 @@ def test_the_table_reaches_every_aten_operator():
     assert set().union(*(_taken(mod) for _, mod, _ in PROGRAMS)) == ATEN_OPS - ELEMENTWISE
 
 
-def test_large_relus_and_their_gradients_run_aten_kernels():
+def test_large_activations_softmaxes_and_their_gradients_run_aten_kernels():
     rng = np.random.default_rng(2)
     for shape, aten in (((8, 16, 16, 16), True), ((4, 8), False)):
         assert (np.prod(shape) >= ELEMENTWISE_MIN) == aten
         x, g = var("x", shape=shape), var("g", shape=shape)
-        fn = _typed(Function([x, g], op.nn.threshold_grad(g, op.nn.relu(x), 0.0)))
-        assert {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)} == (ELEMENTWISE if aten else set())
+        y = op.nn.softmax(x)
+        outs = [op.nn.threshold_grad(g, op.nn.relu(x), 0.0), op.nn.gelu_grad(g, op.nn.gelu(x)),
+                op.nn.softmax_grad(g, y), op.nn.log_softmax_grad(g, op.nn.log_softmax(x)),
+                op.nn.gelu(x, approximate="tanh")]
+        fn = _typed(Function([x, g], pb.Tuple(outs)))
+        taken = {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)}
+        assert taken == (ELEMENTWISE if aten else set())
         xs, gs = rng.standard_normal(shape).astype("float32"), rng.standard_normal(shape).astype("float32")
-        np.testing.assert_array_equal(pb.build(fn, aten=True)["main"](xs, gs), np.where(xs > 0, gs, 0))
+        for got, want in zip(pb.build(fn, aten=True)["main"](xs, gs), pb.build(fn)["main"](xs, gs)):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
 def test_an_aten_result_reaches_the_next_aten_kernel_without_a_copy():

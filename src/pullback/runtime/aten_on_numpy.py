@@ -1,7 +1,7 @@
 """ATen's kernels for the NumPy target's heavy operators, on the arrays' own memory (``build(..., aten=True)``).
 
 Where PyTorch is in the process (the PyTorch integration), the numpy target can run its GEMMs,
-convolutions, pooling, batch norm and large relus (and their gradients) with PyTorch's CPU kernels (oneDNN,
+convolutions, pooling, batch norm and large activations and softmaxes (and their gradients) with PyTorch's CPU kernels (oneDNN,
 ATen's pooling) on zero-copy views of the NumPy arrays (``torch.from_numpy`` / ``Tensor.numpy()``), and
 everything else with NumPy. A result that is not new memory is handed on as a read-only view, and a later
 ATen kernel reads it through a writable view of the same memory (never a copy).
@@ -32,11 +32,13 @@ from .torch_kernels import fast_kernel
 ATEN_DTYPES = frozenset({"float32", "float64"})
 GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
 CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
-# a CNN's activation and its gradient between ATen's convolutions, batch norms and pools: ATen runs them on both
-# cores (NumPy on one), from ELEMENTWISE_MIN elements (below, the call's own cost outweighs that). Measured on the
-# bench's BN-CNN, step against step in one process: 0.89x the step with NumPy's. The binary elementwise operators
-# stay NumPy's: through ATen, BERT's step took 1.03x (NumPy's run in place in the plan's reused buffers).
-ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad"})
+# activations, softmaxes and their gradients, one or two passes over memory: ATen runs them on both cores (NumPy
+# and the numba loops on one), from ELEMENTWISE_MIN elements (below, the call's own cost outweighs that). Measured
+# step against step in one process (NumPy's kernels -> these ATen's): BN-CNN 0.89x, transformer layer 0.97x, BERT
+# layer 0.96x, GPT-2 0.97x. The binary elementwise operators stay NumPy's: through ATen, BERT's step took 1.03x
+# (NumPy's run in place in the plan's reused buffers).
+ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "nn.gelu", "nn.gelu_grad", "nn.softmax", "nn.softmax_grad",
+                         "nn.log_softmax", "nn.log_softmax_grad"})
 ELEMENTWISE_MIN = 1 << 15
 ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
