@@ -8,6 +8,7 @@ answers "unchanged since?" at each call without building the structure again.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from operator import itemgetter
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -42,10 +43,27 @@ def _hooks(d: dict):
 
 
 def _global_hooks() -> tuple:
-    from torch.nn.modules import module as torch_module
-
+    torch_module = _torch_module()
     return tuple((len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None
                  for name in _GLOBAL_HOOKS)
+
+
+@lru_cache(maxsize=1)
+def _torch_module():
+    """``torch.nn.modules.module`` (where the global module hooks live), imported once: read at every call."""
+    from torch.nn.modules import module
+
+    return module
+
+
+def _submodules(module):
+    """``(submodule, its __dict__)`` for ``module`` and every submodule below it (an explicit stack)."""
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        d = m.__dict__
+        yield m, d
+        stack.extend(c for c in (d.get("_modules") or {}).values() if c is not None)
 
 
 def module_structure(module) -> list:
@@ -55,16 +73,7 @@ def module_structure(module) -> list:
     module checks it at each call (``StructureWatch``), so a submodule switched to eval mode (frozen batch norm),
     a dropout rate or temperature changed, a hook added or removed or a layer replaced after the first call is
     exported anew, as eager would run it."""
-    out = []
-    add = out.append
-    stack = [module]
-    while stack:
-        m = stack.pop()
-        d = m.__dict__
-        add((m, _settings(d), d.get("forward"), _hooks(d)))
-        stack.extend(c for c in d.get("_modules", {}).values() if c is not None)
-    add(_global_hooks())
-    return out
+    return [(m, _settings(d), d.get("forward"), _hooks(d)) for m, d in _submodules(module)] + [_global_hooks()]
 
 
 def structure_change(root, before: list, after: list) -> str:
@@ -106,17 +115,13 @@ class StructureWatch:
 
     def __init__(self, module):
         entries = []
-        stack = [module]
-        while stack:
-            d = stack.pop().__dict__
+        for _, d in _submodules(module):
             public = [k for k in d if k[0] != "_"]
             settings = _getter([k for k in public if _is_setting(d[k])])
             others = _getter([k for k in public if not _is_setting(d[k])])
             values = settings(d)
-            kids = d.get("_modules") or {}
             entries.append((d, len(d), settings, values, tuple(map(type, values)), others,
-                            tuple(map(type, others(d))), _hooks(d), tuple(kids.values())))
-            stack.extend(c for c in kids.values() if c is not None)
+                            tuple(map(type, others(d))), _hooks(d), tuple((d.get("_modules") or {}).values())))
         self._entries = entries
         self._global = _global_hooks()
 

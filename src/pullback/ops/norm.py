@@ -554,13 +554,7 @@ def _saved_grad_kernel(layer: bool):
 
 
 def _norm_grad_kernel(layer: bool):
-    saved = _saved_grad_kernel(layer)
-
-    def kernel(xp, g, x, gamma, a):
-        mean, rstd = _recomputed(xp, layer, x, a)
-        return saved(xp, g, x, gamma, mean, rstd, a)
-
-    return kernel
+    return lambda xp, g, x, gamma, a: _shared_grad(layer, xp, g, x, gamma, a, None, None)
 
 
 def _recomputed(xp, layer: bool, x, a) -> tuple:
@@ -570,13 +564,19 @@ def _recomputed(xp, layer: bool, x, a) -> tuple:
     return (mean, rstd) if layer else (xp.reshape(mean, (-1,)), xp.reshape(rstd, (-1,)))
 
 
+def _shared_grad(layer: bool, xp, g, x, gamma, a, mean, rstd) -> tuple:
+    """The shared kernel of the gradient, the statistics recomputed (``mean`` None) or given: where a target's
+    own kernel does not apply (another axis, another dtype)."""
+    if mean is None:
+        mean, rstd = _recomputed(xp, layer, x, a)
+    return _saved_grad_kernel(layer)(xp, g, x, gamma, mean, rstd, a)
+
+
 def _layer_norm_grad_numpy(g, x, gamma, a, mean=None, rstd=None):
     """Row blocks (normalised axis last, float32/64): about a dozen in-cache passes in two buffers; the rows'
     statistics recomputed, or given (``mean``, ``rstd``: ``nn.native_layer_norm_grad``)."""
     if not _rows_ok(x, a):
-        if mean is None:
-            return _norm_grad_kernel(True)(np, g, x, gamma, a)
-        return _saved_grad_kernel(True)(np, g, x, gamma, mean, rstd, a)
+        return _shared_grad(True, np, g, x, gamma, a, mean, rstd)
     g2, x2 = as_rows(g), as_rows(x)
     if mean is not None:
         mean, rstd = mean.reshape(-1, 1), rstd.reshape(-1, 1)
@@ -614,9 +614,7 @@ def _batch_norm_grad_numpy(g, x, gamma, a, mean=None, rstd=None):
     """dx = k g + b xc + c per channel: the statistics (recomputed, or given: ``nn.native_batch_norm_grad``) and
     both parameter gradients by einsum, two buffers."""
     if x.dtype == np.float16:
-        if mean is None:
-            return _norm_grad_kernel(False)(np, g, x, gamma, a)
-        return _saved_grad_kernel(False)(np, g, x, gamma, mean, rstd, a)
+        return _shared_grad(False, np, g, x, gamma, a, mean, rstd)
     axis, nd = a.axis % x.ndim, x.ndim
     n = x.dtype.type(max(x.size // max(x.shape[axis], 1), 1))
     xc = np.subtract(x, along(sum_except(axis, x) / n if mean is None else mean.astype(x.dtype, copy=False), nd, axis))
@@ -648,9 +646,7 @@ def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
     import torch
 
     if not _aten_layer_norm(x, a):
-        xp = array_namespace("torch")
-        return _norm_grad_kernel(True)(xp, g, x, gamma, a) if mean is None else _saved_grad_kernel(True)(
-            xp, g, x, gamma, mean, rstd, a)
+        return _shared_grad(True, array_namespace("torch"), g, x, gamma, a, mean, rstd)
     if mean is None:
         _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean: 10x slower
     res = torch.ops.aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, gamma if a.scale else None,
@@ -665,9 +661,7 @@ def _batch_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
     import torch
 
     if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64):
-        xp = array_namespace("torch")
-        return _norm_grad_kernel(False)(xp, g, x, gamma, a) if mean is None else _saved_grad_kernel(False)(
-            xp, g, x, gamma, mean, rstd, a)
+        return _shared_grad(False, array_namespace("torch"), g, x, gamma, a, mean, rstd)
     if mean is None:
         mean, var = torch.ops.aten.batch_norm_update_stats(x, None, None, 0.0)  # biased variance; var_mean: 5x slower
         rstd = torch.rsqrt(var + a.epsilon)
