@@ -1,9 +1,9 @@
 """ATen's kernels for the NumPy target's heavy operators, on the arrays' own memory (``build(..., aten=True)``).
 
 Where PyTorch is in the process (the PyTorch integration), the numpy target can run its GEMMs,
-convolutions, pooling, batch norm and large activations and softmaxes (and their gradients) with PyTorch's CPU kernels (oneDNN,
-ATen's pooling) on zero-copy views of the NumPy arrays (``torch.from_numpy`` / ``Tensor.numpy()``), and
-everything else with NumPy. A result that is not new memory is handed on as a read-only view, and a later
+convolutions, pooling, batch norm and large activations and softmaxes (and their gradients) with
+PyTorch's CPU kernels (oneDNN, ATen's pooling) on zero-copy views of the NumPy arrays
+(``torch.from_numpy`` / ``Tensor.numpy()``), and everything else with NumPy. A result that is not new memory is handed on as a read-only view, and a later
 ATen kernel reads it through a writable view of the same memory (never a copy).
 
 The GEMMs go with the convolutions on purpose: OpenBLAS (NumPy's GEMMs) and PyTorch's OpenMP each keep
@@ -28,6 +28,7 @@ from ..ir.expr import Call
 from ..ir.types import TensorType, TupleType
 from ..ops.common import numel
 from .torch_kernels import fast_kernel
+from .values import read_only  # a read-only view: a later ATen kernel reads its memory through a writable one
 
 ATEN_DTYPES = frozenset({"float32", "float64"})
 GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
@@ -105,17 +106,9 @@ def aten_kernel(call: Call) -> Optional[Callable]:
         # a result may be a view (a global pool's gradient broadcasts its input): read-only, as views are here
         *arrays, attrs = args
         out = fn(*[as_tensor(torch, a) for a in arrays], attrs)
-        return tuple(_read_only(o.numpy()) for o in out) if isinstance(out, tuple) else _read_only(out.numpy())
+        return tuple(read_only(o.numpy()) for o in out) if isinstance(out, tuple) else read_only(out.numpy())
 
     return run_read_only
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (not ``a`` itself made read-only: an ATen kernel reading the value later gets
-    a writable view of the same memory, ``as_tensor``, where a read-only base would cost it a copy)."""
-    view = a.view()
-    view.flags.writeable = False
-    return view
 
 
 __all__ = ["ATEN_OPS", "takes", "aten_kernel", "as_tensor"]
