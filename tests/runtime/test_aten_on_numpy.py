@@ -64,6 +64,25 @@ def test_large_activations_softmaxes_and_their_gradients_run_aten_kernels():
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+def test_constant_padding_runs_aten_kernel_into_new_writable_memory():
+    # constant padding (a single-tap convolution's weight gradient, negative widths crop) is ATen's; the other
+    # modes stay NumPy's. The result is new memory, handed on writable (the integration hands it to torch as is)
+    x = var("x", shape=(6, 5, 1, 1), dtype="float32")
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((6, 5, 1, 1)).astype("float32")
+    for widths, mode, aten in ((((0, 0), (0, 0), (1, 1), (1, 1)), "constant", True),
+                               (((0, 0), (-1, -2), (0, 0), (0, 0)), "constant", True),
+                               (((0, 0), (0, 0), (0, 0), (0, 0)), "constant", True),
+                               (((0, 0), (1, 1), (0, 0), (0, 0)), "reflect", False)):
+        fn = _typed(Function([x], op.nn.pad(x, widths, 0.5, mode)))
+        assert takes(fn.body) == aten
+        got = pb.build(fn, aten=True)["main"](a)
+        np.testing.assert_array_equal(got, pb.build(fn)["main"](a))
+        if aten:
+            out = aten_kernel(fn.body)(a, fn.body.attrs)
+            assert out.flags.writeable and not np.shares_memory(out, a)
+
+
 def test_an_aten_result_reaches_the_next_aten_kernel_without_a_copy():
     # pooling's result may be a view, so it is handed on read-only; the next ATen kernel still reads its memory
     x = var("x", shape=(2, 3, 8, 8), dtype="float32")
