@@ -17,7 +17,8 @@ median over the rounds. Columns:
   (NumPy and torch, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
 - ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
   between kernels): the median step CPU time (``time.process_time``) minus the median CPU time inside the
-  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the optimizer's,
+  executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the optimizer's
+  (``zero_grad`` and ``step``),
   plain and instrumented steps alternating (``integration_overhead``), as a share of ``cpu ms``;
   ``wall %``: the same on the wall clock (``time.perf_counter``), as a share of ``step ms``;
 - ``first s``: wall time from the start of compiling (``torch.compile`` / ``pullback...compile``: import,
@@ -247,34 +248,42 @@ def timer_cost(clock, n: int = 20000) -> float:
 
 def integration_overhead(m, step, opt, reps: int, clock) -> dict:
     """The integration's own time per step (conversions, autograd, Python between kernels): the median step
-    minus the median time inside its kernels and the optimizer. Plain steps alternate with instrumented ones
-    (every kernel call timed, ``KernelClock``; one clock read per call, calibrated by ``timer_cost``, taken
-    off), so the instrumentation's own Python is in neither figure."""
+    minus the median time inside its kernels and the optimizer's (``zero_grad`` and ``step``: the training
+    loop's, not the integration's). Plain steps alternate with instrumented ones (every kernel call timed,
+    ``KernelClock``; one clock read per call, calibrated by ``timer_cost``, taken off), so the
+    instrumentation's own Python is in neither figure."""
     (tp,) = m._programs.values()
     cost = timer_cost(clock)
-    plain, kernels, sgd = [], [], []
+    plain, kernels, optimizer = [], [], []
     timer = KernelClock(clock)
-    step_sgd = opt.step
+    methods = {name: getattr(opt, name) for name in ("zero_grad", "step")}
+    spent = [0.0]
 
-    def timed_sgd():
-        t0 = clock()
-        step_sgd()
-        sgd.append(clock() - t0)
+    def timed(method):
+        def run(*args, **kwargs):
+            t0 = clock()
+            method(*args, **kwargs)
+            spent[0] += clock() - t0
+
+        return run
 
     for _ in range(reps):
         t0 = clock()
         step()
         plain.append(clock() - t0)
         undo = [timer.install(f) for f in (tp.fwd, tp.bwd)]
-        opt.step = timed_sgd
-        k0, n0 = timer.seconds, timer.calls
+        for name, method in methods.items():
+            setattr(opt, name, timed(method))
+        k0, n0, spent[0] = timer.seconds, timer.calls, 0.0
         step()
         kernels.append(timer.seconds - k0 - (timer.calls - n0) * cost)
-        opt.step = step_sgd
+        optimizer.append(spent[0])
+        for name in methods:
+            del opt.__dict__[name]
         for u in undo:
             u()
     k = statistics.median(kernels)
-    return {"kernels_ms": k * 1e3, "overhead_ms": (statistics.median(plain) - k - statistics.median(sgd)) * 1e3}
+    return {"kernels_ms": k * 1e3, "overhead_ms": (statistics.median(plain) - k - statistics.median(optimizer)) * 1e3}
 
 
 def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, threads: int, policy: str,
