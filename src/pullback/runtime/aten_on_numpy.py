@@ -1,9 +1,10 @@
 """ATen's kernels for the NumPy target's heavy operators, on the arrays' own memory (``build(..., aten=True)``).
 
 Where PyTorch is in the process (the PyTorch integration), the numpy target can run its GEMMs,
-convolutions, pooling, batch norm and large activations and softmaxes (and their gradients) with
-PyTorch's CPU kernels (oneDNN, ATen's pooling) on zero-copy views of the NumPy arrays
-(``torch.from_numpy`` / ``Tensor.numpy()``), and everything else with NumPy. A result that is not new memory is handed on as a read-only view, and a later
+convolutions, pooling, batch norm, constant padding and large activations and softmaxes (and their
+gradients) with PyTorch's CPU kernels (oneDNN, ATen's pooling) on zero-copy views of the NumPy arrays
+(``torch.from_numpy`` / ``Tensor.numpy()``), and everything else with NumPy. A result that is not new
+memory is handed on as a read-only view, and a later
 ATen kernel reads it through a writable view of the same memory (never a copy).
 
 The GEMMs go with the convolutions on purpose: OpenBLAS (NumPy's GEMMs) and PyTorch's OpenMP each keep
