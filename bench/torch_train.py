@@ -34,12 +34,15 @@ median over the rounds. Columns:
   high-water mark is reset then through ``/proc/self/clear_refs``, so import-time peaks do not count);
   ``+MB``: that peak above the resident memory just before compiling (libraries imported, model and batch
   built): what compiling and training added;
-- ``saved MB``: bytes saved for the backward, parameters and inputs included: eager and Inductor through
-  ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages: a weight autograd saves, e.g. as
-  ``w.t()`` for a linear layer, counts once, as does an input batch it saves), pullback the residuals of
-  ``@main_fwd`` (``analysis.saved_bytes``; a parameter or input of the program counts once);
-  ``act MB``: the same without the parameters' and inputs' storages (eager) or the residuals that are
-  parameters of ``@main_fwd`` (pullback): the memory that saving for the backward adds;
+- ``saved MB``: bytes saved for the backward, parameters and inputs included, counted the same way for every
+  row: the distinct memory kept for the backward after a forward (a weight saved as ``w.t()`` counts once, as
+  does an input batch), eager and Inductor through ``torch.autograd.graph.saved_tensors_hooks``, pullback
+  the residuals its autograd Function keeps (``save_for_backward`` tensors on the torch target, the target's
+  arrays elsewhere, each by the storage that owns its memory: ``_saved_bytes_pullback``);
+  ``act MB``: the same without the storages of the parameters, buffers and inputs: the memory that saving
+  for the backward adds. (The JSON rows also hold ``ir_saved_mb`` / ``ir_act_mb``, ``analysis.saved_bytes``
+  of ``@main_fwd``: the residuals' types summed, a view of another residual or of a parameter counted as a
+  value of its own, as a target that materialises every residual would hold them);
 - pullback rows come once per ``--policy`` (``save_all``, ``min_cut``); below the table, per workload and
   target, min_cut's saved bytes and step time as a share of save_all's;
 - ``cpu ms``: the process's CPU time per step (median; all its threads): with ``--threads 1`` a figure
@@ -185,6 +188,39 @@ def _saved_bytes_eager(step, held) -> tuple[int, int]:
         step()
     kept = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
     return sum(storages.values()), sum(v for k, v in storages.items() if k not in kept)
+
+
+def _memory_key(value, torch) -> tuple:
+    """``(key, bytes)`` of the memory a saved value keeps alive: a tensor's storage, a NumPy array's base (the
+    torch tensor or array that owns its memory), a jax array's own buffer."""
+    import numpy as np
+
+    while isinstance(value, np.ndarray) and value.base is not None and not isinstance(value.base, torch.Tensor):
+        value = value.base
+    if isinstance(value, np.ndarray) and isinstance(value.base, torch.Tensor):
+        value = value.base
+    if isinstance(value, torch.Tensor):
+        s = value.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    if isinstance(value, np.ndarray):
+        return value.__array_interface__["data"][0], value.nbytes
+    return id(value), int(value.nbytes)
+
+
+def _saved_bytes_pullback(m, inputs, held) -> tuple[int, int]:
+    """(all, activations) as ``_saved_bytes_eager`` counts them, for a compiled module: the distinct memory its
+    autograd Function keeps for the backward after a forward (``save_for_backward`` tensors on the torch target,
+    the residual arrays elsewhere), by what owns it (``_memory_key``), without the storages of ``held``."""
+    import torch
+
+    out = m(*inputs)
+    ctx = out.grad_fn
+    residuals = getattr(ctx, "residuals", None)  # the target's arrays (numpy, jax); torch: save_for_backward
+    saved = ctx.saved_tensors if residuals is None else residuals
+    owners = dict(_memory_key(v, torch) for v in saved)
+    kept = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
+    out.backward()
+    return sum(owners.values()), sum(v for k, v in owners.items() if k not in kept)
 
 
 def _gemm_flops(model, inputs) -> int:
@@ -360,8 +396,10 @@ def run_config(workload: str, config: str, small: bool, reps: int, warmup: int, 
         from pullback.analysis.saved import saved_bytes
 
         (tp,) = m._programs.values()
-        row["saved_mb"] = saved_bytes(tp.mod, "main_fwd") / 2**20
-        row["act_mb"] = saved_bytes(tp.mod, "main_fwd", inputs=False) / 2**20
+        total, act = _saved_bytes_pullback(m, inputs, [*model.parameters(), *model.buffers(), *inputs])
+        row["saved_mb"], row["act_mb"] = total / 2**20, act / 2**20
+        row["ir_saved_mb"] = saved_bytes(tp.mod, "main_fwd") / 2**20
+        row["ir_act_mb"] = saved_bytes(tp.mod, "main_fwd", inputs=False) / 2**20
     if config != "eager":  # after the peak: the eager twin's memory is not the row's
         row["x_eager_alternating"] = alternating_ratio(step, model, inputs, reps, warmup)
     return row
@@ -476,7 +514,7 @@ def _policy_note(rows: dict, w: str, configs: list) -> str:
         target, _, policy = c.partition("/")
         base, r = rows.get((w, target), {}), rows.get((w, c), {})
         if policy and "step_ms" in r and "step_ms" in base:
-            parts.append(f"{target} {policy}: saved {r['saved_mb'] / base['saved_mb']:.0%} (act {r['act_mb'] / base['act_mb']:.0%}) "
+            parts.append(f"{target} {policy}: saved {r['saved_mb'] / base['saved_mb']:.1%} (act {r['act_mb'] / base['act_mb']:.1%}) "
                          f"at {r['step_ms'] / base['step_ms']:.2f}x step, {r['cpu_ms'] / base['cpu_ms']:.2f}x cpu")
     return f"{'':<12s}vs save_all: " + "; ".join(parts) if parts else ""
 
@@ -520,6 +558,54 @@ def print_table(rows: dict, rates: dict, workloads: list, configs: list) -> None
             if phases:
                 print(f"{'':<12s}first step, pullback {c} (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         print()
+
+
+# issue 14's bars, as (limit, strict): the best pullback target's ``x alt`` per workload ("at or under 0.9", "under
+# 1.0"), and for every workload the numpy target's ``x alt``, the best target's wall-clock overhead and every
+# pullback row's first step; min_cut's activations saved and step time against save_all's (transformer, BERT)
+BEST_BAR = {"transformer": (0.9, False), "bert": (0.9, False), "cnn": (1.0, True), "resnet": (1.0, True),
+            "gpt2": (1.0, True)}
+NUMPY_BAR, OVERHEAD_BAR, FIRST_BAR = (1.0, False), (0.05, True), (3.0, True)
+SAVED_BAR, MIN_CUT_STEP_BAR = (0.6, False), (1.1, False)
+
+
+def _met(value: float, bar: tuple) -> bool:
+    limit, strict = bar
+    return value < limit if strict else value <= limit
+
+
+def _bar(label: str, value, bar: tuple, text: str, scale: float = 1.0, unit: str = "") -> str:
+    if value is None:
+        return f"{label} -"
+    limit, strict = bar
+    return f"{label} {text} {'<' if strict else '<='} {limit * scale:g}{unit} {'met' if _met(value, bar) else 'MISSED'}"
+
+
+def print_bars(rows: dict, workloads: list, configs: list) -> None:
+    """One line per workload: each of issue 14's bars, met or missed, from the table's rows."""
+    print("issue 14's bars (x alt; overhead: wall clock, the best target's row; min_cut: activations saved and step "
+          "time against save_all on the same target):")
+    for w in workloads:
+        ours = {c: rows[(w, c)] for c in configs if c not in ("eager", "inductor") and "step_ms" in rows.get((w, c), {})}
+        plain = {c: r for c, r in ours.items() if "/" not in c and r.get("x_eager_alternating") is not None}
+        if not plain:
+            continue
+        best = min(plain, key=lambda c: plain[c]["x_eager_alternating"])
+        r = plain[best]
+        alt, numpy = r["x_eager_alternating"], plain.get("numpy", {}).get("x_eager_alternating")
+        wall = r["wall_overhead_ms"] / r["step_ms"] if "wall_overhead_ms" in r else None
+        first = max(o["first_s"] for o in ours.values())
+        parts = [_bar("best", alt, BEST_BAR[w], f"{alt:.3f} ({best})"),
+                 _bar("numpy", numpy, NUMPY_BAR, f"{numpy:.3f}" if numpy is not None else ""),
+                 _bar("overhead", wall, OVERHEAD_BAR, f"{100 * wall:.1f}%" if wall is not None else "", 100, "%"),
+                 _bar("first step", first, FIRST_BAR, f"{first:.2f} s", unit=" s")]
+        if w in ("transformer", "bert"):
+            base, cut = rows.get((w, best), {}), rows.get((w, f"{best}/min_cut"), {})
+            if "act_mb" in cut and "act_mb" in base:
+                saved, step = cut["act_mb"] / base["act_mb"], cut["step_ms"] / base["step_ms"]
+                parts += [_bar("min_cut act", saved, SAVED_BAR, f"{100 * saved:.1f}%", 100, "%"),
+                          _bar("min_cut step", step, MIN_CUT_STEP_BAR, f"{step:.2f}x", unit="x")]
+        print(f"  {w:<12s}" + " | ".join(parts))
 
 
 def main() -> None:
@@ -585,6 +671,8 @@ def main() -> None:
           f"median of {reps} steps after {args.warmup} warm-up, {args.pick} of {args.rounds} round(s); "
           f"{'small' if args.small else 'full'} sizes; load average {load0:.1f} at start, {_load():.1f} at end\n")
     print_table(rows, rates, workloads, configs)
+    if not args.small:  # the bars are set at the full sizes
+        print_bars(rows, workloads, configs)
     if args.json:
         Path(args.json).write_text(json.dumps({"rates": rates, "rate_runs": rate_runs,
                                                "runs": {f"{w}/{c}": r for (w, c), r in runs.items()}}, indent=1))
