@@ -131,24 +131,17 @@ def _affine(out, gamma, beta, a, ndim: int, axis: int):
     return out + _vec(beta, ndim, axis) if a.center else out
 
 
-def layer_norm_math(xp, x, gamma, beta, a):
-    """Layer norm written once for any array namespace ``xp`` (in x's dtype)."""
-    axis = a.axis % x.ndim
-    mu = xp.mean(x, axis=axis, keepdims=True)
-    var = xp.mean((x - mu) ** 2, axis=axis, keepdims=True)
-    return _affine((x - mu) / xp.sqrt(var + a.epsilon), gamma, beta, a, x.ndim, axis)
-
-
-def _layer_norm_kernel(xp, x, gamma, beta, a):
-    return as_dtype(xp, layer_norm_math(xp, widen16(xp, x), gamma, beta, a), x.dtype)
-
-
 def _native_layer_norm_kernel(xp, x, gamma, beta, a):
+    """Layer norm written once for any array namespace ``xp``: (out, mean, rstd), the statistics kept."""
     axis = a.axis % x.ndim
     xw = widen16(xp, x)
     mean, rstd = _moments(xp, xw, (axis,), a.epsilon)
     out = _affine((xw - mean) * rstd, gamma, beta, a, x.ndim, axis)
     return tuple(as_dtype(xp, v, x.dtype) for v in (out, mean, rstd))
+
+
+def _layer_norm_kernel(xp, x, gamma, beta, a):
+    return _native_layer_norm_kernel(xp, x, gamma, beta, a)[0]
 
 
 def _rows_ok(x, a) -> bool:
@@ -192,7 +185,7 @@ def _native_layer_norm_numpy(x, gamma, beta, a):
 
 
 def _layer_norm_numpy(x, gamma, beta, a):
-    return _native_layer_norm_numpy(x, gamma, beta, a)[0] if _rows_ok(x, a) else _layer_norm_kernel(np, x, gamma, beta, a)
+    return _native_layer_norm_numpy(x, gamma, beta, a)[0]
 
 
 def _aten_layer_norm(x, a) -> bool:
