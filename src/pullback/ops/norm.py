@@ -44,7 +44,7 @@ from .common import float_arg, normalize_axis, numel, same_dtype, tensor_arg
 from . import numba_kernels
 from .nn import as_dtype, check_bool, check_float, check_int, count, field, lazy, nonzero, same_shape, scalar, widen16
 from .npfast import along, as_rows, row_blocks, sum_along, sum_except
-from .registry import FusionKind, array_namespace, defop, type_error
+from .registry import FusionKind, OpDef, array_namespace, defop, type_error
 
 _sqrt = lazy("sqrt")
 
@@ -490,6 +490,37 @@ native_batch_norm = _native_op(
     "``nn.batch_norm`` that also returns the per-channel statistics it normalised with: ``(out, new_moving_mean, "
     "new_moving_var, mean, rstd)`` (the batch's in training, the moving ones else); in training its gradient "
     "reads them (``nn.native_batch_norm_grad``).")
+
+# (mean, rstd) fields of each native normalisation
+_STATISTICS = {native_layer_norm: (1, 2), native_batch_norm: (3, 4)}
+
+
+def output_from_statistics(node: Expr, operand=None):
+    """``(x - mean) * rstd * gamma + beta``, elementwise from the statistics the call returned, for the output
+    ``node`` (field 0) of a float32/64 ``nn.native_layer_norm`` or ``nn.native_batch_norm``; else None.
+    ``operand(arg)``: the expression to read for each of the call's ``x``, ``gamma``, ``beta`` (default: itself).
+    The forward-backward partitioner recomputes normalised outputs so in the backward instead of saving them."""
+    if not (isinstance(node, TupleGetItem) and node.index == 0 and isinstance(node.tuple_value, Call)):
+        return None
+    call = node.tuple_value
+    fields = _STATISTICS.get(call.op) if isinstance(call.op, OpDef) else None
+    if fields is None:
+        return None
+    x, gamma, beta = (arg if operand is None else operand(arg) for arg in call.args[:3])
+    t = x.checked_type
+    if not isinstance(t, TensorType) or t.dtype not in ("float32", "float64"):
+        return None
+    a, ndim = call.attrs, t.ndim
+    axis = a.axis % ndim
+    mean, rstd = (TupleGetItem(call, i) for i in fields)
+    if call.op is native_batch_norm:  # per channel ``x * k + c``, as ATen's kernel and the NumPy one: two passes
+        k = rstd * gamma if a.scale else rstd
+        c = beta - mean * k if a.center else E.negative(mean * k)
+        return x * _as_axis_vec(k, ndim, axis) + _as_axis_vec(c, ndim, axis)
+    out = (x - mean) * rstd  # per row (the statistics keep the data's rank)
+    if a.scale:
+        out = out * _as_axis_vec(gamma, ndim, axis)
+    return out + _as_axis_vec(beta, ndim, axis) if a.center else out
 
 
 # ------------------------------------------------------------------ layer_norm_grad / batch_norm_grad
