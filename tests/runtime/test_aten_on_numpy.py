@@ -16,7 +16,7 @@ from op_table import table_programs
 from pullback import Function, op, var
 from pullback.ir.expr import Call
 from pullback.ir.traversal import post_order
-from pullback.runtime.aten_on_numpy import ATEN_OPS, ELEMENTWISE, ELEMENTWISE_MIN, as_tensor, aten_kernel, takes
+from pullback.runtime.aten_on_numpy import ATEN_OPS, ELEMENTWISE, as_tensor, aten_kernel, takes
 
 torch = pytest.importorskip("torch")
 
@@ -43,14 +43,12 @@ PROGRAMS = [(name, mod, inputs) for name, mod, inputs in table_programs("torch")
 
 
 def test_the_table_reaches_every_aten_operator():
-    # (the elementwise ones take ATen's kernel from ELEMENTWISE_MIN elements, more than the table's tensors hold)
-    assert set().union(*(_taken(mod) for _, mod, _ in PROGRAMS)) == ATEN_OPS - ELEMENTWISE
+    assert set().union(*(_taken(mod) for _, mod, _ in PROGRAMS)) == ATEN_OPS
 
 
-def test_large_activations_softmaxes_and_their_gradients_run_aten_kernels():
+def test_activations_softmaxes_and_their_gradients_run_aten_kernels_at_every_size():
     rng = np.random.default_rng(2)
-    for shape, aten in (((8, 16, 16, 16), True), ((4, 8), False)):
-        assert (np.prod(shape) >= ELEMENTWISE_MIN) == aten
+    for shape in ((8, 16, 16, 16), (4, 8)):
         x, g = var("x", shape=shape), var("g", shape=shape)
         y = op.nn.softmax(x)
         outs = [op.nn.threshold_grad(g, op.nn.relu(x), 0.0), op.nn.gelu_grad(g, op.nn.gelu(x)),
@@ -58,7 +56,7 @@ def test_large_activations_softmaxes_and_their_gradients_run_aten_kernels():
                 op.nn.gelu(x, approximate="tanh")]
         fn = _typed(Function([x, g], pb.Tuple(outs)))
         taken = {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)}
-        assert taken == (ELEMENTWISE if aten else set())
+        assert taken == ELEMENTWISE
         xs, gs = rng.standard_normal(shape).astype("float32"), rng.standard_normal(shape).astype("float32")
         for got, want in zip(pb.build(fn, aten=True)["main"](xs, gs), pb.build(fn)["main"](xs, gs)):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

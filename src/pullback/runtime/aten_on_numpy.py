@@ -1,7 +1,7 @@
 """ATen's kernels for the NumPy target's heavy operators, on the arrays' own memory (``build(..., aten=True)``).
 
 Where PyTorch is in the process (the PyTorch integration), the numpy target can run its GEMMs,
-convolutions, pooling, batch norm, constant padding and large activations and softmaxes (and their
+convolutions, pooling, batch norm, constant padding, activations and softmaxes (and their
 gradients) with PyTorch's CPU kernels (oneDNN, ATen's pooling) on zero-copy views of the NumPy arrays
 (``torch.from_numpy`` / ``Tensor.numpy()``), and everything else with NumPy. A result that is not new
 memory is handed on as a read-only view, and a later
@@ -27,7 +27,6 @@ import numpy as np
 
 from ..ir.expr import Call
 from ..ir.types import TensorType, TupleType
-from ..ops.common import numel
 from .torch_kernels import fast_kernel
 from .values import read_only  # a read-only view: a later ATen kernel reads its memory through a writable one
 
@@ -35,13 +34,14 @@ ATEN_DTYPES = frozenset({"float32", "float64"})
 GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
 CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
 # activations, softmaxes and their gradients, one or two passes over memory: ATen runs them on both cores (NumPy
-# and the numba loops on one), from ELEMENTWISE_MIN elements (below, the call's own cost outweighs that). Measured
-# step against step in one process (NumPy's kernels -> these ATen's): BN-CNN 0.89x, transformer layer 0.97x, BERT
-# layer 0.96x, GPT-2 0.97x. The binary elementwise operators stay NumPy's: through ATen, BERT's step took 1.03x
-# (NumPy's run in place in the plan's reused buffers).
+# and the numba loops on one). Measured step against step in one process (NumPy's kernels -> these ATen's): BN-CNN
+# 0.89x, transformer layer 0.97x, BERT layer 0.96x, GPT-2 0.97x. Small ones too: in a training step each NumPy call
+# runs cold, the ATen kernel before it having evicted the interpreter's and NumPy's own data from the caches (a
+# classifier's (32, 10) log-softmax, seven ufunc calls: 124 us in the BN-CNN's step, 11 us in a loop; ATen's
+# 17 us), so taking them too made the BN-CNN's step 0.97-0.98x and the transformer's 0.99x. The binary elementwise
+# operators stay NumPy's: through ATen, BERT's step took 1.03x (NumPy's run in place in the plan's reused buffers).
 ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "nn.gelu", "nn.gelu_grad", "nn.softmax", "nn.softmax_grad",
                          "nn.log_softmax", "nn.log_softmax_grad"})
-ELEMENTWISE_MIN = 1 << 15
 # constant padding (ATen's ``constant_pad_nd``: always new memory, filled on both cores): ResNet-18's single-tap
 # weight gradients pad 1 MB to 9.4 MB each (0.52 -> 0.38 ms in the step); its step 0.96-0.99x in one process
 PADS = frozenset({"nn.pad"})
@@ -67,8 +67,6 @@ def takes(call: Call) -> bool:
 def _torch_kernel(call: Call) -> Optional[Callable]:
     out = call.checked_type
     if not (call.op.name in ATEN_OPS and _float_tensors(out) and all(_float_tensors(a.checked_type) for a in call.args)):
-        return None
-    if call.op.name in ELEMENTWISE and not (out.is_static and numel(out.shape) >= ELEMENTWISE_MIN):
         return None
     if call.op.name in PADS and call.attrs.pad_mode != "constant":  # the others: not ATen's, maybe not new memory
         return None
