@@ -18,11 +18,11 @@ from pullback.testing.torch_models import make_workload  # noqa: E402
 from pullback.transform import PartitionForwardBackward  # noqa: E402
 
 STEPS = 3
-TARGETS = ["numpy"] + (["jax"] if importlib.util.find_spec("jax") else [])
+TARGETS = ["numpy", "torch"] + (["jax"] if importlib.util.find_spec("jax") else [])
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", ["transformer", "bert", "cnn"])
+@pytest.mark.parametrize("name", ["transformer", "bert", "cnn", "resnet", "gpt2"])
 def test_min_cut_training_tracks_eager(name, target):
     wl = make_workload(name, small=True)
     batches = [(wl.batch(step), None) for step in range(STEPS)]

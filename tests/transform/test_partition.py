@@ -317,7 +317,19 @@ def one_branch_residual():
     return pullback.IRModule.from_expr(pullback.Function([c, d, x, w, g, b], op.add(z, x)))
 
 
-IF_PROGRAMS = {"nested": nested_if, "tuple": tuple_if, "one_branch": one_branch_residual}
+def norms_and_branches():
+    """A training batch norm before two Ifs and a layer norm inside a branch, their outputs read by GEMMs (min_cut
+    may rebuild the batch norm's in the backward, never the one in a branch)."""
+    c, d = _bool("c"), _bool("d")
+    x, w = pullback.var("x", shape=(4, 6)), pullback.var("w", shape=(6, 6))
+    g, b, mm, mv = (pullback.var(n, shape=(6,)) for n in ("g", "b", "mm", "mv"))
+    bn = op.nn.native_batch_norm(op.nn.dense(x, w), g, b, mm, mv, axis=1, training=True)[0]
+    y = If(c, op.nn.dense(op.nn.native_layer_norm(op.exp(bn), g, b)[0], w), op.tanh(bn))
+    z = If(d, op.nn.dense(bn, w), op.multiply(y, y))
+    return pullback.IRModule.from_expr(pullback.Function([c, d, x, w, g, b, mm, mv], op.add(z, y)))
+
+
+IF_PROGRAMS = {"nested": nested_if, "tuple": tuple_if, "one_branch": one_branch_residual, "norms": norms_and_branches}
 PARTITIONS = [dict(policy="save_all"), dict(policy="min_cut"), dict(policy="min_cut", target="jax"),
               dict(policy="min_cut", recompute_ns_per_byte=1.0),
               dict(policy="min_cut", recompute_ns_per_byte=float("inf")), dict(policy="min_cut", recompute_ns_per_byte=0)]

@@ -234,7 +234,7 @@ def _from_statistics(fn: Function, split: _Split, name: str) -> tuple[_Split, se
 
     def rule(old: Expr, new: Expr) -> Optional[Expr]:
         rebuilt = None
-        if isinstance(old, TupleGetItem):
+        if isinstance(old, TupleGetItem) and split.unconditional(old.tuple_value):  # its operands read anywhere
             rebuilt = output_from_statistics(old, lambda arg: memo.get(id(arg), arg))
         if rebuilt is not None:
             rebuilt = transform(rebuilt, same_field)
