@@ -139,6 +139,8 @@ def test_as_tensor_shares_memory_where_it_can():
     assert as_tensor(torch, src).data_ptr() != src.ctypes.data
     rev = a[:, ::-1]  # negative strides: a copy
     torch.testing.assert_close(as_tensor(torch, rev), torch.from_numpy(a.copy()).flip(1))
+    rev.flags.writeable = False  # read-only and negative strides: a copy too
+    torch.testing.assert_close(as_tensor(torch, rev), torch.from_numpy(a.copy()).flip(1))
     s = as_tensor(torch, np.float64(2.5))  # a NumPy scalar: a 0-d tensor
     assert s.shape == () and s.item() == 2.5
 

@@ -78,23 +78,19 @@ def as_tensor(torch, a: np.ndarray):
     """A tensor on ``a``'s memory: a read-only array (an input, a view of one) through a writable view of
     the same memory (ATen's kernels never write into their operands); a copy where no view can be made
     (memory that is read-only at its source, negative strides); a NumPy scalar as a 0-d tensor."""
-    if type(a) is np.ndarray and a.flags.writeable:
-        try:
-            return torch.from_numpy(a)
-        except ValueError:  # negative strides
-            return torch.from_numpy(np.ascontiguousarray(a))
     if not isinstance(a, np.ndarray):
         a = np.array(a)
-    if not a.flags.writeable:
+    elif not a.flags.writeable:
         v = a.view()
         try:
             v.flags.writeable = True
             a = v
-        except ValueError:
+        except ValueError:  # read-only at its source
             a = np.array(a)
-    if any(s < 0 for s in a.strides):
-        a = np.ascontiguousarray(a)
-    return torch.from_numpy(a)
+    try:
+        return torch.from_numpy(a)
+    except ValueError:  # negative strides
+        return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def aten_kernel(call: Call) -> Optional[Callable]:
