@@ -227,7 +227,8 @@ def _from_statistics(fn: Function, split: _Split, name: str) -> tuple[_Split, se
         return split, set(), {}
     origin: dict = {}
     memo: dict = {}
-    fields = {_value_key(n): n for n in post_order(fn.body) if isinstance(n, TupleGetItem)}
+    order = post_order(fn.body)
+    fields = {_value_key(n): n for n in order if isinstance(n, TupleGetItem)}
 
     def same_field(old: Expr, new: Expr) -> Optional[Expr]:  # the statistics, read through the graph's own fields
         return fields.get(_value_key(new)) if isinstance(new, TupleGetItem) else None
@@ -250,7 +251,7 @@ def _from_statistics(fn: Function, split: _Split, name: str) -> tuple[_Split, se
     grads = transform(split.grads, rule, memo=memo)
     if grads is split.grads:
         return split, set(), {}
-    before = {id(n) for n in post_order(fn.body)}
+    before = {id(n) for n in order}
     new_fn = Function(list(fn.params), Tuple([split.out, grads]), fn.ret_type)
     return _Split(new_fn, name), {id(n) for n in post_order(grads) if id(n) not in before}, origin
 
