@@ -7,6 +7,8 @@ depthwise, non-square kernels and sizes the stride does not divide.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -360,8 +362,33 @@ def norm_grad_case(kind, shape, axis, **attrs):
                 torch=norm_grad_torch(kind, axis, attrs.get("epsilon", 1e-5)), id=f"{kind}_norm_grad-{shape}-axis{axis}")
 
 
+def clamp_back(lo, hi):  # PyTorch's clamp backward (autograd), differentiable in the output gradient
+    def f(g, x):
+        import torch
+
+        xv = x.detach().requires_grad_()
+        return torch.autograd.grad(torch.clamp(xv, lo, hi), xv, g, create_graph=True)[0]
+
+    return f
+
+
+def on_bounds(lo, hi, *shape):
+    """Normal values, every third one exactly ``lo`` or ``hi`` (clip's gradient keeps them)."""
+    x = normal(*shape) * 2
+    flat = x.reshape(-1)
+    flat[::3] = lo
+    flat[1::6] = hi
+    return x
+
+
 # the fused gradient operators; PyTorch references are ATen's backward functions (their vjps: double backward)
 FUSED_GRADS = [
+    case("nn.clip_grad", normal(4, 6), on_bounds(-0.5, 1.0, 4, 6), attrs=dict(a_min=-0.5, a_max=1.0),
+         torch=clamp_back(-0.5, 1.0), wrt=[0]),
+    case("nn.clip_grad", normal(2, 3, 5), on_bounds(0.0, 6.0, 2, 3, 5) * 3, attrs=dict(a_min=0.0, a_max=6.0),
+         torch=clamp_back(0.0, 6.0), wrt=[0], id="clip_grad-relu6"),
+    case("nn.clip_grad", normal(3, 4), on_bounds(0.0, 0.0, 3, 4), attrs=dict(a_min=0.0, a_max=math.inf),
+         torch=clamp_back(0.0, None), wrt=[0], id="clip_grad-min-only"),
     case("nn.softmax_grad", normal(3, 5), positive(3, 5), torch=softmax_back("softmax", -1)),
     case("nn.softmax_grad", normal(2, 3, 4), positive(2, 3, 4), attrs=dict(axis=1), torch=softmax_back("softmax", 1),
          id="softmax_grad-axis1"),

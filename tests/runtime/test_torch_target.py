@@ -93,6 +93,47 @@ def test_power_by_a_constant_scalar_gives_the_numpy_result(k):
 
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (-0.5, -0.5), (0.0, np.inf), (-np.inf, 1.0), (-np.inf, np.inf)])
+@pytest.mark.parametrize("nan", [False, True])
+def test_clip_gradient_keeps_the_closed_interval_like_numpy(dtype, bounds, nan):
+    """``nn.clip_grad`` on the torch target (ATen's ``hardtanh_backward`` on bounds widened by one ulp, else the
+    comparisons) equals the numpy target's bit for bit: the gradient kept at the bounds and at infinities inside
+    them, zero where the data is NaN or outside."""
+    lo, hi = bounds
+    x, g = var("x", shape=(4, 5), dtype=dtype), var("g", shape=(4, 5), dtype=dtype)
+    fn = Function([g, x], pb.op.nn.clip_grad(g, x, lo, hi))
+    t = np.dtype(dtype).type
+    xs = np.concatenate([np.array([lo, hi, -np.inf, np.inf, 0.0, 6.0, -0.5, 1.0, np.nextafter(t(hi), t(np.inf)),
+                                   np.nextafter(t(lo), t(-np.inf))], dtype), np.linspace(-7, 7, 10).astype(dtype)])
+    if nan:
+        xs[4] = np.nan
+    xs = xs.reshape(4, 5)
+    gs = np.arange(1, 21, dtype=dtype).reshape(4, 5)
+    want = pb.build(fn)["main"](gs, xs)
+    np.testing.assert_array_equal(want, np.where((xs >= t(lo)) & (xs <= t(hi)), gs, 0))
+    got = pb.build(fn, target="torch")["main"](gs, xs)
+    assert got.numpy().dtype == want.dtype
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_relu6_gradient_is_one_hardtanh_backward(monkeypatch):
+    """``clip``'s gradient is one ``nn.clip_grad`` call, one ATen ``hardtanh_backward`` on the torch target."""
+    import torch
+
+    calls = []
+    real = torch.ops.aten.hardtanh_backward
+    monkeypatch.setattr(torch.ops.aten, "hardtanh_backward", lambda *a: calls.append(1) or real(*a))
+    x = var("x", shape=(3, 4))
+    mod = pb.transform.FirstOrderGradient()(pb.IRModule.from_expr(Function([x], pb.op.sum(pb.op.clip(x, 0.0, 6.0)))))
+    grad_ops = {n.op.name for n in pb.ir.traversal.post_order(mod["main_grad"].body) if isinstance(n, Call)}
+    assert "nn.clip_grad" in grad_ops and not grad_ops & {"logical_and", "greater_equal", "where"}
+    xs = np.array([[-1.0, 0.0, 3.0, 6.0], [7.0, 2.0, -0.0, 5.5], [6.5, 0.5, 1.0, 8.0]], "float32")
+    _, (gx,) = pb.build(mod, target="torch")["main_grad"](xs)
+    np.testing.assert_array_equal(gx.numpy(), ((xs >= 0) & (xs <= 6)).astype("float32"))
+    assert calls == [1]
+
+
 @pytest.fixture
 def any_weight(monkeypatch):
     """oneDNN's size threshold lowered to every weight (the layout tests use small ones)."""

@@ -277,9 +277,8 @@ class ClipAttrs:
 
 
 def _clip_grad(c: Call, g: Expr):
-    x = c.args[0]
-    inside = logical_and(greater_equal(x, _cl(c.attrs.a_min, x)), less_equal(x, _cl(c.attrs.a_max, x)))
-    return [where(inside, g, _cl(0, g))]  # a 0-d zero: no zeros tensor to fill, a select-or-zero kernel
+    x = c.args[0]  # one kernel (``nn.clip_grad``: ATen's hardtanh_backward on the torch target); integers: none
+    return [get_op("nn.clip_grad")(g, x, c.attrs.a_min, c.attrs.a_max) if is_float_expr(x) else None]
 
 
 def _clip(xp, x, a):

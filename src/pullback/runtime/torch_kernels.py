@@ -5,7 +5,7 @@ checks, axis normalisation, ``as_array``) cost 1-8 microseconds per call: on the
 with 170-750 operator calls per step, as much as the small kernels themselves. For a call whose
 operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
-arithmetic, comparisons and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
+arithmetic, comparisons, ``clip`` and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
 AND), sums and means over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
 ``nn.linear`` and the matmuls (oneDNN's inner product for float32 rows on the CPU, with the bias),
 ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
@@ -90,6 +90,13 @@ def _unary(call: Call):
         return None
     f = getattr(torch, UNARY[call.op.name])
     return lambda x, attrs=None: f(x)
+
+
+def _clip(call: Call):
+    if _float_args(call) is None:
+        return None
+    lo, hi, clamp = call.attrs.a_min, call.attrs.a_max, torch.clamp
+    return lambda x, attrs=None: clamp(x, lo, hi)
 
 
 def _compare(call: Call):
@@ -278,13 +285,13 @@ def _init(fn: str):
 
 
 MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
-                "where": _where, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
+                "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
-ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "sum", "mean", "collapse_sum_to", "nn.dense", "nn.linear",
+ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "collapse_sum_to", "nn.dense", "nn.linear",
                         "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
 
 
