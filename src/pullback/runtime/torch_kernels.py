@@ -215,24 +215,34 @@ def _onednn_linear():
 _ONEDNN_MIN_WEIGHT = 256 * 256
 
 
-def _rows_times(call: Call, base: Callable, weight: Callable) -> Callable:
-    """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows) with
-    row-major float32 CPU rows sent to oneDNN as ``x @ weight(y).T (+ bias)``. On this machine oneDNN runs the
-    forward and input-gradient GEMMs of the bench's layers at 185-210 GFLOP/s where MKL's sgemm gives 135-190
-    (bench/torch_train.py), and adds a bias as it writes the rows (0.03-0.13 ms less than a separate add on a
-    (1024, 256..1024) result). A transposed x (a weight gradient's dY.T) stays with MKL: oneDNN would reorder it
-    first (~90 GFLOP/s). Small weights (K * N under 256 x 256) stay with MKL too: oneDNN's ~20 us per call
-    doubles a 32 x 512 x 10 classifier (K = 0 has no primitive at all)."""
-    k, n = call.args[0].checked_type.shape[-1], call.checked_type.shape[-1]
+def _onednn_rows(x) -> bool:
+    """Rows oneDNN takes as they are: CPU data, a matrix of any strides (a weight gradient's transposed dY) or
+    contiguous (an N-D batch of rows)."""
+    return x.is_cpu and (x.ndim == 2 or x.is_contiguous())
+
+
+def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Callable] = None) -> Callable:
+    """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows, or of
+    ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 CPU rows sent to oneDNN's inner product as
+    ``rows(x) @ weight(y).T (+ bias)``. On the bench machine (AMD EPYC, 2 cores, torch 2.13) oneDNN runs the
+    layers' GEMMs about twice as fast as MKL's sgemm (``x @ w.T``, 1024 x 256 x 1024: 1.12 against 2.53 ms), a
+    weight gradient's transposed dY too, taken as its strides are (1.66 against 2.80 ms; oneDNN reorders it
+    itself, faster than a copy first), and adds a bias as it writes the rows. An N-D x must be contiguous (a
+    batch of rows). Small weights (K * N under 256 x 256) stay with MKL: oneDNN's ~20 us per call doubles a
+    32 x 512 x 10 classifier (K = 0 has no primitive at all)."""
+    x_type = call.args[0].checked_type
+    k, n = x_type.shape[-2 if rows is not None else -1], call.checked_type.shape[-1]
     big = isinstance(k, int) and isinstance(n, int) and k * n >= _ONEDNN_MIN_WEIGHT
     onednn = _onednn_linear() if call.checked_type.dtype == "float32" and big else None
     if onednn is None:
         return base
     biased = len(call.args) == 3
+    rows = rows or (lambda x: x)
 
     def gemm(x, y, *rest):  # rest: (attrs,) or (bias, attrs)
-        if x.is_contiguous() and x.is_cpu:
-            return onednn(x, weight(y), rest[0] if biased else None, "none", [], "")
+        r = rows(x)
+        if _onednn_rows(r):
+            return onednn(r, weight(y), rest[0] if biased else None, "none", [], "")
         return base(x, y, *rest)
 
     return gemm
@@ -262,16 +272,18 @@ def _matmul(call: Call):
     ta, tb = getattr(a, "transpose_a", False), getattr(a, "transpose_b", False)
     mm = torch.matmul
     if ta and tb:
-        return lambda x, y, attrs=None: mm(x.transpose(-1, -2), y.transpose(-1, -2))
-    if ta:
-        return lambda x, y, attrs=None: mm(x.transpose(-1, -2), y)
-    if tb:
+        base = lambda x, y, attrs=None: mm(x.transpose(-1, -2), y.transpose(-1, -2))  # noqa: E731
+    elif ta:
+        base = lambda x, y, attrs=None: mm(x.transpose(-1, -2), y)  # noqa: E731
+    elif tb:
         base = lambda x, y, attrs=None: mm(x, y.transpose(-1, -2))  # noqa: E731
     else:
         base = lambda x, y, attrs=None: mm(x, y)  # noqa: E731
-    if call.op.name != "nn.matmul":
-        return base  # nn.batch_matmul: a matrix per batch, no one weight
-    return _rows_times(call, base, (lambda y: y) if tb else (lambda y: y.t()))
+    if call.op.name != "nn.matmul" or call.args[1].checked_type.ndim != 2:
+        return base  # nn.batch_matmul, or a batch of right-hand matrices: no one weight
+    if ta and call.args[0].checked_type.ndim != 2:
+        return base  # a batch of transposed matrices: not rows
+    return _rows_times(call, base, (lambda y: y) if tb else (lambda y: y.t()), (lambda x: x.t()) if ta else None)
 
 
 def _init(fn: str):
