@@ -14,7 +14,7 @@ median over the rounds. Columns:
   between the rows' processes, which ``x eager`` is not;
 - ``x floor``: step time over the workload's floor, its GEMM/convolution FLOPs of one step (counted by
   ``torch.utils.flop_counter`` on the eager step) at the best sgemm rate measured at the start of the run
-  (NumPy and torch, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
+  (NumPy, ``torch.mm`` and oneDNN's inner product, transformer-like shapes); the ``floor`` row under each workload gives it in ms;
 - ``ovh %``: pullback's own share of the step's CPU time (conversions, the autograd Function, Python
   between kernels): the median step CPU time (``time.process_time``) minus the median CPU time inside the
   executor's kernels (numpy, torch: every kernel call timed; jax: the XLA executable) and the optimizer's
@@ -147,7 +147,9 @@ def set_threads(threads: int) -> None:
 
 
 def blas_rates(threads: int, reps: int = 7) -> dict:
-    """sgemm GFLOP/s of NumPy and torch (warm threads) over the transformer step's GEMM shapes."""
+    """sgemm GFLOP/s of NumPy, torch (``torch.mm``: MKL here) and oneDNN's inner product (what pullback's torch
+    kernels call for float32 rows, the weight as a linear layer keeps it), warm threads, over the transformer
+    step's GEMM shapes."""
     import numpy as np
     import torch
 
@@ -158,8 +160,14 @@ def blas_rates(threads: int, reps: int = 7) -> dict:
              for m, k, n in shapes]
     flop = sum(2 * m * k * n for m, k, n in shapes)
     rates = {}
-    for lib, mm, conv in (("numpy", np.matmul, lambda a: a), ("torch", torch.mm, torch.from_numpy)):
-        args = [(conv(a), conv(b)) for a, b in pairs]
+    libs = [("numpy", np.matmul, lambda a, b: (a, b)),
+            ("torch", torch.mm, lambda a, b: (torch.from_numpy(a), torch.from_numpy(b)))]
+    onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if onednn is not None and torch.backends.mkldnn.is_available():
+        libs.append(("onednn", lambda a, w: onednn(a, w, None, "none", [], ""),
+                     lambda a, b: (torch.from_numpy(a), torch.from_numpy(b.T.copy()))))
+    for lib, mm, conv in libs:
+        args = [conv(a, b) for a, b in pairs]
         for a, b in args * 3:  # warm the threads
             mm(a, b)
         times = []
@@ -664,10 +672,10 @@ def main() -> None:
                 runs.setdefault((w, c), []).append(r)
                 status = f"{r['step_ms']:.2f} ms, others used {100 * r['others']:.0f}% CPU" if "step_ms" in r else r["error"]
                 print(f"  [round {rnd + 1}: {w} {c}: {status}]", file=sys.stderr, flush=True)
-    rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch")}
+    rates = {lib: max(r.get(lib, 0.0) for r in rate_runs) for lib in ("numpy", "torch", "onednn")}
     rows = {k: (median_of if args.pick == "median" else best_of)(v) for k, v in runs.items()}
     print(f"threads {args.threads} (torch and BLAS); sgemm at transformer shapes: NumPy {rates['numpy']:.0f} GFLOP/s, "
-          f"torch {rates['torch']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policies {args.policy}; "
+          f"torch {rates['torch']:.0f}, oneDNN {rates['onednn']:.0f} GFLOP/s; malloc tuned: {not args.no_tune_malloc}; policies {args.policy}; "
           f"median of {reps} steps after {args.warmup} warm-up, {args.pick} of {args.rounds} round(s); "
           f"{'small' if args.small else 'full'} sizes; load average {load0:.1f} at start, {_load():.1f} at end\n")
     print_table(rows, rates, workloads, configs)
