@@ -140,6 +140,7 @@ def any_weight(monkeypatch):
     from pullback.runtime import torch_kernels
 
     monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 1)
+    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_STRIDED_OUT", 1)
 
 @pytest.mark.parametrize("x_shape, w_shape, x_t, w_t, dtype", [
     ((6, 5), (4, 5), False, False, "float32"),   # row-major rows: oneDNN
@@ -179,6 +180,20 @@ def test_matmul_of_rows_runs_onednn_with_the_numpy_result(onednn_calls, any_weig
     np.testing.assert_allclose(got.numpy(), pb.build(fn)["main"](xs, ys), rtol=1e-5, atol=1e-5)
     assert len(onednn_calls) == 1
 
+
+
+def test_small_weight_gradients_stay_with_mkl(onednn_calls):
+    """A weight gradient (``dY.T @ X``: transposed rows) goes to oneDNN only for a result of 128 x 128 elements
+    or more: on smaller ones its reordering costs more than its GEMM gains."""
+    rng = np.random.default_rng(3)
+    for units, k, used in [(32, 64, False), (64, 255, False), (128, 128, True), (64, 256, True)]:
+        g, x = var("g", shape=(1024, units)), var("x", shape=(1024, k))
+        gs, xs = rng.standard_normal((1024, units)).astype("float32"), rng.standard_normal((1024, k)).astype("float32")
+        fn = Function([g, x], pb.op.nn.matmul(g, x, transpose_a=True))
+        onednn_calls.clear()
+        got = pb.build(fn, target="torch")["main"](gs, xs)
+        assert len(onednn_calls) == used, (units, k)
+        np.testing.assert_allclose(got.numpy(), gs.T.astype("float64") @ xs, rtol=1e-4, atol=1e-3)
 
 
 def test_small_weights_stay_with_mkl(onednn_calls):
