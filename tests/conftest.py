@@ -73,15 +73,14 @@ def _well_formed_after_every_pass():
 
 @pytest.fixture
 def onednn_calls(monkeypatch):
-    """The calls that reach the torch target's oneDNN inner product (``runtime.torch_kernels``); skips
-    without torch or oneDNN. The size threshold stays: tests that want small weights there lower it."""
+    """The calls that reach the torch kernels' oneDNN inner product (``ops.onednn``); skips without torch or
+    oneDNN. The size thresholds stay: tests that want small weights there lower them."""
     pytest.importorskip("torch")
-    from pullback.runtime import torch_kernels
+    from pullback.ops import onednn
 
-    torch_kernels._load()
-    real = torch_kernels._onednn_linear()
+    real = onednn.linear()
     if real is None:
         pytest.skip("this torch has no oneDNN")
     calls = []
-    monkeypatch.setattr(torch_kernels, "_onednn_linear", lambda: lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(onednn, "linear", lambda: lambda *a: calls.append(1) or real(*a))
     return calls

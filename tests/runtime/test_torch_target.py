@@ -136,11 +136,12 @@ def test_relu6_gradient_is_one_hardtanh_backward(monkeypatch):
 
 @pytest.fixture
 def any_weight(monkeypatch):
-    """oneDNN's size threshold lowered to every weight (the layout tests use small ones)."""
-    from pullback.runtime import torch_kernels
+    """oneDNN's size thresholds lowered to every weight and result (the layout tests use small ones)."""
+    from pullback.ops import onednn
 
-    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_WEIGHT", 1)
-    monkeypatch.setattr(torch_kernels, "_ONEDNN_MIN_STRIDED_OUT", 1)
+    monkeypatch.setattr(onednn, "MIN_WEIGHT", 1)
+    monkeypatch.setattr(onednn, "MIN_STRIDED_OUT", 1)
+
 
 @pytest.mark.parametrize("x_shape, w_shape, x_t, w_t, dtype", [
     ((6, 5), (4, 5), False, False, "float32"),   # row-major rows: oneDNN

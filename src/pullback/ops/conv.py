@@ -31,6 +31,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
 from .common import numel, same_dtype, tensor_arg
 from .nn import add_into, check_int, constant_pad_numpy, full, pad_axis
+from .onednn import rows_times_t
 from .registry import FusionKind, defop, seq_of_int, type_error
 
 # ------------------------------------------------------------------ attribute helpers
@@ -392,10 +393,10 @@ def _conv2d_torch(x, w, attrs):
     out = _conv_out_hw(attrs, x.shape[2:], w.shape[2:])
     tap = single_tap(x.shape[2:], out, w.shape[2:], attrs)
     if tap is not None:
-        return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[0], 1, 1)
+        return rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[0], 1, 1)
     if tuple(out) == (1, 1) and attrs.groups == 1:
         cols = _torch_columns(x, w.shape[2:], attrs)
-        return (cols.reshape(cols.shape[:2]) @ w.reshape(w.shape[0], -1).T).reshape(x.shape[0], w.shape[0], 1, 1)
+        return rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(w.shape[0], -1)).reshape(x.shape[0], w.shape[0], 1, 1)
     x, pad = torch_padding(conv_layout(x, w.numel())(x), attrs.padding)
     return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
 
@@ -534,7 +535,7 @@ def _conv2d_transpose_torch(x, w, attrs):
     top, left, bottom, right = attrs.padding
     tap = single_tap(x.shape[2:], _convT_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
     if tap is not None:
-        return (x.reshape(x.shape[:2]) @ w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[1], 1, 1)
+        return rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[1], 1, 1)
     x = conv_layout(x, w.numel())(x)
     if top == bottom and left == right:
         return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
@@ -612,13 +613,13 @@ def _backward_weight_torch(gy, x, attrs):
     tap = single_tap(x.shape[2:], gy.shape[2:], attrs.kernel_size, attrs)
     if tap is not None:
         gw = gy.new_zeros(w_shape)
-        gw[:, :, tap[0], tap[1]] = gy.reshape(gy.shape[:2]).T @ x.reshape(x.shape[:2])
+        gw[:, :, tap[0], tap[1]] = rows_times_t(gy.reshape(gy.shape[:2]).T, x.reshape(x.shape[:2]).T)
         return gw
     n, o, oh, ow = gy.shape
     if attrs.groups == 1 and (oh * ow <= SMALL_PLANE or _onednn_strided_1x1(x, attrs)):
         cols = _torch_columns(x, attrs.kernel_size, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
         gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
-        return (gy @ cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1])).reshape(w_shape)
+        return rows_times_t(gy, cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1]).T).reshape(w_shape)
     order = conv_layout(x, math.prod(w_shape))
     x, pad = torch_padding(order(x), attrs.padding)
     gy = order(gy)

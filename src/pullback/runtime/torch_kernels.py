@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from ..ir.expr import Call, Constant
 from ..ir.types import FLOAT_DTYPES, TensorType
+from ..ops import onednn
 from ..ops.common import broadcast_shapes
 from ..ops.nn import dense_in_memory_order, linear_rows
 
@@ -205,49 +206,23 @@ def _transpose(call: Call):
     return lambda x, attrs=None: x.permute(perm)
 
 
-def _onednn_linear():
-    """oneDNN's inner product on CPU tensors (``mkldnn._linear_pointwise``, what Inductor calls), or None."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    return getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-
-
-_ONEDNN_MIN_WEIGHT = 256 * 256
-_ONEDNN_MIN_STRIDED_OUT = 128 * 128
-
-
-def _onednn_rows(x, n: int) -> bool:
-    """Rows oneDNN takes as they are, for ``n`` outputs a row: CPU data, contiguous (an N-D batch of rows), or a
-    matrix of other strides (a weight gradient's transposed dY) making a result of ``_ONEDNN_MIN_STRIDED_OUT``
-    elements or more: on smaller ones (a 32 x 32 weight's gradient over 4096 rows: 0.10 against MKL's 0.05 ms)
-    oneDNN's reordering costs more than its faster GEMM gains."""
-    if not x.is_cpu:
-        return False
-    return x.is_contiguous() or x.ndim == 2 and x.shape[0] * n >= _ONEDNN_MIN_STRIDED_OUT
-
-
 def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Callable] = None) -> Callable:
     """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows, or of
-    ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 CPU rows sent to oneDNN's inner product as
-    ``rows(x) @ weight(y).T (+ bias)``. On the bench machine (AMD EPYC, 2 cores, torch 2.13) oneDNN runs the
-    layers' GEMMs about twice as fast as MKL's sgemm (``x @ w.T``, 1024 x 256 x 1024: 1.12 against 2.53 ms), a
-    weight gradient's transposed dY too, taken as its strides are (1.54 against 2.71 ms; oneDNN reorders it
-    itself, faster than a copy first), and adds a bias as it writes the rows. Which rows go (``_onednn_rows``):
-    an N-D x must be contiguous (a batch of rows), a strided one must make a large enough result. Small weights (K * N under 256 x 256) stay with MKL: oneDNN's ~20 us per call doubles a
-    32 x 512 x 10 classifier (K = 0 has no primitive at all)."""
+    ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 rows sent to oneDNN's inner product as
+    ``rows(x) @ weight(y).T (+ bias)`` where it is faster (``ops.onednn``: a large enough weight, rows it takes)."""
     x_type = call.args[0].checked_type
     k, n = x_type.shape[-2 if rows is not None else -1], call.checked_type.shape[-1]
-    big = isinstance(k, int) and isinstance(n, int) and k * n >= _ONEDNN_MIN_WEIGHT
-    onednn = _onednn_linear() if call.checked_type.dtype == "float32" and big else None
-    if onednn is None:
+    f = onednn.linear() if call.checked_type.dtype == "float32" and onednn.big(k, n) else None
+    if f is None:
         return base
     biased = len(call.args) == 3
     rows = rows or (lambda x: x)
+    takes = onednn.takes_rows
 
     def gemm(x, y, *rest):  # rest: (attrs,) or (bias, attrs)
         r = rows(x)
-        if _onednn_rows(r, n):
-            return onednn(r, weight(y), rest[0] if biased else None, "none", [], "")
+        if takes(r, n):
+            return f(r, weight(y), rest[0] if biased else None, "none", [], "")
         return base(x, y, *rest)
 
     return gemm
