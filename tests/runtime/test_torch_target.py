@@ -134,6 +134,30 @@ def test_relu6_gradient_is_one_hardtanh_backward(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_index_add_with_repeated_positions_equals_numpy(dtype, axis, monkeypatch):
+    """``index_add`` on the torch target (ATen's ``index_add`` along one axis where the dtypes allow, else
+    ``index_put`` with accumulation) adds every update of a repeated position, as the numpy target does."""
+    import torch
+
+    calls = []
+    real = torch.Tensor.index_add
+    monkeypatch.setattr(torch.Tensor, "index_add", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(5)
+    xs = (rng.standard_normal((3, 4, 5)) * 3).astype(dtype)
+    idx = np.array([1, 0, 1, 1, 2, -1], "int64")
+    ax = -1 if axis is None else axis
+    ushape = (6,) if axis is None else xs.shape[:ax % 3] + (6,) + xs.shape[ax % 3 + 1:]
+    us = (rng.standard_normal(ushape) * 3).astype(dtype)
+    x, i, u = var("x", shape=xs.shape, dtype=dtype), var("i", shape=(6,), dtype="int64"), var("u", shape=ushape, dtype=dtype)
+    fn = Function([x, i, u], pb.op.index_add(x, i, u, axis, "wrap"))
+    want = pb.build(fn)["main"](xs, idx, us)
+    got = pb.build(fn, target="torch")["main"](xs, idx, us)
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert len(calls) == (dtype != "bool")
+
+
 @pytest.fixture
 def any_weight(monkeypatch):
     """oneDNN's size thresholds lowered to every weight and result (the layout tests use small ones)."""

@@ -194,11 +194,28 @@ def add_at(x, index: tuple, value):
     indexing rules); entries that an index names several times receive every addition."""
     if hasattr(x, "at"):  # jax
         return x.at[index].add(value)
-    if hasattr(x, "index_put"):  # torch: index tensors only
-        return x.index_put(_tensor_index(x, index), value, accumulate=True)
+    if hasattr(x, "index_put"):  # torch
+        along = _one_axis(x, index, value)
+        if along is not None:  # ATen's index_add: 5.5 -> 0.4 ms for a (16, 16, 16, 96) roll's gradient (Swin)
+            return x.index_add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
+        return x.index_put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
     out = x.copy()
     np.add.at(out, index, value)
     return out
+
+
+def _one_axis(x, index: tuple, value) -> Optional[int]:
+    """The axis of ``index`` when it is full slices around one 1-D integer tensor and ``x`` and ``value`` share a
+    numeric dtype (``Tensor.index_add``'s case), else None."""
+    arrays = [i for i, v in enumerate(index) if not isinstance(v, slice)]
+    if len(arrays) != 1 or x.dtype != value.dtype or x.dtype.is_complex or str(x.dtype) == "torch.bool":
+        return None
+    ax = arrays[0]
+    if index[ax].ndim != 1 or str(index[ax].dtype) not in ("torch.int64", "torch.int32"):
+        return None
+    if any(v != slice(None) for v in index if isinstance(v, slice)):
+        return None
+    return ax
 
 
 def _tensor_index(x, index: tuple) -> tuple:
