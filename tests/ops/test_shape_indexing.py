@@ -242,3 +242,17 @@ def test_second_order_through_adjoint_pairs(c):
 
 def _first(e):
     return e[0] if e.op.name == "split" else e
+
+
+@pytest.mark.parametrize("idx", [[3, 0, -4, 2], [1, 0, 1, -3], [4, 0, 2, -1]], ids=["distinct", "repeated", "repeated-once-normalised"])
+def test_index_add_on_numpy_adds_each_update_once(idx):
+    """``index_add``'s NumPy kernel (a plain ``+=`` where the positions are distinct, negative ones normalised
+    first; ``np.add.at`` where they repeat) adds every update at its position, as a loop does."""
+    rng = np.random.default_rng(6)
+    x, u = rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 4, 3))
+    want = x.copy()
+    for j, p in enumerate(idx):
+        want[:, p] += u[:, j]
+    got = get_op("index_add").impl("numpy")(x, np.array(idx), u, get_op("index_add").attrs_type(axis=1, mode="fast"))
+    np.testing.assert_allclose(got, want, rtol=1e-15)
+    assert not np.shares_memory(got, x)

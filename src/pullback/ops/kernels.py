@@ -200,8 +200,23 @@ def add_at(x, index: tuple, value):
             return x.index_add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
         return x.index_put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
     out = x.copy()
-    np.add.at(out, index, value)
+    if _distinct_along_one_axis(x, index):  # a plain ``+=`` (np.add.at: 15.7 -> ~1.5 ms on Swin's roll gradients)
+        out[index] += value
+    else:
+        np.add.at(out, index, value)
     return out
+
+
+def _distinct_along_one_axis(x, index: tuple) -> bool:
+    """Is ``index`` full slices around one 1-D integer array naming each position of its axis at most once?"""
+    arrays = [i for i, v in enumerate(index) if not isinstance(v, slice)]
+    if len(arrays) != 1 or any(v != slice(None) for v in index if isinstance(v, slice)):
+        return False
+    pos = np.asarray(index[arrays[0]])
+    if pos.ndim != 1 or pos.dtype.kind not in "iu":
+        return False
+    n = x.shape[arrays[0]]
+    return np.unique(np.where(pos < 0, pos + n, pos)).size == pos.size
 
 
 def _one_axis(x, index: tuple, value) -> Optional[int]:
