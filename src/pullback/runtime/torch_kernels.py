@@ -6,7 +6,7 @@ with 170-750 operator calls per step, as much as the small kernels themselves. F
 operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper ends in, with what
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
 arithmetic, comparisons, ``clip`` and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
-AND), sums and means over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
+AND), sums, means, maxima and minima over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
 ``nn.linear`` and the matmuls (oneDNN's inner product for float32 rows on the CPU, with the bias),
 ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
 operator's own kernel, so results are the kernel's in every case
@@ -169,6 +169,17 @@ def _mean(call: Call):
     return lambda x, attrs=None: f(x, axes, keep)
 
 
+def _extreme(fn: str):
+    def make(call: Call):
+        axes = _reduce_axes(call)
+        if axes is None:
+            return None
+        keep, f = call.attrs.keepdims, getattr(torch, fn)
+        return lambda x, attrs=None: f(x, axes, keep)
+
+    return make
+
+
 def _collapse_sum_to(call: Call):
     x, out = call.args[0].checked_type, call.checked_type
     if _float_args(call) is None or not (_static(x) and _static(out)) or tuple(x.shape) == tuple(out.shape):
@@ -277,13 +288,13 @@ def _init(fn: str):
 
 
 MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
-                "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "collapse_sum_to": _collapse_sum_to,
+                "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "max": _extreme("amax"), "min": _extreme("amin"), "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
-ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "collapse_sum_to", "nn.dense", "nn.linear",
+ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
                         "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
 
 
