@@ -356,6 +356,33 @@ def test_convolutions_with_small_outputs_are_im2col_and_one_gemm_on_torch(hw, k,
     torch.testing.assert_close(got, wr.grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("n,hw,k,pad", [(2, (2, 2), (7, 7), (3, 3, 3, 3)), (1, (4, 4), (3, 3), (0, 1, 1, 0))])
+def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad, monkeypatch):
+    """A depthwise convolution (groups = channels; ConvNeXt's 7x7, MobileNet's 3x3) runs channels-last on the
+    torch target even where its weight outweighs its data (NCHW: 60x slower for a 7x7 on 2x2 planes), its weight
+    gradient too, and agrees with autograd of ATen's convolution."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+
+    g = torch.Generator().manual_seed(3)
+    c = 64
+    x, w = torch.randn((n, c) + hw, generator=g, dtype=torch.float64), torch.randn((c, 1) + k, generator=g, dtype=torch.float64)
+    assert C.conv_layout(x, w.numel(), c) is C.channels_last and C.conv_layout(x, w.numel()) is C.nchw
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    want = torch.nn.functional.conv2d(torch.nn.functional.pad(xr, (pad[1], pad[3], pad[0], pad[2])), wr, None, 1, 0, 1, c)
+    gy = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    want.backward(gy)
+    layouts = []
+    real = torch.nn.grad.conv2d_weight
+    monkeypatch.setattr(torch.nn.grad, "conv2d_weight", lambda xx, shape, gg, *a: layouts.append(
+        gg.is_contiguous(memory_format=torch.channels_last)) or real(xx, shape, gg, *a))
+    a = C.Conv2DAttrs(padding=pad, groups=c)
+    torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want.detach(), rtol=1e-12, atol=1e-12)
+    wa = C.Conv2DBackwardWeightAttrs(kernel_size=k, padding=pad, groups=c)
+    torch.testing.assert_close(get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa), wr.grad, rtol=1e-12, atol=1e-12)
+    assert layouts == [True]
+
+
 @pytest.mark.parametrize("channels", [2, 3, 4, 6])
 def test_weight_gradient_of_a_narrow_strided_1x1_convolution_on_torch(channels):
     """oneDNN's channels-last weight gradient of a strided 1x1 convolution of 2-7 channels returns wrong values
