@@ -207,28 +207,32 @@ def add_at(x, index: tuple, value):
     return out
 
 
-def _distinct_along_one_axis(x, index: tuple) -> bool:
-    """Is ``index`` full slices around one 1-D integer array naming each position of its axis at most once?"""
+def _lone_axis(index: tuple) -> Optional[int]:
+    """The position of the one array in ``index`` when every other entry is a full slice, else None."""
     arrays = [i for i, v in enumerate(index) if not isinstance(v, slice)]
     if len(arrays) != 1 or any(v != slice(None) for v in index if isinstance(v, slice)):
+        return None
+    return arrays[0]
+
+
+def _distinct_along_one_axis(x, index: tuple) -> bool:
+    """Is ``index`` full slices around one 1-D integer array naming each position of its axis at most once?"""
+    ax = _lone_axis(index)
+    if ax is None:
         return False
-    pos = np.asarray(index[arrays[0]])
+    pos = np.asarray(index[ax])
     if pos.ndim != 1 or pos.dtype.kind not in "iu":
         return False
-    n = x.shape[arrays[0]]
-    return np.unique(np.where(pos < 0, pos + n, pos)).size == pos.size
+    return np.unique(np.where(pos < 0, pos + x.shape[ax], pos)).size == pos.size
 
 
 def _one_axis(x, index: tuple, value) -> Optional[int]:
-    """The axis of ``index`` when it is full slices around one 1-D integer tensor and ``x`` and ``value`` share a
-    numeric dtype (``Tensor.index_add``'s case), else None."""
-    arrays = [i for i, v in enumerate(index) if not isinstance(v, slice)]
-    if len(arrays) != 1 or x.dtype != value.dtype or x.dtype.is_complex or str(x.dtype) == "torch.bool":
+    """The axis of ``index`` when it is full slices around one 1-D int32/int64 tensor and ``x`` and ``value``
+    share a real, non-bool dtype (``Tensor.index_add``'s case), else None."""
+    ax = _lone_axis(index)
+    if ax is None or x.dtype != value.dtype or x.dtype.is_complex or str(x.dtype) == "torch.bool":
         return None
-    ax = arrays[0]
     if index[ax].ndim != 1 or str(index[ax].dtype) not in ("torch.int64", "torch.int32"):
-        return None
-    if any(v != slice(None) for v in index if isinstance(v, slice)):
         return None
     return ax
 
