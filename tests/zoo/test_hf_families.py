@@ -3,7 +3,8 @@ the loss, every gradient and the weights after one SGD step equal eager PyTorch'
 
 Each family brings something of its own: Phi-3's fused gate/up projection, Gemma 2's soft-capped logits and
 sliding windows, OPT's learned positions, Bloom's ALiBi, mT5's relative buckets and encoder-decoder cache,
-Whisper's audio convolutions, Swin's shifted windows (``roll``), DeBERTa-v2's disentangled attention, Mamba's
+Whisper's audio convolutions, MobileNetV2's ReLU6 and depthwise convolutions, ConvNeXt's 7x7 depthwise ones
+down to 1x1 planes, Swin's shifted windows (``roll``), DeBERTa-v2's disentangled attention, Mamba's
 selective scan, CLIP's two towers and contrastive loss, PhiMoE's router and YOSO's LSH cumulation (custom
 autograd Functions with a backward of their own).
 """
@@ -34,7 +35,20 @@ def _seq2seq(model):
     return model, {"input_ids": _ids(2, 10), "labels": _ids(2, 6)}
 
 
+def _images(model, size: int = 32, dtype=torch.float32):
+    return model.to(dtype), {"pixel_values": torch.randn(2, 3, size, size, dtype=dtype), "labels": torch.tensor([0, 2])}
+
+
 FAMILIES = {
+    # depthwise convolutions (channels-last on torch), ReLU6 (``clip``'s one-kernel gradient), TensorFlow padding.
+    # float64: on two images its 52 batch norms make float32 gradients of ~5000 whose rounding moves single
+    # elements by 10% (3e-4 of the largest); against float64's, eager's float32 gradients are off by 2.5e-4
+    # (median relative norm over the parameters), pullback's by 2.0e-4
+    "mobilenet_v2": lambda: _images(T.MobileNetV2ForImageClassification(T.MobileNetV2Config(
+        image_size=32, depth_multiplier=0.35, num_labels=3)), dtype=torch.float64),
+    # 7x7 depthwise convolutions down to 1x1 planes, layer scale, channels-last layer norm
+    "convnext": lambda: _images(T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[8, 16, 32], depths=[1, 1, 1], num_stages=3, num_labels=3, image_size=32))),
     "phi3": lambda: _lm(T.Phi3ForCausalLM(T.Phi3Config(pad_token_id=0, **D))),
     "gemma2": lambda: _lm(T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, num_key_value_heads=1, sliding_window=4, **D))),
     "opt": lambda: _lm(T.OPTForCausalLM(T.OPTConfig(vocab_size=64, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
