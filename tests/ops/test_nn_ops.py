@@ -372,6 +372,13 @@ def clamp_back(lo, hi):  # PyTorch's clamp backward (autograd), differentiable i
     return f
 
 
+def silu_back(g, x):  # PyTorch's silu derivative in differentiable torch ops (ATen's silu_backward has none)
+    import torch
+
+    s = torch.sigmoid(x)
+    return g * s * (1 + x * (1 - s))
+
+
 def on_bounds(lo, hi, *shape):
     """Normal values, every third one exactly ``lo`` or ``hi`` (clip's gradient keeps them)."""
     x = normal(*shape) * 2
@@ -400,6 +407,8 @@ FUSED_GRADS = [
          id="gelu_grad-tanh"),
     case("nn.threshold_grad", normal(3, 4), normal(3, 4), torch=aten("threshold_backward", 0.0), wrt=[0]),
     case("nn.gelu_grad", normal(), normal(), torch=aten("gelu_backward"), id="gelu_grad-rank0"),
+    case("nn.silu_grad", normal(3, 4), normal(3, 4) * 4, torch=silu_back),
+    case("nn.silu_grad", normal(), normal(), torch=silu_back, id="silu_grad-rank0"),
     case("nn.threshold_grad", normal(), positive(), torch=aten("threshold_backward", 0.0), wrt=[0], id="threshold_grad-rank0"),
     case("nn.threshold_grad", normal(2, 5), normal(2, 5), attrs=dict(threshold=0.5), torch=aten("threshold_backward", 0.5),
          wrt=[0], id="threshold_grad-0.5"),
