@@ -54,7 +54,7 @@ def test_activations_softmaxes_and_their_gradients_run_aten_kernels_at_every_siz
         outs = [op.nn.threshold_grad(g, op.nn.relu(x), 0.0), op.nn.gelu_grad(g, op.nn.gelu(x)),
                 op.nn.softmax_grad(g, y), op.nn.log_softmax_grad(g, op.nn.log_softmax(x)),
                 op.nn.gelu(x, approximate="tanh"), op.nn.clip_grad(g, op.clip(x, 0.0, 1.0), 0.0, 0.5),
-                op.nn.silu_grad(g, op.nn.silu(x)), op.sigmoid(x)]
+                op.nn.silu_grad(g, op.nn.silu(x)), op.sigmoid(x), op.nn.leaky_relu_grad(g, op.nn.leaky_relu(x, 0.2), 0.2)]
         fn = _typed(Function([x, g], pb.Tuple(outs)))
         taken = {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)}
         assert taken == ELEMENTWISE

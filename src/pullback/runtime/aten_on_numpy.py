@@ -40,8 +40,11 @@ CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backwar
 # classifier's (32, 10) log-softmax, seven ufunc calls: 124 us in the BN-CNN's step, 11 us in a loop; ATen's
 # 17 us), so taking them too made the BN-CNN's step 0.97-0.98x and the transformer's 0.99x. The binary elementwise
 # operators stay NumPy's: through ATen, BERT's step took 1.03x (NumPy's run in place in the plan's reused buffers).
-ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "clip", "nn.clip_grad", "nn.gelu", "nn.gelu_grad", "nn.silu",
-                         "nn.silu_grad", "sigmoid", "nn.softmax", "nn.softmax_grad", "nn.log_softmax", "nn.log_softmax_grad"})
+# Some NumPy forms are far slower still, on (8, 128, 1024) float32: silu (logaddexp) 14.5 ms, leaky_relu and its
+# gradient (where) 4.1 ms, against ATen's 0.07-0.3 ms.
+ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "clip", "nn.clip_grad", "nn.leaky_relu", "nn.leaky_relu_grad",
+                         "nn.gelu", "nn.gelu_grad", "nn.silu", "nn.silu_grad", "sigmoid", "nn.softmax", "nn.softmax_grad",
+                         "nn.log_softmax", "nn.log_softmax_grad"})
 # constant padding (ATen's ``constant_pad_nd``: always new memory, filled on both cores): ResNet-18's single-tap
 # weight gradients pad 1 MB to 9.4 MB each (0.52 -> 0.38 ms in the step); its step 0.96-0.99x in one process
 PADS = frozenset({"nn.pad"})
