@@ -22,6 +22,7 @@ from . import reduce as R
 from . import numba_kernels, special
 from .npfast import as_rows, blockwise, row_blocks, sum_along
 from .common import float_arg, normalize_axis
+from .kernels import as_array, numpy_quiet
 from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
                  widen16)
 from .registry import FusionKind, Recompute, defop
@@ -30,8 +31,10 @@ _sigmoid = lazy("sigmoid")
 
 
 def _sigmoid_kernel(xp, x):
-    """1 / (1 + e^-x) as exp(-log(1 + e^-x)): no overflow for any x."""
-    return xp.exp(-xp.logaddexp(0.0, -x))
+    """1 / (1 + e^-x), as ATen computes it: e^-x overflows to inf below about -88 (float32), giving 0, the limit
+    (NumPy: run it quiet). A third of the exp(-logaddexp(0, -x)) form's relative error, and 40x faster on NumPy
+    (logaddexp: 13.6 ms on 1M float32 elements)."""
+    return as_array(1.0 / (1.0 + xp.exp(-x)))  # NumPy makes a scalar of a 0-d array
 
 
 def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=()):
@@ -237,8 +240,13 @@ def _silu_torch(x, attrs=None):
     return F.silu(x)
 
 
-silu = activation("nn.silu", None, lambda xp, x, a: x * _sigmoid_kernel(xp, x),
-                  lambda c, g: [silu_grad(g, c.args[0])], 4, "silu", impls={"torch": _silu_torch})
+def _silu_kernel(xp, x, attrs=None):
+    w = widen16(xp, x)
+    return as_dtype(xp, w * _sigmoid_kernel(xp, w), x.dtype)
+
+
+silu = activation("nn.silu", None, _silu_kernel, lambda c, g: [silu_grad(g, c.args[0])], 4, "silu",
+                  impls={"torch": _silu_torch, "numpy": numpy_quiet(_silu_kernel, over="ignore", invalid="ignore")})
 
 
 def _silu_grad_kernel(xp, g, x, attrs=None):
@@ -265,7 +273,8 @@ def _silu_grad_grad(call: Call, h: Expr):
 # one kernel where the sigmoid, four products and a sum took six passes (SwiGLU's gradient in every Llama-style MLP:
 # (8, 128, 1024) float32 on the torch target 3.3 -> 0.3 ms)
 silu_grad = defop("nn.silu_grad", 2, pair_infer("nn.silu_grad", "the data"), kernel=_silu_grad_kernel,
-                  impls={"torch": _silu_grad_torch}, grad=_silu_grad_grad, pattern=FusionKind.ELEMWISE,
+                  impls={"torch": _silu_grad_torch, "numpy": numpy_quiet(_silu_grad_kernel, over="ignore", invalid="ignore")},
+                  grad=_silu_grad_grad, pattern=FusionKind.ELEMWISE,
                   flops=numel_flops(8), dtypes=FLOAT_DTYPES, torch_name="silu_backward",
                   doc="Gradient of ``nn.silu``: ``(out_grad, data) -> out_grad * silu'(data)`` (ATen ``silu_backward``).")
 
