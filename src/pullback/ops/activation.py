@@ -32,8 +32,7 @@ _sigmoid = lazy("sigmoid")
 
 def _sigmoid_kernel(xp, x):
     """1 / (1 + e^-x), as ATen computes it: e^-x overflows to inf below about -88 (float32), giving 0, the limit
-    (NumPy: run it quiet). A third of the exp(-logaddexp(0, -x)) form's relative error, and 40x faster on NumPy
-    (logaddexp: 13.6 ms on 1M float32 elements)."""
+    (NumPy: run it quiet). On NumPy the exp(-logaddexp(0, -x)) form took 13.6 ms on 1M float32 elements, this 0.7."""
     return as_array(1.0 / (1.0 + xp.exp(-x)))  # NumPy makes a scalar of a 0-d array
 
 

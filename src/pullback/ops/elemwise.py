@@ -166,7 +166,10 @@ def _sigmoid_torch(x, attrs=None):
 
 
 sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=_sigmoid,
-                impls={"torch": _sigmoid_torch, "numpy": numpy_quiet(_sigmoid, over="ignore")}, flops_per_elem=4, torch_name="sigmoid", recompute=Recompute.SPECIAL)
+                impls={"torch": _sigmoid_torch, "numpy": numpy_quiet(_sigmoid, over="ignore")}, flops_per_elem=4,
+                torch_name="sigmoid", recompute=Recompute.SPECIAL)
+
+
 def _erf_slope(c: Call) -> Expr:
     """``erf'(x) = 2 / sqrt(pi) * exp(-x^2)`` of call ``c``'s argument."""
     return multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0]))))
