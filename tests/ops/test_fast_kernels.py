@@ -42,6 +42,25 @@ def test_where_with_a_zero_branch_matches_np_where_bitwise(dtype, shapes):
         assert np.array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shapes", [((4, 5), (4, 5), (4, 5)), ((4, 5), (5,), (4, 1)), ((4, 5), (), (4, 5)),
+                                    ((2, 3, 4), (3, 4), (2, 1, 4)), ((), (), ()), ((0, 5), (0, 5), (5,))])
+@pytest.mark.parametrize("strided", [False, True])
+def test_where_with_a_full_condition_matches_np_where_bitwise(dtype, shapes, strided):
+    """A float ``where`` whose condition has the result's shape is a bitwise select, ``y ^ ((x ^ y) & mask)``:
+    np.where's bits (NaN, inf, -0.0), branches that broadcast, 0-d and empty arrays, strided views; a new array."""
+    cs, xs, ys = shapes
+    c = RNG.standard_normal(cs) > 0
+    x = _specials(dtype, xs) if np.prod(xs) >= 4 else RNG.standard_normal(xs).astype(dtype)
+    y = RNG.standard_normal(ys).astype(dtype)
+    if strided and x.ndim:
+        x = np.repeat(x, 2, axis=-1)[..., ::2]
+    got, want = _where_compute(np.asarray(c), np.asarray(x), np.asarray(y)), np.where(c, x, y)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(_bits(got), _bits(want))
+    assert not np.shares_memory(got, x) and not np.shares_memory(got, y)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("cs, xs", [((2, 3, 4, 5), (2, 3, 4, 5)), ((4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 5))])
 @pytest.mark.parametrize("zero", [0.0, -0.0])
