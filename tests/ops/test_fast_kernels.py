@@ -110,6 +110,33 @@ def test_global_average_pool_gradient_on_torch_is_eagers_as_a_view(shape, channe
                                rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("name", ["nn.leaky_relu", "nn.leaky_relu_grad", "sigmoid", "nn.silu", "nn.silu_grad",
+                                  "nn.clip_grad"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_numpy_activation_overrides_give_the_shared_kernels_bits(name, dtype):
+    """The NumPy overrides of these activations (``where``'s bitwise select, quiet ``1 / (1 + e^-x)``, a masked
+    AND) give the shared kernel's bits on NumPy, NaN, infinities and signed zeros included, and warn of nothing."""
+    import warnings
+
+    from pullback.ops import get_op
+
+    o = get_op(name)
+    x = _specials(dtype, (6, 7))
+    x.flat[4:8] = [0.0, 100.0, -100.0, 1.0]
+    g = RNG.standard_normal((6, 7)).astype(dtype)
+    a = o.make_attrs(**{"nn.leaky_relu": {"alpha": 0.2}, "nn.leaky_relu_grad": {"alpha": 0.2},
+                        "nn.clip_grad": {"a_min": -1.0, "a_max": 1.0}}.get(name, {}))
+    args = (x,) if o.num_inputs == 1 else (g, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = o.kernel(np, *args, a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # overflow to inf in e^-x is the kernel's way: no warning
+        got = o.impl("numpy")(*args, a)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(_bits(got), _bits(want)), name
+
+
 def test_select_or_zero_writes_into_a_strided_out():
     g = _specials(np.float32, (3, 4))
     hit = RNG.standard_normal((3, 4)) > 0
