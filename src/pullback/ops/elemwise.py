@@ -144,7 +144,7 @@ tanh = unary("tanh", lambda c, g: [multiply(g, subtract(_cl(1.0, c), multiply(c,
              torch_name="tanh")
 
 
-def _sigmoid(xp, x, attrs=None):
+def sigmoid_kernel(xp, x, attrs=None):
     """1 / (1 + e^-x), as ATen computes it, float16 in float32: e^-x overflows to inf below about -88 (float32),
     giving 0, the limit (NumPy: run it quiet). The exp(-|x|) form with a ``where`` took 10 ms on 1M float32 elements
     on NumPy, this 0.7."""
@@ -165,8 +165,8 @@ def _sigmoid_torch(x, attrs=None):
     return torch.sigmoid(x)  # one pass where the shared kernel takes six (Llama's SwiGLU: 3.2 -> 0.3 ms)
 
 
-sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=_sigmoid,
-                impls={"torch": _sigmoid_torch, "numpy": numpy_quiet(_sigmoid, over="ignore")}, flops_per_elem=4,
+sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=sigmoid_kernel,
+                impls={"torch": _sigmoid_torch, "numpy": numpy_quiet(sigmoid_kernel, over="ignore")}, flops_per_elem=4,
                 torch_name="sigmoid", recompute=Recompute.SPECIAL)
 
 
