@@ -345,6 +345,25 @@ def test_a_replaced_parameter_is_the_one_trained(target):
         cm(x)
 
 
+def test_a_layer_replaced_by_one_of_the_same_shapes_is_the_one_trained(target):
+    """The parameters are read from the submodules that hold them now: a layer swapped for a new one of the same
+    shapes, after calls that read the old layer's (and cached where its weights live), has its own weights used
+    and trained."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), torch.randn(4, 3)
+    cm = pb_compile(model, (x,), target=target)
+    cm(x).sum().backward()
+    model[0] = fresh = nn.Linear(3, 2)
+    eager = copy.deepcopy(model)
+    out = cm(x)
+    out.sum().backward()
+    want = eager(x)
+    want.sum().backward()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(fresh.weight.grad, eager[0].weight.grad)
+    torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_embedding_bag_scale_grad_by_freq_divides_each_rows_gradient_by_its_count(mode):
     """``nn.EmbeddingBag(scale_grad_by_freq=True)``: the values as without it, each row's gradient divided by how

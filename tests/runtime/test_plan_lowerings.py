@@ -2,7 +2,8 @@
 
 - reshapes of one value share its copy (``share_reshape_sources``): a later reshape of a value an earlier
   reshape reads reshapes that earlier result instead;
-- a dense whose one use adds a bias vector runs as ``nn.linear`` (``fuse_bias_adds``)."""
+- a dense whose one use adds a bias vector runs as ``nn.linear`` (``fuse_bias_adds``);
+- ``stop_gradient(x)`` is read as ``x`` (``drop_stop_gradients``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import pullback as pb
 from pullback import Function, IRModule, Tuple, op, var
 from pullback.ir.traversal import post_order
-from pullback.runtime.plan import fuse_bias_adds, share_reshape_sources
+from pullback.runtime.plan import drop_stop_gradients, fuse_bias_adds, share_reshape_sources
 
 TARGETS = ["numpy", "torch", "jax"]
 
@@ -190,3 +191,43 @@ def test_calls_of_module_functions_around_the_lowerings_keep_their_types(target)
     tv = hv.transpose(1, 0, 2)
     np.testing.assert_allclose(np.asarray(exe["main"](xv, wv, bv)), tv.reshape(3, 8) * (tv.reshape(2, 3, 4) ** 2).reshape(3, 8),
                                rtol=1e-5)
+
+
+# ---------------------------------------------------------------- stop_gradient
+
+
+def _saved_statistics():
+    """A batch norm's shape of forward: its statistics saved (under stop_gradient, twice over one of them) beside
+    the result, and a parameter returned under stop_gradient."""
+    x, w = var("x", shape=(4, 3)), var("w", shape=(3,))
+    m = op.mean(x, axis=0)
+    y = op.multiply(op.subtract(x, m), w)
+    sg = op.stop_gradient
+    return Function([x, w], Tuple([y, sg(m), sg(sg(op.exp(m))), sg(w)])), x, w
+
+
+def test_stop_gradients_are_read_as_their_operand():
+    f, x, w = _saved_statistics()
+    spans = {v: v.span for v in (x, w)}
+    body = drop_stop_gradients(*_typed(f))
+    assert "stop_gradient" not in _ops(body)
+    _, m, e, w2 = body.fields
+    assert w2 is w and m.op.name == "mean" and e.op.name == "exp"
+    assert body.checked_type == f.body.checked_type
+    assert "stop_gradient" in _ops(f.body) and all(v.span == s for v, s in spans.items())  # the input unchanged
+    assert drop_stop_gradients(body, post_order(body)) is body
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_results_with_stop_gradients_dropped_are_those_written(target):
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    f, _, _ = _saved_statistics()
+    exe = pb.build(IRModule.from_expr(f), target=target)
+    assert "stop_gradient" not in exe["main"].plan.dump()
+    rng = np.random.default_rng(5)
+    xv, wv = rng.standard_normal((4, 3)).astype("float32"), rng.standard_normal(3).astype("float32")
+    y, m, e, w = (np.asarray(r) for r in exe["main"](xv, wv))
+    np.testing.assert_allclose(m, xv.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(e, np.exp(xv.mean(0)), rtol=1e-6)
+    np.testing.assert_allclose(y, (xv - xv.mean(0)) * wv, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(w, wv)

@@ -11,7 +11,7 @@ import pytest
 
 import pullback as pb
 from op_table import table_programs
-from pullback import Call, Function, var
+from pullback import Call, Function, op, var
 from pullback.ops.registry import OpDef
 from xp_ops import mul, neg
 
@@ -60,6 +60,23 @@ def test_tensors_in_and_out_without_copies():
     ro = a.copy()
     ro.flags.writeable = False
     assert not np.shares_memory(ident(ro).numpy(), ro)  # a read-only one is copied: tensors are writable
+
+
+def test_results_come_back_as_nested_tuples_of_the_kernels_tensors():
+    """The torch target returns its tensors as they are: a tuple holding no list is returned itself, and a list
+    anywhere inside (a kernel's several results) becomes a tuple, as on the other targets."""
+    from pullback.runtime.values import as_is, to_output
+
+    t = torch.ones(2)
+    flat = (t, (t, (t,)), t)
+    assert to_output(flat, as_is) is flat
+    assert to_output(t, as_is) is t
+    nested = to_output((t, (t, [t, (t, [t])])), as_is)
+    assert nested == (t, (t, (t, (t, (t,)))))
+    assert to_output([t, [t]], as_is) == (t, (t,))
+    x = var("x", shape=(2, 3))
+    parts = pb.build(Function([x], pb.Tuple([op.split(x, 3, axis=1), x])), target="torch")["main"](torch.randn(2, 3))
+    assert type(parts) is tuple and type(parts[0]) is tuple and len(parts[0]) == 3
 
 
 def test_bad_device_is_a_pullback_error():

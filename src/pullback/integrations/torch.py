@@ -87,6 +87,9 @@ class TrainingProgram:
         self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.state_keys = [prog.state_key(n) for n in prog.params]
+        position = {k: i for i, k in enumerate(self.state_keys)}
+        # each written-back state tensor's position among the state tensors (None: looked up by its key)
+        self.mutated_state = [position.get(name) if kind != "input" else None for kind, name in prog.mutations]
         self._inference = self._differentiable = None
         self.mod = self.fwd = self.bwd = self.bridge = None
         self.no_path = frozenset()
@@ -317,7 +320,8 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     if not prog.mutations:
         return run(tp, tensors)
     by_input = dict(zip(prog.inputs, inputs))
-    targets = [by_input[name] if kind == "input" else state[name] for kind, name in prog.mutations]
+    targets = [by_input[name] if kind == "input" else state_tensors[i] if i is not None else state[name]
+               for (kind, name), i in zip(prog.mutations, tp.mutated_state)]
     results = run(tp, tensors, targets)
     with torch.no_grad():
         for i in prog.resized:  # as eager resizes them (a per-channel observer's first batch); the import may
@@ -378,17 +382,33 @@ class ModuleState:
         self._all = None
 
     def __getitem__(self, key: str):
+        owner = self.owner(key)
+        if owner is not None:
+            return _held(owner)
+        if self._all is None:  # not a plain submodule path (parametrizations, ...)
+            self._all = module_state(self.module)
+        return self._all[key]
+
+    def owner(self, key: str):
+        """``(submodule, attribute)`` holding ``key`` as a parameter or buffer, or None when ``key`` is not a
+        plain path of submodules (a parametrization's, a property's)."""
         *path, attr = key.split(".")
         m = self.module
         try:
             for p in path:
                 m = m._modules[p]
-            t = m._parameters.get(attr)
-            return t if t is not None else m._buffers[attr]
-        except (KeyError, AttributeError, TypeError):  # not a plain submodule path (parametrizations, ...)
-            if self._all is None:
-                self._all = module_state(self.module)
-            return self._all[key]
+            if attr in m._parameters or attr in m._buffers:
+                return m, attr
+        except (KeyError, AttributeError, TypeError):
+            pass
+        return None
+
+
+def _held(owner: tuple):
+    """The parameter or buffer ``(submodule, attribute)`` holds now."""
+    m, attr = owner
+    t = m._parameters.get(attr)
+    return t if t is not None else m._buffers[attr]
 
 
 class _Import:
@@ -410,12 +430,22 @@ class _Import:
         self.dtypes = [getattr(torch, types[n].dtype) for n in self.names]
         self.seen: list = []  # the ids of the tensors ``read`` last found as exported (no reference kept)
         self.phases = phases
+        self.owners: Optional[list] = None  # ``ModuleState.owner`` of each state key, found under ``watch``
+        self.watch = None
 
-    def read(self, state) -> Optional[list]:
+    def read(self, state, watch=None) -> Optional[list]:
         """The parameters and buffers of ``state`` in the program's order, or None when the module no longer
-        has them as exported (a layer replaced by one of another shape or dtype, or removed)."""
+        has them as exported (a layer replaced by one of another shape or dtype, or removed). ``watch``: the
+        module's ``StructureWatch``, unchanged since this call began; while it stays the one under which the
+        keys' owners were found, the same submodules hold them (its children are compared by identity), so
+        they are read from those submodules without walking the key paths again."""
         try:
-            tensors = [state[k] for k in self.state_keys]
+            if watch is not None and watch is self.watch:
+                tensors = list(map(_held, self.owners))
+            else:
+                tensors = [state[k] for k in self.state_keys]
+                owners = [state.owner(k) for k in self.state_keys] if watch is not None else [None]
+                self.owners, self.watch = (None, None) if None in owners else (owners, watch)
         except (KeyError, AttributeError):
             return None
         ids = list(map(id, tensors))
@@ -536,11 +566,11 @@ def _module_class():
             key = (self._structure_id(), keywords, settings) + shapes  # the structure holds each mode
             state = ModuleState(self.module)
             entry = self._imports.get(key)
-            tensors = None if entry is None else entry.read(state)
+            tensors = None if entry is None else entry.read(state, self._watch)
             if entry is not None and tensors is None:  # parameters changed since the export: by their shapes
                 key += (_state_signature(self.module),)
                 entry = self._imports.get(key)
-                tensors = None if entry is None else entry.read(state)
+                tensors = None if entry is None else entry.read(state, self._watch)
             if entry is None:
                 self._warn_if_exporting_often(key, shapes)
                 lap = Phases()

@@ -442,7 +442,7 @@ def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Exp
         out = replace(old, memo)
         if out is None:
             out = new
-        if out is not old and old._checked_type is not None:
+        if out is not old and old._checked_type is not None and out._checked_type is None:  # a new node
             set_type(out, old._checked_type)
             set_span(out, old.span)
         return out
@@ -451,10 +451,25 @@ def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Exp
     return transform(body, fn, memo=memo)
 
 
+def drop_stop_gradients(body: Expr, order: list) -> Expr:
+    """``body`` (without ``If``; its nodes are ``order``) with each ``stop_gradient(x)`` read as ``x``: it only
+    marks where differentiation stops, and its kernel returns ``x`` itself (a batch norm's saved statistics and
+    written-back buffers: a kernel call each, on every step). ``body`` itself if none."""
+    if not any(type(n) is Call and getattr(n.op, "name", None) == "stop_gradient" for n in order):
+        return body
+
+    def lower(old: Expr, memo: dict):
+        if type(old) is Call and getattr(old.op, "name", None) == "stop_gradient":
+            return memo.get(id(old.args[0]), old.args[0])  # (an inner stop_gradient already dropped)
+        return None
+
+    return _rewrite(body, lower)
+
+
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
-    """``body`` and its post-order after the plan's lowerings (bodies without ``If``): reshapes sharing their
-    source's copy, dense + bias as ``nn.linear``."""
-    for lower in (share_reshape_sources, fuse_bias_adds):
+    """``body`` and its post-order after the plan's lowerings (bodies without ``If``): ``stop_gradient``
+    dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``."""
+    for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds):
         new = lower(body, order)
         if new is not body:
             body, order = new, post_order(new)

@@ -159,11 +159,30 @@ def _input_error(fn_name: str, name: str, expected: Type, given) -> ExecutionErr
     return ExecutionError(f"@{fn_name}: parameter %{name} expects {expected!r}, got {describe(given)}")
 
 
+def as_is(value):
+    """The output leaf of a target whose arrays go to the caller unchanged (torch tensors)."""
+    return value
+
+
+def _has_list(value) -> bool:
+    """Whether a list lies anywhere in the nested tuple ``value`` (iterative)."""
+    stack = [value]
+    while stack:
+        for v in stack.pop():
+            if type(v) is tuple:
+                stack.append(v)
+            elif isinstance(v, (tuple, list)):
+                return True
+    return False
+
+
 def to_output(value, leaf: Optional[Callable] = None):
     """Returned data: ``leaf`` applied to every array (None: NumPy scalars become 0-d arrays),
-    lists become tuples (iterative)."""
+    lists become tuples (iterative). With ``as_is``, a tuple holding no list is returned itself."""
     if isinstance(value, np.ndarray):
         return value
+    if leaf is as_is and (type(value) is not tuple or not _has_list(value)):
+        return value if type(value) is not list else to_output(tuple(value), as_is)
     if leaf is None:
         leaf = _numpy_leaf
     if not isinstance(value, (tuple, list)):
