@@ -47,6 +47,13 @@ def conv_case(n, c, h, w, o, k, s=(1, 1), p=(0, 0, 0, 0), d=(1, 1), g=1):
                 id=f"conv2d-{n}x{c}x{h}x{w}-o{o}-k{k}-s{s}-p{p}-d{d}-g{g}")
 
 
+def conv_bias_case(n, c, h, w, o, k, s=(1, 1), p=(0, 0, 0, 0), g=1):
+    kw = dict(strides=s, padding=p, groups=g)
+    return case("nn.conv2d_bias", normal(n, c, h, w), normal(o, c // g, *k), normal(o), attrs=kw,
+                torch=lambda x, wt, b: F("conv2d", stride=s, groups=g)(torch_pad(x, p), wt, b),
+                id=f"conv2d_bias-{n}x{c}x{h}x{w}-o{o}-k{k}-s{s}-p{p}-g{g}")
+
+
 def convT_case(n, c, h, w, o, k, s=(1, 1), p=(0, 0), d=(1, 1), g=1, op=(0, 0)):
     kw = dict(strides=s, padding=p, dilation=d, groups=g, output_padding=op)
     return case("nn.conv2d_transpose", normal(n, c, h, w), normal(c, o // g, *k), attrs=kw,
@@ -462,7 +469,15 @@ POOL_INDICES = [  # gradient rules against finite differences (PyTorch: test_nn_
     for k, (attrs, shape) in enumerate(WITH_INDICES)
 ]
 
-TORCH_CASES = ACTIVATIONS + LINEAR + CONV + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
+# drawn last: the cases above keep the inputs they were written against
+CONV_BIAS = [
+    conv_bias_case(2, 3, 5, 5, 4, (3, 3), p=(1, 1, 1, 1)),
+    conv_bias_case(1, 4, 6, 6, 4, (3, 3), s=(2, 2), p=(1, 0, 1, 0), g=4),  # depthwise
+    conv_bias_case(3, 4, 1, 1, 5, (3, 3), p=(1, 1, 1, 1)),  # one tap: a GEMM plus the bias on torch
+    conv_bias_case(2, 3, 3, 3, 5, (3, 3)),  # a 1x1 output: a GEMM of the windows plus the bias on torch
+]
+
+TORCH_CASES = ACTIVATIONS + LINEAR + CONV + CONV_BIAS + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
 CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
 
 

@@ -2,7 +2,8 @@
 
 - reshapes of one value share its copy (``share_reshape_sources``): a later reshape of a value an earlier
   reshape reads reshapes that earlier result instead;
-- a dense whose one use adds a bias vector runs as ``nn.linear`` (``fuse_bias_adds``);
+- a dense whose one use adds a bias vector runs as ``nn.linear``, a convolution whose one use adds a bias per
+  channel as ``nn.conv2d_bias`` (``fuse_bias_adds``);
 - ``stop_gradient(x)`` is read as ``x`` (``drop_stop_gradients``)."""
 
 from __future__ import annotations
@@ -191,6 +192,68 @@ def test_calls_of_module_functions_around_the_lowerings_keep_their_types(target)
     tv = hv.transpose(1, 0, 2)
     np.testing.assert_allclose(np.asarray(exe["main"](xv, wv, bv)), tv.reshape(3, 8) * (tv.reshape(2, 3, 4) ** 2).reshape(3, 8),
                                rtol=1e-5)
+
+
+# ---------------------------------------------------------------- conv2d + bias
+
+
+def _conv_plus(kind: str, x, w, b):
+    c = op.nn.conv2d(x, w, padding=(1, 1, 1, 1))
+    if kind == "add":  # the importer's form
+        return op.add(c, op.reshape(b, (-1, 1, 1)))
+    if kind == "add-bias-first":
+        return op.add(op.reshape(b, (-1, 1, 1)), c)
+    return op.nn.bias_add(c, b, axis=1)
+
+
+@pytest.mark.parametrize("kind", ["add", "add-bias-first", "bias_add"])
+def test_a_convolution_plus_its_bias_becomes_one_conv2d_bias(kind):
+    x, w, b = var("x", shape=(2, 3, 6, 6)), var("w", shape=(4, 3, 3, 3)), var("b", shape=(4,))
+    f = Function([x, w, b], op.nn.relu(_conv_plus(kind, x, w, b)))
+    body = fuse_bias_adds(*_typed(f))
+    assert _ops(body) == ["nn.conv2d_bias", "nn.relu"]
+    assert body.args[0].attrs == f.body.args[0].args[0 if kind != "add-bias-first" else 1].attrs
+    assert body.args[0].checked_type == f.body.args[0].checked_type
+
+
+def _conv_then(then, bias_shape=(4,)):
+    x, w, b = var("x", shape=(2, 3, 6, 6)), var("w", shape=(4, 3, 3, 3)), var("b", shape=bias_shape)
+    return Function([x, w, b], then(op.nn.conv2d(x, w), b))
+
+
+@pytest.mark.parametrize("why, f", [
+    ("the convolution is used twice", _conv_then(lambda c, b: op.multiply(op.add(c, op.reshape(b, (-1, 1, 1))), c))),
+    ("the bias is on the width", _conv_then(lambda c, b: op.add(c, b))),
+    ("the bias is per position", _conv_then(lambda c, b: op.add(c, op.reshape(b, (1, 4, 4))), bias_shape=(16,))),
+    ("bias_add on another axis", _conv_then(lambda c, b: op.nn.bias_add(c, b, axis=3))),
+])
+def test_other_sums_with_a_convolution_stay_as_written(why, f):
+    assert fuse_bias_adds(*_typed(f)) is f.body, why
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("x_shape, w_shape, kw", [
+    ((2, 3, 6, 6), (4, 3, 3, 3), dict(padding=(1, 1, 1, 1))),
+    ((2, 4, 7, 7), (4, 1, 3, 3), dict(strides=(2, 2), groups=4)),  # depthwise
+    ((3, 4, 1, 1), (5, 4, 3, 3), dict(padding=(1, 1, 1, 1))),  # one tap
+    ((16, 32, 16, 16), (64, 32, 3, 3), dict(padding=(1, 1, 1, 1))),  # channels-last on torch
+])
+def test_conv2d_bias_results_are_the_convolution_plus_the_bias(target, x_shape, w_shape, kw):
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    x, w, b = var("x", shape=x_shape), var("w", shape=w_shape), var("b", shape=(w_shape[0],))
+    f = Function([x, w, b], op.tanh(op.add(op.nn.conv2d(x, w, **kw), op.reshape(b, (-1, 1, 1)))))
+    exe = pb.build(IRModule.from_expr(f), target=target)
+    assert "nn.conv2d_bias" in exe["main"].plan.dump()
+    rng = np.random.default_rng(3)
+    xv, wv, bv = (rng.standard_normal(s).astype("float32") for s in (x_shape, w_shape, (w_shape[0],)))
+    keep = [a.copy() for a in (xv, wv, bv)]
+    got = np.asarray(exe["main"](xv, wv, bv))
+    x64, w64 = var("x", shape=x_shape, dtype="float64"), var("w", shape=w_shape, dtype="float64")
+    plain = IRModule.from_expr(Function([x64, w64], op.nn.conv2d(x64, w64, **kw)))
+    want = np.tanh(pb.build(plain, target="numpy")["main"](xv.astype("float64"), wv.astype("float64")) + bv[:, None, None])
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    for a, k in zip((xv, wv, bv), keep):
+        np.testing.assert_array_equal(a, k)
 
 
 # ---------------------------------------------------------------- stop_gradient

@@ -1,6 +1,7 @@
 """2-D convolutions (NCHW data, OIHW / IOHW kernels) and the shared window helpers of pooling.
 
-- ``nn.conv2d(data, weight)``: the convolution;
+- ``nn.conv2d(data, weight)``: the convolution; ``nn.conv2d_bias(data, weight, bias)`` with a bias per output
+  channel (how a plan runs a convolution whose one use adds its bias);
 - ``nn.conv2d_transpose(data, weight)``: the adjoint of conv2d w.r.t. its data
   (PyTorch's ``conv_transpose2d``, IOHW weight, ``output_padding < strides``);
 - ``nn.conv2d_backward_weight(grad, data)``: the adjoint w.r.t. the weight (Relay's op).
@@ -29,6 +30,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..ir.errors import AttrError, PullbackError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType
+from . import reduce as R
 from .common import numel, same_dtype, tensor_arg
 from .nn import add_into, check_int, constant_pad_numpy, full, pad_axis
 from .onednn import rows_times_t
@@ -300,8 +302,7 @@ def _data_weight(op: str, arg_types, attrs, layout: str, dim0: str):
     return x, w
 
 
-def _conv2d_infer(arg_types, attrs):
-    op = "nn.conv2d"
+def _conv2d_infer(arg_types, attrs, op: str = "nn.conv2d"):
     x, w = _data_weight(op, arg_types, attrs, "OIHW", "output")
     o, cg, kh, kw = w.shape
     g = attrs.groups
@@ -391,18 +392,24 @@ def _torch_columns(x, k: tuple, attrs):
     return F.unfold(x, k, attrs.dilation, pad, attrs.strides)
 
 
-def _conv2d_torch(x, w, attrs):
+def _conv2d_torch(x, w, attrs, b=None):
+    """ATen's convolution (oneDNN), in the layout ``conv_layout`` picks, with the bias ``b`` (None: none) added
+    by the convolution itself; a convolution meeting one tap, or of a 1x1 output, as one GEMM."""
     import torch.nn.functional as F
 
     out = _conv_out_hw(attrs, x.shape[2:], w.shape[2:])
     tap = single_tap(x.shape[2:], out, w.shape[2:], attrs)
     if tap is not None:
-        return rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]]).reshape(x.shape[0], w.shape[0], 1, 1)
-    if tuple(out) == (1, 1) and attrs.groups == 1:
+        rows = rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]])
+    elif tuple(out) == (1, 1) and attrs.groups == 1:
         cols = _torch_columns(x, w.shape[2:], attrs)
-        return rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(w.shape[0], -1)).reshape(x.shape[0], w.shape[0], 1, 1)
-    x, pad = torch_padding(conv_layout(x, w.numel(), attrs.groups)(x), attrs.padding)
-    return F.conv2d(x, w, None, attrs.strides, pad, attrs.dilation, attrs.groups)
+        rows = rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(w.shape[0], -1))
+    else:
+        x, pad = torch_padding(conv_layout(x, w.numel(), attrs.groups)(x), attrs.padding)
+        return F.conv2d(x, w, b, attrs.strides, pad, attrs.dilation, attrs.groups)
+    if b is not None:
+        rows += b
+    return rows.reshape(x.shape[0], w.shape[0], 1, 1)
 
 
 def _spatial_grad_pad(call: Call, x_type: TensorType, kshape: tuple) -> tuple:
@@ -426,7 +433,7 @@ def _conv_kw(a) -> dict:
 
 
 def _conv2d_grad(call: Call, g: Expr):
-    x, w = call.args
+    x, w = call.args[:2]
     kshape = w.checked_type.shape[2:]
     kw = _conv_kw(call.attrs)
     gx = conv2d_transpose(g, w, output_padding=_spatial_grad_pad(call, x.checked_type, kshape), **kw)
@@ -442,6 +449,43 @@ def _conv2d_flops(arg_types, out_type, attrs):
 conv2d = defop("nn.conv2d", 2, _conv2d_infer, kernel=_conv2d_kernel,
                impls={"numpy": _conv2d_numpy, "jax": _conv2d_jax, "torch": _conv2d_torch}, attrs_type=Conv2DAttrs, grad=_conv2d_grad,
                pattern=FusionKind.OUT_ELEMWISE_FUSABLE, flops=_conv2d_flops, torch_name="conv2d")
+
+# ------------------------------------------------------------------ conv2d_bias: conv2d plus a bias per output channel
+
+
+def _conv2d_bias_infer(arg_types, attrs):
+    op = "nn.conv2d_bias"
+    out = _conv2d_infer(arg_types[:2], attrs, op)
+    b = tensor_arg(op, arg_types, 2)
+    o = out.shape[1]
+    if b.dtype != out.dtype or b.ndim != 1 or _mismatch(b.shape[0], o):
+        raise type_error(op, arg_types, f"the bias must be a {out.dtype} vector of the {o} output channels")
+    return out
+
+
+def _channel_bias(xp, b):
+    return xp.reshape(b, (-1, 1, 1))
+
+
+def _conv2d_bias_numpy(x, w, b, attrs):
+    y = _conv2d_numpy(x, w, attrs)  # new memory: the bias goes in in place
+    y += b[:, None, None]
+    return y
+
+
+def _conv2d_bias_grad(call: Call, g: Expr):
+    return [*_conv2d_grad(call, g), R.sum(g, axis=(0, 2, 3))]
+
+
+conv2d_bias = defop(
+    "nn.conv2d_bias", 3, _conv2d_bias_infer,
+    kernel=lambda xp, x, w, b, attrs: _conv2d_kernel(xp, x, w, attrs) + _channel_bias(xp, b),
+    impls={"numpy": _conv2d_bias_numpy, "jax": lambda x, w, b, attrs: _conv2d_jax(x, w, attrs) + b[:, None, None],
+           "torch": lambda x, w, b, attrs: _conv2d_torch(x, w, attrs, b)},
+    attrs_type=Conv2DAttrs, grad=_conv2d_bias_grad, pattern=FusionKind.OUT_ELEMWISE_FUSABLE,
+    flops=lambda ts, out, attrs: _conv2d_flops(ts, out, attrs) + numel(out.shape), torch_name="conv2d",
+    doc="``nn.conv2d`` plus a bias per output channel: ``(data, weight, bias (O,)) -> conv2d(data, weight) + bias`` "
+        "(ATen's convolution with its bias; what a plan runs for a convolution whose one use adds its bias).")
 
 # ------------------------------------------------------------------ conv2d_transpose
 

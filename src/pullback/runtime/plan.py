@@ -378,19 +378,33 @@ def _linear_args(gemm: Call, x: Expr, w: Expr) -> tuple:
     return x, w
 
 
-def _bias_of(add: Call, dense: Expr) -> Optional[Expr]:
-    """The bias ``add`` adds to ``dense`` when ``dense`` is a GEMM of rows (``_rows_gemm``) and the other
-    operand is a vector of its units in its dtype (the result keeps the GEMM's type), else None."""
-    if not _rows_gemm(dense):
+def _conv(e: Expr) -> bool:
+    return (type(e) is Call and getattr(e.op, "name", None) == "nn.conv2d" and e._checked_type is not None
+            and all(a._checked_type is not None for a in e.args))
+
+
+def _bias_of(add: Call, gemm: Expr) -> Optional[Expr]:
+    """The bias ``add`` adds to ``gemm`` when ``gemm`` is a GEMM of rows (``_rows_gemm``) and the other operand
+    is a vector of its units, or a convolution (``nn.conv2d``) and the other operand is a vector of its output
+    channels reshaped to (C, 1, 1), in its dtype (the result keeps its type), else None."""
+    conv = _conv(gemm)
+    if not conv and not _rows_gemm(gemm):
         return None
+    t = gemm._checked_type
     if add.op.name == "nn.bias_add":
-        if add.args[0] is not dense or add.attrs.axis not in (-1, dense._checked_type.ndim - 1):
+        if add.args[0] is not gemm or add.attrs.axis not in ((1, -3) if conv else (-1, t.ndim - 1)):
             return None
         b = add.args[1]
     else:
-        b = add.args[1] if add.args[0] is dense else add.args[0]
-    t, bt = dense._checked_type, b._checked_type
-    if not (isinstance(bt, TensorType) and bt.ndim == 1 and bt.dtype == t.dtype and bt.shape[0] == t.shape[-1]
+        b = add.args[1] if add.args[0] is gemm else add.args[0]
+        if conv:  # the importer's bias: reshape(b, (-1, 1, 1))
+            if not (type(b) is Call and getattr(b.op, "name", None) == "reshape" and b._checked_type is not None
+                    and tuple(b._checked_type.shape[1:]) == (1, 1)):
+                return None
+            b = b.args[0]
+    bt = b._checked_type
+    units = t.shape[1] if conv else t.shape[-1]
+    if not (isinstance(bt, TensorType) and bt.ndim == 1 and bt.dtype == t.dtype and bt.shape[0] == units
             and isinstance(bt.shape[0], int) and add._checked_type == t):
         return None
     return b
@@ -398,8 +412,9 @@ def _bias_of(add: Call, dense: Expr) -> Optional[Expr]:
 
 def fuse_bias_adds(body: Expr, order: list) -> Expr:
     """``body`` (without ``If``; its nodes are ``order``) with each ``add`` / ``nn.bias_add`` of a bias vector
-    to a GEMM of rows used nowhere else (``_rows_gemm``) as one ``nn.linear`` (the GEMM writes its rows with the
-    bias: one pass over the result less); ``body`` itself if none."""
+    to a GEMM of rows used nowhere else (``_rows_gemm``) as one ``nn.linear``, and of a channel bias to a
+    convolution used nowhere else as one ``nn.conv2d_bias`` (the GEMM or the convolution writes its result with
+    the bias: one pass over the result less); ``body`` itself if none."""
     found = []  # (add, dense, bias)
     for n in order:
         if type(n) is Call and getattr(n.op, "name", None) in ("add", "nn.bias_add"):
@@ -420,13 +435,16 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
     fused = {id(n): (d, b) for n, d, b in found if uses[d] == 1}  # id(add) -> (dense, bias)
     if not fused:
         return body
-    linear = get_op("nn.linear")
+    linear, conv_bias = get_op("nn.linear"), get_op("nn.conv2d_bias")
 
     def fuse(old: Expr, memo: dict) -> Optional[Expr]:
         if id(old) not in fused:
             return None
         d, b = fused[id(old)]
-        x, w = _linear_args(d, *(memo.get(id(a), a) for a in d.args))
+        args = [memo.get(id(a), a) for a in d.args]
+        if d.op.name == "nn.conv2d":
+            return Call(conv_bias, [*args, memo.get(id(b), b)], d.attrs)
+        x, w = _linear_args(d, *args)
         return Call(linear, [x, w, memo.get(id(b), b)])
 
     return _rewrite(body, fuse)
@@ -468,7 +486,8 @@ def drop_stop_gradients(body: Expr, order: list) -> Expr:
 
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
     """``body`` and its post-order after the plan's lowerings (bodies without ``If``): ``stop_gradient``
-    dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``."""
+    dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``, conv2d + bias as
+    ``nn.conv2d_bias``."""
     for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds):
         new = lower(body, order)
         if new is not body:
