@@ -728,6 +728,68 @@ def test_as_strided_scatter_through_an_overlapping_view_is_refused():
         from_torch(M(), (torch.randn(3, 4),))
 
 
+class StridedView(nn.Module):
+    """``as_strided`` of a view: eager reads the view's storage through the given strides."""
+
+    def __init__(self, view, size, stride, offset=None):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+        self.view, self.size, self.stride, self.offset = view, size, stride, offset
+
+    def forward(self, x):
+        v = self.view(self.w * x)
+        stride = self.stride(v) if callable(self.stride) else self.stride
+        out = v.as_strided(self.size, stride) if self.offset is None else v.as_strided(self.size, stride, self.offset)
+        return (out * torch.arange(1.0, out.numel() + 1, dtype=out.dtype).reshape(out.shape)).sum()
+
+
+STRIDED_VIEWS = {
+    "transposed": (lambda t: t.t(), (4, 3), lambda v: v.stride(), None),
+    # Longformer's chunks: overlapping windows of a transposed view, strides taken from the view
+    "windows of a transposed view": (lambda t: t.t(), (2, 3, 2), lambda v: (2 * v.stride(0), v.stride(1), v.stride(0)), None),
+    "a slice, its own offset": (lambda t: t[1:], (2, 2), (4, 1), None),
+    "a slice, an explicit offset": (lambda t: t[1:], (2, 3), (4, 1), 5),
+    "expanded": (lambda t: t[:, :1].expand(3, 4), (3, 2), (4, 0), None),
+    "contiguous": (lambda t: t, (2, 3), (1, 2), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(STRIDED_VIEWS))
+def test_as_strided_reads_a_view_through_its_own_layout(name):
+    """As eager: positions count in the storage, where the view's own strides and offset put its elements (before,
+    in its row-major elements: a transposed view read wrong values and gradients without an error)."""
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    model, x = StridedView(*STRIDED_VIEWS[name]), torch.randn(3, 4, dtype=torch.float64)
+    eager = copy.deepcopy(model)
+    got, want = pb_compile(model, (x,))(x), eager(x)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.w.grad, eager.w.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("view, size, stride, why", [
+    (lambda t: t[:, :2], (3, 3), (4, 1), "none of the tensor's elements holds"),  # the sliced-off column
+    (lambda t: t[1:], (3, 4), (4, 1), "none of the tensor's elements holds"),  # storage before the slice
+])
+def test_as_strided_beyond_the_views_elements_is_refused(view, size, stride, why):
+    model = StridedView(view, size, stride, 0 if size == (3, 4) else None)
+    with pytest.raises(UnsupportedOperatorError, match=why):
+        from_torch(model, (torch.randn(3, 4, dtype=torch.float64),))
+
+
+def test_as_strided_scatter_into_a_transposed_tensor_writes_eagers_positions():
+    class M(nn.Module):
+        def forward(self, x, v):
+            return torch.as_strided_scatter(x.t(), v, (2, 2), (1, 3), 1) * torch.arange(12.0, dtype=x.dtype).reshape(4, 3)
+
+    x, v = torch.randn(3, 4, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64)
+    mod, _ = from_torch(M(), (x, v))
+    np.testing.assert_array_equal(pullback.build(mod)["main"](x.numpy(), v.numpy()), M()(x, v).numpy())
+
+
 def test_nanmedian_of_a_row_of_nans_is_nan_and_median_takes_the_first_nan():
     class M(nn.Module):
         def forward(self, x):

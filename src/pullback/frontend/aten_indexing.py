@@ -518,21 +518,53 @@ def _unfold(cx, x, dim, size, step):
     return out if perm == tuple(range(n + 1)) else _op("transpose")(out, perm)
 
 
+def _layout(cx, shape: tuple, what: str) -> tuple:
+    """``(strides, storage offset)`` of the node's argument 0 as eager lays it out (its fake value), or the
+    contiguous ones when the value has none. A view (``w.t()``, a transposed and reshaped tensor) keeps its own
+    strides, and ``as_strided`` reads and writes its storage through them."""
+    val = cx.arg_val(0)
+    contiguous = tuple(int(np.prod(shape[k + 1:], dtype="int64")) for k in range(len(shape)))
+    if not hasattr(val, "stride"):
+        return contiguous, 0
+    strides, offset = tuple(val.stride()), val.storage_offset()
+    if not all(isinstance(v, int) for v in (*strides, offset)):  # symbolic: a dynamic batch dim
+        if val.is_contiguous():
+            return contiguous, 0
+        raise PullbackError(f"{what} of a non-contiguous view needs static strides, got {strides}")
+    return strides, offset
+
+
 def _strided_positions(cx, x, size, stride, storage_offset, what: str) -> np.ndarray:
-    """The positions in ``x``'s (contiguous) elements of a strided view ``(size, stride, storage_offset)``."""
+    """The row-major positions in ``x``'s elements of the strided view ``(size, stride, storage_offset)`` of
+    ``x``'s storage, as eager reads it: ``x``'s own strides and storage offset say where each of its elements
+    lies (``_layout``); ``storage_offset`` None is ``x``'s. A position that none of ``x``'s elements holds (a
+    gap of a sliced view: memory of a tensor the program does not see) is an error."""
+    shape = static(cx, what, cx.shape_of(x))
+    strides, base = _layout(cx, shape, what)
     size = tuple(int(s) for s in size)
-    pos = np.full(size, int(storage_offset or 0), dtype="int64")
+    pos = np.full(size, base if storage_offset is None else int(storage_offset), dtype="int64")
     for k, (n, st) in enumerate(zip(size, stride)):
         pos = pos + (np.arange(n, dtype="int64") * int(st)).reshape((1,) * k + (n,) + (1,) * (len(size) - k - 1))
-    numel = math.prod(static(cx, what, cx.shape_of(x)))
-    if pos.size and pos.max() >= numel:
-        raise PullbackError(f"{what} reaches element {int(pos.max())} of a tensor of {numel} elements")
-    return pos
+    numel = math.prod(shape)
+    held = np.full(1, base, dtype="int64")  # the storage position of each of x's elements, row-major
+    for n, st in zip(shape, strides):
+        held = (held[:, None] + np.arange(n, dtype="int64")[None, :] * st).reshape(-1)
+    if pos.size == 0:
+        return pos
+    order = np.argsort(held, kind="stable")  # where elements share memory (expand), the first of them
+    found = np.searchsorted(held[order], pos).clip(0, max(numel - 1, 0))
+    missing = held[order][found] != pos if numel else np.ones(pos.shape, bool)
+    if missing.any():
+        bad = int(pos[missing].flat[0])
+        raise PullbackError(f"{what} reaches storage element {bad}, which none of the tensor's elements holds (shape "
+                            f"{shape}, strides {strides}, storage offset {base}): only the tensor's own memory can be "
+                            "read, not a gap of a view nor memory beyond it")
+    return order[found]
 
 
 @aten("aten.as_strided.default", "aten.as_strided_copy.default")
 def _as_strided(cx, x, size, stride, storage_offset=None):
-    """A strided view of ``x``'s (contiguous) elements: one ``take`` with the element positions."""
+    """A strided view of ``x``'s storage as eager lays ``x`` out (``_strided_positions``): one ``take``."""
     pos = _strided_positions(cx, x, size, stride, storage_offset, "as_strided")
     if pos.size == 0:
         return const(np.zeros(pos.shape, dtype=cx.dtype_of(x)))
