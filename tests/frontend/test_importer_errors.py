@@ -445,3 +445,27 @@ def test_parameter_and_forward_hooks_run_as_in_eager():
     pb_compile(model, (x,))(x).backward()
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
+
+
+@torch.library.custom_op("pullback_test::scaled_mm", mutates_args=())
+def _scaled_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return a @ w
+
+
+@_scaled_mm.register_fake
+def _(a, w):
+    return a.new_empty(a.shape[0], w.shape[1])
+
+
+def test_a_librarys_custom_operator_is_named_with_what_to_do():
+    """A ``torch.library`` custom op is opaque (its body and registered backward run in Python): the error names it,
+    where it is called, and says what imports instead."""
+    from pullback.frontend import UnsupportedOperatorError
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return _scaled_mm(x, torch.ones(3, 2)).sum()
+
+    with pytest.raises(UnsupportedOperatorError, match=r"(?s)pullback_test\.scaled_mm\.default \(1 use\).*in forward"
+                                                        r".*custom operator \(torch\.library\).*PyTorch operations"):
+        import_torch(M(), (torch.randn(2, 3),))

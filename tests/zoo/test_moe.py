@@ -1,5 +1,6 @@
 """Mixture-of-experts models (Mixtral): routing (top-k, sort, histc token counts, gathers) imports and trains like
-eager through transformers' ``batched_mm`` experts; its default grouped GEMM, a custom op, is refused with that advice."""
+eager, with transformers' ``batched_mm`` experts and with its default grouped GEMM (a ``torch.library`` custom op,
+``frontend.library_ops``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pullback.frontend import UnsupportedOperatorError, import_torch  # noqa: E402
 from pullback.integrations.torch import check_side_by_side, train_side_by_side  # noqa: E402
 
 from models import BATCH, SEQ, LossOf, _ids  # noqa: E402
@@ -30,7 +30,37 @@ def test_mixtral_trains_like_eager_with_batched_experts():
     check_side_by_side(result, rtol=1e-5, atol=1e-5, verbose=False)
 
 
-def test_grouped_experts_are_refused_with_the_config_that_imports():
+def test_mixtral_trains_like_eager_with_its_default_grouped_experts():
     model, inputs = mixtral()
-    with pytest.raises(UnsupportedOperatorError, match='(?s)transformers.grouped_mm_fallback.*experts_implementation="batched_mm"'):
-        import_torch(model, inputs)
+    result = train_side_by_side(model, [(inputs, None)] * 3, lambda loss, _: loss, lr=0.05, target="torch", verbose=False)
+    check_side_by_side(result, rtol=1e-5, atol=1e-5, verbose=False)
+
+
+class Grouped(torch.nn.Module):
+    def __init__(self, experts: int, k: int, n: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(experts, k, n, dtype=torch.float64))
+
+    def forward(self, x, offs):
+        return torch.ops.transformers.grouped_mm_fallback(x, self.weight, offs)
+
+
+@pytest.mark.parametrize("offs", [[2, 5, 7], [0, 4, 4], [3, 3, 5], [0, 0, 0]], ids=["all rows", "empty groups",
+                                                                                   "rows past the last group", "none"])
+def test_grouped_gemm_values_and_gradients_equal_eager(offs):
+    """Each row through its group's expert, rows past ``offs[-1]`` zero, groups empty or not (float64)."""
+    from pullback.integrations.torch import compile as pb_compile
+
+    import transformers.integrations.moe  # noqa: F401  (registers the op)
+    import copy
+
+    torch.manual_seed(0)
+    model, x, o = Grouped(3, 4, 5), torch.randn(7, 4, dtype=torch.float64, requires_grad=True), torch.tensor(offs)
+    eager, xe = copy.deepcopy(model), x.detach().clone().requires_grad_(True)
+    got, want = pb_compile(model, (x, o))(x, o), eager(xe, o)
+    ct = torch.randn_like(want)
+    (got * ct).sum().backward()
+    (want * ct).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, xe.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.weight.grad, eager.weight.grad, rtol=1e-12, atol=1e-12)

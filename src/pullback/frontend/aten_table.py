@@ -915,4 +915,4 @@ def _log_softmax(cx, x, dim, *rest):
 __all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static",
            "newshape", "expand_to", "safe_softmax"]
 
-from . import aten_complex, aten_indexing, aten_linalg, aten_nn  # noqa: E402,F401  (registration)
+from . import aten_complex, aten_indexing, aten_linalg, aten_nn, library_ops  # noqa: E402,F401  (registration)

@@ -72,12 +72,10 @@ PRESERVED = (
     "multilabel_margin_loss.default", "_safe_softmax.default", "index_fill.int_Tensor", "index_fill.int_Scalar",
 )
 PARAMS_AS = ("inputs", "constants")
-# libraries' own operators (torch.library custom ops, opaque to the importer) and what to do instead
-CUSTOM_OP_HINTS = {
-    "transformers.grouped_mm_fallback.default":
-        "transformers' mixture-of-experts grouped GEMM (a Python loop over data-dependent expert groups); build the "
-        "model with experts_implementation=\"batched_mm\" in its config: that path imports and trains",
-}
+# a library's own operator (a torch.library custom op: its Python body and registered backward are opaque to the
+# importer; those pullback knows are converted in ``library_ops``)
+CUSTOM_OP_HINT = ("a library's custom operator (torch.library): pullback converts ATen operators and the custom ops of "
+                  "frontend.library_ops; write it in PyTorch operations (a torch.autograd.Function for its own backward)")
 
 
 class UnsupportedOperatorError(DiagnosticError):
@@ -430,7 +428,8 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         key = str(node.target)
         conv = ATEN_TABLE.get(key)
         if conv is None:
-            problems.add(key, node, UNSUPPORTED.get(key) or CUSTOM_OP_HINTS.get(key, ""))  # a known gap says why
+            hint = UNSUPPORTED.get(key) or (CUSTOM_OP_HINT if key.split(".")[0] not in ("aten", "prims") else "")
+            problems.add(key, node, hint)  # a known gap says why
             return _MISSING
         try:
             value = conv(cx, *args, **kwargs)
