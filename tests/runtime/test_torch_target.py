@@ -151,6 +151,33 @@ def test_relu6_gradient_is_one_hardtanh_backward(monkeypatch):
     assert calls == [1]
 
 
+def test_a_small_linear_of_rows_is_one_addmm():
+    """A small layer's ``nn.linear`` on a matrix is one ATen call (the GEMM adds the bias: ``addmm``), not a GEMM and
+    an in-place add; its result is the numpy target's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x, w, b = var("x", shape=(8, 16)), var("w", shape=(32, 16)), var("b", shape=(32,))
+    f = Function([x, w, b], pb.op.nn.linear(x, w, b))
+    rng = np.random.default_rng(0)
+    xs, ws, bs = (rng.standard_normal(s).astype("float32") for s in ((8, 16), (32, 16), (32,)))
+    fn = pb.build(f, target="torch")["main"]
+    args = [torch.from_numpy(a) for a in (xs, ws, bs)]
+    fn(*args)
+    with Calls() as calls:
+        got = fn(*args)
+    assert [n for n in calls.names if n not in ("detach", "t", "transpose")] == ["addmm"], calls.names
+    np.testing.assert_allclose(got.numpy(), pb.build(f)["main"](xs, ws, bs), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1])
 def test_index_add_with_repeated_positions_equals_numpy(dtype, axis, monkeypatch):

@@ -161,6 +161,11 @@ class TorchBridge(Bridge):
 
     saves_tensors = True
 
+    def __init__(self, fwd, bwd, out_types: Sequence, single: bool, inert: Sequence[int] = ()):
+        super().__init__(fwd, bwd, out_types, single, inert)
+        if fwd._exe.target.device.type == "cpu":  # ``call`` checked that the tensors are CPU ones: taken as they are
+            self.take = self.torch.Tensor.detach
+
     def cotangent(self, g, i: int, shape):
         dtype = self.torch_dtypes[i]
         if g is None or not is_inexact(self.out_dtypes[i]):

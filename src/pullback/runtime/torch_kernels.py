@@ -254,7 +254,12 @@ def _dense(call: Call):
 def _linear(call: Call):
     if _float_args(call) is None:
         return None
-    return _rows_times(call, linear_rows, lambda w: w)
+    if call.args[0].checked_type.ndim > 2:  # the GEMM in the rows' memory order, then the bias (``linear_rows``)
+        base = linear_rows
+    else:  # one addmm: the bias added by the GEMM (a small layer's two calls cost more than its work)
+        linear = torch.nn.functional.linear
+        base = lambda x, w, b, attrs=None: linear(x, w, b)  # noqa: E731
+    return _rows_times(call, base, lambda w: w)
 
 
 def _matmul(call: Call):
