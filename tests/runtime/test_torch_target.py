@@ -151,6 +151,25 @@ def test_relu6_gradient_is_one_hardtanh_backward(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_and_its_gradient_are_eagers_bits(reduction):
+    """On (N, C) log-probabilities ``nn.nll_loss`` and its gradient are ATen's own kernels: eager's sums, bit for bit
+    (weights, an ignored target)."""
+    torch.manual_seed(0)
+    lp = torch.randn(64, 10, dtype=torch.float32).log_softmax(1)
+    t = torch.randint(0, 10, (64,))
+    t[3] = -100
+    w = torch.rand(10)
+    p, tv, wv = var("p", shape=(64, 10)), var("t", shape=(64,), dtype="int64"), var("w", shape=(10,))
+    mod = pb.transform.FirstOrderGradient(wrt=["p"])(pb.IRModule.from_expr(
+        Function([p, tv, wv], pb.op.sum(pb.op.nn.nll_loss(p, tv, wv, reduction)))))
+    loss, (gp,) = pb.build(mod, target="torch")["main_grad"](lp, t, w)
+    x = lp.clone().requires_grad_(True)
+    want = torch.nn.functional.nll_loss(x, t, w, reduction=reduction).sum()
+    want.backward()
+    assert torch.equal(loss, want.detach()) and torch.equal(gp, x.grad)
+
+
 def test_a_small_linear_of_rows_is_one_addmm():
     """A small layer's ``nn.linear`` on a matrix is one ATen call (the GEMM adds the bias: ``addmm``), not a GEMM and
     an in-place add; its result is the numpy target's."""
