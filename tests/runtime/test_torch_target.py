@@ -226,6 +226,7 @@ def any_weight(monkeypatch):
     """oneDNN's size thresholds lowered to every weight and result (the layout tests use small ones)."""
     from pullback.ops import onednn
 
+    monkeypatch.setattr(onednn, "MIN_MACS", 1)
     monkeypatch.setattr(onednn, "MIN_WEIGHT", 1)
     monkeypatch.setattr(onednn, "MIN_STRIDED_OUT", 1)
 
@@ -236,7 +237,7 @@ def any_weight(monkeypatch):
     ((5, 6), (4, 5), True, False, "float32"),    # a weight gradient's transposed rows: oneDNN, as they are
     ((2, 5, 3), (4, 5), True, False, "float32"),  # N-D rows that are not contiguous: MKL
     ((6, 5), (5, 4), False, True, "float32"),    # a transposed weight (an input gradient's W.T): oneDNN
-    ((0, 5), (4, 5), False, False, "float32"),   # no rows
+    ((0, 5), (4, 5), False, False, "float32"),   # no rows: no work for oneDNN
     ((6, 0), (4, 0), False, False, "float32"),   # K = 0: never oneDNN (it has no such primitive)
     ((6, 5), (4, 5), False, False, "float64"),   # oneDNN has no float64 inner product
 ])
@@ -252,7 +253,7 @@ def test_dense_on_every_layout_equals_numpy_and_row_major_float32_runs_onednn(on
     want = pb.build(fn)["main"](x_val.numpy(), w_val.numpy())
     assert tuple(got.shape) == want.shape and got.numpy().dtype == want.dtype
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
-    assert len(onednn_calls) == (dtype == "float32" and x_shape[-1] > 0 and not (x_t and len(x_shape) > 2))
+    assert len(onednn_calls) == (dtype == "float32" and 0 not in x_shape and not (x_t and len(x_shape) > 2))
 
 
 @pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
@@ -284,14 +285,17 @@ def test_small_weight_gradients_stay_with_mkl(onednn_calls):
         np.testing.assert_allclose(got.numpy(), gs.T.astype("float64") @ xs, rtol=1e-4, atol=1e-3)
 
 
-def test_small_weights_stay_with_mkl(onednn_calls):
-    """oneDNN's per-call cost doubles a classifier's tiny GEMM: only weights of 256 x 256 elements or more go there."""
-    for n, k, used in [(10, 512, False), (256, 255, False), (256, 256, True)]:
-        x, w = var("x", shape=(4, k)), var("w", shape=(n, k))
+def test_small_gemms_stay_with_mkl(onednn_calls):
+    """oneDNN's per-call cost doubles a classifier's tiny GEMM: only GEMMs of 2^21 multiply-adds or more go there,
+    whatever their shape (many rows of a small weight too)."""
+    for m, n, k, used in [(32, 10, 512, False), (4, 256, 256, False), (32, 256, 255, False), (32, 256, 256, True),
+                          (4096, 16, 32, True), (4095, 16, 32, False)]:
+        x, w = var("x", shape=(m, k)), var("w", shape=(n, k))
         onednn_calls.clear()
-        pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](np.ones((4, k), "float32"),
-                                                                                  np.ones((n, k), "float32"))
-        assert len(onednn_calls) == used, (n, k)
+        got = pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](np.ones((m, k), "float32"),
+                                                                                       np.ones((n, k), "float32"))
+        assert len(onednn_calls) == used, (m, n, k)
+        np.testing.assert_array_equal(got.numpy(), np.full((m, n), k, "float32"))
 
 
 def test_an_autocast_region_does_not_change_the_programs_dtypes():

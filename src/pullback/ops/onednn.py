@@ -4,9 +4,11 @@ On the bench machine (AMD EPYC, 2 cores, torch 2.13) it runs GEMMs about twice a
 ``torch.mm`` and eager PyTorch call (``bench/torch_train.py``'s rates: 465 against 202 GFLOP/s; 1024 x 256 x
 1024: 1.12 against 2.53 ms), rows of other strides too (a weight gradient's transposed dY: oneDNN reorders them
 itself, faster than a copy first: 1.54 against 2.71 ms), and adds a bias as it writes the rows. It loses where
-its per-call cost or its reordering outweighs the GEMM: small weights (K * N under ``MIN_WEIGHT``: ~20 us a
-call doubles a 32 x 512 x 10 classifier; K = 0 has no primitive at all) and strided rows making a small result
-(under ``MIN_STRIDED_OUT`` elements: a 32 x 32 weight's gradient over 4096 rows, 0.10 against 0.05 ms).
+its per-call cost (~12 us against MKL's ~4) or its reordering outweighs the GEMM: small GEMMs (M * K * N under
+``MIN_MACS``: a 32 x 512 x 10 classifier, 7 against 13 us; at 2^21 multiply-adds oneDNN takes 0.8-1.0 of MKL's
+time whatever the shape, 0.5 from 2^23 up; K = 0 has no primitive at all) and strided rows making a small result
+(under ``MIN_STRIDED_OUT`` elements: a 32 x 32 weight's gradient over 4096 rows, 0.10 against 0.05 ms). Where the
+row count is not known (a dynamic batch), a weight of ``MIN_WEIGHT`` elements decides.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, Optional
 
+MIN_MACS = 1 << 21
 MIN_WEIGHT = 256 * 256
 MIN_STRIDED_OUT = 128 * 128
 
@@ -32,9 +35,12 @@ def linear() -> Optional[Callable]:
     return _linear_op()
 
 
-def big(k, n) -> bool:
-    """Is a GEMM of inner size ``k`` and ``n`` outputs a row large enough for oneDNN (static ints)?"""
-    return isinstance(k, int) and isinstance(n, int) and k * n >= MIN_WEIGHT
+def big(k, n, m=None) -> bool:
+    """Is a GEMM of ``m`` rows, inner size ``k`` and ``n`` outputs a row large enough for oneDNN (static ints; ``m``
+    not an int: by the weight's size)?"""
+    if not (isinstance(k, int) and isinstance(n, int)):
+        return False
+    return m * k * n >= MIN_MACS if isinstance(m, int) else k * n >= MIN_WEIGHT
 
 
 def takes_rows(x, n: int) -> bool:
@@ -49,11 +55,11 @@ def rows_times_t(a, b):
     """``a @ b.T`` for matrices (torch tensors): oneDNN's inner product for float32 operands where it is faster
     (``big``, ``takes_rows``), else ``torch.mm``."""
     k, n = a.shape[1], b.shape[0]
-    if a.dtype == b.dtype and str(a.dtype) == "torch.float32" and big(k, n) and takes_rows(a, n):
+    if a.dtype == b.dtype and str(a.dtype) == "torch.float32" and big(k, n, a.shape[0]) and takes_rows(a, n):
         f = linear()
         if f is not None:
             return f(a, b, None, "none", [], "")
     return a @ b.T
 
 
-__all__ = ["MIN_WEIGHT", "MIN_STRIDED_OUT", "linear", "big", "takes_rows", "rows_times_t"]
+__all__ = ["MIN_MACS", "MIN_WEIGHT", "MIN_STRIDED_OUT", "linear", "big", "takes_rows", "rows_times_t"]

@@ -19,6 +19,7 @@ says the call's result is a new tensor sharing memory with nothing else.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 from ..ir.expr import Call, Constant
@@ -221,10 +222,11 @@ def _transpose(call: Call):
 def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Callable] = None) -> Callable:
     """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows, or of
     ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 rows sent to oneDNN's inner product as
-    ``rows(x) @ weight(y).T (+ bias)`` where it is faster (``ops.onednn``: a large enough weight, rows it takes)."""
-    x_type = call.args[0].checked_type
-    k, n = x_type.shape[-2 if rows is not None else -1], call.checked_type.shape[-1]
-    f = onednn.linear() if call.checked_type.dtype == "float32" and onednn.big(k, n) else None
+    ``rows(x) @ weight(y).T (+ bias)`` where it is faster (``ops.onednn``: a large enough GEMM, rows it takes)."""
+    x_type, out = call.args[0].checked_type, call.checked_type
+    k, n = x_type.shape[-2 if rows is not None else -1], out.shape[-1]
+    m = math.prod(out.shape[:-1]) if all(isinstance(d, int) for d in out.shape[:-1]) else None
+    f = onednn.linear() if out.dtype == "float32" and onednn.big(k, n, m) else None
     if f is None:
         return base
     biased = len(call.args) == 3
