@@ -170,6 +170,29 @@ def test_nll_loss_and_its_gradient_are_eagers_bits(reduction):
     assert torch.equal(loss, want.detach()) and torch.equal(gp, x.grad)
 
 
+@pytest.mark.parametrize("name, aten", [("nn.threshold_grad", "threshold_backward"), ("nn.silu_grad", "silu_backward"),
+                                        ("nn.gelu_grad", "gelu_backward")])
+@pytest.mark.parametrize("data_last", [True, False])
+def test_elementwise_gradients_of_mixed_layouts_follow_the_data(name, aten, data_last, monkeypatch):
+    """A gradient in one memory format meeting data in the other (a convolution's input gradient and a saved
+    activation): ATen's kernel gets the gradient converted to the data's layout (on mixed layouts it takes 3-20x
+    longer); the values are the numpy target's."""
+    from pullback.ops.registry import get_op
+
+    torch.manual_seed(0)
+    last, first = torch.channels_last, torch.contiguous_format
+    fmt = last if data_last else first
+    x = torch.randn(4, 6, 5, 5).contiguous(memory_format=fmt)
+    g = torch.randn(4, 6, 5, 5).contiguous(memory_format=first if data_last else last)
+    seen, real = [], getattr(torch.ops.aten, aten)
+    monkeypatch.setattr(torch.ops.aten, aten, lambda *a, **k: seen.append(a[0].is_contiguous(memory_format=fmt)) or real(*a, **k))
+    op = get_op(name)
+    attrs = op.attrs_type() if op.attrs_type is not None else None
+    got = op.impl("torch")(g, x, attrs)
+    assert seen == [True]
+    np.testing.assert_allclose(got.numpy(), op.impl("numpy")(g.numpy(), x.numpy(), attrs), rtol=1e-6, atol=1e-6)
+
+
 def test_a_small_linear_of_rows_is_one_addmm():
     """A small layer's ``nn.linear`` on a matrix is one ATen call (the GEMM adds the bias: ``addmm``), not a GEMM and
     an in-place add; its result is the numpy target's."""

@@ -21,7 +21,7 @@ from . import elemwise as E
 from . import reduce as R
 from . import numba_kernels, special
 from .npfast import as_rows, blockwise, row_blocks, sum_along
-from .common import float_arg, normalize_axis
+from .common import float_arg, normalize_axis, same_layout
 from .kernels import numpy_quiet
 from .nn import (as_dtype, check_choice, check_float, check_int, lazy, numel_flops, pair_infer, scalar, unary_float_infer,
                  widen16)
@@ -210,7 +210,7 @@ def _gelu_grad_block(g, x, attrs):
 def _gelu_grad_torch(g, x, attrs):
     import torch
 
-    return torch.ops.aten.gelu_backward(g, x, approximate=attrs.approximate)
+    return torch.ops.aten.gelu_backward(same_layout(g, x), x, approximate=attrs.approximate)
 
 
 def _gelu_grad_grad(call: Call, h: Expr):
@@ -262,7 +262,7 @@ def _silu_grad_kernel(xp, g, x, attrs=None):
 def _silu_grad_torch(g, x, attrs=None):
     import torch
 
-    return torch.ops.aten.silu_backward(g, x)
+    return torch.ops.aten.silu_backward(same_layout(g, x), x)
 
 
 def _silu_grad_grad(call: Call, h: Expr):

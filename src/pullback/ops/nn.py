@@ -23,7 +23,7 @@ from ..ir.types import Any, TensorType
 from . import elemwise as E
 from . import reduce as R
 from . import layout as T
-from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, tensor_arg
+from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, same_layout, tensor_arg
 from .registry import FusionKind, Recompute, array_namespace, defop, get_op, seq_of_int, type_error, zero_flops
 
 # ------------------------------------------------------------------ helpers shared by the nn modules
@@ -250,7 +250,7 @@ def _threshold_grad_numpy(g, v, attrs):
 def _threshold_grad_torch(g, v, attrs):
     import torch
 
-    return torch.ops.aten.threshold_backward(g, v, attrs.threshold)
+    return torch.ops.aten.threshold_backward(same_layout(g, v), v, attrs.threshold)
 
 
 threshold_grad = defop(
