@@ -469,3 +469,29 @@ def test_a_librarys_custom_operator_is_named_with_what_to_do():
     with pytest.raises(UnsupportedOperatorError, match=r"(?s)pullback_test\.scaled_mm\.default \(1 use\).*in forward"
                                                         r".*custom operator \(torch\.library\).*PyTorch operations"):
         import_torch(M(), (torch.randn(2, 3),))
+
+
+class Normalized(torch.nn.Module):
+    """RecurrentGemma's shape: a bfloat16 scalar buffer cast to the activations' dtype where it is used."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("normalizer", torch.tensor(32 ** 0.5, dtype=torch.bfloat16), persistent=False)
+
+    def forward(self, x):
+        return (self.lin(x) * self.normalizer.type(x.dtype)).sum()
+
+
+def test_a_bfloat16_buffer_is_named_and_the_converted_module_trains_like_eager():
+    torch.manual_seed(0)
+    model, x = Normalized(), torch.randn(2, 4)
+    with pytest.raises(pb.PullbackError, match=r"buffer normalizer has dtype torch.bfloat16.*module.float\(\)"):
+        pb_compile(model, (x,))
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model.float(), (x,))
+    got, want = cm(x), eager(x)
+    got.backward()
+    want.backward()
+    assert torch.equal(got, want)
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=0, atol=0)

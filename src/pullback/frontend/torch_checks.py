@@ -61,7 +61,8 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
 
 
 def check_module_state(module, who: str) -> None:
-    """Raise ``PullbackError`` if a parameter or buffer of ``module`` is not a CPU tensor with data."""
+    """Raise ``PullbackError`` if a parameter or buffer of ``module`` is not a CPU tensor with data, or has a dtype
+    pullback does not compute in (bfloat16: the module converted with ``.float()`` keeps its values exactly)."""
     for kind, items in (("parameter", getattr(module, "named_parameters", None)),
                         ("buffer", getattr(module, "named_buffers", None))):
         if items is None:
@@ -71,6 +72,12 @@ def check_module_state(module, who: str) -> None:
                                          "then load_state_dict")
             if problem:
                 raise PullbackError(f"{who}: {kind} {name} {problem}")
+            if str(t.dtype).removeprefix("torch.") not in ALL_DTYPES:
+                hint = (": convert the module with module.float() first (every bfloat16 value is exact in float32, "
+                        "and a model that casts it to float32 where it uses it computes as before)"
+                        if t.is_floating_point() else "")
+                raise PullbackError(f"{who}: {kind} {name} has dtype {t.dtype}, which pullback does not compute in "
+                                    f"(supported: {', '.join(ALL_DTYPES)}){hint}")
     if hasattr(module, "named_modules"):
         check_backward_hooks(module, who)
 
