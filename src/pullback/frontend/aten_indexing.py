@@ -552,8 +552,9 @@ def _strided_positions(cx, x, size, stride, storage_offset, what: str) -> np.nda
     if pos.size == 0:
         return pos
     order = np.argsort(held, kind="stable")  # where elements share memory (expand), the first of them
-    found = np.searchsorted(held[order], pos).clip(0, max(numel - 1, 0))
-    missing = held[order][found] != pos if numel else np.ones(pos.shape, bool)
+    ranked = held[order]
+    found = np.searchsorted(ranked, pos).clip(0, max(numel - 1, 0))
+    missing = ranked[found] != pos if numel else np.ones(pos.shape, bool)
     if missing.any():
         bad = int(pos[missing].flat[0])
         raise PullbackError(f"{what} reaches storage element {bad}, which none of the tensor's elements holds (shape "

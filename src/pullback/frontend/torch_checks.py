@@ -35,6 +35,11 @@ def _device_problem(t, meta_hint: str = "") -> str:
     return f"is on device {t.device}; pullback needs CPU tensors with data ({why})"
 
 
+def _supported(t) -> bool:
+    """Is the tensor's dtype one pullback computes in?"""
+    return str(t.dtype).removeprefix("torch.") in ALL_DTYPES
+
+
 def check_inputs(values: Sequence, who: str, what: str = "example input", keywords: Sequence[str] = ()) -> None:
     """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype; the last
     ``len(keywords)`` values were passed by these keywords (named so in the message)."""
@@ -56,7 +61,7 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
                 f"{who}: {label} is a tensor of a torch.func transform (vmap, grad, jacrev, ...); these transforms "
                 "do not reach pullback's programs: differentiate with autograd (loss.backward(), torch.autograd.grad, "
                 "create_graph=True for higher orders) and batch with a batch dimension")
-        if str(v.dtype).removeprefix("torch.") not in ALL_DTYPES:
+        if not _supported(v):
             raise PullbackError(f"{who}: {label} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
 
 
@@ -72,7 +77,7 @@ def check_module_state(module, who: str) -> None:
                                          "then load_state_dict")
             if problem:
                 raise PullbackError(f"{who}: {kind} {name} {problem}")
-            if str(t.dtype).removeprefix("torch.") not in ALL_DTYPES:
+            if not _supported(t):
                 hint = (": convert the module with module.float() first (every bfloat16 value is exact in float32, "
                         "and a model that casts it to float32 where it uses it computes as before)"
                         if t.is_floating_point() else "")

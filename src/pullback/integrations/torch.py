@@ -440,12 +440,13 @@ class _Import:
         keys' owners were found, the same submodules hold them (its children are compared by identity), so
         they are read from those submodules without walking the key paths again."""
         try:
-            if watch is not None and watch is self.watch:
-                tensors = list(map(_held, self.owners))
-            else:
+            if watch is None or watch is not self.watch:
+                owners = [state.owner(k) for k in self.state_keys]
+                self.owners, self.watch = (None, None) if watch is None or None in owners else (owners, watch)
+            if self.owners is None:  # a key that is not a plain submodule path: read through the state
                 tensors = [state[k] for k in self.state_keys]
-                owners = [state.owner(k) for k in self.state_keys] if watch is not None else [None]
-                self.owners, self.watch = (None, None) if None in owners else (owners, watch)
+            else:
+                tensors = list(map(_held, self.owners))
         except (KeyError, AttributeError):
             return None
         ids = list(map(id, tensors))

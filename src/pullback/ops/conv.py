@@ -463,10 +463,6 @@ def _conv2d_bias_infer(arg_types, attrs):
     return out
 
 
-def _channel_bias(xp, b):
-    return xp.reshape(b, (-1, 1, 1))
-
-
 def _conv2d_bias_numpy(x, w, b, attrs):
     y = _conv2d_numpy(x, w, attrs)  # new memory: the bias goes in in place
     y += b[:, None, None]
@@ -479,7 +475,7 @@ def _conv2d_bias_grad(call: Call, g: Expr):
 
 conv2d_bias = defop(
     "nn.conv2d_bias", 3, _conv2d_bias_infer,
-    kernel=lambda xp, x, w, b, attrs: _conv2d_kernel(xp, x, w, attrs) + _channel_bias(xp, b),
+    kernel=lambda xp, x, w, b, attrs: _conv2d_kernel(xp, x, w, attrs) + b[:, None, None],
     impls={"numpy": _conv2d_bias_numpy, "jax": lambda x, w, b, attrs: _conv2d_jax(x, w, attrs) + b[:, None, None],
            "torch": lambda x, w, b, attrs: _conv2d_torch(x, w, attrs, b)},
     attrs_type=Conv2DAttrs, grad=_conv2d_bias_grad, pattern=FusionKind.OUT_ELEMWISE_FUSABLE,

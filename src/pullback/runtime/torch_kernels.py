@@ -242,26 +242,25 @@ def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Cal
     return gemm
 
 
-def _dense(call: Call):
-    if _float_args(call) is None:
-        return None
-    if call.args[0].checked_type.ndim > 2:  # F.linear runs a transposed (S, B, K) view as S small GEMMs
-        base = dense_in_memory_order
-    else:
-        linear = torch.nn.functional.linear
-        base = lambda x, w, attrs=None: linear(x, w)  # noqa: E731
-    return _rows_times(call, base, lambda w: w)
+def _gemm_of_rows(in_memory_order: Callable) -> Callable:
+    """The kernel maker of ``nn.dense`` / ``nn.linear``: ``in_memory_order`` for N-D data (``F.linear`` runs a
+    transposed (S, B, K) view as S small GEMMs), one ``F.linear`` for a matrix (an ``addmm`` with the bias: a small
+    layer's GEMM and separate add cost more than its work)."""
+
+    def make(call: Call):
+        if _float_args(call) is None:
+            return None
+        if call.args[0].checked_type.ndim > 2:
+            base = in_memory_order
+        else:
+            linear = torch.nn.functional.linear
+            base = lambda x, w, *rest: linear(x, w, *rest[:-1])  # noqa: E731  (rest: (attrs,) or (bias, attrs))
+        return _rows_times(call, base, lambda w: w)
+
+    return make
 
 
-def _linear(call: Call):
-    if _float_args(call) is None:
-        return None
-    if call.args[0].checked_type.ndim > 2:  # the GEMM in the rows' memory order, then the bias (``linear_rows``)
-        base = linear_rows
-    else:  # one addmm: the bias added by the GEMM (a small layer's two calls cost more than its work)
-        linear = torch.nn.functional.linear
-        base = lambda x, w, b, attrs=None: linear(x, w, b)  # noqa: E731
-    return _rows_times(call, base, lambda w: w)
+_dense, _linear = _gemm_of_rows(dense_in_memory_order), _gemm_of_rows(linear_rows)
 
 
 def _matmul(call: Call):

@@ -181,8 +181,8 @@ def to_output(value, leaf: Optional[Callable] = None):
     lists become tuples (iterative). With ``as_is``, a tuple holding no list is returned itself."""
     if isinstance(value, np.ndarray):
         return value
-    if leaf is as_is and (type(value) is not tuple or not _has_list(value)):
-        return value if type(value) is not list else to_output(tuple(value), as_is)
+    if leaf is as_is and type(value) is not list and (type(value) is not tuple or not _has_list(value)):
+        return value
     if leaf is None:
         leaf = _numpy_leaf
     if not isinstance(value, (tuple, list)):
