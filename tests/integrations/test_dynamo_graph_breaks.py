@@ -193,6 +193,26 @@ def test_experts_accumulating_in_place_train_like_eager(target):
                         target=target)
 
 
+class ChunkLcm(nn.Module):
+    """Reformer's chunk length: ``np.lcm`` of two config ints, which Dynamo traces into ``aten.lcm`` of 0-d int
+    tensors; a gcd of integer activations beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lsh, self.local = 4, 6
+
+    def forward(self, x):
+        k = int(np.lcm(self.lsh, self.local))
+        g = torch.gcd((x.abs() * 10).long(), torch.tensor([4, 6, 9, 12]))
+        return (self.lin(x) * g / k).square().mean()
+
+
+def test_np_lcm_of_config_ints_trains_like_eager(target):
+    torch.manual_seed(0)
+    _train_side_by_side(ChunkLcm().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(3)], target=target)
+
+
 def test_numpy_draws_train_like_eager_with_numpys_stream():
     """Dynamo draws ``np.random`` from torch's generator unless told to keep NumPy's stream; kept, the masks are
     eager's (``train_side_by_side`` seeds both generators at each step)."""

@@ -51,6 +51,11 @@ NONDIFF = [
     case("bitwise_and", BOOL_A, BOOL_B, torch=T("bitwise_and")), case("bitwise_or", BOOL_A, BOOL_B, torch=T("bitwise_or")),
     case("bitwise_xor", BOOL_A, BOOL_B, torch=T("bitwise_xor")), case("bitwise_not", BOOL_A, torch=T("bitwise_not")),
     case("bitwise_and", INT_A.astype("uint8"), INT_B.astype("uint8"), torch=T("bitwise_and")),
+    # signs, zeros (gcd(0, 0) = 0, lcm(x, 0) = 0) and broadcasting; np.lcm as Reformer calls it on two ints
+    case("gcd", INT_A, INT_B, torch=T("gcd")), case("lcm", INT_A, INT_B, torch=T("lcm")),
+    case("gcd", np.array([0, 0, 18, -12], "int32"), np.array([0, 7, 12, -18], "int32"), torch=T("gcd")),
+    case("lcm", np.array(4, "int64"), np.array([6, 10], "int64"), torch=T("lcm")),
+    case("lcm", INT_A.astype("uint8"), INT_B.astype("uint8"), torch=T("lcm")),
 ]
 ALL = CASES + NONDIFF
 
@@ -91,6 +96,7 @@ def test_errors_name_the_op():
     x = pullback.var("x", shape=(2, 3))
     i = pullback.var("i", shape=(2, 3), dtype="int32")
     for e, pattern in [(op.acos(i), "acos.*floating"), (op.atan2(x, i), "atan2"), (op.bitwise_and(x, x), "bitwise_and.*integer or bool"),
+                       (op.gcd(i, pullback.var("b", shape=(2, 3), dtype="bool")), "gcd.*must be an integer tensor"),
                        (op.bitwise_or(i, pullback.var("j", shape=(2, 3), dtype="int64")), "bitwise_or.*dtypes differ"),
                        (op.remainder(x, pullback.var("y", shape=(4,))), "remainder.*broadcast")]:
         with pytest.raises(TypeInferenceError, match=pattern):
@@ -100,6 +106,6 @@ def test_errors_name_the_op():
 
 
 def test_bitwise_ops_say_why_they_have_no_gradient():
-    for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
+    for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "gcd", "lcm"):
         o = pullback.ops.get_op(name)
         assert not o.differentiable and "integer" in o.nondiff_reason

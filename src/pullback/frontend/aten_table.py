@@ -425,6 +425,8 @@ def _bitwise(pb: str):
 for _aten_name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
     for _ov in ("Tensor", "Scalar", "Scalar_Tensor"):
         ATEN_TABLE[f"aten.{_aten_name}.{_ov}"] = _bitwise(_aten_name)
+ATEN_TABLE["aten.gcd.default"] = _bitwise("gcd")
+ATEN_TABLE["aten.lcm.default"] = _bitwise("lcm")
 
 
 @aten("aten.bitwise_not.default")
