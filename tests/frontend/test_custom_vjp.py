@@ -313,3 +313,61 @@ def test_one_pair_per_shape():
     assert sorted(_custom_calls(mod["main"])) == ["_RoundSTE", "_RoundSTE", "_RoundSTE_1"]
     assert sorted(name for name in mod if name != "main") == [
         "_RoundSTE", "_RoundSTE_1", "_RoundSTE_1_vjp", "_RoundSTE_vjp"]
+
+
+class _Checkpointed(torch.autograd.Function):
+    """Hand-written checkpointing of a layer (Reformer's reversible layers, old ``CheckpointFunction``s): the
+    forward runs under no_grad, the backward recomputes it with autograd and writes the layer's ``.grad``."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.save_for_backward(x)
+        ctx.layer = layer
+        with torch.no_grad():
+            return layer(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            torch.autograd.backward(ctx.layer(x), g)
+        return x.grad, None
+
+
+class _WithCheckpoint(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.inner, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(_Checkpointed.apply(self.a(x), self.inner))).square().mean()
+
+
+def test_a_backward_running_autograd_itself_is_refused_by_name():
+    """Such a backward cannot be a program of its own (torch.export's error named a lifted fake tensor): the
+    message names the Function and the route that trains it."""
+    with pytest.raises(pb.PullbackError, match=r"backward of custom Function _Checkpointed \(applied at .*\) calls "
+                                               r"torch.autograd.backward.*torch.compile\(model, backend=\"pullback\"\)"):
+        from_torch(_WithCheckpoint(), (torch.randn(3, 4),))
+
+
+def test_a_backward_running_autograd_itself_trains_like_eager_through_torch_compile():
+    import copy
+
+    import pullback.integrations.dynamo_backend  # noqa: F401  (registers the backend)
+
+    torch.manual_seed(0)
+    model = _WithCheckpoint().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="pullback")
+        for m in (eager, compiled):
+            m(x).backward()
+    finally:
+        torch._dynamo.reset()
+    for (k, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert p.grad is not None and p.grad.abs().sum() > 0, k  # the inner layer's written by the backward
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-12, atol=1e-14, msg=lambda m, k=k: f"{k}: {m}")

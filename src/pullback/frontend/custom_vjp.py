@@ -179,6 +179,35 @@ def _program(module, examples, batched: list, what: str):
     return prog
 
 
+RECOMPUTING_BACKWARD = (
+    "from_torch: the backward of {what} calls torch.autograd.{fn}: it runs autograd itself (a reversible layer or "
+    "hand-written checkpointing recomputes the forward and differentiates it, writing the parameters' .grad as it "
+    "goes), which pullback cannot keep as a program of its own. Train the model through "
+    "torch.compile(model, backend=\"pullback\"): Dynamo leaves this Function to eager autograd and compiles the "
+    "rest")
+
+
+@contextmanager
+def _differentiation_refused(what: str) -> Iterator[None]:
+    """``torch.autograd.backward``, ``torch.autograd.grad`` and ``Tensor.backward`` raise, naming the Function,
+    while a Function's backward is exported (torch.export's own error would name a lifted fake tensor)."""
+    import torch
+
+    def refuse(fn: str):
+        def raiser(*args, **kwargs):
+            raise PullbackError(RECOMPUTING_BACKWARD.format(what=what, fn=fn))
+
+        return raiser
+
+    saved = torch.autograd.backward, torch.autograd.grad, torch.Tensor.backward
+    torch.autograd.backward, torch.autograd.grad = refuse("backward"), refuse("grad")
+    torch.Tensor.backward = refuse("backward")
+    try:
+        yield
+    finally:
+        torch.autograd.backward, torch.autograd.grad, torch.Tensor.backward = saved
+
+
 def _draw(m) -> tuple:
     """What a random input draws (its name aside)."""
     return (m.kind, m.shape, m.dtype, m.rate, m.params)
@@ -233,7 +262,8 @@ def _pair(cx, route: Route, examples: list, batched: list, outs: list) -> tuple:
             full = [torch.zeros_like(o) for o in out]  # what autograd passes for a non-differentiable result
             for i, c in zip(floats, cts):
                 full[i] = c
-            grads = route.cls.backward(ctx, *full)
+            with _differentiation_refused(what):
+                grads = route.cls.backward(ctx, *full)
             grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
             return tuple(grads[i] if i < len(grads) and grads[i] is not None else torch.zeros_like(x)
                          for i, x in zip(route.slots, xs))
