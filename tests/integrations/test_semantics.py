@@ -140,6 +140,23 @@ def test_random_draws_through_compile_match_eager(target):
     _draws_like_eager(RandomInForward, torch.randn(2, 4), target, 11)
 
 
+class SampledKeys(nn.Module):
+    """Informer's ProbSparse attention samples key indices with ``torch.randint`` (both overloads); and
+    ``randint_like`` of a float tensor."""
+
+    def forward(self, x):
+        idx = torch.randint(0, x.shape[1], (x.shape[1], 3)) + torch.randint(1, (x.shape[1], 3))
+        return x[:, idx].square().sum(-1) + torch.randint_like(x, 2, 5) * x
+
+
+def test_randint_draws_match_eager(target):
+    x = torch.randn(2, 4)
+    prog = import_torch(SampledKeys(), (x,))
+    assert [(m.kind, m.params) for m in prog.masks] == [("randint", (0.0, 4.0)), ("randint", (0.0, 1.0)),
+                                                         ("randint", (2.0, 5.0))]
+    _draws_like_eager(SampledKeys, x, target, 5)
+
+
 class Reparameterized(nn.Module):
     """Samples by reparameterization: ``Normal.rsample`` (``normal_functional``) and ``torch.normal`` with tensor
     and float arguments, the draws scaled by learned parameters."""

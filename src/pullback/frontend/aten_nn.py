@@ -13,9 +13,10 @@ import numpy as np
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
-from ..ir.types import FLOAT_DTYPES
+from ..ir.types import FLOAT_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
+from .context import static_dim
 from .aten_table import _isinf, _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
 
 # ------------------------------------------------------------------ dropout and random draws
@@ -62,6 +63,18 @@ def _random(kind: str):
 for _name, _kind in (("rand.default", "uniform"), ("rand_like.default", "uniform"), ("randn.default", "normal"),
                      ("randn_like.default", "normal"), ("randperm.default", "randperm")):
     aten(f"aten.{_name}")(_random(_kind))
+
+
+@aten("aten.randint.low", "aten.randint.default", "aten.randint_like.low_dtype", "aten.randint_like.default")
+def _randint(cx, *args, **kwargs):
+    """``torch.randint(low=0, high, size)`` (or ``randint_like(x, low=0, high)``): a random input of integers in
+    ``[low, high)``, drawn as eager draws it."""
+    like = "randint_like" in str(cx.node.target)
+    bounds = [static_dim(a) for a in (args[1:] if like else args) if not isinstance(a, (list, tuple))][:2]
+    if Any in bounds:
+        raise PullbackError(f"randint needs static bounds, got {tuple('?' if b is Any else b for b in bounds)}")
+    return cx.random_input("randint", static(cx, "randint", cx.out_shape), cx.out_dtype,
+                           params=(0, *bounds) if len(bounds) == 1 else tuple(bounds))
 
 
 def _sampler(kind: str, *defaults: float):

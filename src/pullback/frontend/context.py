@@ -15,7 +15,8 @@ from ..ir.errors import PullbackError
 from ..ir.expr import Expr, Var
 from ..ir.types import ALL_DTYPES, Any, TensorType
 
-RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm", "exponential", "cauchy", "geometric", "log_normal")
+RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm", "randint", "exponential", "cauchy", "geometric",
+                "log_normal")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class RandomInput:
 
     ``kind``: ``bernoulli`` (0/1 values, 1 with probability ``1 - rate``: a dropout mask, ``rate`` being the
     drop rate), ``uniform`` (``torch.rand``, or ``uniform_(*params)``), ``normal`` (``torch.randn``),
-    ``randperm`` (a permutation of ``shape[0]``), or one of Tensor's in-place samplers called with ``params``:
+    ``randperm`` (a permutation of ``shape[0]``), ``randint`` (``torch.randint(*params, shape)``: integers in
+    ``[low, high)``), or one of Tensor's in-place samplers called with ``params``:
     ``exponential`` (``F.gumbel_softmax``'s noise), ``cauchy``, ``geometric``, ``log_normal``. ``stride``: the
     strides eager fills the tensor in (``empty_like`` of a permuted input is permuted too), or None for contiguous.
     """
@@ -48,6 +50,8 @@ class RandomInput:
             raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
         if self.kind == "randperm":
             return torch.randperm(shape[0], dtype=dtype)
+        if self.kind == "randint":
+            return torch.randint(*map(int, self.params), shape, dtype=dtype)
         if self.kind in ("uniform", "normal") and not self.params:
             return (torch.rand if self.kind == "uniform" else torch.randn)(shape, dtype=dtype)
         t = torch.empty_strided(shape, self.stride, dtype=dtype) if self.stride else torch.empty(shape, dtype=dtype)
