@@ -538,6 +538,50 @@ def test_no_grad_blocks_pass_no_gradient_like_eager():
     check_side_by_side(result, rtol=1e-6, atol=1e-6, verbose=False)
 
 
+class Reassigned(nn.Module):
+    """Switch Transformers' router re-assigns a layer in ``forward`` (``self.classifier =
+    self.classifier.to(dtype)``, its own dtype: the same layer); a view of a parameter made under no_grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.classifier, self.viewed = nn.Linear(6, 6), nn.Linear(6, 4), nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(x.dtype)
+        with torch.no_grad():
+            v = self.viewed.t()
+        h = self.inp(x)
+        return (self.classifier(h) * (h @ v)).pow(2).mean()
+
+
+@pytest.mark.parametrize("route", ["export", "dynamo"])
+def test_a_layer_reassigned_in_forward_trains_like_eager(route):
+    """Through torch.export, ``Module.to`` converting nothing returns the module (``_apply`` failed to swap the
+    traced parameters); through Dynamo, the no_grad block it becomes returns the parameter itself, which keeps its
+    gradient (it was detached: the router trained with no gradient, silently). The view made under no_grad
+    passes none, as in eager."""
+    import copy
+
+    from pullback.integrations.dynamo_backend import pullback_backend
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    model = Reassigned().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(5, 6, dtype=torch.float64)
+    eager(x).backward()
+    torch._dynamo.reset()
+    try:
+        compiled = pb_compile(model, (x,)) if route == "export" else torch.compile(model, backend=pullback_backend)
+        compiled(x).backward()
+    finally:
+        torch._dynamo.reset()
+    assert eager.viewed.grad is None and model.viewed.grad is None
+    for (k, p), q in zip(eager.named_parameters(), model.parameters()):
+        if k != "viewed":
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-12, atol=1e-14, msg=lambda m, k=k: f"{k}: {m}")
+
+
 @pytest.mark.parametrize("rnn", [lambda: nn.LSTM(4, 6, num_layers=2, bidirectional=True, batch_first=True, dropout=0.3),
                                  lambda: nn.GRU(4, 5, num_layers=3, dropout=0.4),
                                  lambda: nn.RNN(4, 5, num_layers=2, nonlinearity="relu", dropout=0.5)])

@@ -408,11 +408,43 @@ def checkpoints_as_plain_calls():
     return _plain_checkpoints()
 
 
+def _module_class():
+    import torch.nn
+
+    return torch.nn.Module
+
+
+def _to_unchanged_as_is(original):
+    import torch
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is None and all(
+                (device is None or t.device == device) and (dtype is None or t.dtype == dtype or not (
+                    t.is_floating_point() or t.is_complex())) for t in (*self.parameters(), *self.buffers())):
+            return self
+        return original(self, *args, **kwargs)
+
+    return to if callable(original) else None
+
+
+_modules_to_as_is = _WhileOpen(_module_class, "to", _to_unchanged_as_is)
+
+
+def module_to_unchanged_as_is():
+    """``module.to(dtype)`` or ``.to(device)`` in ``forward`` returns the module itself while the block is open,
+    when it converts nothing (Switch Transformers' router: ``self.classifier = self.classifier.to(self.dtype)``).
+    Eager then leaves every tensor as it is; under torch.export, ``Module._apply`` tries to swap each traced
+    parameter with itself and fails ("Couldn't swap Linear.weight")."""
+    return _modules_to_as_is()
+
+
 @contextmanager
 def while_tracing() -> Iterator[None]:
     """The repairs ``torch.export`` needs while it traces: ``unvalidated_arguments``,
-    ``transformer_masks_as_given``, ``checkpoints_as_plain_calls``."""
-    with unvalidated_arguments(), transformer_masks_as_given(), checkpoints_as_plain_calls():
+    ``transformer_masks_as_given``, ``checkpoints_as_plain_calls``, ``module_to_unchanged_as_is``."""
+    with unvalidated_arguments(), transformer_masks_as_given(), checkpoints_as_plain_calls(), \
+            module_to_unchanged_as_is():
         yield
 
 
@@ -463,6 +495,26 @@ def outer_guards_left_to_dynamo(ep) -> None:
         ep._guards_code = []
 
 
+def _inputs_returned(graph) -> set:
+    """The positions of a block's results that are one of its inputs, unchanged: through ``to`` converting
+    nothing and ``set_`` of a tensor to itself (both return ``self``). A parameter passed so through a no_grad
+    block (Switch Transformers' ``self.classifier = self.classifier.to(dtype)`` in ``forward``) keeps its gradient
+    in eager, where a view or a value computed in the block has none."""
+    same: dict = {}  # node -> the node it is the same tensor as, with the same values (in graph order)
+    for n in graph.nodes:
+        same[n] = n
+        name = getattr(getattr(n.target, "_schema", None), "name", None) if n.op == "call_function" else None
+        if name == "aten::to":
+            a, b = (getattr(x, "meta", {}).get("val") for x in (n.args[0], n))
+            if a is not None and b is not None and (a.dtype, a.device, a.layout) == (b.dtype, b.device, b.layout):
+                same[n] = same.get(n.args[0], n)
+        elif name == "aten::set_" and len(n.args) == 2 and same.get(n.args[0]) is same.get(n.args[1], n):
+            same[n] = same[n.args[0]]
+    (out,) = [n for n in graph.nodes if n.op == "output"]
+    results = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
+    return {i for i, n in enumerate(results) if getattr(same.get(n), "op", None) == "placeholder"}
+
+
 def detach_no_grad_blocks(ep) -> None:
     """Give each result of a ``with torch.no_grad():`` block a ``detach``: torch.export keeps the block as a
     ``wrap_with_set_grad_enabled(False, ...)`` call, which ``run_decompositions`` inlines, losing the grad mode
@@ -475,8 +527,9 @@ def detach_no_grad_blocks(ep) -> None:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not hop or node.args[0] is not False:
             continue
+        kept = _inputs_returned(getattr(ep.graph_module, node.args[1].target).graph)
         for user in list(node.users):
-            if user.target is not operator.getitem:
+            if user.target is not operator.getitem or user.args[1] in kept:
                 continue
             with graph.inserting_after(user):
                 detached = graph.call_function(torch.ops.aten.detach.default, (user,))
@@ -487,4 +540,4 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "checkpoints_as_plain_calls", "while_tracing"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing"]
