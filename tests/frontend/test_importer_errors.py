@@ -359,6 +359,43 @@ def test_a_decoder_compiles_without_its_cache_unless_asked_for_it():
         compiled(input_ids=ids, labels=ids, use_cache=True)
 
 
+def test_a_head_taking_use_cache_through_kwargs_compiles_without_its_cache():
+    """GraniteMoe's and Switch Transformers' heads take ``use_cache`` only through ``**kwargs`` and pass it to a
+    decoder that returns its cache unless told not to: with ``use_cache`` in the model's config, the compiled
+    module passes ``use_cache=False`` there too."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.cache_utils import DynamicCache
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10)
+
+        def forward(self, input_ids, labels=None, use_cache=None):
+            h = self.emb(input_ids)
+            cache = DynamicCache() if use_cache is None or use_cache else None
+            if cache is not None:
+                cache.update(h[:, None], h[:, None], 0)
+            loss = torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
+            return {"loss": loss, "cache": cache}
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = transformers.GraniteMoeConfig()  # use_cache=True
+            self.model = Decoder()
+
+        def forward(self, input_ids, labels=None, **kwargs):
+            return self.model(input_ids, labels=labels, **kwargs)
+
+    torch.manual_seed(0)
+    model, ids = Head(), torch.randint(0, 10, (2, 4))
+    assert model.config.use_cache is True
+    out = pb_compile(model, {"input_ids": ids, "labels": ids})(input_ids=ids, labels=ids)
+    assert out["cache"] is None
+    torch.testing.assert_close(out["loss"], model(input_ids=ids, labels=ids, use_cache=False)["loss"])
+
+
 def test_a_keyword_input_that_is_not_a_tensor_is_named():
     model = torch.nn.Linear(3, 2)
     compiled = pb_compile(model, {"input": torch.ones(1, 3)})

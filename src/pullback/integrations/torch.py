@@ -481,6 +481,15 @@ def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
     return (), {**{p.name: a for p, a in zip(bound, args)}, **kwargs}
 
 
+def _takes_use_cache(module, params) -> bool:
+    """Does ``module.forward`` take ``use_cache`` (Hugging Face decoders), by name or through ``**kwargs`` in a
+    model whose ``config`` has it?"""
+    if "use_cache" in params:
+        return True
+    config = getattr(module, "config", None)
+    return any(p.kind is p.VAR_KEYWORD for p in params.values()) and isinstance(getattr(config, "use_cache", None), bool)
+
+
 EXPORTS_BEFORE_WARNING = 4
 MANY_SHAPES = ("pullback.integrations.torch: the module is being exported for the {n}th time, for inputs of other "
                "shapes ({shapes}); each export takes seconds. With batch sizes that vary, compile with "
@@ -539,14 +548,16 @@ def _module_class():
             the other keywords (``use_cache=False``: numbers, strings, None) as sorted ``(name, value)`` pairs,
             constants of the program. A keyword given None where its default is None is left out, as if not
             given (Hugging Face's ``forward``). A ``forward`` taking ``use_cache`` (Hugging Face decoders) gets
-            ``use_cache=False`` unless the call gives it: torch.export cannot return the cache object, and
-            training has no use for it. With keywords, positional arguments count by their names
+            ``use_cache=False`` unless the call gives it (also one taking ``**kwargs`` in a model whose
+            ``config`` has ``use_cache``: GraniteMoe, Switch Transformers): torch.export cannot return the cache
+            object, and training has no use for it. With keywords, positional arguments count by their names
             (``model(ids, labels=y)`` and ``model(input_ids=ids, labels=y)`` run one program)."""
             if self._params is None:
                 params = inspect.signature(self.module.forward).parameters
-                self._params = params, {name: i for i, name in enumerate(params)}, tuple(params.values())
-            params, rank, order = self._params
-            if "use_cache" in params and kwargs.get("use_cache") is None:
+                self._params = (params, {name: i for i, name in enumerate(params)}, tuple(params.values()),
+                                _takes_use_cache(self.module, params))
+            params, rank, order, cached = self._params
+            if cached and kwargs.get("use_cache") is None:
                 kwargs = {**kwargs, "use_cache": False}  # a decoder's key/value cache: of no use to a training step
             elif not kwargs:
                 return args, (), ()
