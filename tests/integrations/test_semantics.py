@@ -523,3 +523,54 @@ def test_a_dropout_whose_result_is_unused_still_draws_its_mask(target):
         ref.backward()
         torch.testing.assert_close(out, ref)
     torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
+
+
+class TimeMajorProjection(nn.Module):
+    """FSMT's decoder works time-major and ends with ``output_projection(x.transpose(0, 1))``: eager's ``linear``
+    returns a contiguous (B, T, V) tensor, which its loss reshapes with ``.view``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 10, bias=False)
+
+    def forward(self, x):
+        return self.lin(x.transpose(0, 1))
+
+
+class ViewedLoss(TimeMajorProjection):
+    def forward(self, x):
+        logits = super().forward(x)
+        torch._dynamo.graph_break()
+        return logits.view(-1, 10).logsumexp(-1).mean()
+
+
+def test_outputs_have_eagers_layout(target):
+    """A GEMM of a transposed input may run as a view in the input's axis order; the outputs eager returns
+    contiguous come back contiguous (``.view`` after the call raised), with grad and without."""
+    torch.manual_seed(0)
+    model, x = TimeMajorProjection(), torch.randn(4, 3, 8)
+    compiled = pb_compile(copy.deepcopy(model), (x,), target=target)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            out = compiled(x)
+        assert out.is_contiguous()
+        torch.testing.assert_close(out.view(-1, 10), model(x).view(-1, 10))
+
+
+def test_outputs_have_eagers_layout_through_torch_compile():
+    """Dynamo traces the code after a graph break with the graph's outputs laid out as its fake values are."""
+    from pullback.integrations.dynamo_backend import pullback_backend
+
+    torch.manual_seed(0)
+    model, x = ViewedLoss().double(), torch.randn(4, 3, 8, dtype=torch.float64)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    try:
+        loss = torch.compile(model, backend=pullback_backend)(x)
+        loss.backward()
+    finally:
+        torch._dynamo.reset()
+    want = eager(x)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=1e-12, atol=1e-14)

@@ -103,6 +103,9 @@ class TorchProgram:
     # forward's results that are not tensors (a number, a string, None), by their position among its results'
     # leaves: not outputs of @main, put back by the PyTorch integration as they are
     constant_outputs: dict = field(default_factory=dict)
+    # positions among the user outputs of those eager returns contiguous (its fake values' layout): the PyTorch
+    # integration returns them so (a GEMM of a transposed input may run as a view in the input's axis order)
+    contiguous_outputs: tuple = ()
 
     @property
     def main(self) -> Function:
@@ -326,7 +329,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
         raise problems.error()
 
     # mutated values are state writes (eager updates buffers under no_grad): no gradient flows back from them
-    user_out, mutations, extra, constant_outputs = [], [], [], {}
+    user_out, mutations, extra, constant_outputs, contiguous = [], [], [], {}, []
     by_name = {v.name_hint: v for v in user_vars}
     for spec, out in zip(sig.output_specs, outs):
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT) and out not in env:
@@ -336,6 +339,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             continue
         e = env[out]
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+            if _contiguous(out):
+                contiguous.append(len(user_out))
             user_out.append(e)
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
             mutations.append(("buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter", spec.target))
@@ -366,7 +371,17 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
         trainable=[v.name_hint for v, _, is_param in state_vars if is_param],
         masks=list(cx.masks), num_outputs=len(user_out), single_output=single, mutations=mutations,
         resized=resized, out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None), constant_outputs=constant_outputs,
+        contiguous_outputs=tuple(contiguous),
     )
+
+
+def _contiguous(node) -> bool:
+    """Is the FX ``node``'s value (its fake tensor) contiguous, with more than one element?"""
+    v = getattr(node, "meta", {}).get("val")
+    try:
+        return v is not None and v.dim() >= 2 and bool(v.is_contiguous())
+    except Exception:  # noqa: BLE001 - a symbolic layout: left as it comes
+        return False
 
 
 class _Problems:

@@ -119,6 +119,13 @@ class TrainingProgram:
         inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
 
+    def eager_layout(self, results: list) -> list:
+        """``results`` with each user output that eager returns contiguous made so (a copy where it is not)."""
+        for i in self.prog.contiguous_outputs:
+            if not results[i].is_contiguous():
+                results[i] = results[i].contiguous()
+        return results
+
     def differentiable(self) -> DifferentiableProgram:
         """``@main`` as a program whose gradients are differentiable (``higher_order``), made on first use."""
         if self._differentiable is None:
@@ -177,7 +184,7 @@ def _function():
             # a result that is a view (of an input, a residual or another result: the torch target's reshapes)
             # would be a view "returned by a function that returns several", which autograd forbids to write in
             # place (``h[mask] = v`` after the call); detached, it is a tensor of its own on the same memory
-            results = [r.detach() if r._is_view() else r for r in results]
+            results = tp.eager_layout([r.detach() if r._is_view() else r for r in results])
             if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
                 residuals = bridge.unalias(residuals, mutated)
             ctx.tp = tp
@@ -301,7 +308,7 @@ def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple
     wanted (``TrainingProgram.wants_grad``), else ``@main`` alone. ``mutated``: the tensors the caller will
     overwrite with the mutated values (residuals sharing their memory are copied)."""
     if not tp.wants_grad(tensors):
-        return tuple(tp.infer(tensors))
+        return tuple(tp.eager_layout(tp.infer(tensors)))
     return _function().apply(tp, tuple(mutated), *tensors)
 
 
