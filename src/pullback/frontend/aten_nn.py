@@ -16,8 +16,8 @@ from ..ir.expr import Expr, const
 from ..ir.types import FLOAT_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
-from .context import static_dim
 from .aten_table import _isinf, _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
+from .context import static_dim
 
 # ------------------------------------------------------------------ dropout and random draws
 

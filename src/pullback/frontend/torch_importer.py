@@ -376,7 +376,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
 
 
 def _contiguous(node) -> bool:
-    """Is the FX ``node``'s value (its fake tensor) contiguous, with more than one element?"""
+    """Is the FX ``node``'s value (its fake tensor) of rank 2 or more, and contiguous?"""
     v = getattr(node, "meta", {}).get("val")
     try:
         return v is not None and v.dim() >= 2 and bool(v.is_contiguous())
