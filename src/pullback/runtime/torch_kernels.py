@@ -35,7 +35,7 @@ BINARY = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "
           "maximum": "maximum", "minimum": "minimum"}
 UNARY = {"negative": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "abs": "abs",
          "square": "square", "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "log1p": "log1p", "log2": "log2",
-         "sigmoid": "sigmoid"}
+         "sigmoid": "sigmoid", "rsqrt": "rsqrt"}
 # comparisons: operands of any one dtype, a new bool tensor
 COMPARE = {"equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge"}
 
