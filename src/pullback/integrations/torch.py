@@ -524,7 +524,7 @@ def _module_class():
             self.dynamic_batch = dynamic_batch
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
-            self._params = None  # forward's parameters, their positions and order, read at the first call
+            self._params = None  # forward's parameters, their positions and order, whether it takes use_cache: read at the first call
             self._structures = [module_structure(module)]  # the module's structures seen (module_structure)
             self._structure = 0  # the index of the last one seen
             self._watch = StructureWatch(module)  # has it changed since?
