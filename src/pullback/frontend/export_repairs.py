@@ -500,16 +500,19 @@ def _inputs_returned(graph) -> set:
     nothing and ``set_`` of a tensor to itself (both return ``self``). A parameter passed so through a no_grad
     block (Switch Transformers' ``self.classifier = self.classifier.to(dtype)`` in ``forward``) keeps its gradient
     in eager, where a view or a value computed in the block has none."""
+    import torch.fx
+
     same: dict = {}  # node -> the node it is the same tensor as, with the same values (in graph order)
     for n in graph.nodes:
         same[n] = n
         name = getattr(getattr(n.target, "_schema", None), "name", None) if n.op == "call_function" else None
-        if name == "aten::to":
-            a, b = (getattr(x, "meta", {}).get("val") for x in (n.args[0], n))
+        nodes = [a for a in n.args[:2] if isinstance(a, torch.fx.Node)] if name else []
+        if name == "aten::to" and nodes and nodes[0] is n.args[0]:
+            a, b = (x.meta.get("val") for x in (nodes[0], n))
             if a is not None and b is not None and (a.dtype, a.device, a.layout) == (b.dtype, b.device, b.layout):
-                same[n] = same.get(n.args[0], n)
-        elif name == "aten::set_" and len(n.args) == 2 and same.get(n.args[0]) is same.get(n.args[1], n):
-            same[n] = same[n.args[0]]
+                same[n] = same.get(nodes[0], n)
+        elif name == "aten::set_" and len(n.args) == 2 and len(nodes) == 2 and same.get(nodes[0]) is same.get(nodes[1], n):
+            same[n] = same[nodes[0]]
     (out,) = [n for n in graph.nodes if n.op == "output"]
     results = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
     return {i for i, n in enumerate(results) if getattr(same.get(n), "op", None) == "placeholder"}
