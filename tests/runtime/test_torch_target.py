@@ -170,6 +170,27 @@ def test_nll_loss_and_its_gradient_are_eagers_bits(reduction):
     assert torch.equal(loss, want.detach()) and torch.equal(gp, x.grad)
 
 
+@pytest.mark.parametrize("name", ["add", "subtract", "multiply", "maximum", "minimum", "divide"])
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8"])
+def test_integer_arithmetic_takes_atens_kernel_and_wraps_as_numpy(name, dtype):
+    """Same-dtype integer add, subtract, multiply, maximum and minimum call ATen directly (batch norm's
+    ``num_batches_tracked + 1``: 7 -> 1 us), wrapping on overflow as NumPy does; division keeps the shared kernel."""
+    from pullback.runtime.torch_kernels import fast_kernel
+
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, 7, 0, 3], dtype)
+    b = np.array([1, 1, 3, 5, 2], dtype) if name == "divide" else np.array([1, 255 if dtype == "uint8" else -1, 3, 0, 2], dtype)
+    x, y = var("x", shape=(5,), dtype=dtype), var("y", shape=(5,), dtype=dtype)
+    body = getattr(op, name)(x, y)
+    mod = pb.IRModule.from_expr(Function([x, y], body))
+    pb.analysis.infer_module(mod)
+    assert (fast_kernel(mod["main"].body) is None) == (name == "divide")
+    with np.errstate(over="ignore"):
+        want = pb.build(mod)["main"](a, b)
+    got = pb.build(mod, target="torch")["main"](a, b)
+    np.testing.assert_array_equal(to_numpy(got), want)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_rsqrt_is_eagers_bits(fast):
     """``rsqrt`` is ``torch.rsqrt`` (``1 / sqrt`` rounds otherwise on ~14% of float32 elements: every RMSNorm
