@@ -157,6 +157,21 @@ def test_randint_draws_match_eager(target):
     _draws_like_eager(SampledKeys, x, target, 5)
 
 
+class BernoulliOfTensor(nn.Module):
+    """``torch.bernoulli`` of computed probabilities, also of a transposed view, and ``Bernoulli(probs).sample()``."""
+
+    def forward(self, x):
+        p = torch.sigmoid(x)
+        return x * torch.bernoulli(p) + 2 * torch.bernoulli(p.t()).t() + torch.distributions.Bernoulli(probs=p).sample()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bernoulli_of_tensor_probabilities_draws_as_eager(target, dtype):
+    """Eager draws uniforms of the probabilities' dtype, in row-major order also for a transposed view
+    (PyTorch's decomposition draws float32 ones: in float64 every mask differed)."""
+    _draws_like_eager(BernoulliOfTensor, torch.randn(3, 5, dtype=dtype), target, 7)
+
+
 class Reparameterized(nn.Module):
     """Samples by reparameterization: ``Normal.rsample`` (``normal_functional``) and ``torch.normal`` with tensor
     and float arguments, the draws scaled by learned parameters."""

@@ -53,6 +53,14 @@ def _bernoulli_p(cx, x, p=0.5, generator=None):
     return cx.random_input("bernoulli", cx.out_shape, cx.out_dtype, 1.0 - float(p), _stride(cx))
 
 
+@aten("aten.bernoulli.default")
+def _bernoulli(cx, p, generator=None):
+    """``torch.bernoulli(p)`` of a tensor of probabilities, drawn as eager draws it: ``torch.rand`` of ``p``'s
+    shape and dtype, below ``p`` (PyTorch's decomposition draws float32 uniforms: another stream for float64)."""
+    u = cx.random_input("uniform", static(cx, "bernoulli", cx.shape_of(p)), cx.dtype_of(p))
+    return cast(cx, _op("less")(u, p), cx.out_dtype)
+
+
 def _random(kind: str):
     def conv(cx, *args, **kwargs):
         return cx.random_input(kind, static(cx, kind, cx.out_shape), cx.out_dtype)

@@ -70,6 +70,9 @@ PRESERVED = (
     # -1 (a wrong loss); _safe_softmax's gives NaN (0 * NaN) on fully masked rows; index_fill's counts a repeated
     # index once per repeat in the fill value's gradient
     "multilabel_margin_loss.default", "_safe_softmax.default", "index_fill.int_Tensor", "index_fill.int_Scalar",
+    # its decomposition draws float32 uniforms where eager draws them in the probabilities' dtype (float64: another
+    # stream, other masks)
+    "bernoulli.default",
 )
 PARAMS_AS = ("inputs", "constants")
 # a library's own operator (a torch.library custom op: its Python body and registered backward are opaque to the
