@@ -589,3 +589,36 @@ def test_outputs_have_eagers_layout_through_torch_compile():
     want.backward()
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=1e-12, atol=1e-14)
+
+
+class PlainTensorAttribute(nn.Module):
+    """A plain tensor attribute (not a buffer) read in ``forward``, beside a tensor made in ``forward``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = torch.ones(3)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale + torch.tensor([1.0, 2.0, 3.0])
+
+
+def test_a_plain_tensor_attribute_written_or_rebound_is_read_again():
+    """torch.export bakes it into the program as a constant: written in place or rebound, the module is exported
+    again (it was silently kept), with a warning that it should be a buffer once that happens often; a tensor made
+    in ``forward`` is no such attribute."""
+    torch.manual_seed(0)
+    model, x = PlainTensorAttribute(), torch.randn(2, 3)
+    compiled = pb_compile(model, (x,))
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(compiled._imports) == 1
+    model.scale.mul_(2.0)
+    torch.testing.assert_close(compiled(x), model(x))
+    model.scale = torch.tensor([0.0, 1.0, 10.0])
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(compiled._imports) == 1
+    model.scale.add_(1.0)
+    with pytest.warns(UserWarning, match=r"tensor attribute it reads \('scale'\).*register_buffer"):
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x))

@@ -109,6 +109,9 @@ class TorchProgram:
     # positions among the user outputs of those eager returns contiguous (its fake values' layout): the PyTorch
     # integration returns them so (a GEMM of a transposed input may run as a view in the input's axis order)
     contiguous_outputs: tuple = ()
+    # the FQNs of the tensors torch.export lifted as constants: a plain tensor attribute of a submodule (not a
+    # parameter or buffer) among them is baked into @main; the PyTorch integration exports again when it changes
+    constant_tensors: tuple = ()
 
     @property
     def main(self) -> Function:
@@ -333,6 +336,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
 
     # mutated values are state writes (eager updates buffers under no_grad): no gradient flows back from them
     user_out, mutations, extra, constant_outputs, contiguous = [], [], [], {}, []
+    constant_tensors = tuple(spec.target for spec in sig.input_specs if spec.kind == InputKind.CONSTANT_TENSOR)
     by_name = {v.name_hint: v for v in user_vars}
     for spec, out in zip(sig.output_specs, outs):
         if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT) and out not in env:
@@ -374,7 +378,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
         trainable=[v.name_hint for v, _, is_param in state_vars if is_param],
         masks=list(cx.masks), num_outputs=len(user_out), single_output=single, mutations=mutations,
         resized=resized, out_spec=getattr(getattr(ep, "call_spec", None), "out_spec", None), constant_outputs=constant_outputs,
-        contiguous_outputs=tuple(contiguous),
+        contiguous_outputs=tuple(contiguous), constant_tensors=constant_tensors,
     )
 
 

@@ -423,10 +423,12 @@ class _Import:
     the shapes and dtypes it was exported with, and the export/import ``Phases`` (until the first program
     takes them)."""
 
-    def __init__(self, prog: TorchProgram, phases: Optional["Phases"]):
+    def __init__(self, prog: TorchProgram, phases: Optional["Phases"], module=None):
         import torch
 
         self.prog = prog
+        # the plain tensor attributes baked into @main as constants: (owner's __dict__, name, tensor, version)
+        self.constants = _attribute_constants(module, prog.constant_tensors) if module is not None else []
         self.names = list(prog.params)
         self.state_keys = [prog.state_key(n) for n in self.names]
         trainable = set(prog.trainable)
@@ -444,7 +446,11 @@ class _Import:
         has them as exported (a layer replaced by one of another shape or dtype, or removed). ``watch``: the
         module's ``StructureWatch``, unchanged since this call began; while it stays the one under which the
         keys' owners were found, the same submodules hold them (its children are compared by identity), so
-        they are read from those submodules without walking the key paths again."""
+        they are read from those submodules without walking the key paths again. ``STALE`` when a plain tensor
+        attribute baked into the program was rebound or written in place since the export."""
+        for d, name, t, v in self.constants:
+            if d.get(name) is not t or t._version != v:
+                return STALE
         try:
             if watch is None or watch is not self.watch:
                 owners = [state.owner(k) for k in self.state_keys]
@@ -465,6 +471,25 @@ class _Import:
 
 
 _SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
+STALE = object()  # ``_Import.read``: a tensor attribute baked into the program changed since the export
+
+
+def _attribute_constants(module, names) -> list:
+    """``(owner's __dict__, name, tensor, version)`` for each of ``names`` (the FQNs of an export's lifted
+    constants) that is a plain tensor attribute of a submodule of ``module``."""
+    import torch
+
+    out = []
+    for fqn in names:
+        prefix, _, name = fqn.rpartition(".")
+        try:
+            d = module.get_submodule(prefix).__dict__
+        except (AttributeError, TypeError):
+            continue
+        t = d.get(name)
+        if isinstance(t, torch.Tensor):
+            out.append((d, name, t, t._version))
+    return out
 
 
 def _state_signature(module) -> tuple:
@@ -505,6 +530,10 @@ MANY_SHAPES = ("pullback.integrations.torch: the module is being exported for th
 MANY_STRUCTURES = ("pullback.integrations.torch: the module has changed since its last call for the {n}th time "
                    "({what}); each change exports it again (seconds). A value that changes at every step should be "
                    "a tensor (a buffer or an input), not a module attribute")
+STALE_CONSTANTS = ("pullback.integrations.torch: the module is being exported again because a tensor attribute it "
+                   "reads ({names}) was written or rebound since its last export: a plain tensor attribute is a "
+                   "constant of the program, and each change exports it again (seconds). Register it as a buffer "
+                   "(self.register_buffer(name, tensor)): every call then reads it")
 AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
                  "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
 
@@ -527,6 +556,7 @@ def _module_class():
             self._params = None  # forward's parameters, their positions and order, whether it takes use_cache: read at the first call
             self._structures = [module_structure(module)]  # the module's structures seen (module_structure)
             self._structure = 0  # the index of the last one seen
+            self._stale_exports = 0  # exports again because a tensor attribute baked into a program changed
             self._watch = StructureWatch(module)  # has it changed since?
             if example_inputs is not None:
                 inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
@@ -585,6 +615,8 @@ def _module_class():
             state = ModuleState(self.module)
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state, self._watch)
+            if tensors is STALE:  # a tensor attribute baked in as a constant changed: export again
+                entry = self._stale(key, entry)
             if entry is not None and tensors is None:  # parameters changed since the export: by their shapes
                 key += (_state_signature(self.module),)
                 entry = self._imports.get(key)
@@ -595,9 +627,21 @@ def _module_class():
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
                                           settings=dict(settings)))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
-                entry = self._imports[key] = _Import(prog, lap)
+                entry = self._imports[key] = _Import(prog, lap, self.module)
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
+
+        def _stale(self, key: tuple, entry: "_Import") -> None:
+            """Forget the import of ``key`` and its programs (a tensor attribute they baked in changed); warn the
+            ``EXPORTS_BEFORE_WARNING``-th time: such a tensor should be a buffer."""
+            del self._imports[key]
+            for k in [k for k in self._programs if k[:len(key)] == key]:
+                del self._programs[k]
+            self._stale_exports += 1
+            if self._stale_exports == EXPORTS_BEFORE_WARNING - 1:
+                names = ", ".join(repr(name) for _, name, _, _ in entry.constants)
+                warnings.warn(STALE_CONSTANTS.format(names=names), UserWarning, stacklevel=6)
+            return None
 
         def _structure_id(self) -> int:
             """The index of the module's structure (``module_structure``) among those seen: programs are kept
