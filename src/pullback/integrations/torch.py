@@ -616,7 +616,8 @@ def _module_class():
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state, self._watch)
             if tensors is STALE:  # a tensor attribute baked in as a constant changed: export again
-                entry = self._stale(key, entry)
+                self._forget(key, entry)
+                entry = None
             if entry is not None and tensors is None:  # parameters changed since the export: by their shapes
                 key += (_state_signature(self.module),)
                 entry = self._imports.get(key)
@@ -631,7 +632,7 @@ def _module_class():
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
 
-        def _stale(self, key: tuple, entry: "_Import") -> None:
+        def _forget(self, key: tuple, entry: "_Import") -> None:
             """Forget the import of ``key`` and its programs (a tensor attribute they baked in changed); warn the
             ``EXPORTS_BEFORE_WARNING``-th time: such a tensor should be a buffer."""
             del self._imports[key]
@@ -641,7 +642,6 @@ def _module_class():
             if self._stale_exports == EXPORTS_BEFORE_WARNING - 1:
                 names = ", ".join(repr(name) for _, name, _, _ in entry.constants)
                 warnings.warn(STALE_CONSTANTS.format(names=names), UserWarning, stacklevel=6)
-            return None
 
         def _structure_id(self) -> int:
             """The index of the module's structure (``module_structure``) among those seen: programs are kept
