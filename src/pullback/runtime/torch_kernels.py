@@ -57,16 +57,22 @@ def _same_type(a, b) -> bool:
     return isinstance(a, TensorType) and isinstance(b, TensorType) and a.dtype == b.dtype and a.shape == b.shape
 
 
-def _float_args(call: Call) -> Optional[str]:
-    """The one float dtype of the call's result and tensor arguments, else None."""
+def _one_dtype(call: Call) -> Optional[str]:
+    """The one dtype of the call's result and tensor arguments, else None."""
     out = call._checked_type
-    if not isinstance(out, TensorType) or out.dtype not in FLOAT_DTYPES:
+    if not isinstance(out, TensorType):
         return None
     for a in call.args:
         t = a.checked_type
         if not isinstance(t, TensorType) or t.dtype != out.dtype:
             return None
     return out.dtype
+
+
+def _float_args(call: Call) -> Optional[str]:
+    """The one float dtype of the call's result and tensor arguments, else None."""
+    dtype = _one_dtype(call)
+    return dtype if dtype in FLOAT_DTYPES else None
 
 
 def _same_dtype_args(call: Call) -> bool:
@@ -78,15 +84,9 @@ def _same_dtype_args(call: Call) -> bool:
 _EXACT_ON_INTEGERS = frozenset({"add", "subtract", "multiply", "maximum", "minimum"})
 
 
-def _integer_args(call: Call) -> bool:
-    """Are the call's result and tensor arguments all of one integer dtype?"""
-    out = call._checked_type
-    return (isinstance(out, TensorType) and out.dtype in INT_DTYPES and _same_dtype_args(call)
-            and call.args[0].checked_type.dtype == out.dtype)
-
-
 def _binary(call: Call):
-    if _float_args(call) is None and not (call.op.name in _EXACT_ON_INTEGERS and _integer_args(call)):
+    dtype = _one_dtype(call)
+    if dtype not in FLOAT_DTYPES and not (dtype in INT_DTYPES and call.op.name in _EXACT_ON_INTEGERS):
         return None  # (batch norm's num_batches_tracked + 1: 7 us through the shared kernel, 1 us so)
     x, k = call.args
     if (call.op.name == "power" and isinstance(k, Constant) and k.data.size == 1
