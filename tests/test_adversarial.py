@@ -446,7 +446,7 @@ CASES: list = [
          "error", needs=("torch",)),
     Case("torch-double-backward", "torch", _double_backward, "error", needs=("torch",)),
     Case("torch-unsupported-op", "torch", _from_torch(_airy_module, lambda t: (t.ones(4),)), "error", needs=("torch",)),
-    Case("torch-bfloat16-input", "torch", _from_torch(lambda t: t.nn.Identity(), lambda t: (t.ones(2, dtype=t.bfloat16),)),
+    Case("torch-float8-input", "torch", _from_torch(lambda t: t.nn.Identity(), lambda t: (t.ones(2).to(t.float8_e4m3fn),)),
          "error", needs=("torch",)),
     Case("torch-linear-imports", "torch", _torch_linear_matches, "correct", _ok, ("torch",)),
 ]

@@ -128,7 +128,7 @@ CATALOGUE = [
     ("attr-reduce-name", lambda: op.mean(X, axes=1), pb.AttrError, ["mean", "axes", "axis"]),
     ("attr-transpose", lambda: op.transpose(X, axes=(0.5,)), pb.AttrError, ["transpose", "axes"]),
     ("attr-zeros-dtype", lambda: op.zeros((2,), "floaty"), pb.AttrError, ["zeros", "dtype", "floaty"]),
-    ("attr-full-dtype", lambda: op.full(pb.const(1.0), (2,), "bfloat16"), pb.AttrError, ["full", "dtype", "bfloat16"]),
+    ("attr-full-dtype", lambda: op.full(pb.const(1.0), (2,), "float8"), pb.AttrError, ["full", "dtype", "float8"]),
     ("attr-cast-dtype", lambda: op.cast(X, "str"), pb.AttrError, ["cast", "dtype"]),
     ("attr-conv-layout", lambda: op.nn.conv2d(X, X, data_layout="XYZW"), pb.AttrError, ["nn.conv2d", "data_layout", "XYZW"]),
     ("attr-conv-strides", lambda: op.nn.conv2d(X, X, strides=(0, 1)), pb.AttrError, ["nn.conv2d", "strides"]),

@@ -40,7 +40,7 @@ BAD_INPUTS = [
     ("tuple", (K, K), ["input 1", "a tuple", "tensors only"]),
     ("numpy", np.float32(2.0), ["input 1", "float32", "tensors only"]),
     ("meta", torch.tensor(2.0, device="meta"), ["input 1", "device meta", "CPU tensors with data"]),
-    ("bfloat16", torch.tensor(2.0, dtype=torch.bfloat16), ["input 1", "bfloat16", "supported: float16", "complex64"]),
+    ("float8", torch.tensor(2.0).to(torch.float8_e4m3fn), ["input 1", "float8_e4m3fn", "supported: float16", "complex64"]),
 ]
 
 
@@ -509,24 +509,36 @@ def test_a_librarys_custom_operator_is_named_with_what_to_do():
 
 
 class Normalized(torch.nn.Module):
-    """RecurrentGemma's shape: a bfloat16 scalar buffer cast to the activations' dtype where it is used."""
+    """RecurrentGemma's shape: a low-precision scalar buffer cast to the activations' dtype where it is used."""
 
-    def __init__(self):
+    def __init__(self, dtype):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
-        self.register_buffer("normalizer", torch.tensor(32 ** 0.5, dtype=torch.bfloat16), persistent=False)
+        self.register_buffer("normalizer", torch.tensor(32 ** 0.5).to(dtype), persistent=False)
 
     def forward(self, x):
         return (self.lin(x) * self.normalizer.type(x.dtype)).sum()
 
 
-def test_a_bfloat16_buffer_is_named_and_the_converted_module_trains_like_eager():
+def test_a_buffer_of_an_unsupported_dtype_is_named_and_the_converted_module_trains_like_eager():
     torch.manual_seed(0)
-    model, x = Normalized(), torch.randn(2, 4)
-    with pytest.raises(pb.PullbackError, match=r"buffer normalizer has dtype torch.bfloat16.*module.float\(\)"):
+    model, x = Normalized(torch.float8_e4m3fn), torch.randn(2, 4)
+    with pytest.raises(pb.PullbackError, match=r"buffer normalizer has dtype torch.float8_e4m3fn.*module.float\(\)"):
         pb_compile(model, (x,))
     eager = copy.deepcopy(model)
     cm = pb_compile(model.float(), (x,))
+    got, want = cm(x), eager(x)
+    got.backward()
+    want.backward()
+    assert torch.equal(got, want)
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=0, atol=0)
+
+
+def test_a_bfloat16_buffer_trains_like_eager():
+    torch.manual_seed(0)
+    model, x = Normalized(torch.bfloat16), torch.randn(2, 4)
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,))
     got, want = cm(x), eager(x)
     got.backward()
     want.backward()

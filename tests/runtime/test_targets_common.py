@@ -144,7 +144,8 @@ REJECTED = {
     "none": (lambda: None, "an array of shape () and dtype object"),
     "torch-dtype": (_torch_tensor("float64"), "Tensor[(2, 3), float64]"),
     "torch-shape": (_torch_tensor("float32", (2, 2)), "Tensor[(2, 2), float32]"),
-    "torch-bfloat16": (_torch_tensor("bfloat16"), "an array of shape (2, 3) and dtype bfloat16"),
+    "torch-bfloat16": (_torch_tensor("bfloat16"), "Tensor[(2, 3), bfloat16]"),
+    "torch-float8": (_torch_tensor("float8_e4m3fn"), "an array of shape (2, 3) and dtype float8_e4m3fn"),
     "jax-dtype": (_jax(lambda jnp: jnp.zeros((2, 3), "int32")), "Tensor[(2, 3), int32]"),
 }
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import pullback as pb
 from pullback import op
 from pullback.ir.expr import FrozenAttrs
-from pullback.ir.types import DTYPES
+from pullback.ir.types import DTYPES, numpy_dtype
 
 X = pb.var("x", shape=(2,))
 
@@ -32,7 +32,7 @@ def _round_trip(mod: pb.IRModule) -> pb.IRModule:
 
 # ------------------------------------------------------------------ constants in native byte order
 
-NON_NATIVE = [d for d in DTYPES if np.dtype(d).itemsize > 1]
+NON_NATIVE = [d for d in DTYPES if numpy_dtype(d).itemsize > 1]
 
 
 @pytest.mark.parametrize("dtype", NON_NATIVE)

@@ -204,9 +204,26 @@ def _stats(cx, x, axes: tuple, eps: float) -> list:
     return [mean, rstd]
 
 
+def _in_params_dtype(cx, x: Expr, *params) -> tuple:
+    """``(x, back)``: ATen's norms take a bfloat16 or float16 input with float32 parameters (as under
+    ``torch.autocast``) and compute in the parameters' dtype, the output in the input's, the statistics in the
+    parameters'; ``x`` cast to the parameters' dtype and ``back(out)`` casting the output back."""
+    have = cx.dtype_of(x)
+    want = next((cx.dtype_of(p) for p in params if p is not None), have)
+    if want == have:
+        return x, lambda out: out
+    return cast(cx, x, want), lambda out: cast(cx, out, have)
+
+
 def _native_layer_norm_call(cx, x, normalized_shape, weight, bias, eps) -> tuple:
     """``(out, mean, rstd)`` of PyTorch's layer norm over the trailing ``normalized_shape`` (``nn.native_layer_norm``
     over the flattened trailing dims; the statistics with those dims of size 1, as ATen's)."""
+    x, back = _in_params_dtype(cx, x, weight, bias)
+    out, mean, rstd = _layer_norm_stats(cx, x, normalized_shape, weight, bias, eps)
+    return back(out), mean, rstd
+
+
+def _layer_norm_stats(cx, x, normalized_shape, weight, bias, eps) -> tuple:
     shape, dt = cx.shape_of(x), cx.dtype_of(x)
     k = len(normalized_shape)
     n = int(np.prod(normalized_shape))
@@ -238,6 +255,12 @@ def _batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
     """``([out, new moving mean, new moving var], [mean, rstd])``: in training ``nn.native_batch_norm``, whose
     statistics the gradient reads (PyTorch passes no gradient back through them), in evaluation
     ``nn.batch_norm`` and PyTorch's empty statistics."""
+    x, back = _in_params_dtype(cx, x, weight, bias, mean, var)
+    (out, new_mean, new_var), saved = _batch_norm_in(cx, x, weight, bias, mean, var, training, momentum, eps)
+    return [back(out), new_mean, new_var], saved
+
+
+def _batch_norm_in(cx, x, weight, bias, mean, var, training, momentum, eps):
     shape, dt = cx.shape_of(x), cx.dtype_of(x)
     c = shape[1]
     no_stats = mean is None or var is None
@@ -285,6 +308,12 @@ def _native_batch_norm(cx, x, weight, bias, mean, var, training, momentum, eps):
 @aten("aten.native_group_norm.default")
 def _group_norm(cx, x, weight, bias, n, c, hxw, groups, eps):
     """``(out, mean, rstd)``: layer norm over each group's channels and positions, then the per-channel affine."""
+    x, back = _in_params_dtype(cx, x, weight, bias)
+    y, mean, rstd = _group_norm_in(cx, x, weight, bias, groups, eps)
+    return [back(y), mean, rstd]
+
+
+def _group_norm_in(cx, x, weight, bias, groups, eps) -> list:
     shape, dt = static(cx, "group_norm", cx.shape_of(x)), cx.dtype_of(x)
     n, c, groups = int(shape[0]), int(shape[1]), int(groups)
     k = int(np.prod(shape[1:])) // groups if groups else 0

@@ -10,6 +10,8 @@
 - ``nn.Transformer*`` compare a given mask with a causal one to pick an attention kernel: the mask is used as given;
 - reentrant activation checkpointing runs its function under no_grad: it runs as plain code;
 - a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
+- a ``torch.autocast`` region open around the call is not traced: ``forward`` runs inside one
+  (``forward_in_autocast``);
 - ``run_decompositions`` drops a random draw whose result is unused (a dropout feeding only an unused output):
   eager still draws it, so every later draw would differ; such draws are kept (``random_draws_kept``);
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
@@ -437,6 +439,31 @@ def module_to_unchanged_as_is():
     Eager then leaves every tensor as it is; under torch.export, ``Module._apply`` tries to swap each traced
     parameter with itself and fails ("Couldn't swap Linear.weight")."""
     return _modules_to_as_is()
+
+
+@contextmanager
+def forward_in_autocast(module, device_type: str, dtype) -> Iterator[None]:
+    """``module.forward`` running inside ``torch.autocast(device_type, dtype)`` while the block is open.
+    torch.export ignores a region open around the call (the trace computes in the parameters' dtypes) but
+    keeps one opened inside ``forward``: its casts become ``_to_copy`` operators of the program."""
+    import torch
+
+    own = module.__dict__.get("forward")
+    original = module.forward
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype):
+            return original(*args, **kwargs)
+
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 @contextmanager

@@ -67,7 +67,7 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
 
 def check_module_state(module, who: str) -> None:
     """Raise ``PullbackError`` if a parameter or buffer of ``module`` is not a CPU tensor with data, or has a dtype
-    pullback does not compute in (bfloat16: the module converted with ``.float()`` keeps its values exactly)."""
+    pullback does not compute in (float8 and the like: the module converted with ``.float()`` keeps its values exactly)."""
     for kind, items in (("parameter", getattr(module, "named_parameters", None)),
                         ("buffer", getattr(module, "named_buffers", None))):
         if items is None:
@@ -78,8 +78,7 @@ def check_module_state(module, who: str) -> None:
             if problem:
                 raise PullbackError(f"{who}: {kind} {name} {problem}")
             if not _supported(t):
-                hint = (": convert the module with module.float() first (every bfloat16 value is exact in float32, "
-                        "and a model that casts it to float32 where it uses it computes as before)"
+                hint = (f": convert the module with module.float() first (every {t.dtype} value is exact in float32)"
                         if t.is_floating_point() else "")
                 raise PullbackError(f"{who}: {kind} {name} has dtype {t.dtype}, which pullback does not compute in "
                                     f"(supported: {', '.join(ALL_DTYPES)}){hint}")

@@ -48,6 +48,7 @@ from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Expr, Function, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType
+from ..runtime.values import tensor_numpy
 from ..transform.recognize_ops import RecognizeOps
 from . import custom_functions, custom_vjp, export_repairs
 from .aten_table import ATEN_TABLE, _op
@@ -185,13 +186,19 @@ def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bo
 
 
 def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = (),
-           settings: Optional[dict] = None):
+           settings: Optional[dict] = None, autocast=None):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
     example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
     by (``forward(ids, labels=labels)``); the program's inputs keep the order of ``example_inputs``.
-    ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program."""
+    ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program.
+    ``autocast``: ``(device_type, dtype)`` of a ``torch.autocast`` region ``forward`` runs in (its casts become
+    the program's), or None."""
     import torch
+
+    if autocast is not None:
+        with export_repairs.forward_in_autocast(module, *autocast):
+            return export(module, example_inputs, decompose, dynamic_batch, keywords, settings)
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch", keywords=keywords)
@@ -252,13 +259,13 @@ def _seeded_ops() -> tuple:
 
 
 def _to_numpy(t) -> np.ndarray:
-    return t.detach().cpu().contiguous().numpy().copy()
+    return tensor_numpy(t.detach().cpu().contiguous()).copy()
 
 
 def _read_only_view(t) -> np.ndarray:
     """The tensor's memory as a read-only array (a copy only when it is not a contiguous CPU tensor)."""
     t = t.detach()
-    a = t.numpy() if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg() else _to_numpy(t)
+    a = tensor_numpy(t) if t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg() else _to_numpy(t)
     a = a.view()
     a.flags.writeable = False
     return a

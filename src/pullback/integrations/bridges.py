@@ -31,6 +31,7 @@ import numpy as np
 from ..ir.types import TensorType, is_inexact
 from ..runtime import build
 from ..runtime.tuning import CoreHandover
+from ..runtime.values import numpy_tensor, tensor_numpy
 
 
 def version(t) -> Optional[int]:
@@ -202,7 +203,7 @@ class NumpyBridge(Bridge):
         dtype = self.out_dtypes[i]
         if g is None or not is_inexact(dtype):
             return np.zeros(shape, dtype)
-        return g.detach().resolve_conj().numpy().astype(dtype, copy=False)
+        return tensor_numpy(g.detach().resolve_conj()).astype(dtype, copy=False)
 
     @staticmethod
     def addresses(residuals: Sequence) -> list:
@@ -228,7 +229,7 @@ class NumpyBridge(Bridge):
         a = np.asarray(value)
         if not a.flags.writeable or not a.flags.c_contiguous:
             a = np.array(a, copy=True)
-        return self.torch.from_numpy(a)
+        return numpy_tensor(self.torch, a)
 
 
 class JaxBridge(Bridge):

@@ -534,8 +534,14 @@ STALE_CONSTANTS = ("pullback.integrations.torch: the module is being exported ag
                    "reads ({names}) was written or rebound since its last export: a plain tensor attribute is a "
                    "constant of the program, and each change exports it again (seconds). Register it as a buffer "
                    "(self.register_buffer(name, tensor)): every call then reads it")
-AUTOCAST_NOTE = ("pullback.integrations.torch: torch.autocast does not reach a compiled module: it computes in the "
-                 "dtypes it was compiled for (pullback has no bfloat16); its outputs keep those dtypes")
+
+
+def autocast_region() -> Optional[tuple]:
+    """``("cpu", dtype)`` when a CPU ``torch.autocast`` region is open (the module is exported inside one, and
+    its program computes as eager does there), else None."""
+    import torch
+
+    return ("cpu", torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else None
 
 
 def _module_class():
@@ -607,11 +613,12 @@ def _module_class():
 
         def _state(self, inputs: tuple, keywords: tuple = (), settings: tuple = ()) -> tuple:
             """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes,
-            keywords and settings (exported once), its ``ModuleState`` and its parameters and buffers read now,
-            in the program's order."""
+            keywords, settings and ``torch.autocast`` region (exported once), its ``ModuleState`` and its
+            parameters and buffers read now, in the program's order."""
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
-            key = (self._structure_id(), keywords, settings) + shapes  # the structure holds each mode
+            autocast = autocast_region()
+            key = (self._structure_id(), keywords, settings, autocast) + shapes  # the structure holds each mode
             state = ModuleState(self.module)
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state, self._watch)
@@ -626,7 +633,7 @@ def _module_class():
                 self._warn_if_exporting_often(key, shapes)
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
-                                          settings=dict(settings)))
+                                          settings=dict(settings), autocast=autocast))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap, self.module)
                 tensors = [state[k] for k in entry.state_keys]
@@ -663,7 +670,7 @@ def _module_class():
         def _warn_if_exporting_often(self, key: tuple, shapes: tuple) -> None:
             """Warn once when the module in one mode is about to be exported ``EXPORTS_BEFORE_WARNING`` times for
             inputs of different shapes (each export takes seconds: varying batch sizes or sequence lengths)."""
-            seen = [k[3: 3 + len(shapes)] for k in self._imports if k[:3] == key[:3]] + [shapes]
+            seen = [k[4: 4 + len(shapes)] for k in self._imports if k[:4] == key[:4]] + [shapes]
             if len(seen) == EXPORTS_BEFORE_WARNING and not self.dynamic_batch:
                 listed = "; ".join(", ".join(str(tuple(s)) for s, _ in inputs) for inputs in seen)
                 # the caller's line: past _state, forward and torch's Module.__call__ (two frames)
@@ -687,8 +694,6 @@ def _module_class():
             return tp
 
         def forward(self, *args, **kwargs):
-            if torch.is_autocast_enabled("cpu"):
-                warnings.warn(AUTOCAST_NOTE, UserWarning, stacklevel=2)
             inputs, *named = self._flat(args, kwargs)
             key, state, tensors = self._state(inputs, *named)
             tp = self._program(inputs, key, tensors)

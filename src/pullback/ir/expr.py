@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .errors import PullbackError, TypeInferenceError
-from .types import FLOAT_DTYPES, FuncType, TensorType, TupleType, Type, check_dtype, is_complex, is_inexact, real_of
+from .types import FLOAT_DTYPES, FuncType, TensorType, TupleType, Type, check_dtype, finfo, is_complex, is_inexact, real_of
 
 _ids = itertools.count()
 
@@ -547,7 +547,7 @@ _RANGE: dict = {}  # dtype -> (min, max) representable (finite floats), NaN and 
 def _range(dtype: str) -> tuple:
     dtype = real_of(dtype)
     if dtype in FLOAT_DTYPES:
-        return (-math.inf, math.inf) if dtype == "float64" else (-float(np.finfo(dtype).max), float(np.finfo(dtype).max))
+        return (-math.inf, math.inf) if dtype == "float64" else (-float(finfo(dtype).max), float(finfo(dtype).max))
     return (0, 1) if dtype == "bool" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
 
 
@@ -568,6 +568,8 @@ def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
             src = np.asarray(value, dtype=np.float64)
     except (OverflowError, TypeError, ValueError) as e:
         raise PullbackError(f"{what}: {value!r} is not representable in {dtype}: {e}") from None
+    if src.dtype.name == "bfloat16":  # ml_dtypes' kind is "V": its values, exactly, as float32
+        src = src.astype(np.float32)
     if src.dtype.kind not in ("biufc" if is_complex(dtype) else "biuf"):
         kind = f"{dtype} holds real numbers" if src.dtype.kind == "c" else "expected numbers"
         raise PullbackError(f"{what}: {kind}, got {src.dtype} values {value!r}")
@@ -576,7 +578,7 @@ def exact_array(value, dtype: str, what: str = "const") -> np.ndarray:
     bad = None
     if is_inexact(dtype):
         bad = np.isinf(out) & np.isfinite(src)
-        why = f"it overflows to inf (largest {real_of(dtype)}: {np.finfo(dtype).max:g})"
+        why = f"it overflows to inf (largest {real_of(dtype)}: {float(finfo(real_of(dtype)).max):g})"
     elif dtype == "bool":
         bad = (src != 0) & (src != 1)
         why = "a bool constant holds 0/1 or True/False"

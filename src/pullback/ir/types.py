@@ -9,8 +9,8 @@ from typing import Callable, Optional, Union
 
 from .errors import PullbackError
 
-DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
-FLOAT_DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 COMPLEX_DTYPES = ("complex64", "complex128")  # accepted only by the operators that say so (fft, view_as_real, ...)
 ALL_DTYPES = DTYPES + COMPLEX_DTYPES
@@ -48,7 +48,36 @@ def check_dtype(dtype: str, where: str = "") -> str:
             raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(ALL_DTYPES)}") from None
     if dtype not in ALL_DTYPES:
         raise PullbackError(f"{where}unknown dtype {dtype!r}; expected one of {', '.join(ALL_DTYPES)}")
+    if dtype == "bfloat16":
+        _bfloat16()
     return dtype
+
+
+def _bfloat16():
+    """NumPy's bfloat16 (ml_dtypes registers it, so ``np.dtype("bfloat16")`` works once imported)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise PullbackError("bfloat16 arrays need ml_dtypes (pip install ml-dtypes)") from None
+    return ml_dtypes.bfloat16
+
+
+def numpy_dtype(dtype: str):
+    """The NumPy dtype named ``dtype`` (bfloat16: ml_dtypes', imported on first use)."""
+    import numpy as np
+
+    return np.dtype(check_dtype(dtype))
+
+
+def finfo(dtype: str):
+    """``np.finfo`` of a float dtype, bfloat16 included (ml_dtypes' finfo)."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(_bfloat16())
+    return np.finfo(dtype)
 
 
 def is_float(dtype: str) -> bool:
@@ -66,7 +95,7 @@ def is_inexact(dtype: str) -> bool:
 
 def complex_of(dtype: str) -> str:
     """The complex dtype whose parts are ``dtype`` (float32 -> complex64; complex dtypes map to themselves)."""
-    return {"float16": "complex64", "float32": "complex64", "float64": "complex128"}.get(dtype, dtype)
+    return {"float16": "complex64", "bfloat16": "complex64", "float32": "complex64", "float64": "complex128"}.get(dtype, dtype)
 
 
 def real_of(dtype: str) -> str:

@@ -28,8 +28,10 @@ def as_array(value):
 
 
 def dtype(xp, name: str):
-    """The namespace's dtype named ``name`` (``"float32"``, ``"int64"``, ``"bool"``...)."""
-    return getattr(xp, name)
+    """The namespace's dtype named ``name`` (``"float32"``, ``"int64"``, ``"bool"``...; NumPy's bfloat16 is
+    ml_dtypes')."""
+    found = getattr(xp, name, None)
+    return found if found is not None else np.dtype(name)
 
 
 def device(x):

@@ -189,16 +189,28 @@ def _layer_norm_numpy(x, gamma, beta, a):
 
 
 def _aten_layer_norm(x, a) -> bool:
-    """ATen's fused layer norm applies: normalised axis last, float32/64."""
+    """ATen's fused layer norm applies: normalised axis last, float32/64 or bfloat16 (computed in float32)."""
     import torch
 
-    return a.axis % x.ndim == x.ndim - 1 and x.dtype in (torch.float32, torch.float64)
+    return a.axis % x.ndim == x.ndim - 1 and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _on_torch(kernel, *args):
+    """``kernel(xp, *args)`` on the torch namespace; bfloat16 tensors computed in float32 and the results rounded
+    back, as ATen's kernels compute them (the shared kernel is several torch calls: each would round)."""
+    import torch
+
+    xp = array_namespace("torch")
+    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in args):
+        return kernel(xp, *args)
+    out = kernel(xp, *[t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t for t in args])
+    return tuple(o.bfloat16() for o in out) if isinstance(out, tuple) else out.bfloat16()
 
 
 def _layer_norm_torch(x, gamma, beta, a):
     """ATen's fused kernel when the normalised axis is the last one."""
     if a.axis % x.ndim != x.ndim - 1:
-        return _layer_norm_kernel(array_namespace("torch"), x, gamma, beta, a)
+        return _on_torch(_layer_norm_kernel, x, gamma, beta, a)
     import torch.nn.functional as F
 
     return F.layer_norm(x, (x.shape[-1],), gamma if a.scale else None, beta if a.center else None, a.epsilon)
@@ -207,7 +219,7 @@ def _layer_norm_torch(x, gamma, beta, a):
 def _native_layer_norm_torch(x, gamma, beta, a):
     """ATen's ``native_layer_norm``: the output, the rows' mean and rstd."""
     if not _aten_layer_norm(x, a):
-        return _native_layer_norm_kernel(array_namespace("torch"), x, gamma, beta, a)
+        return _on_torch(_native_layer_norm_kernel, x, gamma, beta, a)
     import torch
 
     return tuple(torch.ops.aten.native_layer_norm(x, [x.shape[-1]], gamma if a.scale else None,
@@ -333,7 +345,7 @@ def _native_batch_norm_torch(x, gamma, beta, mm, mv, a, stats: bool = True):
     copies); ``stats=False``: ``nn.batch_norm``'s three results."""
     axis = a.axis % x.ndim
     if axis != 1 or (a.training and _per_channel(x, axis) < 2):  # ATen rejects one value per channel
-        res = _native_batch_norm_kernel(array_namespace("torch"), x, gamma, beta, mm, mv, a)
+        res = _on_torch(_native_batch_norm_kernel, x, gamma, beta, mm, mv, a)
         return res if stats else res[:3]
     import torch
 
@@ -665,12 +677,12 @@ def _aten_results(res, gamma, a) -> tuple:
 
 
 def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
-    """ATen's native_layer_norm_backward (normalised axis last; float32/64); mean and rstd given, or from ATen's
-    forward."""
+    """ATen's native_layer_norm_backward (normalised axis last; float32/64, bfloat16); mean and rstd given, or from
+    ATen's forward."""
     import torch
 
     if not _aten_layer_norm(x, a):
-        return _shared_grad(True, array_namespace("torch"), g, x, gamma, a, mean, rstd)
+        return _on_torch(lambda xp, *t: _shared_grad(True, xp, *t), g, x, gamma, a, mean, rstd)
     if mean is None:
         _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean: 10x slower
     res = torch.ops.aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, gamma if a.scale else None,
@@ -680,12 +692,12 @@ def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
 
 
 def _batch_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
-    """ATen's native_batch_norm_backward in training mode (channels on axis 1; float32/64); mean and rstd given,
-    or recomputed."""
+    """ATen's native_batch_norm_backward in training mode (channels on axis 1; float32/64, bfloat16); mean and rstd
+    given, or recomputed."""
     import torch
 
-    if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64):
-        return _shared_grad(False, array_namespace("torch"), g, x, gamma, a, mean, rstd)
+    if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        return _on_torch(lambda xp, *t: _shared_grad(False, xp, *t), g, x, gamma, a, mean, rstd)
     if mean is None:
         mean, var = torch.ops.aten.batch_norm_update_stats(x, None, None, 0.0)  # biased variance; var_mean: 5x slower
         rstd = torch.rsqrt(var + a.epsilon)

@@ -23,6 +23,7 @@ from ..ir.types import FLOAT_DTYPES, TensorType
 from .aten_on_numpy import ALLOCATING, GEMMS, aten_kernel, takes
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, CompiledFunction, Executable as _Executable, Target
 from .fused import compile_group
+from .opmath import in_float32, involves_bfloat16, numpy_narrow, numpy_widen
 from .torch_kernels import autocast_off
 from .tuning import BlasThreads, keep_freed_memory
 
@@ -82,6 +83,8 @@ class NumpyTarget(Target):
         self._groups: dict[Function, Callable] = {}  # primitive Function (identity hash) -> its kernel
 
     def kernel(self, call: Call) -> Callable:
+        if involves_bfloat16(call):
+            return in_float32(call.op.impl(self.name), call, numpy_widen, numpy_narrow)
         return (self.aten and aten_kernel(call)) or call.op.impl(self.name)
 
     def allocates(self, call: Call) -> bool:
@@ -93,7 +96,8 @@ class NumpyTarget(Target):
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         name, out = call.op.name, call.checked_type
-        if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in FLOAT_DTYPES:
+        if (name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in FLOAT_DTYPES
+                or out.dtype == "bfloat16"):
             return None
         for a in call.args:
             t = a.checked_type

@@ -120,7 +120,7 @@ def _compare(call: Call):
     return lambda a, b, attrs=None: f(a, b)
 
 
-_BITS = {"float16": "int16", "float32": "int32", "float64": "int64"}
+_BITS = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
 
 
 def _plus_zero(e) -> bool:
@@ -295,6 +295,14 @@ def _matmul(call: Call):
     return _rows_times(call, base, (lambda y: y) if tb else (lambda y: y.t()), (lambda x: x.t()) if ta else None)
 
 
+def _cast(call: Call):
+    x, out = call.args[0].checked_type, call.checked_type
+    if not isinstance(x, TensorType) or x.dtype not in FLOAT_DTYPES + INT_DTYPES + ("bool",):
+        return None  # a complex operand keeps its real part: the op's kernel
+    dtype = getattr(torch, out.dtype)
+    return lambda x, attrs=None: x.to(dtype)
+
+
 def _init(fn: str):
     def make(call: Call):
         out = call.checked_type
@@ -309,7 +317,7 @@ MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **
                 "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "max": _extreme("amax"), "min": _extreme("amin"), "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
-                "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones")}
+                "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
 ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",

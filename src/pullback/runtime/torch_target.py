@@ -22,10 +22,11 @@ import numpy as np
 
 from ..ir.errors import ExecutionError, PullbackError
 from ..ir.module import IRModule
-from ..ops.registry import array_namespace
+from ..ops.registry import FusionKind, array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
+from .opmath import in_float32, involves_bfloat16, native_or, torch_narrow, torch_widen
 from .torch_kernels import allocates, autocast_off, fast_kernel, inplace_kernel
-from .values import as_is, to_numpy
+from .values import as_is, numpy_tensor, to_numpy
 
 
 def _load_torch():
@@ -52,8 +53,18 @@ class TorchTarget(Target):
             raise ExecutionError(f"target 'torch': cannot use device {device!r}: {e}") from None
 
     def kernel(self, call):
-        """A direct ATen call where the types allow one (``torch_kernels``), else the op's torch kernel."""
-        return (self.fast and fast_kernel(call)) or call.op.impl("torch")
+        """A direct ATen call where the types allow one (``torch_kernels``), else the op's torch kernel.
+        On bfloat16 operands, a kernel of several torch calls (the shared one) computes in float32
+        (``runtime.opmath``), as one ATen kernel does inside: not an ATen call (fast or the op's torch
+        override) nor an operator that only moves data."""
+        fast = self.fast and fast_kernel(call)
+        if fast:
+            return fast
+        op = call.op
+        if op.pattern == FusionKind.INJECTIVE or not involves_bfloat16(call):
+            return op.impl("torch")
+        wide = in_float32(op.impl("torch"), call, torch_widen, torch_narrow)
+        return wide if "torch" not in op.impls else native_or(op.impl("torch"), wide)
 
     def allocates(self, call) -> bool:
         return self.fast and allocates(call)
@@ -66,7 +77,7 @@ class TorchTarget(Target):
         return autocast_off(self.device.type)
 
     def constant(self, data: np.ndarray):
-        return self.torch.from_numpy(np.array(data)).to(self.device)  # a copy: the Constant stays intact
+        return numpy_tensor(self.torch, np.array(data)).to(self.device)  # a copy: the Constant stays intact
 
     def take(self, arr):
         torch = self.torch
@@ -76,7 +87,7 @@ class TorchTarget(Target):
             a = to_numpy(arr)
             if not a.flags.writeable or any(s < 0 for s in a.strides):
                 a = np.array(a)  # torch has no read-only tensors nor negative strides
-            t = torch.from_numpy(a)
+            t = numpy_tensor(torch, a)
         return t if t.device == self.device else t.to(self.device)
 
     output = staticmethod(as_is)

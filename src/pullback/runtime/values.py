@@ -106,8 +106,24 @@ def to_numpy(value) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if type(value).__module__.startswith("torch"):
-        return value.detach().cpu().numpy()
+        return tensor_numpy(value.detach().cpu())
     return np.asarray(value)
+
+
+def tensor_numpy(t) -> np.ndarray:
+    """``t.numpy()`` (the tensor's memory), bfloat16 included (torch has no NumPy bfloat16: its bits)."""
+    if str(t.dtype) != "torch.bfloat16":
+        return t.numpy()
+    import torch
+
+    return t.view(torch.int16).numpy().view(np.dtype("bfloat16"))
+
+
+def numpy_tensor(torch, a: np.ndarray):
+    """``torch.from_numpy(a)`` (the array's memory), bfloat16 included."""
+    if a.dtype.name != "bfloat16":
+        return torch.from_numpy(a)
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
 
 
 def read_only(arr) -> np.ndarray:

@@ -35,7 +35,7 @@ from ..ir.errors import ParseError, PullbackError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, exact_array
 from ..ir.gc_pause import gc_paused
 from ..ir.module import IRModule
-from ..ir.types import ALL_DTYPES, Any, FuncType, TensorType, TupleType
+from ..ir.types import ALL_DTYPES, FLOAT_DTYPES, Any, FuncType, TensorType, TupleType, finfo
 from ..ops import registry
 from .unused import ill_typed
 
@@ -664,7 +664,7 @@ class _Parser:
             self.fail(f"bad constant: True/False in a {dtype} constant", line, col)
         if dtype[0] in "iu" and any(isinstance(x, float) for x in leaves):
             self.fail(f"bad constant: a float value in an {dtype} constant", line, col)
-        if dtype.startswith("float"):  # a finite literal must stay finite
+        if dtype in FLOAT_DTYPES:  # a finite literal must stay finite
             try:
                 wide = np.array(value, dtype="float64")
             except (ValueError, TypeError, OverflowError) as e:
@@ -672,7 +672,7 @@ class _Parser:
             with np.errstate(over="ignore"):
                 overflow = np.isinf(wide.astype(dtype)) & ~np.isinf(wide)
             if overflow.any():
-                self.fail(f"bad constant: {float(wide[overflow][0])!r} overflows {dtype} (largest finite value {np.finfo(dtype).max})", line, col)
+                self.fail(f"bad constant: {float(wide[overflow][0])!r} overflows {dtype} (largest finite value {finfo(dtype).max})", line, col)
         try:
             arr = exact_array(value, dtype, "bad constant")  # the checks of ir.expr.const: no silent wrap or rounding to bool
         except PullbackError as e:

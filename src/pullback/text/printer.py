@@ -63,7 +63,7 @@ from ..ir.module import IRModule
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Op, Tuple, TupleGetItem, Var
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order
-from ..ir.types import TensorType, Type, type_text_with
+from ..ir.types import FLOAT_DTYPES, TensorType, Type, type_text_with
 
 __all__ = ["astext", "binding_text", "type_text", "value_text", "Namer", "INLINE_CONST_LIMIT"]
 
@@ -162,7 +162,7 @@ def _attrs_text(attrs) -> list[str]:
 def _float_text(x, dtype: str) -> str:
     if dtype == "float64":
         return repr(float(x))
-    s = str(x)  # NumPy's shortest digits for float16/float32
+    s = str(x)  # NumPy's (ml_dtypes') shortest digits for float16/bfloat16/float32
     if np.array(float(s), dtype=dtype).tobytes() != np.asarray(x).tobytes():
         s = repr(float(x))  # exact in float64, hence exact after the cast back
     return s
@@ -177,7 +177,7 @@ def inline_const_text(arr: np.ndarray) -> Optional[str]:
     if dtype == "bool":
         texts = ["True" if b else "False" for b in flat.tolist()]
         values: list = [bool(b) for b in flat.tolist()]
-    elif dtype.startswith("float"):
+    elif dtype in FLOAT_DTYPES:
         texts = [_float_text(x, dtype) for x in flat]
         values = [float(t) for t in texts]
     else:
