@@ -357,9 +357,11 @@ multiply = binary(
 
 
 def _divide_grad(call: Call, g: Expr):
+    """``g / b`` and ``-g * ((a / b) / b)``: PyTorch's formulas (``div_tensor_other_backward``), so a float32
+    gradient rounds as eager's does."""
     a, b = call.args
-    ga = divide(g, conj_if_complex(b))
-    return [unbroadcast(ga, a), unbroadcast(negative(multiply(ga, conj_if_complex(call))), b)]
+    gb = negative(multiply(g, conj_if_complex(divide(call, b))))
+    return [unbroadcast(divide(g, conj_if_complex(b)), a), unbroadcast(gb, b)]
 
 
 def _divide(xp, a, b, attrs=None):
