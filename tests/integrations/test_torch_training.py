@@ -412,6 +412,42 @@ def test_keyword_inputs_train_like_eager_in_any_order_with_forwards_structure(ta
     assert len(compiled._imports) == 4
 
 
+class _Conditioned(nn.Module):
+    """Keyword inputs as diffusion models take them: a dict of tensors (SDXL's ``added_cond_kwargs``), a tuple of
+    tensors (a rotary embedding's ``(cos, sin)``), and settings that are lists and dicts of numbers (QwenImage's
+    ``img_shapes``, an empty ``cross_attention_kwargs``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, added=None, rotary=None, shapes=(), extra=None):
+        cos, sin = rotary
+        y = self.lin(x) * cos + added["text"][0] * sin + added["time"]
+        return y.square().mean() * sum(a * b for a, b in shapes) + len(extra or {})
+
+
+def test_tuples_lists_and_dicts_of_tensors_are_inputs_and_of_numbers_settings(target):
+    torch.manual_seed(0)
+    model = _Conditioned().double()
+    x, t, s, c = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    kw = dict(added={"text": [t], "time": s}, rotary=(c, c.detach() + 1), shapes=[(1, 2), (3, 4)], extra={})
+    eager, compiled = copy.deepcopy(model), pb_compile(model, (x,), example_kwargs=kw, target=target)
+    got, want = compiled(x, **kw), eager(x, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    grads = torch.autograd.grad(got, (x, t, s, c) + tuple(model.parameters()))
+    wants = torch.autograd.grad(want, (x, t, s, c) + tuple(eager.parameters()))
+    for g, w in zip(grads, wants):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    compiled(x=x, rotary=kw["rotary"], added=kw["added"], shapes=[(1, 2), (3, 4)], extra={})
+    assert len(compiled._imports) == 1  # the same structures and settings: the same program
+    other = dict(kw, shapes=[(1, 2), (3, 5)])
+    torch.testing.assert_close(compiled(x, **other), eager(x, **other), rtol=1e-12, atol=0)
+    assert len(compiled._imports) == 2  # a setting of another value: a program of its own
+    with pytest.raises(PullbackError, match=r"keyword input 'added\[1\]' is a float \(2.0\); pullback takes tensors"):
+        compiled(x, **dict(kw, added={"text": [t], "time": 2.0}))
+
+
 def test_a_hugging_face_model_called_with_its_batch_returns_its_model_output():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

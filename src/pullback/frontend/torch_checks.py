@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 from ..ir.errors import PullbackError
 from ..ir.types import ALL_DTYPES
 
-__all__ = ["check_inputs", "check_module_state", "check_backward_hooks", "tensor_hooks_refused", "quiet_torch_logs"]
+__all__ = ["check_inputs", "keyword_labels", "keyword_arguments", "check_module_state", "check_backward_hooks", "tensor_hooks_refused", "quiet_torch_logs"]
 
 
 def _describe(value) -> str:
@@ -40,15 +40,39 @@ def _supported(t) -> bool:
     return str(t.dtype).removeprefix("torch.") in ALL_DTYPES
 
 
-def check_inputs(values: Sequence, who: str, what: str = "example input", keywords: Sequence[str] = ()) -> None:
-    """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype; the last
-    ``len(keywords)`` values were passed by these keywords (named so in the message)."""
+def keyword_labels(keywords: Sequence) -> list:
+    """One name per value passed by keyword: a keyword is a name, or ``(name, spec)`` for a tuple, list or dict of
+    tensors (``spec``: its ``torch.utils._pytree`` structure, one value per leaf, named ``name[i]``)."""
+    out: list = []
+    for k in keywords:
+        out += [k] if isinstance(k, str) else [f"{k[0]}[{i}]" for i in range(k[1].num_leaves)]
+    return out
+
+
+def keyword_arguments(keywords: Sequence, values: Sequence) -> dict:
+    """The keyword arguments ``keywords`` (``keyword_labels``) and their leaves ``values`` stand for."""
+    from torch.utils._pytree import tree_unflatten
+
+    out, i = {}, 0
+    for k in keywords:
+        if isinstance(k, str):
+            out[k], i = values[i], i + 1
+        else:
+            n = k[1].num_leaves
+            out[k[0]], i = tree_unflatten(list(values[i: i + n]), k[1]), i + n
+    return out
+
+
+def check_inputs(values: Sequence, who: str, what: str = "example input", keywords: Sequence = ()) -> None:
+    """Raise ``PullbackError`` unless every value is a CPU tensor with a supported dtype; the last values were
+    passed by these keywords (``keyword_labels``: named so in the message)."""
     import torch
 
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    first_keyword = len(values) - len(keywords)
+    names = keyword_labels(keywords)
+    first_keyword = len(values) - len(names)
     for i, v in enumerate(values):
-        label = f"{what} {i}" if i < first_keyword else f"keyword {what} {keywords[i - first_keyword]!r}"
+        label = f"{what} {i}" if i < first_keyword else f"keyword {what} {names[i - first_keyword]!r}"
         if not isinstance(v, torch.Tensor):
             raise PullbackError(
                 f"{who}: {label} is {_describe(v)}; pullback takes tensors only (a number: pass "

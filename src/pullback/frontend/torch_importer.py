@@ -56,7 +56,8 @@ from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
 from .decompositions import own_decompositions
-from .torch_checks import check_inputs, check_module_state, quiet_torch_logs, tensor_hooks_refused
+from .torch_checks import (check_inputs, check_module_state, keyword_arguments, keyword_labels, quiet_torch_logs,
+                           tensor_hooks_refused)
 
 # composite ops kept whole by run_decompositions because one pullback op covers them (or, for detach, because
 # decomposing it to ``alias`` would lose its meaning: no gradient). Still the better choice: on a
@@ -190,7 +191,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
     example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
-    by (``forward(ids, labels=labels)``); the program's inputs keep the order of ``example_inputs``.
+    by (``forward(ids, labels=labels)``; ``(name, spec)``: a tuple, list or dict of tensors, its leaves,
+    ``torch_checks.keyword_labels``); the program's inputs keep the order of ``example_inputs``.
     ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program.
     ``autocast``: ``(device_type, dtype)`` of a ``torch.autocast`` region ``forward`` runs in (its casts become
     the program's), or None."""
@@ -212,8 +214,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
         printed = io.StringIO()  # torch.export prints the partial graph of a failed trace to stderr
         with export_repairs.host_random_draws_refused():  # checked once the trace succeeded
-            n = len(example_inputs) - len(keywords)
-            kwargs = {**dict(zip(keywords, example_inputs[n:])), **(settings or {})}
+            n = len(example_inputs) - len(keyword_labels(keywords))
+            kwargs = {**keyword_arguments(keywords, example_inputs[n:]), **(settings or {})}
 
             def trace():
                 with redirect_stderr(printed), export_repairs.while_tracing():

@@ -513,6 +513,52 @@ def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
     return (), {**{p.name: a for p, a in zip(bound, args)}, **kwargs}
 
 
+_CONTAINERS = (tuple, list, dict)
+
+
+def _tensor_leaves(value) -> tuple:
+    """``([value], None)``, or for a tuple, list or dict ``(its leaves, its pytree structure)``: torch.export
+    flattens it so, a placeholder per leaf."""
+    if not isinstance(value, _CONTAINERS):
+        return [value], None
+    from torch.utils._pytree import tree_flatten
+
+    return tree_flatten(value)
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _is_setting(value) -> bool:
+    """A keyword that is not a tensor input: None, a number, a string, or a tuple, list or dict of them
+    (QwenImage's ``img_shapes``, an empty ``cross_attention_kwargs``)."""
+    if value is None or isinstance(value, _SCALARS):
+        return True
+    if not isinstance(value, _CONTAINERS):
+        return False
+    leaves, _ = _tensor_leaves(value)
+    return all(v is None or isinstance(v, _SCALARS) for v in leaves)
+
+
+class _Setting:
+    """A setting that is a tuple, list or dict (``value``), compared and hashed by its structure and leaves."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value):
+        leaves, spec = _tensor_leaves(value)
+        self.value, self._key = value, (spec, tuple((type(v), v) for v in leaves))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Setting) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 def _takes_use_cache(module, params) -> bool:
     """Does ``module.forward`` take ``use_cache`` (Hugging Face decoders), by name or through ``**kwargs`` in a
     model whose ``config`` has it?"""
@@ -594,7 +640,9 @@ def _module_class():
             ``use_cache=False`` unless the call gives it (also one taking ``**kwargs`` in a model whose
             ``config`` has ``use_cache``: GraniteMoe, Switch Transformers): torch.export cannot return the cache
             object, and training has no use for it. With keywords, positional arguments count by their names
-            (``model(ids, labels=y)`` and ``model(input_ids=ids, labels=y)`` run one program)."""
+            (``model(ids, labels=y)`` and ``model(input_ids=ids, labels=y)`` run one program). A tuple, list or
+            dict of tensors passed by keyword (or by a position that has a name) is its leaves, in
+            ``torch.utils._pytree`` order, and a keyword ``(name, structure)``."""
             if self._params is None:
                 params = inspect.signature(self.module.forward).parameters
                 self._params = (params, {name: i for i, name in enumerate(params)}, tuple(params.values()),
@@ -602,14 +650,20 @@ def _module_class():
             params, rank, order, cached = self._params
             if cached and kwargs.get("use_cache") is None:
                 kwargs = {**kwargs, "use_cache": False}  # a decoder's key/value cache: of no use to a training step
-            elif not kwargs:
+            elif not kwargs and not any(isinstance(a, _CONTAINERS) for a in args):
                 return args, (), ()
             args, kwargs = _named(args, kwargs, order)
             given = {n: v for n, v in kwargs.items() if not (v is None and n in params and params[n].default is None)}
-            fixed = {n for n, v in given.items() if v is None or isinstance(v, (bool, int, float, str))}
+            fixed = {n for n, v in given.items() if _is_setting(v)}
             names = sorted((n for n in given if n not in fixed), key=lambda n: (rank.get(n, len(rank)), n))
-            settings = tuple(sorted((n, given[n]) for n in fixed))
-            return args + tuple(given[n] for n in names), tuple(names), settings
+            settings = tuple(sorted((n, _Setting(given[n]) if isinstance(given[n], _CONTAINERS) else given[n])
+                                    for n in fixed))
+            inputs, keywords = list(args), []
+            for n in names:  # a tuple, list or dict of tensors (SDXL's added_cond_kwargs): its leaves, its structure
+                leaves, spec = _tensor_leaves(given[n])
+                inputs += leaves
+                keywords.append(n if spec is None else (n, spec))
+            return tuple(inputs), tuple(keywords), settings
 
         def _state(self, inputs: tuple, keywords: tuple = (), settings: tuple = ()) -> tuple:
             """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes,
@@ -633,7 +687,8 @@ def _module_class():
                 self._warn_if_exporting_often(key, shapes)
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
-                                          settings=dict(settings), autocast=autocast))
+                                          settings={n: getattr(v, "value", v) for n, v in settings},
+                                          autocast=autocast))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap, self.module)
                 tensors = [state[k] for k in entry.state_keys]
