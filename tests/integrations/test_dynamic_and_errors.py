@@ -64,6 +64,37 @@ def test_compile_with_dynamic_batch_builds_one_program_for_every_batch_size(targ
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+class BatchBranch(nn.Module):
+    """diffusers' Upsample2D: ``if x.shape[0] >= 64`` (there a ``.contiguous()``; here a change of values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        if x.shape[0] >= 64:
+            x = x * 2
+        return F.interpolate(self.conv(x), scale_factor=2.0, mode="nearest").square().mean()
+
+
+def test_dynamic_batch_of_a_model_branching_on_the_batch_size_exports_once_per_range():
+    """torch.export cannot give such a model one batch dimension of every size: an export for the batch sizes below
+    64, one for those from 64, one for a batch of 1 (torch specialises 1); each trains like eager."""
+    torch.manual_seed(0)
+    model = BatchBranch().double()
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (torch.randn(2, 3, 4, 4, dtype=torch.float64),), dynamic_batch=True)
+    for b, imports in ((2, 1), (63, 1), (64, 2), (100, 2), (5, 2), (1, 3), (1, 3)):
+        x = torch.randn(b, 3, 4, 4, dtype=torch.float64)
+        got, want = cm(x), eager(x)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(model.conv.weight.grad, eager.conv.weight.grad, rtol=1e-12, atol=0)
+        assert len(cm._imports) == imports, b
+    assert sorted(e.batches for e in cm._imports.values()) == [(1, 1), (2, 63), (64, None)]
+
+
 def test_torch_compile_dynamic_true_works():
     import torch._dynamo
 

@@ -172,13 +172,13 @@ def _overload(name: str):
     return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
-def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None):
+def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None, batch=None):
     """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input (of those ``batched`` flags)
     is one symbolic batch size (a ``ShapesCollection``: keyed by the tensors, so it fits any ``forward``
-    signature, ``*args`` included)."""
+    signature, ``*args`` included); ``batch``: the ``Dim`` (default one named ``batch``, any size from 2)."""
     import torch
 
-    batch = torch.export.Dim("batch")
+    batch = torch.export.Dim("batch") if batch is None else batch
     shapes = torch.export.ShapesCollection()
     for k, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor) and x.ndim and (batched is None or batched[k]):
@@ -223,7 +223,20 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
 
             try:
                 with custom_functions.recorded() as applied, tensor_hooks_refused("from_torch"):
-                    ep = trace()
+                    try:
+                        ep = trace()
+                    except Exception as e:  # noqa: BLE001
+                        if dynamic is None or "Constraints violated" not in str(e):
+                            raise
+                        # the model branches on the batch size (diffusers' Upsample2D: `if x.shape[0] >= 64`): a
+                        # batch dimension of the range torch infers (batch_range), another export outside it; a
+                        # batch torch specialises (1, or one the model fixes): this size only
+                        dynamic = batch_dynamic_shapes(example_inputs, flags, torch.export.Dim.DYNAMIC)
+                        try:
+                            ep = trace()
+                        except Exception:  # noqa: BLE001
+                            dynamic = None
+                            ep = trace()
                 # custom Functions whose backward is not their forward's derivative: exported again as opaque
                 # operators, imported with their own backward (custom_vjp)
                 own = custom_functions.mismatched(applied)
@@ -247,6 +260,33 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
 
 
 @functools.cache
+def batch_range(ep) -> tuple:
+    """``(lo, hi)``: the batch sizes the exported program holds for (``hi`` None: no upper bound): the range of
+    dimension 0 of its tensor user inputs that have one (symbolic: torch.export's range constraints; static: that
+    size), intersected."""
+    import sympy
+    import torch
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.numbers import int_oo
+
+    lo, hi = 0, None
+    kinds = {s.arg.name: s.kind for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
+    for node in ep.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if kinds.get(node.name) != InputKind.USER_INPUT or not isinstance(val, torch.Tensor) or not val.ndim:
+            continue
+        d = val.shape[0]
+        if isinstance(d, int):
+            a, b = d, d
+        else:
+            r = ep.range_constraints.get(d.node.expr)
+            if r is None:
+                continue
+            a, b = int(r.lower), (None if r.upper in (int_oo, sympy.oo) else int(r.upper))
+        lo, hi = max(lo, a), b if hi is None else hi if b is None else min(hi, b)
+    return lo, hi
+
+
 def _seeded_ops() -> tuple:
     """The converted ATen overloads that draw random numbers (PyTorch's ``nondeterministic_seeded`` tag)."""
     import torch

@@ -36,7 +36,7 @@ from time import perf_counter
 from typing import Optional, Sequence
 
 from ..frontend.torch_checks import check_inputs
-from ..frontend.torch_importer import TorchProgram, export, import_exported, tied_keys
+from ..frontend.torch_importer import TorchProgram, batch_range, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
 from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
@@ -438,6 +438,7 @@ class _Import:
         self.dtypes = [getattr(torch, types[n].dtype) for n in self.names]
         self.seen: list = []  # the ids of the tensors ``read`` last found as exported (no reference kept)
         self.phases = phases
+        self.batches = None  # with dynamic_batch: (lo, hi) of the batch sizes the export holds for (hi None: any)
         self.owners: Optional[list] = None  # ``ModuleState.owner`` of each state key, found under ``watch``
         self.watch = None
 
@@ -673,6 +674,8 @@ def _module_class():
             shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
             autocast = autocast_region()
             key = (self._structure_id(), keywords, settings, autocast) + shapes  # the structure holds each mode
+            if self.dynamic_batch:
+                key += (self._batch_bucket(key, inputs),)
             state = ModuleState(self.module)
             entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state, self._watch)
@@ -691,8 +694,24 @@ def _module_class():
                                           autocast=autocast))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap, self.module)
+                if self.dynamic_batch:
+                    entry.batches = batch_range(ep)
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
+
+        def _batch_bucket(self, base: tuple, inputs: tuple) -> int:
+            """With ``dynamic_batch``: the index of the export whose batch range holds the batch of ``inputs``
+            (a model branching on the batch size, diffusers' ``if x.shape[0] >= 64``, holds for a range: each
+            range is an export of its own), or a new index."""
+            batch = next((x.shape[0] for x in inputs if x.ndim), None)
+            n, last = len(base), -1
+            for k, entry in self._imports.items():
+                if k[:n] == base and len(k) > n:
+                    lo, hi = entry.batches or (0, None)
+                    if batch is None or lo <= batch and (hi is None or batch <= hi):
+                        return k[n]
+                    last = max(last, k[n])
+            return last + 1
 
         def _forget(self, key: tuple, entry: "_Import") -> None:
             """Forget the import of ``key`` and its programs (a tensor attribute they baked in changed); warn the
