@@ -16,10 +16,15 @@ from ..ir.types import TensorType, TupleType
 
 
 def has_bfloat16(t) -> bool:
-    """Does the type ``t`` hold a bfloat16 tensor?"""
-    if isinstance(t, TupleType):
-        return any(has_bfloat16(f) for f in t.fields)
-    return isinstance(t, TensorType) and t.dtype == "bfloat16"
+    """Does the type ``t`` hold a bfloat16 tensor (in nested tuples)?"""
+    stack = [t]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, TupleType):
+            stack.extend(t.fields)
+        elif isinstance(t, TensorType) and t.dtype == "bfloat16":
+            return True
+    return False
 
 
 def involves_bfloat16(call: Call) -> bool:
@@ -68,7 +73,7 @@ def native_or(native: Callable, wide: Callable) -> Callable:
 
 
 def numpy_widen(v):
-    return v.astype(np.float32) if getattr(v, "dtype", None) == np.dtype("bfloat16") else v
+    return v.astype(np.float32) if getattr(getattr(v, "dtype", None), "name", None) == "bfloat16" else v
 
 
 def numpy_narrow(v):
