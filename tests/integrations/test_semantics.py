@@ -638,3 +638,67 @@ def test_the_gradients_of_a_division_are_eagers_bit_for_bit():
     xs, ys = x.detach().requires_grad_(), y.detach().requires_grad_()
     got = torch.autograd.grad(pb_compile(Ratio(), (xs, ys), target="torch")(xs, ys), (xs, ys), g)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+class WithConstant(nn.Module):
+    """A loss beside a tensor built from constants alone and one computed under no_grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            scale = y.abs().max()
+        return y.sum(), torch.arange(x.shape[0], dtype=x.dtype) * 2.0, scale
+
+
+def test_only_outputs_computed_from_what_requires_grad_require_grad():
+    """As in eager, an output computed from constants (or under no_grad) does not require grad: ``.numpy()`` on it
+    works and a later step that reads it does not reach this step's backward."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    model = WithConstant()
+    want = [o.requires_grad for o in model(x)]
+    got = pb_compile(model, (x,))(x)
+    assert [o.requires_grad for o in got] == want == [True, False, False]
+    np.testing.assert_array_equal(got[1].numpy(), [0.0, 2.0, 4.0])
+    got[0].backward()
+    assert model.lin.weight.grad is not None
+
+
+class LazyCache(nn.Module):
+    """timm's ConViT: a buffer rebuilt from constants at the first call (``self.rel_indices = ...``), read after."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("rel", torch.zeros(1, 1), persistent=False)
+
+    def forward(self, x):
+        n = x.shape[0]
+        if self.rel.shape[1] != n:
+            self.rel = torch.arange(n, dtype=x.dtype).view(1, n) * 2.0
+        return (self.lin(x) * self.rel.t()).sum()
+
+
+def test_a_buffer_rebuilt_from_constants_in_forward_trains_through_torch_compile():
+    """Dynamo returns the rebuilt buffer from the graph: it came back requiring grad, and the next step's backward
+    reached this step's freed one ("Trying to backward through the graph a second time")."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LazyCache()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="pullback")
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        got, want = compiled(x), eager(x)
+        got.backward()
+        want.backward()
+        assert not model.rel.requires_grad
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
+    torch._dynamo.reset()

@@ -187,7 +187,7 @@ def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bo
 
 
 def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = (),
-           settings: Optional[dict] = None, autocast=None):
+           settings: Optional[dict] = None, autocast=None, batch_ranges: bool = False):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
     example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
@@ -195,12 +195,13 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     ``torch_checks.keyword_labels``); the program's inputs keep the order of ``example_inputs``.
     ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program.
     ``autocast``: ``(device_type, dtype)`` of a ``torch.autocast`` region ``forward`` runs in (its casts become
-    the program's), or None."""
+    the program's), or None. ``batch_ranges``: where torch.export cannot give the batch every size (the model
+    branches on it), a batch dimension of the range it infers (``batch_range``), or this batch size alone."""
     import torch
 
     if autocast is not None:
         with export_repairs.forward_in_autocast(module, *autocast):
-            return export(module, example_inputs, decompose, dynamic_batch, keywords, settings)
+            return export(module, example_inputs, decompose, dynamic_batch, keywords, settings, None, batch_ranges)
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch", keywords=keywords)
@@ -226,7 +227,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
                     try:
                         ep = trace()
                     except Exception as e:  # noqa: BLE001
-                        if dynamic is None or "Constraints violated" not in str(e):
+                        if dynamic is None or not batch_ranges or "Constraints violated" not in str(e):
                             raise
                         # the model branches on the batch size (diffusers' Upsample2D: `if x.shape[0] >= 64`): a
                         # batch dimension of the range torch infers (batch_range), another export outside it; a

@@ -30,6 +30,26 @@ def structural_zeros(body) -> frozenset:
     return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
 
 
+def outputs_reached(fn: Function, sources) -> list[bool]:
+    """Per output of ``fn`` (its body's fields), whether a value of ``sources`` (Vars) flows into it other than
+    through ``stop_gradient``: the outputs eager returns requiring grad (one computed from constants alone, a
+    buffer rebuilt from its size, does not). Local functions count as reached (conservatively)."""
+    reached: dict = {}
+    for node in post_order(fn.body):
+        if node in reached:
+            continue
+        if isinstance(node, Var):
+            reached[node] = node in sources
+        elif isinstance(node, Function) or isinstance(node, Call) and isinstance(node.op, Function):
+            reached[node] = True
+        elif isinstance(node, Call) and getattr(node.op, "name", None) == "stop_gradient":
+            reached[node] = False
+        else:
+            reached[node] = any(reached.get(c, False) for c in node.children())
+    body = fn.body
+    return [reached[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
+
+
 def cotangent_uses(fn: Function) -> list[int]:
     """Per field of the gradient tuple ``fn`` returns (``@main_bwd``: the residuals, then the outputs'
     cotangent, one tensor or a flat tuple), a bit mask of the outputs whose cotangents it reads (bit ``i``:

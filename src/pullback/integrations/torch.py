@@ -41,7 +41,7 @@ from ..ir.errors import PullbackError
 from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES, build_for, version
-from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros, wanted
+from .higher_order import DifferentiableProgram, cotangent_uses, gradients, outputs_reached, structural_zeros, wanted
 from .structure import StructureWatch, module_structure, structure_change
 
 TARGETS = ("torch", "numpy", "jax")
@@ -113,10 +113,13 @@ class TrainingProgram:
         # pooler output the loss does not use), the gradient is None, as eager leaves .grad (AdamW then neither
         # decays the weight nor moves its moments)
         self.reaches = cotangent_uses(self.mod["main_bwd"])
-        self.float_out = [is_inexact(t.dtype) for t in self.out_types]
+        # outputs autograd tracks: floats computed from a wrt input (not from constants alone, nor under no_grad)
+        sources = {prog.main.params[i] for i in self.wrt_index}
+        reached = outputs_reached(prog.main, sources)
+        self.tracked_out = [is_inexact(t.dtype) and r for t, r in zip(self.out_types, reached)]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
-        inert = [i for i, f in enumerate(self.float_out) if not f or i >= prog.num_outputs]
+        inert = [i for i, f in enumerate(self.tracked_out) if not f or i >= prog.num_outputs]
         self.bridge = BRIDGES[target](self.fwd, self.bwd, self.out_types, prog.single_output, inert)
 
     def eager_layout(self, results: list) -> list:
@@ -201,7 +204,7 @@ def _function():
                 ctx.residuals = residuals
                 ctx.viewed = bridge.viewed(residuals)
             ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
-            nondiff = [r for r, f in zip(results, tp.float_out) if not f]
+            nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
             nondiff += results[tp.prog.num_outputs:]
             if nondiff:
                 ctx.mark_non_differentiable(*nondiff)
@@ -691,7 +694,7 @@ def _module_class():
                 lap = Phases()
                 ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
                                           settings={n: getattr(v, "value", v) for n, v in settings},
-                                          autocast=autocast))
+                                          autocast=autocast, batch_ranges=True))
                 prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 entry = self._imports[key] = _Import(prog, lap, self.module)
                 if self.dynamic_batch:
