@@ -389,3 +389,19 @@ def test_a_constant_result_is_a_fresh_tensor_each_call():
         branch.mul_(3.0)
     _, _, same = f(xs, torch.tensor(False))
     assert same.data_ptr() == xs.data_ptr()  # an input passed through stays itself
+
+
+@pytest.mark.parametrize("shape", [(2, 160, 2, 2), (3, 5, 7, 4), (1, 8, 1, 9)])
+def test_a_pointwise_transposed_convolution_is_one_gemm_with_atens_values(shape):
+    """A 1x1 stride-1 transposed convolution (a pointwise convolution's data gradient) runs as one GEMM over the
+    positions, not ATen's slow_conv_transpose2d; its values are ATen's."""
+    from pullback import op
+
+    n, c, h, w = shape
+    x, k = var("x", shape=shape, dtype="float64"), var("k", shape=(c, 6, 1, 1), dtype="float64")
+    mod = pb.IRModule.from_expr(Function([x, k], op.nn.conv2d_transpose(x, k, kernel_size=(1, 1))))
+    a, b = torch.randn(shape, dtype=torch.float64), torch.randn(c, 6, 1, 1, dtype=torch.float64)
+    with torch.autograd.profiler.profile() as prof:
+        got = pb.build(mod, target="torch")["main"](a, b)
+    assert not [e for e in prof.function_events if "slow_conv_transpose2d" in e.name]
+    torch.testing.assert_close(got, torch.nn.functional.conv_transpose2d(a, b), rtol=1e-12, atol=1e-12)
