@@ -36,6 +36,9 @@ UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square"
                        "log1p", "log2"})
 
 
+_IN_PLACE = frozenset(FLOAT_DTYPES) - {"bfloat16"}  # the dtypes whose ufuncs write into an operand
+
+
 def _array_type(t) -> bool:
     """A static shape of rank 1 or more."""
     return isinstance(t, TensorType) and len(t.shape) > 0 and t.is_static
@@ -96,8 +99,8 @@ class NumpyTarget(Target):
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         name, out = call.op.name, call.checked_type
-        if (name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in FLOAT_DTYPES
-                or out.dtype == "bfloat16"):
+        # bfloat16 has no NumPy arithmetic: its kernels compute in float32 into new arrays (runtime.opmath)
+        if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in _IN_PLACE:
             return None
         for a in call.args:
             t = a.checked_type

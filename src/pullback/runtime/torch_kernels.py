@@ -23,7 +23,7 @@ import math
 from typing import Callable, Optional
 
 from ..ir.expr import Call, Constant
-from ..ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType
+from ..ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ..ops import onednn
 from ..ops.common import broadcast_shapes
 from ..ops.nn import dense_in_memory_order, linear_rows
@@ -297,7 +297,7 @@ def _matmul(call: Call):
 
 def _cast(call: Call):
     x, out = call.args[0].checked_type, call.checked_type
-    if not isinstance(x, TensorType) or x.dtype not in FLOAT_DTYPES + INT_DTYPES + ("bool",):
+    if not isinstance(x, TensorType) or x.dtype not in DTYPES:
         return None  # a complex operand keeps its real part: the op's kernel
     dtype = getattr(torch, out.dtype)
     return lambda x, attrs=None: x.to(dtype)
