@@ -10,6 +10,7 @@ both round at the same places (a small model's forward).
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from pullback.integrations.dynamo_backend import pullback_backend  # noqa: E402
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -112,6 +114,51 @@ def test_autocast_training_is_as_accurate_as_eagers(make, route):
     for (name, b), c in zip(model.named_buffers(), eager.buffers()):
         assert b.dtype == c.dtype, name
         torch.testing.assert_close(b, c, rtol=1e-2, atol=1e-3)
+
+
+class _Composites(torch.nn.Module):
+    """The composite operators whose decompositions torch.export runs outside the autocast region
+    (pytorch/pytorch#137274): einsum (of a bfloat16 and a float32 operand), tensordot, multi_dot, inner reach
+    autocast's bfloat16 matmuls in eager; nll_loss and a reflect pad its float32 kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.w = torch.nn.Parameter(torch.randn(8, 8) / 3)
+        self.v = torch.nn.Parameter(torch.randn(8, 6) / 3)
+
+    def forward(self, x, labels):
+        h = torch.einsum("bi,ij->bj", self.proj(x), self.w)  # bfloat16 x float32: an error without the casts
+        h = h.to(self.w.dtype).tanh()  # operands of one dtype (eager refuses mixed ones but for einsum's)
+        h = torch.tensordot(h, self.w, dims=([1], [0])) + torch.inner(h, self.w)
+        logits = torch.linalg.multi_dot([h.to(self.w.dtype), self.w, self.v])
+        padded = torch.nn.functional.pad(logits.unsqueeze(0), (1, 1), mode="reflect").squeeze(0)
+        return torch.nn.functional.nll_loss(padded.log_softmax(-1), labels)
+
+
+@pytest.mark.parametrize("route", ["compile", "torch.compile"])
+def test_composite_operators_get_autocasts_casts(target, route):
+    """Under autocast the composite operators compute in eager's dtypes, both routes: the loss float32 and equal to
+    eager's bit for bit on the torch target (the same ATen kernels on the same operands), the gradients as close to
+    float64's as eager's and not much closer (the products computed in bfloat16, not float32). Before the casts,
+    the einsum failed and nll_loss computed in bfloat16."""
+    torch.manual_seed(0)
+    model = _Composites()
+    batch = dict(x=torch.randn(16, 8), labels=torch.randint(0, 8, (16,)))
+    eager, reference = copy.deepcopy(model), copy.deepcopy(model).double()
+    with _autocast():
+        compiled = pb_compile(model, batch, target=target) if route == "compile" else \
+            torch.compile(model, backend=functools.partial(pullback_backend, target=target))
+        loss, want = compiled(**batch), eager(**batch)
+    assert loss.dtype == want.dtype == torch.float32
+    if target == "torch":
+        assert torch.equal(loss, want)
+    torch.testing.assert_close(loss, want, rtol=1e-2, atol=0)
+    loss.backward()
+    want.backward()
+    reference(batch["x"].double(), batch["labels"]).backward()
+    ours, theirs = _errors(model, eager, reference)
+    assert theirs / 3 <= ours <= 1.5 * theirs + 1e-3, (ours, theirs)
 
 
 class _Attention(torch.nn.Module):

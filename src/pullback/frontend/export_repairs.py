@@ -11,7 +11,8 @@
 - reentrant activation checkpointing runs its function under no_grad: it runs as plain code;
 - a forward drawing from NumPy's or Python's random generator would bake the draws in: an error;
 - a ``torch.autocast`` region open around the call is not traced: ``forward`` runs inside one
-  (``forward_in_autocast``);
+  (``forward_in_autocast``); ``run_decompositions`` decomposes some composite operators outside the region
+  (``einsum``, ``nll_loss_nd``): their operands get autocast's casts before (``autocast_casts_kept``);
 - ``run_decompositions`` drops a random draw whose result is unused (a dropout feeding only an unused output):
   eager still draws it, so every later draw would differ; such draws are kept (``random_draws_kept``);
 - ``run_decompositions`` spends up to half its time building ``Callable[...]`` annotations: they are memoised
@@ -570,4 +571,87 @@ def detach_no_grad_blocks(ep) -> None:
         ep.graph_module.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing"]
+
+# Composite operators whose eager implementation reaches operators on autocast's lists (einsum's bmm,
+# nll_loss_nd's nll_loss): eager casts their operands at those inner calls, but ``run_decompositions`` applies
+# their Python decompositions above the autocast dispatch key (pytorch/pytorch#137274), so the casts are lost
+# (einsum computes in float32, nll_loss in bfloat16, an einsum of a float32 and a bfloat16 operand fails).
+# Per operator: the autocast policy of what it reaches ("lower": the region's dtype; "float32"), and a condition
+# on its arguments (None: always).
+_AUTOCAST_COMPOSITES = {
+    "aten::einsum": ("lower", lambda args: len(args[1]) > 1),  # one operand: no product, nothing cast
+    "aten::tensordot": ("lower", None),
+    "aten::linalg_multi_dot": ("lower", None),
+    "aten::chain_matmul": ("lower", None),
+    "aten::inner": ("lower", lambda args: all(a.meta["val"].ndim for a in args[:2])),  # a scalar operand: mul
+    "aten::nll_loss_nd": ("float32", None),
+    # F.pad's reflect and replicate modes reach reflection_pad / replication_pad: on the CPU's float32 list
+    "aten::pad": ("float32", lambda args: len(args) > 2 and args[2] in ("reflect", "replicate")),
+}
+
+
+def _autocast_eligible(node, device: str, dtype) -> bool:
+    """Does autocast on ``device`` cast ``node``'s value to ``dtype``: a floating tensor of that device and of
+    another dtype, not float64."""
+    import torch
+
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.is_floating_point() and val.device.type == device
+            and val.dtype not in (torch.float64, dtype))
+
+
+def _cast_operands(graph, node, device: str, dtype) -> bool:
+    """Give each eligible tensor operand of ``node`` (also inside a list) a ``_to_copy`` to ``dtype``."""
+    import torch
+    import torch.fx
+
+    casts: dict = {}
+
+    def cast(a):
+        if not isinstance(a, torch.fx.Node) or not _autocast_eligible(a, device, dtype):
+            return a
+        if a not in casts:
+            with graph.inserting_before(node):
+                c = casts[a] = graph.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": dtype})
+            c.meta["val"] = a.meta["val"].to(dtype)
+        return casts[a]
+
+    node.args = torch.fx.node.map_aggregate(node.args, cast)
+    node.kwargs = torch.fx.node.map_aggregate(node.kwargs, cast)
+    return bool(casts)
+
+
+def autocast_casts_kept(ep) -> None:
+    """Inside each ``torch.autocast`` region of ``ep`` (``wrap_with_autocast`` bodies, nested ones included,
+    and the whole program when exported inside a region: a Dynamo graph compiled for a call inside one), cast
+    the operands of the composite operators of ``_AUTOCAST_COMPOSITES`` as eager's autocast casts them inside,
+    before ``run_decompositions`` decomposes them outside the region."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+    ambient = {d: torch.get_autocast_dtype(d) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)}
+    stack = [(ep.graph_module, ambient)]  # (graph module, {device type: dtype} of the regions open there)
+    while stack:
+        gm, regions = stack.pop()
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function":
+                continue
+            if hop is not None and node.target is hop:  # (device_type, dtype, enabled, cache_enabled, body, *operands)
+                device, dtype, enabled = node.args[:3]
+                inner = {d: t for d, t in regions.items() if d != device}
+                stack.append((getattr(gm, node.args[4].target), {**inner, device: dtype} if enabled else inner))
+                continue
+            for a in node.args:  # other higher-order operators' bodies (cond's branches): the same regions
+                if getattr(a, "op", None) == "get_attr" and isinstance(getattr(gm, a.target, None), torch.fx.GraphModule):
+                    stack.append((getattr(gm, a.target), regions))
+            rule = _AUTOCAST_COMPOSITES.get(getattr(getattr(node.target, "_schema", None), "name", None))
+            if not regions or rule is None or (rule[1] is not None and not rule[1](node.args)):
+                continue
+            for device, dtype in regions.items():
+                changed |= _cast_operands(gm.graph, node, device, dtype if rule[0] == "lower" else torch.float32)
+        if changed:
+            gm.recompile()
+
+
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing"]

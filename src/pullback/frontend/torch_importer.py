@@ -253,6 +253,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         export_repairs.pass_on(printed.getvalue())
         export_repairs.detach_no_grad_blocks(ep)
         export_repairs.outer_guards_left_to_dynamo(ep)
+        export_repairs.autocast_casts_kept(ep)
         if not decompose:
             return ep
         with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
