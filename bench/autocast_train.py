@@ -8,7 +8,10 @@ eager on this CPU), eager's and pullback's autocast steps (medians), their ratio
 inside the region, AD, clean-up, partition, build, the step), the bytes each saves for the backward (parameters
 and inputs included, as ``torch_train.py`` counts them), and the two losses of the first step.
 
-Usage: ``python bench/autocast_train.py [--only cnn,resnet] [--reps 20] [--threads 2] [--json F]``.
+glibc's malloc is tuned as in ``torch_train.py`` (``runtime.tuning.keep_freed_memory``: freed memory kept for the
+next step instead of page-faulted afresh) unless ``--no-tune-malloc``.
+
+Usage: ``python bench/autocast_train.py [--only cnn,resnet] [--reps 20] [--threads 2] [--no-tune-malloc] [--json F]``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_train import WORKLOAD_NAMES, _saved_bytes_eager, _saved_bytes_pullback, set_threads  # noqa: E402
 
 
-def run(workload: str, reps: int, warmup: int, threads: int, policy: str) -> dict:
+def run(workload: str, reps: int, warmup: int, threads: int, policy: str, tune_malloc: bool = True) -> dict:
     import torch
 
     from pullback.integrations.torch import compile as pb_compile
     from pullback.testing.torch_models import make_workload
 
     set_threads(threads)
+    if tune_malloc:  # as torch_train.py: eager and pullback alternate in one process, both get it
+        from pullback.runtime.tuning import keep_freed_memory
+
+        keep_freed_memory()
     wl = make_workload(workload)
     model, inputs = wl.model, wl.example_inputs
     eager = copy.deepcopy(model)
@@ -87,19 +94,23 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policy", default="save_all")
+    ap.add_argument("--no-tune-malloc", action="store_true",
+                    help="leave glibc's malloc as it is (default: runtime.tuning.keep_freed_memory, as torch_train.py)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("ROW " + json.dumps(run(args.child, args.reps, args.warmup, args.threads, args.policy)), flush=True)
+        print("ROW " + json.dumps(run(args.child, args.reps, args.warmup, args.threads, args.policy,
+                                      not args.no_tune_malloc)), flush=True)
         return
     rows = {}
-    print(f"autocast(bfloat16) training, {args.threads} threads, {args.reps} alternating steps, policy {args.policy}")
+    print(f"autocast(bfloat16) training, {args.threads} threads, {args.reps} alternating steps, policy {args.policy}, "
+          f"malloc tuned: {not args.no_tune_malloc}")
     print(f"{'workload':12s} {'f32 eager':>10s} {'eager':>8s} {'pullback':>9s} {'x eager':>8s} {'first s':>8s} "
           f"{'saved MB eager/pb':>18s}  losses (eager, pullback)")
     for w in args.only.split(","):
         cmd = [sys.executable, __file__, "--child", w, "--reps", str(args.reps), "--warmup", str(args.warmup),
-               "--threads", str(args.threads), "--policy", args.policy]
+               "--threads", str(args.threads), "--policy", args.policy] + (["--no-tune-malloc"] if args.no_tune_malloc else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
         if line is None:

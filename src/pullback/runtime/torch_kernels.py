@@ -7,7 +7,7 @@ operand types are known, ``fast_kernel(call)`` returns the ATen call the wrapper
 can be decided from the types decided once (axes, static shapes, permutations): elementwise
 arithmetic, comparisons, ``clip`` and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
 AND), sums, means, maxima and minima over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
-``nn.linear`` and the matmuls (oneDNN's inner product for float32 rows on the CPU, with the bias),
+``nn.linear`` and the matmuls (oneDNN's inner product for float32 and bfloat16 rows on the CPU, with the bias),
 ``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
 operator's own kernel, so results are the kernel's in every case
 (``tests/runtime/test_torch_target.py`` runs the op table through this target).
@@ -232,17 +232,20 @@ def _transpose(call: Call):
 
 def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Callable] = None) -> Callable:
     """``base`` (``fn(x, y, attrs)``, or ``fn(x, y, bias, attrs)`` for ``nn.linear``: a GEMM of x's rows, or of
-    ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 rows sent to oneDNN's inner product as
-    ``rows(x) @ weight(y).T (+ bias)`` where it is faster (``ops.onednn``: a large enough GEMM, rows it takes)."""
+    ``rows(x)``'s: ``x.T`` for a matmul's ``transpose_a``) with float32 and bfloat16 rows sent to oneDNN's inner
+    product as ``rows(x) @ weight(y).T (+ bias)`` where it is faster (``ops.onednn``: float32, a large enough GEMM
+    and rows it takes; bfloat16, contiguous rows: eager's ``F.linear`` bit for bit)."""
     x_type, out = call.args[0].checked_type, call.checked_type
     k, n = x_type.shape[-2 if rows is not None else -1], out.shape[-1]
     m = math.prod(out.shape[:-1]) if all(isinstance(d, int) for d in out.shape[:-1]) else None
-    f = onednn.linear() if out.dtype == "float32" and onednn.big(k, n, m) else None
+    if out.dtype == "bfloat16":
+        f, takes = onednn.bfloat16_linear(), onednn.takes_contiguous_rows
+    else:
+        f, takes = (onednn.linear() if out.dtype == "float32" and onednn.big(k, n, m) else None), onednn.takes_rows
     if f is None:
         return base
     biased = len(call.args) == 3
     rows = rows or (lambda x: x)
-    takes = onednn.takes_rows
 
     def gemm(x, y, *rest):  # rest: (attrs,) or (bias, attrs)
         r = rows(x)
