@@ -159,6 +159,25 @@ def test_fold_keeps_creators_and_big_results():
     assert_same_results(before, allowed)
 
 
+def test_fold_arange_chains_up_to_the_size_bound():
+    """``arange`` is a creator: a causal mask built from it (Hugging Face's mask functions, at every call) folds
+    through its index arithmetic and concatenations (a concatenation of constants folds whatever its size: its
+    result is no bigger than its inputs together), up to the first op that would broadcast small constants into a
+    result bigger than ``max_new_elements`` (the mask itself, 64 x 64 here, kept as a compare)."""
+    x = pb.var("x", shape=(64, 64))
+    pos = op.arange(0, 64, dtype="int64")
+    shifted = op.concatenate([op.subtract(op.strided_slice(pos, (0,), (1,)), pb.const(np.int64(1))), pos], 0)
+    steps = op.subtract(op.strided_slice(shifted, (1,), (65,)), op.strided_slice(shifted, (0,), (64,)))
+    rows, cols = op.expand_dims(steps, 1), op.expand_dims(op.cumsum(op.cast(op.not_equal(steps, pb.const(np.int64(0))), "int64"), 0), 0)
+    mask = op.bitwise_and(pb.const(True), op.less_equal(cols, rows))
+    before = mod_of([x], op.where(mask, x, pb.const(-1.0)))
+    after = FoldConstant()(before)
+    compare = after["main"].body.args[0].args[1]
+    assert compare.op.name == "less_equal" and all(isinstance(a, pb.Constant) for a in compare.args)
+    assert pb.ir.traversal.count_calls(after["main"].body) == 3  # where, bitwise_and, less_equal
+    assert_same_results(before, after)
+
+
 def test_fold_dtype_and_errors():
     x = pb.var("x", shape=(2,), dtype="int32")
     before = mod_of([x], op.add(x, op.cast(pb.const(np.array([1.7, 2.2], "float32")), "int32")))

@@ -60,6 +60,31 @@ def test_broadcasting_identity_becomes_broadcast_to():
     _check(EliminateIdentity(), before(), expected())
 
 
+@pytest.mark.parametrize("name, value", [("bitwise_and", True), ("logical_and", True), ("bitwise_or", False),
+                                         ("logical_or", False)])
+@pytest.mark.parametrize("first", [True, False], ids=["k-first", "x-first"])
+def test_boolean_identities_removed(name, value, first):
+    """``mask & True`` (Hugging Face's causal masks and an all-True padding mask) and ``mask | False`` are the mask."""
+    def build(simplified):
+        x = pb.var("x", shape=(2, 3))
+        m = op.less(x, pb.const(0.5))
+        if simplified:
+            return mod_of([x], op.where(m, x, pb.const(0.0)))
+        k = pb.const(value) if first else pb.const(np.full((3,), value))
+        return mod_of([x], op.where(getattr(op, name)(*((k, m) if first else (m, k))), x, pb.const(0.0)))
+
+    _check(EliminateIdentity(), build(False), build(True))
+
+
+def test_boolean_identities_need_booleans():
+    """On integers ``x & 1`` is not ``x``, nor ``x | 0`` a rule this pass knows (1 == True in Python)."""
+    x = pb.var("x", shape=(3,), dtype="int32")
+    for body in (op.bitwise_and(x, pb.const(np.int32(1))), op.bitwise_and(pb.const(np.int32(1)), x),
+                 op.bitwise_or(x, pb.const(np.int32(0)))):
+        before = mod_of([x], body)
+        assert EliminateIdentity()(before) is before
+
+
 def test_not_removed_when_value_changes():
     x = pb.var("x", shape=(3,))
     y = pb.var("y", shape=(2, 3))

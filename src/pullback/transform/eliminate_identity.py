@@ -1,4 +1,5 @@
-"""EliminateIdentity: ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1``, ``x ** 1`` become ``x``.
+"""EliminateIdentity: ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1``, ``x ** 1`` become ``x``; so do
+``x & True``, ``x | False`` (bitwise or logical) of booleans.
 
 A zero or one is a uniform tensor: ``zeros``/``ones``/``full`` with a constant
 fill, ``zeros_like``/``ones_like``/``full_like``, or a Constant whose every
@@ -63,7 +64,7 @@ def _fill(value: int, dtype: str) -> np.ndarray:
 def _is_value(v) -> Callable[[Expr], bool]:
     def pred(e: Expr) -> bool:
         u = uniform_value(e)
-        return u is not None and u.item() == v
+        return u is not None and u.item() == v and (u.dtype == np.bool_) == isinstance(v, bool)
 
     return pred
 
@@ -83,9 +84,12 @@ def keeps_type(x: Expr, other: Expr, out: Expr) -> bool:
     return True
 
 
-# (operator, position of x, identity value): x op k == x, or k op x == x
+# (operator, position of x, identity value): x op k == x, or k op x == x; a bool value: on booleans only (for
+# integers x & 1 is not x); an all-True mask and-ed with a causal mask (Hugging Face's mask functions) is the mask
 IDENTITIES: tuple = (("add", 0, 0), ("add", 1, 0), ("subtract", 0, 0), ("multiply", 0, 1), ("multiply", 1, 1), ("divide", 0, 1),
-                     ("power", 0, 1))
+                     ("power", 0, 1), *((name, pos, value) for name, value in (("bitwise_and", True), ("logical_and", True),
+                                                                               ("bitwise_or", False), ("logical_or", False))
+                                        for pos in (0, 1)))
 
 
 def _identity_rule(op_name: str, pos: int, value):
@@ -95,6 +99,8 @@ def _identity_rule(op_name: str, pos: int, value):
 
     def callback(node: Expr, c: dict) -> Optional[Expr]:
         x = c["x"]
+        if isinstance(value, bool) and getattr(node._checked_type, "dtype", None) != "bool":
+            return None
         if keeps_type(x, c["k"], node):
             return x
         xt, rt = x._checked_type, node._checked_type
@@ -112,7 +118,8 @@ def identity_rules() -> list:
 
 @dataclass(frozen=True)
 class EliminateIdentity(RewritePass):
-    """Remove ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` where ``x`` has the result type."""
+    """Remove ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1``, ``x ** 1``, and ``x & True``,
+    ``x | False`` of booleans, where ``x`` has the result type."""
 
     name = "EliminateIdentity"
 

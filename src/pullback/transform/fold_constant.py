@@ -2,9 +2,12 @@
 
 Rule: a Call to an operator is replaced by a Constant when every argument is
 constant-valued and the result is a tensor that is not bigger than
-``max(max_new_elements, largest Constant argument)`` elements. Constant-valued
+``max(max_new_elements, the Constant arguments' elements together)`` (a
+concatenation of constants folds whatever its size). Constant-valued
 means a Constant, or a tensor *creator* (``zeros``/``ones``, ``full`` with a
-Constant fill) whose value is computed only when a fold consumes it.
+Constant fill, ``arange``: an operator of no operands) whose value is computed
+only when a fold consumes it (a causal mask built from ``arange``, as Hugging
+Face's models build it at every call, folds up to its last broadcasting compare).
 Creators themselves are never turned into Constants: ``zeros((1024, 1024))``
 is cheaper to keep than a 4 MB literal, and the size bound stops a fold from
 materialising a big tensor out of small inputs (``broadcast_to(scalar, big)``).
@@ -34,8 +37,13 @@ from .pass_infra import FunctionPass, PassContext
 CREATORS = ("zeros", "ones", "full")
 
 
+def _is_creator(e) -> bool:
+    """A creator (``CREATORS``), or an operator of no operands (``arange``): a value computed on demand."""
+    return isinstance(e, Call) and isinstance(e.op, OpDef) and (e.op.name in CREATORS or e.op.num_inputs == 0)
+
+
 def _creator_value(e: Expr) -> Optional[np.ndarray]:
-    if isinstance(e, Call) and isinstance(e.op, OpDef) and e.op.name in CREATORS:
+    if _is_creator(e):
         if all(isinstance(a, Constant) for a in e.args):
             return e.op.compute(*(a.data for a in e.args), e.attrs)
     return None
@@ -49,7 +57,7 @@ def _foldable(e: Expr) -> bool:
         and e.op.name not in CREATORS
         and isinstance(e._checked_type, TensorType)
         and e._checked_type.is_static
-        and all(isinstance(a, Constant) or (isinstance(a, Call) and isinstance(a.op, OpDef) and a.op.name in CREATORS) for a in e.args)
+        and all(isinstance(a, Constant) or _is_creator(a) for a in e.args)
     )
 
 
@@ -70,8 +78,8 @@ def fold_rules(max_new_elements: int = 1024) -> list:
     def fold(node: Call, c: dict) -> Optional[Expr]:
         t: TensorType = node._checked_type
         size = math.prod(t.shape)
-        biggest = max((a.data.size for a in node.args if isinstance(a, Constant)), default=0)
-        if size > max(max_new_elements, biggest):
+        inputs = sum(a.data.size for a in node.args if isinstance(a, Constant))
+        if size > max(max_new_elements, inputs):
             return None
         values = []
         for a in node.args:
@@ -108,16 +116,16 @@ class _Folder:
     def value_of(self, node: Call, t) -> Optional[np.ndarray]:
         """The folded value of ``node`` (whose operands are visited), or None when the rule does not fire."""
         res, ndarray = self.res, np.ndarray
-        biggest = 0
+        inputs = 0
         for a in node.args:
             r = res[a]
             if type(r) is ndarray:
-                biggest = max(biggest, r.size)
+                inputs += r.size
             elif isinstance(r, Constant):
-                biggest = max(biggest, r.data.size)
-            elif not (isinstance(r, Call) and isinstance(r.op, OpDef) and r.op.name in CREATORS):
+                inputs += r.data.size
+            elif not _is_creator(r):
                 return None
-        if math.prod(t.shape) > max(self.max_new, biggest):
+        if math.prod(t.shape) > max(self.max_new, inputs):
             return None
         values = []
         for a in node.args:
