@@ -186,3 +186,20 @@ def test_power_keeps_the_exact_cases_of_pow_after_exp():
     want = pb.build(mod)["main"](xs, ys)
     np.testing.assert_array_equal(want[0], np.ones(4))
     np.testing.assert_array_equal(pb.build(mod, target="jax")["main"](xs, ys), want)
+
+
+@pytest.mark.parametrize("targets, error", [([1, 0, 2, 1], None), ([1, 3, 2, 1], "out of range")])
+def test_nll_loss_of_constant_targets_is_checked_after_the_call(targets, error):
+    """Targets that are a constant of the program (folded, e.g. from ``arange``) are still traced values inside
+    ``jax.jit``: the range check is recorded and raised after the call, as for an input's targets, and the loss
+    is the numpy target's."""
+    x = var("x", shape=(4, 3), dtype="float64")
+    t = pb.const(np.array(targets, "int64"))
+    f = Function([x], op.nn.nll_loss(op.nn.log_softmax(x), t, pb.const(np.ones(3)), "mean", -100))
+    xs = np.random.default_rng(0).standard_normal((4, 3))
+    if error is None:
+        np.testing.assert_allclose(pb.build(f, target="jax")["main"](xs), pb.build(f)["main"](xs), rtol=1e-12)
+    else:
+        for target in ("numpy", "jax"):
+            with pytest.raises(pb.ExecutionError, match=error):
+                pb.build(f, target=target)["main"](xs)

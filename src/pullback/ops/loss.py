@@ -102,7 +102,7 @@ def _nll_pick(xp, p, t, w, a):
     tc = xp.where(valid, t, 0)
     c = p.shape[1]
     out_of_range = (tc < 0) | (tc >= c)  # an error on every target (jax: checked after the call, see ops.kernels.check)
-    if is_traced(t):
+    if is_traced(out_of_range):  # also constant targets inside jax.jit (staged out: tracers)
         check(out_of_range, f"nn.nll_loss: a target is out of range [0, {c}) (ignore_index={a.ignore_index})")
     elif bool(xp.any(out_of_range)):
         bad = t[valid & out_of_range]
