@@ -178,6 +178,21 @@ def test_fold_arange_chains_up_to_the_size_bound():
     assert_same_results(before, after)
 
 
+def test_a_shape_op_of_a_creator_is_a_creator():
+    """A gradient's seed (``broadcast_to(expand_dims(ones(())), s)``) becomes ``ones(s)``, not a literal the program
+    holds (a fused gradient op like ``tanh_grad`` cannot drop it as ``x * 1``); a fill keeps its value."""
+    def build(folded):
+        x = pb.var("x", shape=(8, 4))
+        if folded:
+            seeds = [op.ones((8, 4), "float32"), op.full(pb.const(2.5), (4, 8), "float32")]
+        else:
+            seeds = [op.broadcast_to(op.expand_dims(op.ones((), "float32"), 0, 2), (8, 4)),
+                     op.transpose(op.reshape(op.full(pb.const(2.5), (32,), "float32"), (8, 4)), (1, 0))]
+        return mod_of([x], pb.Tuple([op.tanh_grad(seeds[0], op.tanh(x)), op.multiply(seeds[1], op.transpose(x, (1, 0)))]))
+
+    _check(FoldConstant(), build(False), build(True))
+
+
 def test_fold_dtype_and_errors():
     x = pb.var("x", shape=(2,), dtype="int32")
     before = mod_of([x], op.add(x, op.cast(pb.const(np.array([1.7, 2.2], "float32")), "int32")))

@@ -146,8 +146,9 @@ sin = unary("sin", lambda c, g: [multiply(g, cos(c.args[0]))], torch_name="sin")
 cos = unary("cos", lambda c, g: [negative(multiply(g, sin(c.args[0])))], torch_name="cos")
 tan = unary("tan", lambda c, g: [multiply(g, add(_cl(1.0, c), multiply(c, c)))], domain=(-math.pi / 2, math.pi / 2),
             torch_name="tan")
-tanh = unary("tanh", lambda c, g: [multiply(g, subtract(_cl(1.0, c), multiply(c, c)))], flops_per_elem=4,
-             torch_name="tanh")
+# their gradients are one kernel each, from the result (``activation.tanh_grad`` / ``sigmoid_grad``: ATen's
+# tanh_backward / sigmoid_backward), looked up when the rule runs
+tanh = unary("tanh", lambda c, g: [get_op("tanh_grad")(g, c)], flops_per_elem=4, torch_name="tanh")
 
 
 def sigmoid_kernel(xp, x, attrs=None):
@@ -171,7 +172,7 @@ def _sigmoid_torch(x, attrs=None):
     return torch.sigmoid(x)  # one pass where the shared kernel takes six (Llama's SwiGLU: 3.2 -> 0.3 ms)
 
 
-sigmoid = unary("sigmoid", lambda c, g: [multiply(g, multiply(c, subtract(_cl(1.0, c), c)))], kernel=sigmoid_kernel,
+sigmoid = unary("sigmoid", lambda c, g: [get_op("sigmoid_grad")(g, c)], kernel=sigmoid_kernel,
                 impls={"torch": _sigmoid_torch, "numpy": numpy_quiet(sigmoid_kernel, over="ignore")}, flops_per_elem=4,
                 torch_name="sigmoid", recompute=Recompute.SPECIAL)
 

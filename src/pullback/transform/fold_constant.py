@@ -11,35 +11,51 @@ Face's models build it at every call, folds up to its last broadcasting compare)
 Creators themselves are never turned into Constants: ``zeros((1024, 1024))``
 is cheaper to keep than a 4 MB literal, and the size bound stops a fold from
 materialising a big tensor out of small inputs (``broadcast_to(scalar, big)``).
-Calls to module functions, primitive functions and tuple-valued operators
-are left alone. The kernels are ``OpDef.compute`` (no runtime import).
+A data-moving operator (``SHAPE_OPS``: ``broadcast_to``, ``reshape``, ...) of a
+creator becomes a creator of its result's shape (``broadcast_to(ones(()), s)``
+is ``ones(s)``), not a literal. Calls to module functions, primitive functions
+and tuple-valued operators are left alone. The kernels are ``OpDef.compute`` (no runtime import).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
 
 from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
-from ..ir.expr import Call, Constant, Expr, Function
+from ..ir.expr import Call, Constant, Expr, Function, set_type
 from ..ir.module import IRModule
 from ..ir.traversal import post_order, rebuild
 from ..ir.types import TensorType
 from ..ops.registry import OpDef
-from ..pattern import wildcard
+from ..pattern import is_op, wildcard
 from .pass_infra import FunctionPass, PassContext
 
 CREATORS = ("zeros", "ones", "full")
+# operators that only move data: of a creator, a creator of the result's shape (``broadcast_to(ones(()), s)`` is
+# ``ones(s)``: a value made when needed, not a literal held by the program; a gradient's seed stays one)
+SHAPE_OPS = frozenset({"broadcast_to", "expand_dims", "reshape", "squeeze", "transpose"})
 
 
 def _is_creator(e) -> bool:
     """A creator (``CREATORS``), or an operator of no operands (``arange``): a value computed on demand."""
     return isinstance(e, Call) and isinstance(e.op, OpDef) and (e.op.name in CREATORS or e.op.num_inputs == 0)
+
+
+def _reshaped_creator(node: Call, arg: Expr) -> Optional[Call]:
+    """``node`` (one of ``SHAPE_OPS``) of the creator ``arg`` as a creator of ``node``'s static type, else None."""
+    t = node._checked_type
+    if (node.op.name not in SHAPE_OPS or not isinstance(arg, Call) or not isinstance(arg.op, OpDef)
+            or arg.op.name not in CREATORS or not isinstance(t, TensorType) or not t.is_static):
+        return None
+    out = Call(arg.op, list(arg.args), replace(arg.attrs, shape=tuple(t.shape), dtype=t.dtype))
+    set_type(out, t)
+    return out
 
 
 def _creator_value(e: Expr) -> Optional[np.ndarray]:
@@ -91,7 +107,10 @@ def fold_rules(max_new_elements: int = 1024) -> list:
             out = _fold_value(node, t, values)
         return None if out is None else Constant(out)
 
-    return [(wildcard().where(_foldable), fold)]
+    def reshaped(node: Call, c: dict) -> Optional[Expr]:
+        return _reshaped_creator(node, node.args[0])
+
+    return [(is_op(*sorted(SHAPE_OPS)), reshaped), (wildcard().where(_foldable), fold)]
 
 
 class _Folder:
@@ -151,6 +170,12 @@ class _Folder:
                     continue
                 if isinstance(node, Call) and isinstance(node.op, OpDef) and node.args and node.op.name not in CREATORS:
                     t = node._checked_type
+                    made = _reshaped_creator(node, res[node.args[0]])
+                    if made is not None:
+                        res[node] = made
+                        if users is not None:
+                            self.release(node, users)
+                        continue
                     if isinstance(t, TensorType) and t.is_static:
                         v = self.value_of(node, t)
                         if v is not None:
