@@ -64,7 +64,7 @@ def test_a_bfloat16_model_trains_like_eager(target):
 
 
 class _Gates(torch.nn.Module):
-    """tanh and sigmoid of one linear's output (an LSTM's gates, GPT-2's tanh GELU)."""
+    """tanh, sigmoid and softplus of one linear's output (an LSTM's gates, GPT-2's tanh GELU, Mamba's step size)."""
 
     def __init__(self):
         super().__init__()
@@ -72,13 +72,14 @@ class _Gates(torch.nn.Module):
 
     def forward(self, x):
         h = self.lin(x)
-        return (torch.tanh(h) * torch.sigmoid(h)).float().square().mean()
+        return (torch.tanh(h) * torch.sigmoid(h) + torch.nn.functional.softplus(h, 2.0, 1.0)).float().square().mean()
 
 
-def test_tanh_and_sigmoid_gradients_in_bfloat16_are_eagers_bits(target):
-    """In bfloat16 the gradients of tanh and sigmoid are one kernel each, computed in float32 and rounded once, as
-    ATen's tanh_backward and sigmoid_backward: the parameters' gradients are eager's bit for bit on the numpy and
-    torch targets (the product and difference took two or three roundings: 7.6e-6 off); XLA fuses them its way."""
+def test_tanh_sigmoid_and_softplus_gradients_in_bfloat16_are_eagers_bits(target):
+    """In bfloat16 the gradients of tanh, sigmoid and softplus are one kernel each, computed in float32 and rounded
+    once, as ATen's tanh_backward, sigmoid_backward and softplus_backward: the parameters' gradients are eager's bit
+    for bit on the numpy and torch targets (the products and differences took two to five roundings: 7.6e-6 off);
+    XLA fuses them its way."""
     torch.manual_seed(0)
     model, x = _Gates().to(BF16), torch.randn(256, 64, dtype=BF16)
     eager = copy.deepcopy(model)
