@@ -32,6 +32,23 @@ from .registry import FusionKind, Recompute, defop
 _sigmoid = lazy("sigmoid")
 
 
+def elementwise_grad(name: str, kernel, aten: str, grad, per_elem: int, doc: str, what: str = "the data",
+                     attrs_type=None, aten_attrs=lambda a: ()):
+    """An activation's gradient op ``(out_grad, v) -> d input``, elementwise: ``kernel(xp, g, v, attrs)`` on every
+    namespace (quiet on NumPy), one ATen call on torch (``aten(g, v, *aten_attrs(attrs))``, the gradient in v's
+    memory layout), ``grad`` its own gradient rule."""
+
+    def on_torch(g, v, attrs=None):
+        import torch
+
+        return getattr(torch.ops.aten, aten)(same_layout(g, v), v, *aten_attrs(attrs))
+
+    return defop(name, 2, pair_infer(name, what), kernel=kernel,
+                 impls={"torch": on_torch, "numpy": numpy_quiet(kernel, over="ignore", invalid="ignore")},
+                 grad=grad, attrs_type=attrs_type, pattern=FusionKind.ELEMWISE, flops=numel_flops(per_elem),
+                 dtypes=FLOAT_DTYPES, torch_name=aten, doc=doc)
+
+
 def activation(name: str, attrs_type, kernel, grad, per_elem: int, torch_name: str, impls=None, kinks=()):
     """An elementwise activation: ``kernel(xp, x, attrs)`` gives the result in x's dtype."""
 
@@ -261,12 +278,6 @@ def _silu_grad_kernel(xp, g, x, attrs=None):
     return as_dtype(xp, widen16(xp, g) * (s * (1.0 + w * (1.0 - s))), x.dtype)
 
 
-def _silu_grad_torch(g, x, attrs=None):
-    import torch
-
-    return torch.ops.aten.silu_backward(same_layout(g, x), x)
-
-
 def _silu_grad_grad(call: Call, h: Expr):
     """d/dg = silu_grad(h, x); d/dx = h g silu''(x), ``silu''(x) = s (1 - s) (2 + x (1 - 2 s))``."""
     g, x = call.args
@@ -277,11 +288,8 @@ def _silu_grad_grad(call: Call, h: Expr):
 
 # one kernel where the sigmoid, four products and a sum took six passes (SwiGLU's gradient in every Llama-style MLP:
 # (8, 128, 1024) float32 on the torch target 3.3 -> 0.3 ms)
-silu_grad = defop("nn.silu_grad", 2, pair_infer("nn.silu_grad", "the data"), kernel=_silu_grad_kernel,
-                  impls={"torch": _silu_grad_torch, "numpy": numpy_quiet(_silu_grad_kernel, over="ignore", invalid="ignore")},
-                  grad=_silu_grad_grad, pattern=FusionKind.ELEMWISE,
-                  flops=numel_flops(8), dtypes=FLOAT_DTYPES, torch_name="silu_backward",
-                  doc="Gradient of ``nn.silu``: ``(out_grad, data) -> out_grad * silu'(data)`` (ATen ``silu_backward``).")
+silu_grad = elementwise_grad("nn.silu_grad", _silu_grad_kernel, "silu_backward", _silu_grad_grad, 8,
+                             "Gradient of ``nn.silu``: ``(out_grad, data) -> out_grad * silu'(data)`` (ATen ``silu_backward``).")
 
 # ------------------------------------------------------------------ tanh and sigmoid gradients
 
@@ -296,20 +304,12 @@ def _result_grad(name: str, slope, slope_grad, aten: str):
         w = widen16(xp, y)
         return as_dtype(xp, widen16(xp, g) * slope(w), y.dtype)
 
-    def on_torch(g, y, attrs=None):
-        import torch
-
-        return getattr(torch.ops.aten, aten)(same_layout(g, y), y)
-
     def grad(call: Call, h: Expr):
         g, y = call.args
         return [result_grad(h, y), h * g * slope_grad(y)]
 
-    result_grad = defop(name, 2, pair_infer(name, "the result"), kernel=kernel,
-                        impls={"torch": on_torch, "numpy": numpy_quiet(kernel, over="ignore", invalid="ignore")},
-                        grad=grad, pattern=FusionKind.ELEMWISE, flops=numel_flops(3), dtypes=FLOAT_DTYPES,
-                        torch_name=aten, doc=f"Gradient of ``{name[:-5]}`` from its result: ``(out_grad, result) -> "
-                                             f"out_grad * {name[:-5]}'`` (ATen ``{aten}``).")
+    result_grad = elementwise_grad(name, kernel, aten, grad, 3, f"Gradient of ``{name[:-5]}`` from its result: "
+                                   f"``(out_grad, result) -> out_grad * {name[:-5]}'`` (ATen ``{aten}``).", "the result")
     return result_grad
 
 
@@ -347,12 +347,6 @@ def _softplus_grad_kernel(xp, g, x, a):
     return as_dtype(xp, xp.where(bx > a.threshold, widen16(xp, g), widen16(xp, g) * E.sigmoid_kernel(xp, bx)), x.dtype)
 
 
-def _softplus_grad_torch(g, x, a):
-    import torch
-
-    return torch.ops.aten.softplus_backward(same_layout(g, x), x, a.beta, a.threshold)
-
-
 def _softplus_grad_grad(call: Call, h: Expr):
     """d/dg = softplus_grad(h, x); d/dx = h g beta s (1 - s) with ``s = sigmoid(beta x)``, 0 above the threshold."""
     g, x = call.args
@@ -365,13 +359,10 @@ def _softplus_grad_grad(call: Call, h: Expr):
 
 # one kernel (ATen's softplus_backward) where the scaling, the compare, the sigmoid, the product and the select took
 # five; bfloat16 computed in float32 and rounded once
-softplus_grad = defop("nn.softplus_grad", 2, pair_infer("nn.softplus_grad", "the data"), kernel=_softplus_grad_kernel,
-                      impls={"torch": _softplus_grad_torch,
-                             "numpy": numpy_quiet(_softplus_grad_kernel, over="ignore", invalid="ignore")},
-                      attrs_type=SoftplusAttrs, grad=_softplus_grad_grad, pattern=FusionKind.ELEMWISE,
-                      flops=numel_flops(6), dtypes=FLOAT_DTYPES, torch_name="softplus_backward",
-                      doc="Gradient of ``nn.softplus``: ``(out_grad, data) -> out_grad * sigmoid(beta data)`` "
-                          "(``out_grad`` where ``beta data > threshold``; ATen ``softplus_backward``).")
+softplus_grad = elementwise_grad("nn.softplus_grad", _softplus_grad_kernel, "softplus_backward", _softplus_grad_grad, 6,
+                                 "Gradient of ``nn.softplus``: ``(out_grad, data) -> out_grad * sigmoid(beta data)`` "
+                                 "(``out_grad`` where ``beta data > threshold``; ATen ``softplus_backward``).",
+                                 attrs_type=SoftplusAttrs, aten_attrs=lambda a: (a.beta, a.threshold))
 
 # ------------------------------------------------------------------ softmax / log_softmax
 
