@@ -5,8 +5,9 @@
   ``PassError("after pass NAME: ...")``). It is installed with
   ``transform.set_default_instruments`` rather than an entered PassContext, so
   it stays on inside the tests' own ``with PassContext(...)`` blocks.
-- Hypothesis profiles: ``ci`` (default, 50 examples, no deadline) and ``long``
-  (5000 examples); pick one with ``--hypothesis-profile long``.
+- Hypothesis profiles: ``ci`` (default: 50 examples, no deadline, derandomized, so that a run of the suite
+  is reproducible: the same examples on every machine and every run) and ``long`` (5000 random examples, for
+  exploring); pick one with ``--hypothesis-profile long``.
 - A watchdog: a test still running after ``WATCHDOG_SECONDS`` ends its process (faulthandler's C thread, so
   it fires even when a hang holds the GIL; pytest-timeout's 900 s thread timeout catches the others first with
   a readable report). Under xdist the worker is replaced and the test reported as crashed.
@@ -24,7 +25,7 @@ from hypothesis import settings
 from pullback import transform
 from pullback.ir.gc_pause import gc_paused
 
-settings.register_profile("ci", max_examples=50, deadline=None)
+settings.register_profile("ci", max_examples=50, deadline=None, derandomize=True)
 settings.register_profile("long", max_examples=5000, deadline=None)
 settings.load_profile("ci")  # --hypothesis-profile overrides this in pytest_configure
 
