@@ -39,6 +39,8 @@ CASES = [
     case("atan2", N, N[::-1].copy(), torch=T("atan2")), case("atan2", N, RNG.standard_normal((4,)), torch=T("atan2")),
     case("remainder", OFF * 3, DIV, torch=T("remainder")),
     case("mod", OFF * 3, DIV, torch=T("fmod")),
+    case("multiply_scalar", N, attrs={"value": 0.044715}, torch=lambda x: x * 0.044715),
+    case("divide_scalar", N, attrs={"value": 2.302585092994046}, torch=lambda x: x / 2.302585092994046),
 ]
 INT_A = np.array([[5, -3, 0, 12], [7, 1, -8, 3]], dtype="int64")
 INT_B = np.array([3, -2, 5, 4], dtype="int64")
@@ -109,3 +111,38 @@ def test_bitwise_ops_say_why_they_have_no_gradient():
     for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "gcd", "lcm"):
         o = pullback.ops.get_op(name)
         assert not o.differentiable and "integer" in o.nondiff_reason
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_scalar_ops_round_once_like_aten(target, dtype):
+    """A bfloat16/float16 tensor times or over a Python number: ATen computes in float32 with the number
+    unrounded and rounds the result once; a constant of the tensor's dtype would round the number first."""
+    torch = pytest.importorskip("torch")
+    if target == "jax":
+        pytest.importorskip("jax")
+    from pullback.ops.math import scaled
+
+    xt = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
+    x = pullback.var("x", shape=(4096,), dtype=dtype)
+    for value, divide in [(0.044715, False), (1 / 3, True), (0.7978845608028654, False)]:
+        body = scaled(x, value, divide)
+        assert body.op.name == ("divide_scalar" if divide else "multiply_scalar")
+        exe = pullback.build(pullback.IRModule.from_expr(pullback.Function([x], body)), target=target)
+        got = exe["main"](xt if target == "torch" else xt.float().numpy().astype(dtype))
+        got = got if target == "torch" else torch.from_numpy(np.asarray(got).astype("float32")).to(xt.dtype)
+        want = xt / value if divide else xt * value
+        assert torch.equal(got, want), (value, divide)
+        rounded_first = xt / torch.tensor(value, dtype=xt.dtype) if divide else xt * torch.tensor(value, dtype=xt.dtype)
+        assert not torch.equal(got, rounded_first)  # the case tells the two roundings apart
+    assert scaled(x, 0.5).op.name == "multiply"  # a value of the dtype: the plain operator, the same bits
+    assert scaled(pullback.var("y", shape=(3,)), 0.044715).op.name == "multiply"  # float32: the constant is exact
+
+
+def test_scalar_ops_print_and_parse_back():
+    x = pullback.var("x", shape=(2, 3), dtype="bfloat16")
+    mod = pullback.IRModule.from_expr(pullback.Function([x], op.divide_scalar(op.multiply_scalar(x, value=0.1), value=3.0)))
+    again = pullback.parse(str(mod))
+    assert pullback.structural_equal(again, mod)
+    with pytest.raises(AttrError, match="value.*finite"):
+        op.multiply_scalar(x, value=float("inf"))

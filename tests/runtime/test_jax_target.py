@@ -203,3 +203,25 @@ def test_nll_loss_of_constant_targets_is_checked_after_the_call(targets, error):
         for target in ("numpy", "jax"):
             with pytest.raises(pb.ExecutionError, match=error):
                 pb.build(f, target=target)["main"](xs)
+
+
+@pytest.mark.parametrize("target", ["numpy", "jax", "torch"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_sums_add_in_float32_and_round_once(target, dtype):
+    """``sum``, the gradient's ``collapse_sum_like`` and ``cumsum`` of float16/bfloat16 add up in float32 and round
+    once, as ATen does: ``jnp.sum(x, dtype=bfloat16)`` added in bfloat16 (a bias gradient 2.7x further from float64's than
+    eager's), NumPy's float16 sums rounded at every pairwise step."""
+    if target == "torch":
+        pytest.importorskip("torch")
+    import ml_dtypes  # noqa: F401  (NumPy's bfloat16)
+
+    data = np.random.default_rng(0).standard_normal((512, 48)).astype(dtype)
+    x = var("x", shape=(512, 48), dtype=dtype)
+    like = var("b", shape=(48,), dtype=dtype)
+    mod = IRModule.from_expr(Function([x, like], Tuple([op.sum(x, axis=0), op.collapse_sum_like(x, like),
+                                                         op.cumsum(x, 0)])))
+    wide = data.astype(np.float32)
+    wants = [wide.sum(0), wide.sum(0), wide.cumsum(0)]
+    for got, want in zip(pb.build(mod, target=target)["main"](data, data[0]), wants):
+        got = got.float().numpy() if target == "torch" else np.asarray(got)
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(dtype).astype(np.float64))

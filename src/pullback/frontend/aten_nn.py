@@ -13,10 +13,11 @@ import numpy as np
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
-from ..ir.types import FLOAT_DTYPES, Any
+from ..ir.types import FLOAT_DTYPES, HALF_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
-from .aten_table import _isinf, _op, aten, cast, expand_to, newshape, safe_softmax, scalar, static
+from ..ops.math import scaled
+from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
 from .context import static_dim
 
 # ------------------------------------------------------------------ dropout and random draws
@@ -808,13 +809,14 @@ def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100, l
     if red == "sum":
         smooth = _op("sum")(smooth)
     elif red == "mean":
-        if weight is None:
-            denom = _op("sum")(_op("cast")(valid, dt))
+        if weight is None:  # a count: ATen divides a float16/bfloat16 sum by it in float32
+            denom = _op("sum")(_op("cast")(valid, "float32" if dt in HALF_DTYPES else dt))
         else:
             picked = _op("take")(weight, _op("where")(valid, target, scalar(0, cx.dtype_of(target))), axis=0)
             denom = _op("sum")(_op("where")(valid, picked, scalar(0.0, dt)))
-        smooth = _op("divide")(_op("sum")(smooth), denom)
-    return _op("add")(_op("multiply")(nll, scalar(1 - label_smoothing, dt)), _op("multiply")(smooth, scalar(label_smoothing / c, dt)))
+        total = _op("sum")(smooth)
+        smooth = by_number(cx, total, denom, dt, True) or _op("divide")(total, denom)
+    return _op("add")(scaled(nll, 1 - label_smoothing), scaled(smooth, label_smoothing / c))
 
 
 def _multilabel_margin(cx, x, target, reduction):

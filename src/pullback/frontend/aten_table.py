@@ -27,7 +27,8 @@ import numpy as np
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Expr, const
-from ..ir.types import Any, FLOAT_DTYPES, is_complex
+from ..ir.types import Any, FLOAT_DTYPES, HALF_DTYPES, is_complex
+from ..ops.math import scaled
 from ..ops.registry import get_op
 from .context import static_dim
 
@@ -309,11 +310,30 @@ def _clamp_tensor(cx, x, lo=None, hi=None):
     return out if cx.shape_of(out) == cx.out_shape else _op("broadcast_to")(out, cx.out_shape)
 
 
+def by_number(cx, x, y, dt: str, divide: bool) -> Optional[Expr]:
+    """``x * y`` or ``x / y`` as ATen computes it on a float16/bfloat16 tensor ``x`` when ``y`` is a number (a
+    Python one, or a rank-0 tensor of a wider float dtype): in float32, ``y`` unrounded, the result rounded once.
+    None when that is the plain operator's result."""
+    if dt not in HALF_DTYPES or not isinstance(x, Expr) or cx.dtype_of(x) != dt:
+        return None
+    if isinstance(y, (int, float)) and not isinstance(y, bool):
+        return scaled(x, float(y), divide)
+    if isinstance(y, Expr) and cx.shape_of(y) == () and cx.dtype_of(y) in ("float32", "float64"):
+        wide = _op("divide" if divide else "multiply")(cast(cx, x, "float32"), cast(cx, y, "float32"))
+        return _op("cast")(wide, dt)
+    return None
+
+
 def _arith(pb: str):
-    """A promoting binary operator: both operands in the node's result dtype (PyTorch's type promotion)."""
+    """A promoting binary operator: both operands in the node's result dtype (PyTorch's type promotion); a
+    float16/bfloat16 tensor times or over a number computed in float32 (``by_number``)."""
 
     def conv(cx, x, y, alpha=1):
         dt = cx.out_dtype
+        if pb in ("multiply", "divide"):
+            exact = by_number(cx, x, y, dt, pb == "divide")
+            if exact is not None:
+                return exact
         a, b = as_dtype(cx, x, dt), as_dtype(cx, y, dt)
         if alpha != 1:
             b = _op("multiply")(b, scalar(alpha, dt))
@@ -848,6 +868,12 @@ def _vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):
     a = _op("complex_abs")(x) if is_complex(cx.dtype_of(x)) else x
     a = cast(cx, a, dt)
     axis, keep, p = axes_of(dim, cx.ndim_of(a)), bool(keepdim), float(ord)
+    if dt in HALF_DTYPES and p not in (math.inf, -math.inf, 0.0):  # ATen sums and roots in float32
+        return _op("cast")(_p_norm(_op("cast")(a, "float32"), axis, keep, p, "float32"), dt)
+    return _p_norm(a, axis, keep, p, dt)
+
+
+def _p_norm(a: Expr, axis, keep: bool, p: float, dt: str) -> Expr:
     if p in (math.inf, -math.inf):
         return _op("max" if p > 0 else "min")(_op("abs")(a), axis, keep)
     if p == 0:

@@ -11,6 +11,7 @@ from .errors import PullbackError
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+HALF_DTYPES = ("float16", "bfloat16")  # 2-byte floats: PyTorch computes on them in float32 ("opmath")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 COMPLEX_DTYPES = ("complex64", "complex128")  # accepted only by the operators that say so (fft, view_as_real, ...)
 ALL_DTYPES = DTYPES + COMPLEX_DTYPES

@@ -120,12 +120,19 @@ def _cl(v, c):  # a scalar constant with the dtype of call/arg ``c``
     return scalar_like(v, c)
 
 
+def _scaled(x: Expr, value: float) -> Expr:
+    """``ops.math.scaled``: ``x * value`` rounded as PyTorch rounds it (``ops.math`` builds on this module)."""
+    from .math import scaled
+
+    return scaled(x, value)
+
+
 negative = unary("negative", lambda c, g: [negative(g)], dtypes=ALL_DTYPES, torch_name="neg")
 abs = unary("abs", lambda c, g: [multiply(g, sign(c.args[0]))], dtypes=DTYPES, kinks=(0.0,), torch_name="abs")  # noqa: A001
 sign = unary("sign", _zero_grad, dtypes=DTYPES, smooth=False, torch_name="sign")
 exp = unary("exp", lambda c, g: [multiply(g, c)], torch_name="exp")
 log = unary("log", lambda c, g: [divide(g, c.args[0])], domain=_POSITIVE, torch_name="log")
-log2 = unary("log2", lambda c, g: [divide(g, multiply(c.args[0], _cl(_LN2, c)))], domain=_POSITIVE, torch_name="log2")
+log2 = unary("log2", lambda c, g: [divide(g, _scaled(c.args[0], _LN2))], domain=_POSITIVE, torch_name="log2")
 log1p = unary("log1p", lambda c, g: [divide(g, add(c.args[0], _cl(1.0, c)))], domain=(-1.0, math.inf),
               torch_name="log1p")
 sqrt = unary("sqrt", lambda c, g: [divide(multiply(g, _cl(0.5, c)), c)], domain=_POSITIVE, torch_name="sqrt")
@@ -178,8 +185,9 @@ sigmoid = unary("sigmoid", lambda c, g: [get_op("sigmoid_grad")(g, c)], kernel=s
 
 
 def _erf_slope(c: Call) -> Expr:
-    """``erf'(x) = 2 / sqrt(pi) * exp(-x^2)`` of call ``c``'s argument."""
-    return multiply(_cl(_TWO_OVER_SQRT_PI, c), exp(negative(square(c.args[0]))))
+    """``erf'(x) = 2 / sqrt(pi) * exp(-x^2)`` of call ``c``'s argument (the factor unrounded in bfloat16, as in
+    PyTorch's formula)."""
+    return _scaled(exp(negative(square(c.args[0]))), _TWO_OVER_SQRT_PI)
 
 
 erf = unary("erf", lambda c, g: [multiply(g, _erf_slope(c))],

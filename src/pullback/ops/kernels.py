@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from ..ir.errors import ExecutionError
+from ..ir.types import HALF_DTYPES
 
 
 def as_array(value):
@@ -58,6 +59,18 @@ def is_complex_array(x) -> bool:
 def dtype_name(x) -> str:
     """The dtype of array ``x`` by name (``"float32"``) on every target."""
     return str(x.dtype).rpartition(".")[2]
+
+
+def accumulated(xp, x):
+    """``x`` in the dtype ATen accumulates it in: float16 and bfloat16 in float32, others as they are."""
+    return xp.astype(x, xp.float32) if dtype_name(x) in HALF_DTYPES else x
+
+
+def sum_of(xp, x, axis, keepdims: bool):
+    """``xp.sum`` in x's dtype, float16 and bfloat16 added up in float32 and rounded once (as ATen does;
+    ``jnp.sum(x, dtype=bfloat16)`` adds in bfloat16, NumPy's float16 sums round at every pairwise step)."""
+    wide = accumulated(xp, x)
+    return xp.astype(xp.sum(wide, axis=axis, keepdims=keepdims, dtype=wide.dtype), x.dtype)
 
 
 def numpy_quiet(kernel: Callable, **errors: str) -> Callable:

@@ -16,7 +16,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import ALL_DTYPES, Any, TensorType, check_dtype, is_complex, is_inexact
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
-from .kernels import dtype, dtype_name, is_complex_array
+from .kernels import dtype, dtype_name, is_complex_array, sum_of
 from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
 
 
@@ -247,7 +247,7 @@ def collapse_sum(xp, x, shape: tuple):
         return x
     lead = len(have) - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
-    out = xp.sum(x, axis=axes, keepdims=True, dtype=x.dtype) if axes else x
+    out = sum_of(xp, x, axes, True) if axes else x
     return xp.reshape(out, shape)
 
 

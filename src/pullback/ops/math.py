@@ -9,14 +9,17 @@ Gradient conventions follow PyTorch: ``trunc`` has a zero gradient; ``remainder(
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir.expr import Call, Expr, as_expr
-from ..ir.types import DTYPES, FLOAT_DTYPES, TensorType, is_float
+from ..ir.types import DTYPES, FLOAT_DTYPES, HALF_DTYPES, TensorType, is_float, numpy_dtype
 from . import layout as T
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
 from .elemwise import _checked_division, binary, unbroadcast
+from .kernels import accumulated, numpy_quiet
+from .nn import check_float
 from .registry import FusionKind, Recompute, defop, get_op
 
 def _op(name: str):
@@ -84,7 +87,7 @@ acosh = float_unary("acosh", "acosh", lambda x, y, g: _div(
 atanh = float_unary("atanh", "atanh", lambda x, y, g: _div(g, _one_minus_sq(x)), 4, _UNIT, recompute=Recompute.SPECIAL)
 expm1 = float_unary("expm1", "expm1", lambda x, y, g: _mul(g, _op("add")(y, _c(1.0, y))), 2,
                     doc="``exp(x) - 1``, exact for small ``x``.")
-log10 = float_unary("log10", "log10", lambda x, y, g: _div(g, _mul(x, _c(math.log(10.0), x))), 2, (0.0, math.inf), recompute=Recompute.SPECIAL)
+log10 = float_unary("log10", "log10", lambda x, y, g: _div(g, scaled(x, math.log(10.0))), 2, (0.0, math.inf), recompute=Recompute.SPECIAL)
 
 
 trunc = float_unary("trunc", "trunc", lambda x, y, g: T.zeros_like(g), smooth=False, doc="Round toward zero; zero gradient.")
@@ -139,5 +142,58 @@ remainder = binary("remainder", _remainder_grad("floor"), kernel=_checked_divisi
                    torch_name="remainder", doc="``a - b * floor(a / b)``: the floored remainder, with the sign of the "
                    "divisor (Python's ``%``, ``torch.remainder``, Relay's ``floor_mod``).")
 
+
+# ------------------------------------------------------------------ by a Python number, as PyTorch computes it
+
+
+@dataclass(frozen=True)
+class ScalarAttrs:
+    value: float
+
+    def __post_init__(self):
+        check_float(self, "value")
+
+
+def _by_scalar(fn: str):
+    """``x <fn> value`` computed in float32 for a float16/bfloat16 ``x`` and rounded once; in x's dtype for the
+    others (the number rounded to it first, like a constant)."""
+
+    def kernel(xp, x, attrs):
+        w = accumulated(xp, x)
+        return xp.asarray(getattr(xp, fn)(w, xp.asarray(attrs.value, dtype=w.dtype)), dtype=x.dtype)
+
+    return kernel
+
+
+def _scalar_op(name: str, fn: str, aten: str):
+    def on_torch(x, attrs):
+        return getattr(x, aten)(attrs.value)  # a wrapped number: ATen's reduced-float kernel keeps it in float32
+
+    def grad(call: Call, g: Expr):  # linear in x: PyTorch's MulBackward0/DivBackward0 of a number, rounded once
+        return [_op(name)(g, value=call.attrs.value)]
+
+    verb = {"multiply": "times", "divide": "over"}[fn]
+    return defop(name, 1, _float_unary_infer(name), kernel=_by_scalar(fn), attrs_type=ScalarAttrs,
+                 impls={"torch": on_torch, "numpy": numpy_quiet(_by_scalar(fn))}, grad=grad,
+                 pattern=FusionKind.ELEMWISE, flops=_per_elem(1), dtypes=FLOAT_DTYPES, elementwise=True,
+                 example_attrs={"value": 0.7071067811865476}, torch_name=aten,
+                 doc=f"``x`` {verb} the Python number ``value`` as PyTorch computes ``x.{aten}(value)``: in float32 for "
+                     f"float16 and bfloat16 ``x`` (``value`` unrounded, the result rounded once), in x's dtype otherwise.")
+
+
+multiply_scalar = _scalar_op("multiply_scalar", "multiply", "mul")
+divide_scalar = _scalar_op("divide_scalar", "divide", "div")
+
+
+def scaled(x: Expr, value: float, divide: bool = False) -> Expr:
+    """``x * value`` (``x / value`` when ``divide``) for a Python number ``value``, rounded as PyTorch rounds it:
+    ``multiply_scalar``/``divide_scalar`` where x is float16/bfloat16 and ``value`` is not one of its values (the
+    product is then computed in float32), else the plain operator with a constant of x's dtype."""
+    dtype = x.checked_type.dtype
+    if dtype in HALF_DTYPES and float(np.asarray(value, dtype=numpy_dtype(dtype))) != value and math.isfinite(value):
+        return (divide_scalar if divide else multiply_scalar)(x, value=float(value))
+    return _op("divide" if divide else "multiply")(x, _c(value, x))
+
+
 __all__ = ["acos", "asin", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log10", "trunc", "atan2",
-           "mod", "remainder"]
+           "mod", "remainder", "multiply_scalar", "divide_scalar", "scaled"]

@@ -19,10 +19,10 @@ import numpy as np
 
 from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
-from ..ir.types import ALL_DTYPES, Any, TensorType
+from ..ir.types import ALL_DTYPES, HALF_DTYPES, Any, TensorType
 from . import layout as T
 from .common import normalize_axes, numel, tensor_arg
-from .kernels import as_array, dtype, is_integer, numpy_quiet
+from .kernels import as_array, dtype, is_integer, numpy_quiet, sum_of
 from .registry import FusionKind, defop, seq_of_int
 
 
@@ -127,7 +127,7 @@ def _sum_grad(call: Call, g: Expr):
     return [T.broadcast_to_like(keepdims_grad(call, g), call.args[0])]
 
 
-sum = reduction("sum", lambda xp, x, ax, kd, a: xp.sum(x, axis=ax, keepdims=kd, dtype=x.dtype), _sum_grad,  # noqa: A001
+sum = reduction("sum", lambda xp, x, ax, kd, a: sum_of(xp, x, ax, kd), _sum_grad,  # noqa: A001
                 torch_name="sum", dtypes=ALL_DTYPES)
 
 
@@ -228,8 +228,17 @@ def _centered_over_n(call: Call) -> Expr:
 
 
 def _variance_grad(call: Call, g: Expr):
-    from .elemwise import multiply, scalar_like
+    """``2 g (x - mean) / (N - unbiased)``. In float16/bfloat16 (N static) PyTorch's formula and roundings,
+    ``(2 / (N - unbiased)) * g * (x - mean)``: a constant slice's mean is exact there (sums of fewer than 2^13
+    of its values are exact in float32), so no centring is needed."""
+    from .elemwise import multiply, scalar_like, subtract
+    from .math import scaled
 
+    x, axes = call.args[0], _rank_axes(call)
+    dims = [x.checked_type.shape[a] for a in axes]
+    n = math.prod(dims) - int(call.attrs.unbiased) if all(d is not Any for d in dims) else 0
+    if call.checked_type.dtype in HALF_DTYPES and 0 < n < 2 ** 13:
+        return [multiply(scaled(keepdims_grad(call, g), 2.0 / n), subtract(x, mean(x, axes, True)))]
     return [multiply(multiply(keepdims_grad(call, g), scalar_like(2.0, call)), _centered_over_n(call))]
 
 

@@ -19,6 +19,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, const
 from ..ir.types import ALL_DTYPES, DTYPES, FLOAT_DTYPES, TensorType
 from .common import normalize_axis, numel, same_dtype, tensor_arg
+from .kernels import accumulated
 from .registry import FusionKind, defop, get_op, type_error
 from .shape import AxisAttrs
 from .sorting import NO_GRAD
@@ -53,7 +54,7 @@ def _cumsum_kernel(xp, x, attrs):
         return x
     ax = attrs.axis % x.ndim
     y = xp.flip(x, axis=ax) if attrs.reverse else x
-    out = xp.astype(xp.cumulative_sum(y, axis=ax), x.dtype)
+    out = xp.astype(xp.cumulative_sum(accumulated(xp, y), axis=ax), x.dtype)  # half floats: running sums in float32
     return xp.flip(out, axis=ax) if attrs.reverse else out
 
 
@@ -82,7 +83,7 @@ def _scan_infer(name: str, nargs: int):
 def _cumprod_kernel(xp, x, attrs):
     if x.ndim == 0:
         return x
-    return xp.astype(xp.cumulative_prod(x, axis=attrs.axis % x.ndim), x.dtype)
+    return xp.astype(xp.cumulative_prod(accumulated(xp, x), axis=attrs.axis % x.ndim), x.dtype)
 
 
 def _cumprod_grad_kernel(xp, g, x, attrs):
