@@ -69,8 +69,9 @@ def accumulated(xp, x):
 def sum_of(xp, x, axis, keepdims: bool):
     """``xp.sum`` in x's dtype, float16 and bfloat16 added up in float32 and rounded once (as ATen does;
     ``jnp.sum(x, dtype=bfloat16)`` adds in bfloat16, NumPy's float16 sums round at every pairwise step)."""
-    wide = accumulated(xp, x)
-    return xp.astype(xp.sum(wide, axis=axis, keepdims=keepdims, dtype=wide.dtype), x.dtype)
+    if dtype_name(x) in HALF_DTYPES:
+        return xp.astype(xp.sum(xp.astype(x, xp.float32), axis=axis, keepdims=keepdims, dtype=xp.float32), x.dtype)
+    return xp.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
 
 
 def numpy_quiet(kernel: Callable, **errors: str) -> Callable:
