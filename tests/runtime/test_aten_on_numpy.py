@@ -204,3 +204,24 @@ def test_the_integration_builds_its_numpy_programs_with_aten():
     model(x).sum().backward()
     for g, p in zip(got, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_negative_log_likelihood_runs_aten_kernels_with_integer_targets():
+    """nll_loss and its gradient take ATen's kernels (their integer targets too): the loss and gradient are the
+    torch target's, and an out-of-range target is the same error as on every target."""
+    p, t, g = var("p", shape=(32, 10)), var("t", shape=(32,), dtype="int64"), var("g", shape=())
+    w = pb.const(np.linspace(0.5, 1.5, 10, dtype="float32"))
+    fn = _typed(Function([p, t, g], pb.Tuple([op.nn.nll_loss(p, t, w), op.nn.nll_loss_grad(g, p, t, w)])))
+    assert {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)} == {"nn.nll_loss", "nn.nll_loss_grad"}
+    rng = np.random.default_rng(3)
+    ps, ts = rng.standard_normal((32, 10)).astype("float32"), rng.integers(0, 10, 32)
+    ts[3] = -100  # ignored
+    gs = np.float32(0.7)
+    got, want = pb.build(fn, aten=True)["main"](ps, ts, gs), pb.build(fn, target="torch")["main"](ps, ts, gs)
+    for a, b in zip(got, want):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, b.numpy())
+    ts[5] = 10
+    for exe in (pb.build(fn, aten=True), pb.build(fn)):
+        with pytest.raises(pb.ExecutionError, match="target 10 is out of range"):
+            exe["main"](ps, ts, gs)

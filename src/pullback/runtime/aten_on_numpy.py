@@ -14,7 +14,8 @@ has each pool's spinning workers steal the cores from the other's. Measured on t
 NumPy's GEMMs 113-116 ms, the same with ATen's GEMMs too 51 ms, NumPy alone 72 ms.
 
 A ``torch.autocast`` region around a call does not reach the kernels (``torch_kernels.autocast_off``, as on
-the torch target). Only calls whose tensors are all float32 or float64 take ATen's kernel, that of the torch target (its
+the torch target). Only calls whose tensors are all float32 or float64 (a loss's targets: integers) take ATen's
+kernel, that of the torch target (its
 direct ATen call, ``torch_kernels.fast_kernel``, or the operator's torch override); the rest (other dtypes,
 a matmul with a ``?`` dimension, operators not listed) run the operator's NumPy kernel.
 """
@@ -26,7 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..ir.expr import Call
-from ..ir.types import TensorType, TupleType
+from ..ir.types import INT_DTYPES, TensorType, TupleType
 from .torch_kernels import fast_kernel
 from .values import read_only  # a read-only view: a later ATen kernel reads its memory through a writable one
 
@@ -51,7 +52,10 @@ PADS = frozenset({"nn.pad"})
 # maxima and minima (a masked softmax's row maxima): NumPy's loop checks for NaN element by element, 6.5x ATen's on
 # Swin's (256, 3, 16, 16) attention rows (0.62 against 0.09 ms)
 EXTREMES = frozenset({"max", "min"})
-ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | frozenset({
+# the negative log-likelihood and its gradient (integer targets): NumPy's pick, range check and weighted mean took
+# ten calls, 130 + 70 us in the BN-CNN's step, cold (ATen's 25 + 36 us; the loss is then eager's bits too)
+LOSSES = frozenset({"nn.nll_loss", "nn.nll_loss_grad"})
+ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
     "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"})
 # operators whose ATen kernel always returns new memory, shared with no other value
@@ -64,6 +68,11 @@ def _float_tensors(t) -> bool:
     return isinstance(t, TupleType) and all(_float_tensors(f) for f in t.fields)
 
 
+def _aten_operand(call: Call, t) -> bool:
+    """An operand ATen's kernel takes: a float32/float64 tensor, or a loss's integer targets."""
+    return _float_tensors(t) or (call.op.name in LOSSES and isinstance(t, TensorType) and t.dtype in INT_DTYPES)
+
+
 def takes(call: Call) -> bool:
     """Does ``call`` run ATen's kernel on this target (a listed operator on float32/float64 tensors, with a
     torch kernel of its own)?"""
@@ -72,7 +81,7 @@ def takes(call: Call) -> bool:
 
 def _torch_kernel(call: Call) -> Optional[Callable]:
     out = call.checked_type
-    if not (call.op.name in ATEN_OPS and _float_tensors(out) and all(_float_tensors(a.checked_type) for a in call.args)):
+    if not (call.op.name in ATEN_OPS and _float_tensors(out) and all(_aten_operand(call, a.checked_type) for a in call.args)):
         return None
     if call.op.name in PADS and call.attrs.pad_mode != "constant":  # the others: not ATen's, maybe not new memory
         return None
