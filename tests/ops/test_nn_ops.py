@@ -305,6 +305,27 @@ MISC += [
     case("nn.fake_quantize", normal(2, 4, 3), *PER_CHANNEL_Q, attrs=dict(quant_min=-8, quant_max=7),
          torch=fake_quant_torch(-8, 7), wrt=[0], fd=False, id="fake_quantize-per-channel"),
 ]
+
+
+def attention_torch(scale: float, causal: bool):
+    """softmax(q k^T scale) v and the rows' log-sum-exp, by their definition (float64, autograd through both)."""
+    def f(q, k, v):
+        import torch
+
+        s = q @ k.transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    return f
+
+
+_ATT = np.random.default_rng(11).standard_normal  # its own generator: the other cases keep their inputs
+MISC += [
+    case("nn.attention", _ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)), attrs=dict(scale=0.4),
+         torch=attention_torch(0.4, False)),
+    case("nn.attention", _ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), attrs=dict(scale=0.7, is_causal=True),
+         torch=attention_torch(0.7, True), id="attention-causal"),
+]
 for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch

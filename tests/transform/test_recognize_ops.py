@@ -140,3 +140,78 @@ def test_recognized_gelu_new_trains_like_pytorch_autograd_in_float64():
     want = [p.grad.numpy() for p in m.parameters()]  # weight, bias: the order of @main's parameters
     for got, w in zip(grads[1:], want):
         np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-12)
+
+
+def _eager_attention(q, k, v, scale_kind, dtype="float32"):
+    """Hugging Face's eager attention as the importer lowers it: two 4-D matmuls through 3-D batch_matmul, a
+    constant scale (``* c``, ``c *``, ``/ c`` or none) and a softmax over the last axis."""
+    b, h, length, e = q.checked_type.shape
+    keys = k.checked_type.shape[2]
+    kt = op.reshape(op.transpose(k, (0, 1, 3, 2)), (-1, e, keys))
+    s = op.reshape(op.nn.batch_matmul(op.reshape(q, (-1, length, e)), kt, transpose_b=False), (b, h, length, keys))
+    c = pb.const(0.25, dtype)
+    s = {"mul": lambda: op.multiply(s, c), "rmul": lambda: op.multiply(c, s), "div": lambda: op.divide(s, pb.const(4.0, dtype)),
+         "none": lambda: s}[scale_kind]()
+    p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, keys))
+    ev = v.checked_type.shape[3]
+    return op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, keys, ev)), transpose_b=False), (b, h, length, ev))
+
+
+def _qkv(dtype="float32", shapes=((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4))):
+    return [pb.var(n, shape=s, dtype=dtype) for n, s in zip("qkv", shapes)]
+
+
+@pytest.mark.parametrize("scale_kind", ["mul", "rmul", "div", "none"])
+def test_eager_attention_becomes_one_op_with_the_same_results_and_gradients(scale_kind):
+    """Two matmuls with a softmax between (no mask, no dropout) become ``nn.attention``, whose backward recomputes
+    the probabilities: the results and every gradient equal the formula's."""
+    q, k, v = _qkv("float64")
+    before = mod_of([q, k, v], _eager_attention(q, k, v, scale_kind, "float64"))
+    after = RecognizeOps()(before)
+    calls = [n.op.name for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    assert "nn.attention" in calls and "nn.softmax" not in calls and "nn.batch_matmul" not in calls
+    att = next(n for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and getattr(n.op, "name", "") == "nn.attention")
+    assert att.attrs.scale == {"none": 1.0}.get(scale_kind, 0.25)
+    assert_valid(after)
+    assert_same_results(before, after)
+    loss = lambda m: pb.IRModule.from_expr(pb.Function(m["main"].params, op.sum(op.multiply(m["main"].body, m["main"].body))))  # noqa: E731
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(x.checked_type.shape) for x in (q, k, v)]
+    want = pb.build(FirstOrderGradient()(loss(before)))["main_grad"](*args)[1]
+    got = pb.build(FirstOrderGradient()(loss(after)))["main_grad"](*args)[1]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_bfloat16_masked_or_other_attention_keeps_its_form():
+    """bfloat16 keeps eager's roundings (its form); a mask between the scale and the softmax, a softmax over
+    another axis, or keys and values of other shapes are not this attention."""
+    q, k, v = _qkv("bfloat16")
+    cases = [mod_of([q, k, v], _eager_attention(q, k, v, "mul", "bfloat16"))]
+    q, k, v = _qkv(shapes=((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6)))
+    cases.append(mod_of([q, k, v], _eager_attention(q, k, v, "mul")))
+    q, k, v = _qkv()
+    s = op.reshape(op.nn.batch_matmul(op.reshape(q, (-1, 5, 4)), op.reshape(k, (-1, 7, 4)), transpose_b=True), (2, 3, 5, 7))
+    masked = op.where(pb.const(np.tril(np.ones((5, 7), dtype=bool))), s, pb.const(-1e9, "float32"))
+    for scores, axis in ((masked, -1), (s, 2)):
+        p = op.reshape(op.nn.softmax(scores, axis=axis), (-1, 5, 7))
+        cases.append(mod_of([q, k, v], op.nn.batch_matmul(p, op.reshape(v, (-1, 7, 4)), transpose_b=False)))
+    for before in cases:
+        assert RecognizeOps()(before) is before
+
+
+def test_hugging_faces_eager_attention_is_recognized_and_keeps_no_probabilities():
+    """A Hugging Face BertLayer built directly runs eager attention; imported, it is ``nn.attention``, and its
+    training program (min_cut) keeps no (L, S) probabilities for the backward."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from pullback.integrations.torch import compile as pb_compile
+    from pullback.testing.torch_models import make_workload
+
+    wl = make_workload("bert", small=True)
+    (tp,) = pb_compile(wl.model, wl.example_inputs, target="numpy", policy="min_cut")._programs.values()
+    calls = [n.op.name for n in pb.ir.traversal.post_order(tp.prog.main.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    assert "nn.attention" in calls and "nn.softmax" not in calls
+    length = wl.example_inputs[0].shape[1]
+    residuals = tp.mod["main_fwd"].checked_type.ret_type.fields[1].fields
+    assert not [t for t in residuals if tuple(t.shape[-2:]) == (length, length)]

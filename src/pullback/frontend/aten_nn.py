@@ -12,7 +12,7 @@ import numpy as np
 
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
-from ..ir.expr import Expr, const
+from ..ir.expr import Expr, TupleGetItem, const
 from ..ir.types import FLOAT_DTYPES, HALF_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
@@ -703,7 +703,11 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     True, a float mask is added, ``is_causal`` keeps the lower triangle; rows with every position masked give 0
     (PyTorch's safe softmax); dropout gets a mask parameter. bfloat16 and float16 attention computes in float32
     and rounds its output once, as ATen's CPU kernel (flash attention) does: rounding the scores and the
-    probabilities too put its output and gradients 1.3-2x further from float64's than eager's."""
+    probabilities too put its output and gradients 1.3-2x further from float64's than eager's. Without a mask or
+    dropout, over (B, H, L, E) batches, it is one operator (``nn.attention``, ``_fused_sdpa``)."""
+    fused = _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if fused is not None:
+        return fused
     dt = cx.dtype_of(q)
     if dt not in ("bfloat16", "float16"):
         return _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -711,6 +715,26 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     if attn_mask is not None and cx.dtype_of(attn_mask) != "bool":
         attn_mask = cast(cx, attn_mask, "float32")
     return cast(cx, _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), dt)
+
+
+def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
+    """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
+    backward, never saved) for unmasked attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys
+    and values of one float dtype; None otherwise."""
+    dts = {cx.dtype_of(t) for t in (q, k, v)}
+    if attn_mask is not None or dropout_p or len(dts) != 1 or dts.pop() not in FLOAT_DTYPES:
+        return None
+    sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
+    if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
+        return None
+    if enable_gqa and sk[1] != sq[1] and sk[1] is not Any and sq[1] is not Any and sq[1] % sk[1] == 0:
+        rep = sq[1] // sk[1]
+        k, v = _op("repeat")(k, rep, 1), _op("repeat")(v, rep, 1)
+        sk, sv = sk[:1] + sq[1:2] + sk[2:], sv[:1] + sq[1:2] + sv[2:]
+    if sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3]:
+        return None
+    scale = 1.0 / math.sqrt(sq[3]) if scale is None else float(scale)
+    return TupleGetItem(_op("nn.attention")(q, k, v, scale=scale, is_causal=bool(is_causal)), 0)
 
 
 def _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):

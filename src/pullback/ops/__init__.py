@@ -3,7 +3,7 @@
 from ..ir.expr import install_arith
 from . import elemwise, layout, nn, reduce  # noqa: F401  (registration)
 from . import indexing, shape  # noqa: F401  (registration)
-from . import activation, conv, linalg, loss, norm, pool, quant  # noqa: F401  (nn.* registration)
+from . import activation, attention, conv, linalg, loss, norm, pool, quant  # noqa: F401  (nn.* registration)
 from . import autodiff, bitwise, math, scan, scatter, sorting  # noqa: F401  (operators the PyTorch importer needs)
 from . import complex  # noqa: F401  (complex tensors and Fourier transforms)
 from .registry import FusionKind, OpDef, Recompute, defop, get_op, has_op, is_call_to, list_ops, register

@@ -16,8 +16,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir.expr import Call, Expr
+from ..ir.expr import Call, Expr, TupleGetItem
+from ..ir.types import Any, TensorType
 from ..ops.activation import gelu
+from ..ops.attention import attention
+from ..ops.layout import reshape
 from ..ops.registry import is_call_to
 from ..pattern import is_op, wildcard
 from .eliminate_identity import uniform_value
@@ -72,14 +75,66 @@ def _tanh_gelu(node: Call, c: dict) -> Optional[Expr]:
     return gelu(x, approximate="tanh")
 
 
+def _unflattened(e: Expr) -> Optional[Expr]:
+    """``x`` when ``e`` is ``reshape(x, (-1, m, n))`` of a rank-4 ``x`` (the importer's lowering of a 4-D matmul)."""
+    if not is_call_to(e, "reshape"):
+        return None
+    x = e.args[0]
+    t = x._checked_type
+    return x if isinstance(t, TensorType) and t.ndim == 4 and tuple(e.checked_type.shape[1:]) == tuple(t.shape[2:]) else None
+
+
+def _scale_of(scores: Expr) -> tuple:
+    """``(s, scale)`` when ``scores`` is ``s * c``, ``c * s`` or ``s / c`` for a constant ``c``; ``(scores, 1.0)``
+    otherwise."""
+    if is_call_to(scores, "multiply"):
+        for s, c in (scores.args, scores.args[::-1]):
+            u = uniform_value(c)
+            if u is not None and c._checked_type.ndim == 0:
+                return s, float(u)
+    if is_call_to(scores, "divide") and scores.args[1]._checked_type.ndim == 0:
+        u = uniform_value(scores.args[1])
+        if u is not None and float(u) != 0.0:
+            return scores.args[0], 1.0 / float(u)
+    return scores, 1.0
+
+
+def _attention(node: Call, c: dict) -> Optional[Expr]:
+    """``softmax(q k^T * scale) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax between,
+    no mask nor dropout) in float32/float64 as ``nn.attention``: its backward recomputes the probabilities
+    instead of keeping them. bfloat16 keeps eager's form, so its roundings stay eager's."""
+    if node.attrs.transpose_a or node.attrs.transpose_b or not is_call_to(node.args[0], "reshape"):
+        return None
+    sm = node.args[0].args[0]
+    if not is_call_to(sm, "nn.softmax") or sm.attrs.axis not in (-1, 3) or sm.checked_type.ndim != 4:
+        return None
+    scores, scale = _scale_of(sm.args[0])
+    qk = scores.args[0] if is_call_to(scores, "reshape") else None
+    if not is_call_to(qk, "nn.batch_matmul") or qk.attrs.transpose_a:
+        return None
+    q, v = _unflattened(qk.args[0]), _unflattened(node.args[1])
+    k = _unflattened(qk.args[1])
+    if not qk.attrs.transpose_b:  # k^T: transpose(k, (0, 1, 3, 2)) flattened
+        k = k.args[0] if is_call_to(k, "transpose") and tuple(k.attrs.axes) == (0, 1, 3, 2) else None
+    if q is None or k is None or v is None:
+        return None
+    tq, tk, tv = q.checked_type, k.checked_type, v.checked_type
+    if tq.dtype not in ("float32", "float64") or not tq.dtype == tk.dtype == tv.dtype or tk.shape != tv.shape or \
+            tq.shape[:2] != tk.shape[:2] or tq.shape[3] != tk.shape[3] or Any in tq.shape[2:] + tk.shape[2:]:
+        return None
+    out = TupleGetItem(attention(q, k, v, scale=scale), 0)
+    return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
+
+
 def recognize_rules() -> list:
     """The rewrite table of RecognizeOps."""
-    return [(is_op("multiply")(wildcard(), wildcard()), _tanh_gelu)]
+    return [(is_op("multiply")(wildcard(), wildcard()), _tanh_gelu),
+            (is_op("nn.batch_matmul")(wildcard(), wildcard()), _attention)]
 
 
 @dataclass(frozen=True)
 class RecognizeOps(RewritePass):
-    """Decomposed formulas of operators back into the operators (the tanh form of GELU)."""
+    """Decomposed formulas of operators back into the operators (the tanh form of GELU, unmasked attention)."""
 
     name = "RecognizeOps"
 
