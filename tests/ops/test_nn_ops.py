@@ -320,11 +320,43 @@ def attention_torch(scale: float, causal: bool):
 
 
 _ATT = np.random.default_rng(11).standard_normal  # its own generator: the other cases keep their inputs
+
+
+def attention_grad_torch(scale: float, causal: bool):
+    """dq, dk, dv by flash attention's backward formulas (float64, differentiable: the reference of the second
+    derivative)."""
+    def f(g, q, k, v, o, lse):
+        import torch
+
+        s = q @ k.transpose(-1, -2) * scale
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        p = torch.exp(s - lse[..., None])
+        ds = p * (g @ v.transpose(-1, -2) - (g * o).sum(-1, keepdim=True))
+        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ g
+    return f
+
+
+def attention_grad_inputs(q, k, v, scale: float, causal: bool) -> tuple:
+    """(out_grad, q, k, v, out, lse) with the out and lse attention gives for q, k, v."""
+    import math as _m
+
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    z = np.exp(s - m).sum(-1, keepdims=True)
+    assert _m.isfinite(float(z.min()))
+    return _ATT(q.shape), q, k, v, (np.exp(s - m) / z) @ v, (m + np.log(z))[..., 0]
 MISC += [
     case("nn.attention", _ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)), attrs=dict(scale=0.4),
          torch=attention_torch(0.4, False)),
     case("nn.attention", _ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), attrs=dict(scale=0.7, is_causal=True),
          torch=attention_torch(0.7, True), id="attention-causal"),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((2, 2, 5, 4)), _ATT((2, 2, 6, 4)), _ATT((2, 2, 6, 4)), 0.4, False),
+         attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False)),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), 0.7, True),
+         attrs=dict(scale=0.7, is_causal=True), torch=attention_grad_torch(0.7, True), id="attention_grad-causal"),
 ]
 for _c in MISC:
     if _c.op == "nn.nll_loss":

@@ -202,14 +202,14 @@ def test_bfloat16_masked_or_other_attention_keeps_its_form():
 
 def test_hugging_faces_eager_attention_is_recognized_and_keeps_no_probabilities():
     """A Hugging Face BertLayer built directly runs eager attention; imported, it is ``nn.attention``, and its
-    training program (min_cut) keeps no (L, S) probabilities for the backward."""
+    training program keeps no (L, S) probabilities for the backward."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from pullback.integrations.torch import compile as pb_compile
     from pullback.testing.torch_models import make_workload
 
     wl = make_workload("bert", small=True)
-    (tp,) = pb_compile(wl.model, wl.example_inputs, target="numpy", policy="min_cut")._programs.values()
+    (tp,) = pb_compile(wl.model, wl.example_inputs, target="numpy")._programs.values()
     calls = [n.op.name for n in pb.ir.traversal.post_order(tp.prog.main.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
     assert "nn.attention" in calls and "nn.softmax" not in calls
     length = wl.example_inputs[0].shape[1]

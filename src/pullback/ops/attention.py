@@ -4,9 +4,10 @@ log-sum-exp, over (B, H, L, E) queries and (B, H, S, E) keys and values.
 
 One kernel for every namespace (the definition, in float32 for float16/bfloat16 inputs, the log-sum-exp then
 float32); on torch (CPU) ATen's flash attention, the kernel eager's ``scaled_dot_product_attention`` runs, so
-its output is eager's bit for bit. The gradient is written in pullback operators from q, k, v, the output and
-the log-sum-exp: the probabilities are recomputed (one GEMM), as flash attention's backward does, so a training
-step keeps no (L, S) matrix between its forward and backward, and second derivatives work.
+its output is eager's bit for bit. Its gradient is ``nn.attention_grad`` (ATen's flash backward on torch) from
+q, k, v, the output and the log-sum-exp: the probabilities are recomputed, so a training step keeps no (L, S)
+matrix between its forward and backward. ``nn.attention_grad``'s own gradient is written in pullback
+operators, so second derivatives work.
 """
 
 from __future__ import annotations
@@ -92,45 +93,136 @@ def _torch(q, k, v, a):
     return _kernel(array_namespace("torch"), q, k, v, a)
 
 
+class _Heads:
+    """Expressions over (B*H, n, E) rows (in float32 for float16/bfloat16) for the gradient rules: the probabilities
+    ``P = exp(q k^T * scale - lse)`` recomputed, products and the way back to (B, H, n, E)."""
+
+    def __init__(self, q: Expr, k: Expr, lse: Expr, a: AttentionAttrs):
+        self.length, self.keys = q.checked_type.shape[2], k.checked_type.shape[2]
+        self.wide = q.checked_type.dtype in HALF_DTYPES
+        self.a = a
+        self.q, self.k = self.rows(q), self.rows(k)
+        s = self.scaled(batch_matmul(self.q, self.k, transpose_b=True))
+        if a.is_causal:
+            s = E.where(const(_causal(self.length, self.keys)), s, scalar(-np.inf, s))
+        self.p = E.exp(E.subtract(s, T.reshape(lse, (-1, self.length, 1))))
+
+    def rows(self, x: Expr) -> Expr:
+        x = T.reshape(x, (-1,) + tuple(x.checked_type.shape[2:]))
+        return T.cast(x, "float32") if self.wide else x
+
+    def scaled(self, x: Expr) -> Expr:
+        return E.multiply(x, scalar(self.a.scale, x))
+
+    def mm(self, x: Expr, y: Expr, ta: bool = False, tb: bool = False) -> Expr:
+        return batch_matmul(x, y, transpose_a=ta, transpose_b=tb)
+
+    def back(self, d: Expr, like: Expr) -> Expr:
+        return T.reshape_like(T.cast(d, like.checked_type.dtype) if self.wide else d, like)
+
+    def row_sum(self, x: Expr) -> Expr:
+        return R.sum(x, (-1,), True)
+
+
 def _grad(call: Call, g: Expr):
-    """``dS = P * (g v^T - rowsum(g * out) + g_lse)``, ``P = exp(S - lse)`` recomputed from q and k; ``dq = dS k
-    scale``, ``dk = dS^T q scale``, ``dv = P^T g``; in float32 for float16/bfloat16."""
+    """``nn.attention_grad`` for the output's cotangent; a log-sum-exp cotangent (second derivatives only) adds
+    ``dS = P * g_lse``, ``dq = dS k scale``, ``dk = dS^T q scale``."""
     q, k, v = call.args
     a = call.attrs
     go, glse = nonzero(field(g, 0)), nonzero(field(g, 1))
-    if go is None and glse is None:
-        return [None, None, None]
-    length = q.checked_type.shape[2]
-    keys = k.checked_type.shape[2]
-    wide = q.checked_type.dtype in HALF_DTYPES
-
-    def rows(x, n):  # (B, H, n, E) -> (B*H, n, E), in float32 for half floats
-        x = T.reshape(x, (-1, n, x.checked_type.shape[-1]))
-        return T.cast(x, "float32") if wide else x
-
-    q3, k3, v3 = rows(q, length), rows(k, keys), rows(v, keys)
-    s = E.multiply(batch_matmul(q3, k3, transpose_b=True), scalar(a.scale, q3))
-    if a.is_causal:
-        s = E.where(const(_causal(length, keys)), s, scalar(-np.inf, s))
-    lse = T.reshape(TupleGetItem(call, 1), (-1, length, 1))
-    p = E.exp(E.subtract(s, lse))
-    inner = dv = None
+    grads = [None, None, None]
     if go is not None:
-        g3, o3 = rows(go, length), rows(TupleGetItem(call, 0), length)
-        dv = batch_matmul(p, g3, transpose_a=True, transpose_b=False)
-        delta = R.sum(E.multiply(g3, o3), (-1,), True)
-        inner = E.subtract(batch_matmul(g3, v3, transpose_b=True), delta)
+        d = attention_grad(go, q, k, v, TupleGetItem(call, 0), TupleGetItem(call, 1), scale=a.scale, is_causal=a.is_causal)
+        grads = [TupleGetItem(d, i) for i in range(3)]
     if glse is not None:
-        gl = T.reshape(glse, (-1, length, 1))
-        inner = gl if inner is None else E.add(inner, gl)
-    ds = E.multiply(p, inner)
-    dq = E.multiply(batch_matmul(ds, k3, transpose_b=False), scalar(a.scale, ds))
-    dk = E.multiply(batch_matmul(ds, q3, transpose_a=True, transpose_b=False), scalar(a.scale, ds))
+        h = _Heads(q, k, TupleGetItem(call, 1), a)
+        ds = E.multiply(h.p, T.reshape(T.cast(glse, "float32") if h.wide else glse, (-1, h.length, 1)))
+        extra = [h.back(h.scaled(h.mm(ds, h.k)), q), h.back(h.scaled(h.mm(ds, h.q, ta=True)), k)]
+        grads[:2] = [e if d is None else E.add(d, e) for d, e in zip(grads[:2], extra)]
+    return grads
 
-    def back(d, like):
-        return T.reshape_like(T.cast(d, like.checked_type.dtype) if wide else d, like)
 
-    return [back(dq, q), back(dk, k), None if dv is None else back(dv, v)]
+# ------------------------------------------------------------------ attention_grad
+
+
+def _grad_infer(arg_types, attrs):
+    name = "nn.attention_grad"
+    g, q, k, v, out, lse = (tensor_arg(name, arg_types, i) for i in range(6))
+    _infer([q, k, v], attrs)
+    if g.shape != q.shape or out.shape != q.shape or g.dtype != q.dtype or out.dtype != q.dtype or \
+            lse.shape != q.shape[:3] or lse.dtype not in (lse_dtype(q.dtype), q.dtype):
+        raise type_error(name, arg_types, "expects (out_grad, q, k, v, out, lse) of nn.attention's types")
+    return TupleType([q, k, v])
+
+
+def _grad_kernel(xp, g, q, k, v, out, lse, a):
+    """dq, dk, dv from the recomputed probabilities (flash attention's backward)."""
+    wg, wq, wk, wv, wo = (accumulated(xp, t) for t in (g, q, k, v, out))
+    s = xp.matmul(wq, xp.permute_dims(wk, (0, 1, 3, 2))) * a.scale
+    if a.is_causal:
+        s = xp.where(xp.asarray(_causal(*s.shape[-2:])), s, -np.inf)
+    p = xp.exp(s - xp.astype(lse, wq.dtype)[..., None])
+    dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), wg)
+    dp = xp.matmul(wg, xp.permute_dims(wv, (0, 1, 3, 2)))
+    ds = p * (dp - xp.sum(wg * wo, axis=-1, keepdims=True))
+    dq = xp.matmul(ds, wk) * a.scale
+    dk = xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), wq) * a.scale
+    return tuple(xp.asarray(d, dtype=q.dtype) for d in (dq, dk, dv))
+
+
+def _grad_torch(g, q, k, v, out, lse, a):
+    """ATen's CPU flash attention backward (eager's kernel); the shared kernel elsewhere."""
+    import torch
+
+    if q.device.type == "cpu":
+        try:
+            return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g, q, k, v, out, lse, 0.0, a.is_causal, attn_mask=None, scale=a.scale))
+        except RuntimeError:
+            pass
+    return _grad_kernel(array_namespace("torch"), g, q, k, v, out, lse, a)
+
+
+def _grad_grad(call: Call, h: Expr):
+    """The cotangents of ``(g, q, k, v, out, lse)`` given those of ``(dq, dk, dv)``: the reverse of the backward's
+    ``S = q k^T c``, ``P = exp(S - lse)``, ``dv = P^T g``, ``dS = P * (g v^T - rowsum(g * out))``, ``dq = dS k c``,
+    ``dk = dS^T q c``."""
+    g, q, k, v, out, lse = call.args
+    hq, hk, hv = (nonzero(field(h, i)) for i in range(3))
+    if hq is None and hk is None and hv is None:
+        return [None] * 6
+    x = _Heads(q, k, lse, call.attrs)
+    g3, v3, o3 = x.rows(g), x.rows(v), x.rows(out)
+    hq3, hk3, hv3 = (None if t is None else x.rows(t) for t in (hq, hk, hv))
+    m = E.subtract(x.mm(g3, v3, tb=True), x.row_sum(E.multiply(g3, o3)))
+    ds = E.multiply(x.p, m)
+    terms = [x.mm(hq3, x.k, tb=True) if hq3 is not None else None, x.mm(x.q, hk3, tb=True) if hk3 is not None else None]
+    h_ds = _total([x.scaled(t) for t in terms if t is not None])
+    h_q = x.scaled(x.mm(ds, hk3)) if hk3 is not None else None
+    h_k = x.scaled(x.mm(ds, hq3, ta=True)) if hq3 is not None else None
+    h_p = _total(([E.multiply(h_ds, m)] if h_ds is not None else []) + ([x.mm(g3, hv3, tb=True)] if hv3 is not None else []))
+    h_g = [x.mm(x.p, hv3)] if hv3 is not None else []
+    h_v = h_o = None
+    if h_ds is not None:
+        h_m = E.multiply(h_ds, x.p)
+        h_delta = E.negative(x.row_sum(h_m))
+        h_g += [x.mm(h_m, v3), E.multiply(h_delta, o3)]
+        h_v = x.mm(h_m, g3, ta=True)
+        h_o = E.multiply(h_delta, g3)
+    h_s = E.multiply(h_p, x.p)
+    h_lse = E.negative(T.reshape_like(x.row_sum(h_s), lse))
+    h_q = _total([t for t in (h_q, x.scaled(x.mm(h_s, x.k))) if t is not None])
+    h_k = _total([t for t in (h_k, x.scaled(x.mm(h_s, x.q, ta=True))) if t is not None])
+    back = [(_total(h_g), g), (h_q, q), (h_k, k), (h_v, v), (h_o, out)]
+    return [None if d is None else x.back(d, like) for d, like in back] + [
+        T.cast(h_lse, lse.checked_type.dtype) if x.wide else h_lse]
+
+
+def _total(terms: list):
+    out = None
+    for t in terms:
+        out = t if out is None else E.add(out, t)
+    return out
 
 
 def _flops(arg_types, out_type, attrs):
@@ -143,5 +235,11 @@ attention = defop("nn.attention", 3, _infer, kernel=_kernel, impls={"numpy": num
                   example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu",
                   doc="``(softmax(q k^T * scale) v, logsumexp)`` over (B, H, L, E) q and (B, H, S, E) k, v; ``is_causal`` "
                       "keeps the lower triangle (``scaled_dot_product_attention`` without a mask or dropout).")
+attention_grad = defop("nn.attention_grad", 6, _grad_infer, kernel=_grad_kernel,
+                       impls={"numpy": numpy_quiet(_grad_kernel), "torch": _grad_torch}, attrs_type=AttentionAttrs,
+                       grad=_grad_grad, flops=lambda ts, out, a: 2 * _flops(ts[1:4], out, a), dtypes=FLOAT_DTYPES,
+                       example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu_backward",
+                       doc="Gradient of ``nn.attention``: ``(out_grad, q, k, v, out, lse) -> (dq, dk, dv)``, the "
+                           "probabilities recomputed from q, k and lse (flash attention's backward).")
 
-__all__ = ["attention", "AttentionAttrs", "lse_dtype"]
+__all__ = ["attention", "attention_grad", "AttentionAttrs", "lse_dtype"]

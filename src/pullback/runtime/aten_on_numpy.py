@@ -56,7 +56,7 @@ EXTREMES = frozenset({"max", "min"})
 # ten calls, 130 + 70 us in the BN-CNN's step, cold (ATen's 25 + 36 us; the loss is then eager's bits too)
 LOSSES = frozenset({"nn.nll_loss", "nn.nll_loss_grad"})
 # attention (ATen's flash kernel): NumPy's batched GEMMs beside ATen's would have the two thread pools fight
-ATTENTION = frozenset({"nn.attention"})
+ATTENTION = frozenset({"nn.attention", "nn.attention_grad"})
 ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
     "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"})
