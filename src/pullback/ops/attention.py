@@ -105,7 +105,8 @@ class _Heads:
         s = self.scaled(batch_matmul(self.q, self.k, transpose_b=True))
         if a.is_causal:
             s = E.where(const(_causal(self.length, self.keys)), s, scalar(-np.inf, s))
-        self.p = E.exp(E.subtract(s, T.reshape(lse, (-1, self.length, 1))))
+        lse = T.reshape(lse, (-1, self.length, 1))
+        self.p = E.exp(E.subtract(s, T.cast(lse, s.checked_type.dtype) if lse.checked_type.dtype != s.checked_type.dtype else lse))
 
     def rows(self, x: Expr) -> Expr:
         x = T.reshape(x, (-1,) + tuple(x.checked_type.shape[2:]))
