@@ -45,6 +45,22 @@ def _errors(model, eager, reference) -> tuple:
     return statistics.median(ours), statistics.median(theirs)
 
 
+def _trains_like_eager(model, inputs: tuple, wide: tuple, target: str) -> None:
+    """One backward of the scalar ``model(*inputs)`` through pullback, eager and float64 (``wide``: the inputs for
+    the float64 copy): on the torch target the loss and every gradient are eager's bits; on every target the
+    gradients are as close to float64's as eager's."""
+    eager, reference = copy.deepcopy(model), copy.deepcopy(model).double()
+    loss, want = pb_compile(model, inputs, target=target)(*inputs), eager(*inputs)
+    loss.backward()
+    want.backward()
+    reference(*wide).backward()
+    if target == "torch":
+        assert torch.equal(loss, want)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+    ours, theirs = _errors(model, eager, reference)
+    assert ours <= 1.5 * theirs + 1e-3, (ours, theirs)
+
+
 def test_a_bfloat16_model_trains_like_eager(target):
     """Parameters and inputs in bfloat16: the forward equals eager's bit for bit on numpy and torch, the parameters'
     gradients are bfloat16, as eager's, and as close to float64's as eager's."""
@@ -118,16 +134,7 @@ def test_bfloat16_times_a_python_number_is_eagers_bits(target):
     model = _ByNumbers().to(BF16)
     model.register_buffer("temperature", torch.tensor(1.37))  # float32, after the cast to bfloat16
     x, labels = torch.randn(64, 80, dtype=BF16), torch.randint(0, 80, (64,))
-    eager, reference = copy.deepcopy(model), copy.deepcopy(model).double()
-    loss, want = pb_compile(model, (x, labels), target=target)(x, labels), eager(x, labels)
-    loss.backward()
-    want.backward()
-    reference(x.double(), labels).backward()
-    if target == "torch":
-        assert torch.equal(loss, want)
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
-    ours, theirs = _errors(model, eager, reference)
-    assert ours <= 1.5 * theirs + 1e-3, (ours, theirs)
+    _trains_like_eager(model, (x, labels), (x.double(), labels), target)
 
 
 def _llama():
@@ -290,14 +297,7 @@ def test_bfloat16_variance_gradient_is_eagers_bits(target):
     mean)``: eager's bits on the torch target (centred on each slice's first entry it was a few bits off)."""
     torch.manual_seed(0)
     model, x = _Variances().to(BF16), torch.randn(32, 48, dtype=BF16)
-    eager, reference = copy.deepcopy(model), copy.deepcopy(model).double()
-    pb_compile(model, (x,), target=target)(x).backward()
-    eager(x).backward()
-    reference(x.double()).backward()
-    if target == "torch":
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
-    ours, theirs = _errors(model, eager, reference)
-    assert ours <= 1.5 * theirs + 1e-3, (ours, theirs)
+    _trains_like_eager(model, (x,), (x.double(),), target)
 
 
 def test_bfloat16_attention_is_eagers_bits_on_torch(target):

@@ -717,6 +717,16 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     return cast(cx, _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), dt)
 
 
+def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
+    """``(k, v, k's shape, v's shape)`` with each key/value head repeated to the queries' heads (``enable_gqa``:
+    axis -3); as they are when the head counts agree."""
+    if sk[-3] == sq[-3]:
+        return k, v, sk, sv
+    rep = sq[-3] // static(cx, "scaled_dot_product_attention with enable_gqa", sk[-3:-2])[0]
+    k, v = _op("repeat")(k, rep, len(sk) - 3), _op("repeat")(v, rep, len(sv) - 3)
+    return k, v, sk[:-3] + (sq[-3],) + sk[-2:], sv[:-3] + (sq[-3],) + sv[-2:]
+
+
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
     backward, never saved) for unmasked attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys
@@ -727,10 +737,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
         return None
-    if enable_gqa and sk[1] != sq[1] and sk[1] is not Any and sq[1] is not Any and sq[1] % sk[1] == 0:
-        rep = sq[1] // sk[1]
-        k, v = _op("repeat")(k, rep, 1), _op("repeat")(v, rep, 1)
-        sk, sv = sk[:1] + sq[1:2] + sk[2:], sv[:1] + sq[1:2] + sv[2:]
+    if enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0:
+        k, v, sk, sv = _repeated_heads(cx, k, v, sq, sk, sv)
     if sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3]:
         return None
     scale = 1.0 / math.sqrt(sq[3]) if scale is None else float(scale)
@@ -742,10 +750,8 @@ def _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     static(cx, what, sq[-2:] + sk[-2:] + sv[-2:])  # a dynamic batch only
     dt = cx.dtype_of(q)
-    if enable_gqa and len(sq) >= 3 and sk[-3] != sq[-3]:
-        rep = sq[-3] // static(cx, what + " with enable_gqa", sk[-3:-2])[0]
-        k, v = _op("repeat")(k, rep, len(sk) - 3), _op("repeat")(v, rep, len(sv) - 3)
-        sk, sv = sk[:-3] + (sq[-3],) + sk[-2:], sv[:-3] + (sq[-3],) + sv[-2:]
+    if enable_gqa and len(sq) >= 3:
+        k, v, sk, sv = _repeated_heads(cx, k, v, sq, sk, sv)
     L, S, E, Ev = sq[-2], sk[-2], sq[-1], sv[-1]
     mshape = () if attn_mask is None else tuple(cx.shape_of(attn_mask))
     batch = broadcast_shapes(what, (), sq[:-2], sk[:-2], sv[:-2], mshape[:-2])

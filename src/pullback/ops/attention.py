@@ -66,11 +66,15 @@ def _causal(length: int, keys: int) -> np.ndarray:
     return np.tril(np.ones((length, keys), dtype=bool))
 
 
+def _scores(xp, q, k, a):
+    """``q k^T * scale``, -inf above the diagonal when causal."""
+    s = xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * a.scale
+    return xp.where(xp.asarray(_causal(*s.shape[-2:])), s, -np.inf) if a.is_causal else s
+
+
 def _kernel(xp, q, k, v, a):
     wq, wk, wv = (accumulated(xp, t) for t in (q, k, v))
-    s = xp.matmul(wq, xp.permute_dims(wk, (0, 1, 3, 2))) * a.scale
-    if a.is_causal:
-        s = xp.where(xp.asarray(_causal(*s.shape[-2:])), s, -np.inf)
+    s = _scores(xp, wq, wk, a)
     m = xp.max(s, axis=-1, keepdims=True)
     e = xp.exp(s - m)
     z = xp.sum(e, axis=-1, keepdims=True)
@@ -159,10 +163,7 @@ def _grad_infer(arg_types, attrs):
 def _grad_kernel(xp, g, q, k, v, out, lse, a):
     """dq, dk, dv from the recomputed probabilities (flash attention's backward)."""
     wg, wq, wk, wv, wo = (accumulated(xp, t) for t in (g, q, k, v, out))
-    s = xp.matmul(wq, xp.permute_dims(wk, (0, 1, 3, 2))) * a.scale
-    if a.is_causal:
-        s = xp.where(xp.asarray(_causal(*s.shape[-2:])), s, -np.inf)
-    p = xp.exp(s - xp.astype(lse, wq.dtype)[..., None])
+    p = xp.exp(_scores(xp, wq, wk, a) - xp.astype(lse, wq.dtype)[..., None])
     dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), wg)
     dp = xp.matmul(wg, xp.permute_dims(wv, (0, 1, 3, 2)))
     ds = p * (dp - xp.sum(wg * wo, axis=-1, keepdims=True))
