@@ -59,7 +59,7 @@ def _summary(doc: str, name: str) -> str:
 
 def row(op) -> str:
     attrs = ", ".join(f.name for f in dataclasses.fields(op.attrs_type)) if op.attrs_type else ""
-    inputs = "list" if op.num_inputs < 0 else str(op.num_inputs)
+    inputs = "list" if op.num_inputs < 0 else f"{op.num_inputs}-{op.num_inputs + op.optional_inputs}" if op.optional_inputs else str(op.num_inputs)
     grad = "yes" if op.differentiable else f"no: {op.nondiff_reason}"
     torch = f"`{op.torch_name}`" if op.torch_name else ""
     cplx = "yes" if any(is_complex(d) for d in op.dtypes) else ""

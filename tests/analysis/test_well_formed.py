@@ -6,6 +6,7 @@ import pullback as pb
 from pullback import op
 from pullback.analysis import check_well_formed, infer_module, is_well_formed
 from pullback.ir.types import TensorType, TupleType
+from pullback.ops.registry import get_op
 
 T23 = TensorType((2, 3), "float32")
 
@@ -70,6 +71,19 @@ def test_every_problem_listed_at_once():
     assert any("@g" in p and "%z is bound by two functions" in p for p in probs)
     assert any("@h" in p and "@g takes 1 argument, got 2" in p for p in probs)
     assert any("@h" in p and "exp takes 1 argument, got 2" in p for p in probs)
+
+
+def test_optional_operands_counted():
+    """An operator with an optional operand (attention's bias) takes either count, and no other."""
+    q = pb.var("q", pb.TensorType((1, 2, 3, 4), "float32"))
+    b = pb.var("b", pb.TensorType((1, 1, 3, 3), "float32"))
+    for args, bad in (([q, q, q], False), ([q, q, q, b], False), ([q, q], True), ([q, q, q, b, b], True)):
+        call = pb.Call(get_op("nn.attention"), args, get_op("nn.attention").make_attrs())
+        mod = pb.IRModule({"main": pb.Function([q, b], call)})
+        if bad:
+            assert any("nn.attention takes 3 or 4 arguments" in p for p in problems_of(mod))
+        else:
+            assert is_well_formed(mod)
 
 
 def test_var_used_outside_its_binder():

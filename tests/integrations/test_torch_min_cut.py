@@ -82,3 +82,42 @@ def test_attention_keeps_no_probabilities_for_the_backward():
     assert not [t for t in residuals if tuple(t.shape[-2:]) == (length, length)]
     save_all = PartitionForwardBackward("main_grad", policy="save_all")(tp.mod)
     assert analysis.saved_bytes(tp.mod, inputs=False) <= 0.6 * analysis.saved_bytes(save_all, inputs=False)
+
+
+def test_masked_attention_keeps_no_probabilities_for_the_backward():
+    """Hugging Face's sdpa attention over a padded batch passes a boolean mask: it is ``nn.attention``'s bias, so
+    a Llama trained on a left-padded batch keeps no per-head (L, S) probabilities for the backward (only the
+    (B, 1, L, S) mask, under save_all) and trains as eager does, on every target."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pullback.ir.expr import Call
+    from pullback.ir.traversal import post_order
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=64, vocab_size=100, attn_implementation="sdpa")
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = LlamaForCausalLM(cfg)
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask, labels=ids).loss
+
+    batches = []
+    for _ in range(STEPS):
+        mask = torch.ones(2, 12, dtype=torch.long)
+        mask[1, :4] = 0
+        batches.append(((torch.randint(0, 100, (2, 12)), mask), None))
+    model = LM()
+    for target in TARGETS:
+        for policy in ("save_all", "min_cut"):
+            (tp,) = pb_compile(model, batches[0][0], target=target, policy=policy)._programs.values()
+            fwd = tp.mod["main_fwd"]
+            calls = [n for n in post_order(fwd.body) if isinstance(n, Call) and getattr(n.op, "name", "") == "nn.attention"]
+            assert len(calls) == 2 and all(len(c.args) == 4 for c in calls)
+            residuals = fwd.checked_type.ret_type.fields[1].fields
+            assert not [t for t in residuals if len(t.shape) == 4 and tuple(t.shape[1:]) == (4, 12, 12)], residuals
+        result = train_side_by_side(model, batches, lambda loss, _: loss, lr=0.05, target=target, verbose=False)
+        check_side_by_side(result, rtol=1e-5, atol=1e-5, verbose=False)

@@ -88,6 +88,8 @@ def test_attr_validation_names_op_and_attribute():
         op.zeros((2,), "float8")
     with pytest.raises(pb.PullbackError, match="expects 2 tensor arguments"):
         op.add(x)
+    with pytest.raises(pb.PullbackError, match="expects 3 or 4 tensor arguments, got 2"):
+        op.nn.attention(x, x)
 
 
 

@@ -307,15 +307,26 @@ MISC += [
 ]
 
 
+def _attention_scores(torch, q, k, bias, scale: float, causal: bool):
+    """``q k^T scale + bias`` (-inf above the diagonal when causal) and which rows are masked everywhere."""
+    s = q @ k.transpose(-1, -2) * scale
+    if bias is not None:
+        s = s + bias
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    dead = torch.isinf(s).all(-1, keepdim=True) & (s < 0).all(-1, keepdim=True)
+    return s.masked_fill(dead, 0.0), dead
+
+
 def attention_torch(scale: float, causal: bool):
-    """softmax(q k^T scale) v and the rows' log-sum-exp, by their definition (float64, autograd through both)."""
-    def f(q, k, v):
+    """softmax(q k^T scale + bias) v and the rows' log-sum-exp, by their definition (float64, autograd through
+    both); a row masked everywhere gives 0 and a log-sum-exp of 0, as ATen's kernel does."""
+    def f(q, k, v, bias=None):
         import torch
 
-        s = q @ k.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+        s, dead = _attention_scores(torch, q, k, bias, scale, causal)
+        live = (~dead).to(s.dtype)
+        return (torch.softmax(s, -1) * live) @ v, torch.logsumexp(s, -1) * live[..., 0]
     return f
 
 
@@ -325,29 +336,38 @@ _ATT = np.random.default_rng(11).standard_normal  # its own generator: the other
 def attention_grad_torch(scale: float, causal: bool):
     """dq, dk, dv by flash attention's backward formulas (float64, differentiable: the reference of the second
     derivative)."""
-    def f(g, q, k, v, o, lse):
+    def f(g, q, k, v, o, lse, bias=None):
         import torch
 
-        s = q @ k.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-        p = torch.exp(s - lse[..., None])
+        s, dead = _attention_scores(torch, q, k, bias, scale, causal)
+        p = torch.exp(s - lse[..., None]) * (~dead).to(s.dtype)
         ds = p * (g @ v.transpose(-1, -2) - (g * o).sum(-1, keepdim=True))
         return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ g
     return f
 
 
-def attention_grad_inputs(q, k, v, scale: float, causal: bool) -> tuple:
-    """(out_grad, q, k, v, out, lse) with the out and lse attention gives for q, k, v."""
-    import math as _m
-
-    s = q @ np.swapaxes(k, -1, -2) * scale
+def attention_grad_inputs(q, k, v, scale: float, causal: bool, bias=None) -> tuple:
+    """(out_grad, q, k, v, out, lse[, bias]) with the out and lse attention gives for q, k, v (and bias)."""
+    s = q @ np.swapaxes(k, -1, -2) * scale + (0.0 if bias is None else bias)
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
     m = s.max(-1, keepdims=True)
-    z = np.exp(s - m).sum(-1, keepdims=True)
-    assert _m.isfinite(float(z.min()))
-    return _ATT(q.shape), q, k, v, (np.exp(s - m) / z) @ v, (m + np.log(z))[..., 0]
+    live = np.isfinite(m)
+    e = np.exp(s - np.where(live, m, 0.0))
+    z = e.sum(-1, keepdims=True)
+    out = (e / np.where(live, z, 1.0)) @ v
+    lse = np.where(live, m + np.log(np.where(live, z, 1.0)), 0.0)[..., 0]
+    return (_ATT(q.shape), q, k, v, out, lse) + (() if bias is None else (bias,))
+
+
+def padding_bias(shape: tuple, *masked) -> np.ndarray:
+    """A random additive bias of ``shape`` with -inf at each index of ``masked``."""
+    b = _ATT(shape)
+    for index in masked:
+        b[index] = -np.inf
+    return b
+
+
 MISC += [
     case("nn.attention", _ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)), attrs=dict(scale=0.4),
          torch=attention_torch(0.4, False)),
@@ -357,6 +377,20 @@ MISC += [
          attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False)),
     case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), 0.7, True),
          attrs=dict(scale=0.7, is_causal=True), torch=attention_grad_torch(0.7, True), id="attention_grad-causal"),
+    case("nn.attention", _ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)),
+         padding_bias((2, 1, 5, 7), (0, 0, 1, slice(4, None)), (1, 0, slice(None), 0)), attrs=dict(scale=0.4),
+         torch=attention_torch(0.4, False), id="attention-bias"),
+    case("nn.attention", _ATT((1, 2, 4, 3)), _ATT((1, 2, 6, 3)), _ATT((1, 2, 6, 3)),
+         padding_bias((1, 2, 4, 6), (0, 1, 2, slice(None))), attrs=dict(scale=0.6),  # a row masked everywhere
+         torch=attention_torch(0.6, False), id="attention-bias-masked-row"),
+    case("nn.attention", _ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 1, 4)),
+         attrs=dict(scale=0.7, is_causal=True), torch=attention_torch(0.7, True), id="attention-bias-causal"),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)), 0.4, False,
+                                                     padding_bias((2, 1, 1, 7), (1, 0, 0, slice(5, None)))), attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False),
+         id="attention_grad-bias"),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 4, 3)), _ATT((1, 2, 6, 3)), _ATT((1, 2, 6, 3)), 0.6, False,
+                                                     padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))), attrs=dict(scale=0.6), torch=attention_grad_torch(0.6, False),
+         id="attention_grad-bias-masked-row"),
 ]
 for _c in MISC:
     if _c.op == "nn.nll_loss":

@@ -20,6 +20,7 @@ MAIN = "def @main(%x: Tensor[(2, 3), float32]) {\n"
         ("nn.foo(%x)", 1, 1, "unknown operator 'nn.foo'"),
         ("%0 = tanh(%x);\n  nn.foo(%0)", 2, 3, "unknown operator 'nn.foo'"),
         ("tanh(%x, %y)", 1, 1, "operator tanh expects 1 argument, got 2"),
+        ("nn.attention(%x, %y)", 1, 1, "operator nn.attention expects 3 or 4 arguments, got 2"),
         ("%0 = tanh(%x);\n%1 = reshape(%0);\n%1", 2, 6, "reshape"),
         ("reshape(%x, newshape=(1, -1, -1))", 1, 1, "at most one -1"),
         ("sum(%x, axes=1)", 1, 1, "has no attribute 'axes'"),

@@ -81,6 +81,15 @@ def test_inferred_module_round_trips():
     assert m2["main"].ret_type is None
 
 
+def test_optional_operand_round_trips():
+    """Attention with and without its optional bias prints and parses back to the same call."""
+    q, b = pb.var("q", pb.TensorType((1, 2, 3, 4), "float32")), pb.var("b", pb.TensorType((1, 1, 3, 3), "float32"))
+    for args in ([q, q, q], [q, q, q, b]):
+        f = pb.Function([q, b], op.nn.attention(*args, scale=0.5))
+        g = roundtrip_module(pb.IRModule.from_expr(f))["main"]
+        assert len(g.body.args) == len(args) and g.body.attrs.scale == 0.5
+
+
 def test_repr_uses_text():
     x = f32("x", 3)
     assert repr(op.tanh(x)) == "tanh(%x: Tensor[(3,), float32])"

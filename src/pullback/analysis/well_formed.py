@@ -141,8 +141,8 @@ class _Checker:
     def check_call(self, call: Call, fn_name: Optional[str]) -> None:
         op = call.op
         if isinstance(op, OpDef):
-            if op.num_inputs >= 0 and len(call.args) != op.num_inputs:
-                self.report(fn_name, call, f"{op.name} takes {_args(op.num_inputs)}, got {len(call.args)}")
+            if not op.takes(len(call.args)):
+                self.report(fn_name, call, f"{op.name} takes {op.arity()}, got {len(call.args)}")
             return
         if isinstance(op, GlobalVar):
             callee = self.check_global(op, fn_name)

@@ -703,8 +703,8 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     True, a float mask is added, ``is_causal`` keeps the lower triangle; rows with every position masked give 0
     (PyTorch's safe softmax); dropout gets a mask parameter. bfloat16 and float16 attention computes in float32
     and rounds its output once, as ATen's CPU kernel (flash attention) does: rounding the scores and the
-    probabilities too put its output and gradients 1.3-2x further from float64's than eager's. Without a mask or
-    dropout, over (B, H, L, E) batches, it is one operator (``nn.attention``, ``_fused_sdpa``)."""
+    probabilities too put its output and gradients 1.3-2x further from float64's than eager's. Without dropout, over
+    (B, H, L, E) batches, it is one operator (``nn.attention``, ``_fused_sdpa``), a mask its bias."""
     fused = _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if fused is not None:
         return fused
@@ -729,10 +729,15 @@ def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
 
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
-    backward, never saved) for unmasked attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys
-    and values of one float dtype; None otherwise."""
+    backward, never saved) for attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys and
+    values of one float dtype; None otherwise. A mask becomes its bias: a boolean one 0 where True and -inf where
+    False in the queries' dtype (as eager converts it for that kernel), a float one as it is (in the queries' dtype
+    or float32), of rank 4."""
     dts = {cx.dtype_of(t) for t in (q, k, v)}
-    if attn_mask is not None or dropout_p or len(dts) != 1 or dts.pop() not in FLOAT_DTYPES:
+    if dropout_p or len(dts) != 1:
+        return None
+    dt = dts.pop()
+    if dt not in FLOAT_DTYPES:
         return None
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
@@ -741,8 +746,26 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         k, v, sk, sv = _repeated_heads(cx, k, v, sq, sk, sv)
     if sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3]:
         return None
+    bias = () if attn_mask is None else _attention_bias(cx, attn_mask, dt, (sq[0], sq[1], sq[2], sk[2]))
+    if bias is None:
+        return None
     scale = 1.0 / math.sqrt(sq[3]) if scale is None else float(scale)
-    return TupleGetItem(_op("nn.attention")(q, k, v, scale=scale, is_causal=bool(is_causal)), 0)
+    return TupleGetItem(_op("nn.attention")(q, k, v, *bias, scale=scale, is_causal=bool(is_causal)), 0)
+
+
+def _attention_bias(cx, mask, dt: str, full: tuple) -> Optional[tuple]:
+    """``(bias,)``: an sdpa mask as ``nn.attention``'s rank-4 additive bias, or None (a dtype or shape it takes
+    not)."""
+    mdt, shape = cx.dtype_of(mask), tuple(cx.shape_of(mask))
+    if full[1] is Any or len(shape) > 4 or any(d != 1 and d != f for d, f in zip(shape[::-1], full[::-1])):
+        return None
+    if mdt == "bool":
+        mask = _op("where")(mask, scalar(0.0, dt), scalar(-np.inf, dt))
+    elif mdt not in (dt, "float32"):
+        return None
+    if len(shape) < 4:
+        mask = _op("reshape")(mask, (1,) * (4 - len(shape)) + shape)
+    return (mask,)
 
 
 def _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):

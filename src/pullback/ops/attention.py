@@ -1,6 +1,8 @@
-"""Scaled dot-product attention as one operator: ``nn.attention(q, k, v, scale, is_causal)`` gives
-``softmax(q k^T * scale) v`` (the lower triangle kept when ``is_causal``, as PyTorch's) and each row's
-log-sum-exp, over (B, H, L, E) queries and (B, H, S, E) keys and values.
+"""Scaled dot-product attention as one operator: ``nn.attention(q, k, v[, bias], scale, is_causal)`` gives
+``softmax(q k^T * scale + bias) v`` (the lower triangle kept when ``is_causal``, as PyTorch's) and each row's
+log-sum-exp, over (B, H, L, E) queries and (B, H, S, E) keys and values. The optional bias is a float mask
+(``-inf`` where a key is masked) of rank 4 that broadcasts to (B, H, L, S), in the queries' dtype or float32, as
+ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's).
 
 One kernel for every namespace (the definition, in float32 for float16/bfloat16 inputs, the log-sum-exp then
 float32); on torch (CPU) ATen's flash attention, the kernel eager's ``scaled_dot_product_attention`` runs, so
@@ -13,6 +15,7 @@ operators, so second derivatives work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -47,8 +50,27 @@ def _differ(a, b) -> bool:
     return a is not Any and b is not Any and a != b
 
 
+def _parts(rest: tuple) -> tuple:
+    """``(bias or None, attrs)`` from a kernel's operands after q, k and v."""
+    return (rest[0] if len(rest) == 2 else None), rest[-1]
+
+
+def _check_bias(name: str, arg_types, i: int, q: TensorType, k: TensorType) -> None:
+    bias = tensor_arg(name, arg_types, i)
+    if bias.dtype not in (q.dtype, "float32"):
+        raise type_error(name, arg_types, f"expects a bias in the queries' dtype {q.dtype} or float32, got {bias.dtype}")
+    heads, length, keys = q.shape[1], q.shape[2], k.shape[2]
+    if Any in (heads, length, keys):
+        raise type_error(name, arg_types, "with a bias, expects static heads, query and key lengths")
+    full = (q.shape[0], heads, length, keys)
+    if bias.ndim != 4 or any(d != 1 and _differ(d, f) for d, f in zip(bias.shape, full)):
+        raise type_error(name, arg_types, f"bias of shape {bias.shape} does not broadcast to (B, H, L, S) = {full}")
+
+
 def _infer(arg_types, attrs):
     name = "nn.attention"
+    if len(arg_types) not in (3, 4):
+        raise type_error(name, arg_types, f"expects q, k, v and an optional bias, got {len(arg_types)} operands")
     q, k, v = (tensor_arg(name, arg_types, i) for i in range(3))
     dt = same_dtype(name, arg_types)
     if dt not in FLOAT_DTYPES:
@@ -59,6 +81,8 @@ def _infer(arg_types, attrs):
             any(_differ(a, b) for a, b in zip(k.shape, v.shape)):
         raise type_error(name, arg_types, f"shapes {q.shape}, {k.shape}, {v.shape} are not (B, H, L, E), (B, H, S, E), "
                                           "(B, H, S, E)")
+    if len(arg_types) == 4:
+        _check_bias(name, arg_types, 3, q, k)
     return TupleType([TensorType(q.shape, dt), TensorType(q.shape[:3], lse_dtype(dt))])
 
 
@@ -66,47 +90,61 @@ def _causal(length: int, keys: int) -> np.ndarray:
     return np.tril(np.ones((length, keys), dtype=bool))
 
 
-def _scores(xp, q, k, a):
-    """``q k^T * scale``, -inf above the diagonal when causal."""
+def _scores(xp, q, k, bias, a):
+    """``q k^T * scale + bias``, -inf above the diagonal when causal."""
     s = xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * a.scale
+    if bias is not None:
+        s = s + xp.astype(bias, s.dtype)
     return xp.where(xp.asarray(_causal(*s.shape[-2:])), s, -np.inf) if a.is_causal else s
 
 
-def _kernel(xp, q, k, v, a):
+def _kernel(xp, q, k, v, *rest):
+    bias, a = _parts(rest)
     wq, wk, wv = (accumulated(xp, t) for t in (q, k, v))
-    s = _scores(xp, wq, wk, a)
+    s = _scores(xp, wq, wk, bias, a)
     m = xp.max(s, axis=-1, keepdims=True)
+    if bias is not None:  # a row masked everywhere: its exponentials 0, its output 0, its log-sum-exp 0 (ATen's)
+        m = xp.where(xp.isinf(m), 0.0, m)
     e = xp.exp(s - m)
     z = xp.sum(e, axis=-1, keepdims=True)
-    out = xp.matmul(e / z, wv)
-    lse = (m + xp.log(z))[..., 0]
-    return xp.asarray(out, dtype=q.dtype), xp.asarray(lse, dtype=dtype(xp, lse_dtype(dtype_name(q))))
+    if bias is None:
+        out, lse = xp.matmul(e / z, wv), m + xp.log(z)
+    else:
+        live = z > 0
+        z = xp.where(live, z, 1.0)
+        out, lse = xp.matmul(e / z, wv), xp.where(live, m + xp.log(z), 0.0)
+    return xp.asarray(out, dtype=q.dtype), xp.asarray(lse[..., 0], dtype=dtype(xp, lse_dtype(dtype_name(q))))
 
 
-def _torch(q, k, v, a):
+def _torch(q, k, v, *rest):
     """ATen's CPU flash attention (eager's kernel); the shared kernel elsewhere (another device, a dtype ATen's
     CPU kernel lacks)."""
     import torch
 
+    bias, a = _parts(rest)
     if q.device.type == "cpu":
         try:
             return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, a.is_causal, attn_mask=None, scale=a.scale))
+                q, k, v, 0.0, a.is_causal, attn_mask=bias, scale=a.scale))
         except RuntimeError:
             pass
-    return _kernel(array_namespace("torch"), q, k, v, a)
+    return _kernel(array_namespace("torch"), q, k, v, *rest)
 
 
 class _Heads:
     """Expressions over (B*H, n, E) rows (in float32 for float16/bfloat16) for the gradient rules: the probabilities
     ``P = exp(q k^T * scale - lse)`` recomputed, products and the way back to (B, H, n, E)."""
 
-    def __init__(self, q: Expr, k: Expr, lse: Expr, a: AttentionAttrs):
-        self.length, self.keys = q.checked_type.shape[2], k.checked_type.shape[2]
+    def __init__(self, q: Expr, k: Expr, lse: Expr, a: AttentionAttrs, bias: Optional[Expr] = None):
+        self.heads, self.length, self.keys = q.checked_type.shape[1], q.checked_type.shape[2], k.checked_type.shape[2]
         self.wide = q.checked_type.dtype in HALF_DTYPES
         self.a = a
         self.q, self.k = self.rows(q), self.rows(k)
         s = self.scaled(batch_matmul(self.q, self.k, transpose_b=True))
+        if bias is not None:
+            if bias.checked_type.dtype != s.checked_type.dtype:
+                bias = T.cast(bias, s.checked_type.dtype)
+            s = T.reshape(E.add(self.full(s), bias), (-1, self.length, self.keys))
         if a.is_causal:
             s = E.where(const(_causal(self.length, self.keys)), s, scalar(-np.inf, s))
         lse = T.reshape(lse, (-1, self.length, 1))
@@ -125,25 +163,48 @@ class _Heads:
     def back(self, d: Expr, like: Expr) -> Expr:
         return T.reshape_like(T.cast(d, like.checked_type.dtype) if self.wide else d, like)
 
+    def full(self, scores: Expr) -> Expr:
+        """(B*H, L, S) rows as (B, H, L, S)."""
+        return T.reshape(scores, (-1, self.heads, self.length, self.keys))
+
+    def to_bias(self, ds: Expr, bias: Expr) -> Expr:
+        """A cotangent of the (B*H, L, S) scores summed to the bias's shape, in its dtype."""
+        d = T.collapse_sum_like(self.full(ds), bias)
+        return T.cast(d, bias.checked_type.dtype) if d.checked_type.dtype != bias.checked_type.dtype else d
+
     def row_sum(self, x: Expr) -> Expr:
         return R.sum(x, (-1,), True)
 
 
+def _score_grad(h: _Heads, g: Expr, v: Expr, out: Expr) -> Expr:
+    """The scores' cotangent ``dS = P * (g v^T - rowsum(g * out))`` over (B*H, L, S) rows."""
+    g3 = h.rows(g)
+    return E.multiply(h.p, E.subtract(h.mm(g3, h.rows(v), tb=True), h.row_sum(E.multiply(g3, h.rows(out)))))
+
+
 def _grad(call: Call, g: Expr):
-    """``nn.attention_grad`` for the output's cotangent; a log-sum-exp cotangent (second derivatives only) adds
-    ``dS = P * g_lse``, ``dq = dS k scale``, ``dk = dS^T q scale``."""
-    q, k, v = call.args
+    """``nn.attention_grad`` for the output's cotangent, and a bias's as the scores' cotangent ``dS`` summed to
+    its shape; a log-sum-exp cotangent (second derivatives only) adds ``dS = P * g_lse``, ``dq = dS k scale``,
+    ``dk = dS^T q scale``."""
+    q, k, v = call.args[:3]
+    bias = call.args[3] if len(call.args) == 4 else None
     a = call.attrs
+    out, lse = TupleGetItem(call, 0), TupleGetItem(call, 1)
     go, glse = nonzero(field(g, 0)), nonzero(field(g, 1))
-    grads = [None, None, None]
+    grads = [None] * len(call.args)
+    h = _Heads(q, k, lse, a, bias) if glse is not None or bias is not None else None
     if go is not None:
-        d = attention_grad(go, q, k, v, TupleGetItem(call, 0), TupleGetItem(call, 1), scale=a.scale, is_causal=a.is_causal)
-        grads = [TupleGetItem(d, i) for i in range(3)]
+        d = attention_grad(go, q, k, v, out, lse, *call.args[3:], scale=a.scale, is_causal=a.is_causal)
+        grads[:3] = [TupleGetItem(d, i) for i in range(3)]
+        if bias is not None:
+            grads[3] = h.to_bias(_score_grad(h, go, v, out), bias)
     if glse is not None:
-        h = _Heads(q, k, TupleGetItem(call, 1), a)
         ds = E.multiply(h.p, T.reshape(T.cast(glse, "float32") if h.wide else glse, (-1, h.length, 1)))
-        extra = [h.back(h.scaled(h.mm(ds, h.k)), q), h.back(h.scaled(h.mm(ds, h.q, ta=True)), k)]
-        grads[:2] = [e if d is None else E.add(d, e) for d, e in zip(grads[:2], extra)]
+        extra = {0: h.back(h.scaled(h.mm(ds, h.k)), q), 1: h.back(h.scaled(h.mm(ds, h.q, ta=True)), k)}
+        if bias is not None:
+            extra[3] = h.to_bias(ds, bias)
+        for i, e in extra.items():
+            grads[i] = e if grads[i] is None else E.add(grads[i], e)
     return grads
 
 
@@ -152,18 +213,22 @@ def _grad(call: Call, g: Expr):
 
 def _grad_infer(arg_types, attrs):
     name = "nn.attention_grad"
+    if len(arg_types) not in (6, 7):
+        raise type_error(name, arg_types, f"expects (out_grad, q, k, v, out, lse) and an optional bias, got "
+                                          f"{len(arg_types)} operands")
     g, q, k, v, out, lse = (tensor_arg(name, arg_types, i) for i in range(6))
-    _infer([q, k, v], attrs)
+    _infer([q, k, v] + list(arg_types[6:]), attrs)
     if g.shape != q.shape or out.shape != q.shape or g.dtype != q.dtype or out.dtype != q.dtype or \
             lse.shape != q.shape[:3] or lse.dtype not in (lse_dtype(q.dtype), q.dtype):
         raise type_error(name, arg_types, "expects (out_grad, q, k, v, out, lse) of nn.attention's types")
     return TupleType([q, k, v])
 
 
-def _grad_kernel(xp, g, q, k, v, out, lse, a):
+def _grad_kernel(xp, g, q, k, v, out, lse, *rest):
     """dq, dk, dv from the recomputed probabilities (flash attention's backward)."""
+    bias, a = _parts(rest)
     wg, wq, wk, wv, wo = (accumulated(xp, t) for t in (g, q, k, v, out))
-    p = xp.exp(_scores(xp, wq, wk, a) - xp.astype(lse, wq.dtype)[..., None])
+    p = xp.exp(_scores(xp, wq, wk, bias, a) - xp.astype(lse, wq.dtype)[..., None])
     dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), wg)
     dp = xp.matmul(wg, xp.permute_dims(wv, (0, 1, 3, 2)))
     ds = p * (dp - xp.sum(wg * wo, axis=-1, keepdims=True))
@@ -172,28 +237,30 @@ def _grad_kernel(xp, g, q, k, v, out, lse, a):
     return tuple(xp.asarray(d, dtype=q.dtype) for d in (dq, dk, dv))
 
 
-def _grad_torch(g, q, k, v, out, lse, a):
+def _grad_torch(g, q, k, v, out, lse, *rest):
     """ATen's CPU flash attention backward (eager's kernel); the shared kernel elsewhere."""
     import torch
 
+    bias, a = _parts(rest)
     if q.device.type == "cpu":
         try:
             return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                g, q, k, v, out, lse, 0.0, a.is_causal, attn_mask=None, scale=a.scale))
+                g, q, k, v, out, lse, 0.0, a.is_causal, attn_mask=bias, scale=a.scale))
         except RuntimeError:
             pass
-    return _grad_kernel(array_namespace("torch"), g, q, k, v, out, lse, a)
+    return _grad_kernel(array_namespace("torch"), g, q, k, v, out, lse, *rest)
 
 
 def _grad_grad(call: Call, h: Expr):
-    """The cotangents of ``(g, q, k, v, out, lse)`` given those of ``(dq, dk, dv)``: the reverse of the backward's
-    ``S = q k^T c``, ``P = exp(S - lse)``, ``dv = P^T g``, ``dS = P * (g v^T - rowsum(g * out))``, ``dq = dS k c``,
-    ``dk = dS^T q c``."""
-    g, q, k, v, out, lse = call.args
+    """The cotangents of ``(g, q, k, v, out, lse[, bias])`` given those of ``(dq, dk, dv)``: the reverse of the
+    backward's ``S = q k^T c + bias``, ``P = exp(S - lse)``, ``dv = P^T g``, ``dS = P * (g v^T - rowsum(g * out))``,
+    ``dq = dS k c``, ``dk = dS^T q c``."""
+    g, q, k, v, out, lse = call.args[:6]
+    bias = call.args[6] if len(call.args) == 7 else None
     hq, hk, hv = (nonzero(field(h, i)) for i in range(3))
     if hq is None and hk is None and hv is None:
-        return [None] * 6
-    x = _Heads(q, k, lse, call.attrs)
+        return [None] * len(call.args)
+    x = _Heads(q, k, lse, call.attrs, bias)
     g3, v3, o3 = x.rows(g), x.rows(v), x.rows(out)
     hq3, hk3, hv3 = (None if t is None else x.rows(t) for t in (hq, hk, hv))
     m = E.subtract(x.mm(g3, v3, tb=True), x.row_sum(E.multiply(g3, o3)))
@@ -217,7 +284,7 @@ def _grad_grad(call: Call, h: Expr):
     h_k = _total([t for t in (h_k, x.scaled(x.mm(h_s, x.q, ta=True))) if t is not None])
     back = [(_total(h_g), g), (h_q, q), (h_k, k), (h_v, v), (h_o, out)]
     return [None if d is None else x.back(d, like) for d, like in back] + [
-        T.cast(h_lse, lse.checked_type.dtype) if x.wide else h_lse]
+        T.cast(h_lse, lse.checked_type.dtype) if x.wide else h_lse] + ([x.to_bias(h_s, bias)] if bias is not None else [])
 
 
 def _total(terms: list):
@@ -232,16 +299,17 @@ def _flops(arg_types, out_type, attrs):
     return 4 * b * h * length * (1 if arg_types[1].shape[2] is Any else arg_types[1].shape[2]) * e
 
 
-attention = defop("nn.attention", 3, _infer, kernel=_kernel, impls={"numpy": numpy_quiet(_kernel), "torch": _torch},
+attention = defop("nn.attention", 3, _infer, optional_inputs=1, kernel=_kernel, impls={"numpy": numpy_quiet(_kernel), "torch": _torch},
                   attrs_type=AttentionAttrs, grad=_grad, flops=_flops, dtypes=FLOAT_DTYPES,
                   example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu",
-                  doc="``(softmax(q k^T * scale) v, logsumexp)`` over (B, H, L, E) q and (B, H, S, E) k, v; ``is_causal`` "
-                      "keeps the lower triangle (``scaled_dot_product_attention`` without a mask or dropout).")
-attention_grad = defop("nn.attention_grad", 6, _grad_infer, kernel=_grad_kernel,
+                  doc="``(softmax(q k^T * scale + bias) v, logsumexp)`` over (B, H, L, E) q and (B, H, S, E) k, v, an "
+                      "optional rank-4 bias (an additive mask) broadcasting to (B, H, L, S); ``is_causal`` keeps the lower "
+                      "triangle (``scaled_dot_product_attention`` without dropout).")
+attention_grad = defop("nn.attention_grad", 6, _grad_infer, optional_inputs=1, kernel=_grad_kernel,
                        impls={"numpy": numpy_quiet(_grad_kernel), "torch": _grad_torch}, attrs_type=AttentionAttrs,
                        grad=_grad_grad, flops=lambda ts, out, a: 2 * _flops(ts[1:4], out, a), dtypes=FLOAT_DTYPES,
                        example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu_backward",
-                       doc="Gradient of ``nn.attention``: ``(out_grad, q, k, v, out, lse) -> (dq, dk, dv)``, the "
+                       doc="Gradient of ``nn.attention``: ``(out_grad, q, k, v, out, lse[, bias]) -> (dq, dk, dv)``, the "
                            "probabilities recomputed from q, k and lse (flash attention's backward).")
 
 __all__ = ["attention", "attention_grad", "AttentionAttrs", "lse_dtype"]

@@ -20,6 +20,8 @@ import math
 from typing import Any as _Any
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ..ir.errors import AttrError, PullbackError, TypeInferenceError
 from ..ir.expr import Call, Expr, Op, as_expr
 from ..ir.types import COMPLEX_DTYPES, DTYPES, TensorType, Type
@@ -108,7 +110,8 @@ def _real_operands(name: str, infer: InferFn) -> InferFn:
 class OpDef(Op):
     """An operator definition. Calling it builds a ``Call``.
 
-    ``num_inputs`` is the number of tensor operands (-1: variadic). Extra
+    ``num_inputs`` is the number of tensor operands (-1: variadic, given as a list), ``optional_inputs``
+    how many more it may take (an attention's bias): ``op(q, k, v)`` or ``op(q, k, v, bias)``. Extra
     positional arguments fill the attrs dataclass fields in order.
 
     Running it: ``kernel(xp, *arrays, attrs)`` written once against an array
@@ -143,6 +146,7 @@ class OpDef(Op):
         infer: InferFn,
         compute: Optional[ComputeFn] = None,
         *,
+        optional_inputs: int = 0,
         kernel: Optional[KernelFn] = None,
         impls: Optional[dict] = None,
         ufunc=None,
@@ -165,6 +169,7 @@ class OpDef(Op):
     ):
         self.name = name
         self.num_inputs = num_inputs
+        self.optional_inputs = optional_inputs
         self.dtypes = tuple(dtypes)
         self.infer = infer if any(d in COMPLEX_DTYPES for d in self.dtypes) else _real_operands(name, infer)
         self.kernel = kernel
@@ -259,14 +264,29 @@ class OpDef(Op):
             tensors, rest = list(args[0]), args[1:]
         else:
             if len(args) < n:
-                raise PullbackError(f"op {self.name} expects {n} tensor argument{'s' if n != 1 else ''}, got {len(args)}")
+                raise PullbackError(f"op {self.name} expects {self.arity('tensor argument')}, got {len(args)}")
+            for a in args[n:n + self.optional_inputs]:  # optional operands: the expressions and arrays that follow
+                if not isinstance(a, (Expr, np.ndarray)):
+                    break
+                n += 1
             tensors, rest = list(args[:n]), args[n:]
         exprs = [as_expr(t, tensors) for t in tensors]  # a Python scalar takes the dtype of the tensors it meets
         return Call(self, exprs, self.make_attrs(*rest, **kwargs))
 
+    def takes(self, nargs: int) -> bool:
+        """Does it take ``nargs`` operands?"""
+        n = self.num_inputs
+        return n < 0 or n <= nargs <= n + self.optional_inputs
+
+    def arity(self, noun: str = "argument") -> str:
+        """How many operands it takes, in words: ``3 arguments``, ``3 or 4 arguments``."""
+        n, more = self.num_inputs, self.optional_inputs
+        count = f"{n} to {n + more}" if more > 1 else f"{n} or {n + 1}" if more else str(n)
+        return f"{count} {noun}{'s' if n + more != 1 else ''}"
+
     def check_arity(self, nargs: int) -> None:
-        if self.num_inputs >= 0 and nargs != self.num_inputs:
-            raise TypeInferenceError(f"op {self.name} expects {self.num_inputs} argument{'s' if self.num_inputs != 1 else ''}, got {nargs}")
+        if not self.takes(nargs):
+            raise TypeInferenceError(f"op {self.name} expects {self.arity()}, got {nargs}")
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"

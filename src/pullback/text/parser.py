@@ -178,9 +178,8 @@ class _Call(_Frame):
                 p.fail(f"cannot call a {type(callee).__name__}: expected an operator, a @global or a fn", *where)
             call = p.guard(lambda: Call(callee, args), where)
         else:
-            n = callee.num_inputs
-            if n >= 0 and len(args) != n:
-                p.fail(f"operator {callee.name} expects {n} argument{'s' if n != 1 else ''}, got {len(args)}", *where)
+            if not callee.takes(len(args)):
+                p.fail(f"operator {callee.name} expects {callee.arity()}, got {len(args)}", *where)
             attrs = p.guard(lambda: callee.make_attrs(**self.kwargs), where)
             call = p.guard(lambda: Call(callee, args, attrs), where)
         call.span = f"{self.line}:{self.col}"
@@ -455,7 +454,7 @@ class _Parser:
             if op.attrs_type is not None or name in env or name in self.free:
                 break
             args = [env.get(a[1:]) for a in argtext.split(", ")] if argtext else []
-            if None in args or (op.num_inputs >= 0 and len(args) != op.num_inputs):
+            if None in args or not op.takes(len(args)):
                 break
             call = Call(op, args)
             set_attr(call, "span", f"{line}:{m.start(2) - line_start + 1}")
