@@ -142,9 +142,10 @@ def test_recognized_gelu_new_trains_like_pytorch_autograd_in_float64():
         np.testing.assert_allclose(got, w, rtol=1e-10, atol=1e-12)
 
 
-def _eager_attention(q, k, v, scale_kind, dtype="float32"):
+def _eager_attention(q, k, v, scale_kind, dtype="float32", mask=None):
     """Hugging Face's eager attention as the importer lowers it: two 4-D matmuls through 3-D batch_matmul, a
-    constant scale (``* c``, ``c *``, ``/ c`` or none) and a softmax over the last axis."""
+    constant scale (``* c``, ``c *``, ``/ c`` or none), an additive ``mask`` (``s + mask``; ``mask + s`` when
+    the scale is ``c *``) and a softmax over the last axis."""
     b, h, length, e = q.checked_type.shape
     keys = k.checked_type.shape[2]
     kt = op.reshape(op.transpose(k, (0, 1, 3, 2)), (-1, e, keys))
@@ -152,6 +153,8 @@ def _eager_attention(q, k, v, scale_kind, dtype="float32"):
     c = pb.const(0.25, dtype)
     s = {"mul": lambda: op.multiply(s, c), "rmul": lambda: op.multiply(c, s), "div": lambda: op.divide(s, pb.const(4.0, dtype)),
          "none": lambda: s}[scale_kind]()
+    if mask is not None:
+        s = op.add(mask, s) if scale_kind == "rmul" else op.add(s, mask)
     p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, keys))
     ev = v.checked_type.shape[3]
     return op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, keys, ev)), transpose_b=False), (b, h, length, ev))
@@ -183,14 +186,42 @@ def test_eager_attention_becomes_one_op_with_the_same_results_and_gradients(scal
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("scale_kind", ["mul", "rmul", "div"])
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 7), (2, 3, 5, 7)])
+def test_masked_eager_attention_becomes_one_op_with_the_same_results_and_gradients(scale_kind, mask_shape):
+    """An additive mask between the scale and the softmax (Hugging Face's eager attention over a padded batch) is
+    ``nn.attention``'s bias: the results and the gradients, the mask's included, equal the formula's."""
+    q, k, v = _qkv("float64")
+    mask = pb.var("mask", shape=mask_shape, dtype="float64")
+    before = mod_of([q, k, v, mask], _eager_attention(q, k, v, scale_kind, "float64", mask))
+    after = RecognizeOps()(before)
+    calls = [n for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    assert [len(n.args) for n in calls if n.op.name == "nn.attention"] == [4]
+    assert not [n for n in calls if n.op.name in ("nn.softmax", "nn.batch_matmul")]
+    assert_valid(after)
+    assert_same_results(before, after)
+    loss = lambda m: pb.IRModule.from_expr(pb.Function(m["main"].params, op.sum(op.multiply(m["main"].body, m["main"].body))))  # noqa: E731
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(x.checked_type.shape) for x in (q, k, v, mask)]
+    args[3][0, ..., 4:] = -1e9  # padding: the first sample's last keys masked
+    want = pb.build(FirstOrderGradient()(loss(before)))["main_grad"](*args)[1]
+    got = pb.build(FirstOrderGradient()(loss(after)))["main_grad"](*args)[1]
+    assert len(got) == 4
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_bfloat16_masked_or_other_attention_keeps_its_form():
-    """bfloat16 keeps eager's roundings (its form); a mask between the scale and the softmax, a softmax over
-    another axis, or keys and values of other shapes are not this attention."""
+    """bfloat16 keeps eager's roundings (its form); a ``where`` mask between the scale and the softmax, an added
+    mask of another rank than 4, a softmax over another axis, or keys and
+    values of other shapes are not this attention."""
     q, k, v = _qkv("bfloat16")
     cases = [mod_of([q, k, v], _eager_attention(q, k, v, "mul", "bfloat16"))]
     q, k, v = _qkv(shapes=((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6)))
     cases.append(mod_of([q, k, v], _eager_attention(q, k, v, "mul")))
     q, k, v = _qkv()
+    for mask in (pb.var("m", shape=(3, 5, 7)), pb.var("m", shape=(5, 7))):
+        cases.append(mod_of([q, k, v, mask], _eager_attention(q, k, v, "mul", mask=mask)))
     s = op.reshape(op.nn.batch_matmul(op.reshape(q, (-1, 5, 4)), op.reshape(k, (-1, 7, 4)), transpose_b=True), (2, 3, 5, 7))
     masked = op.where(pb.const(np.tril(np.ones((5, 7), dtype=bool))), s, pb.const(-1e9, "float32"))
     for scores, axis in ((masked, -1), (s, 2)):
@@ -215,3 +246,39 @@ def test_hugging_faces_eager_attention_is_recognized_and_keeps_no_probabilities(
     length = wl.example_inputs[0].shape[1]
     residuals = tp.mod["main_fwd"].checked_type.ret_type.fields[1].fields
     assert not [t for t in residuals if tuple(t.shape[-2:]) == (length, length)]
+
+
+def test_hugging_faces_eager_attention_over_a_padded_batch_is_recognized_and_trains_like_eager():
+    """A Hugging Face BertModel with eager attention and a padded batch adds its extended attention mask to the
+    scores: recognized, the mask is ``nn.attention``'s bias; no per-head (L, S) probabilities are kept and training
+    matches eager's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  vocab_size=100, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  attn_implementation="eager")
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = transformers.BertModel(cfg)
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state.pow(2).mean()
+
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, -4:] = 0
+    batches = [((torch.randint(0, 100, (2, 12)), mask), None) for _ in range(3)]
+    model = Encoder()
+    (tp,) = pb_compile(model, batches[0][0], target="numpy")._programs.values()
+    calls = [n for n in pb.ir.traversal.post_order(tp.prog.main.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    assert [len(n.args) for n in calls if n.op.name == "nn.attention"] == [4, 4]
+    assert not [n for n in calls if n.op.name == "nn.softmax"]
+    residuals = tp.mod["main_fwd"].checked_type.ret_type.fields[1].fields
+    assert not [t for t in residuals if tuple(t.shape[-3:]) == (4, 12, 12)], residuals
+    result = train_side_by_side(model, batches, lambda loss, _: loss, lr=0.05, target="numpy", verbose=False)
+    check_side_by_side(result, rtol=1e-5, atol=1e-5, verbose=False)

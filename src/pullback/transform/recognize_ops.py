@@ -99,18 +99,41 @@ def _scale_of(scores: Expr) -> tuple:
     return scores, 1.0
 
 
+def _scores_of(x: Expr) -> Optional[tuple]:
+    """``(qk, scale, bias)`` when ``x`` is the 4-D scores ``qk * scale``, maybe plus an additive mask ``bias``
+    (``s + mask`` or ``mask + s``), ``qk`` a 3-D ``batch_matmul`` reshaped to 4-D; None otherwise."""
+    candidates = [(x, None)]
+    if is_call_to(x, "add"):
+        candidates += [(x.args[0], x.args[1]), (x.args[1], x.args[0])]
+    for s, bias in candidates:
+        scores, scale = _scale_of(s)
+        if is_call_to(scores, "reshape") and is_call_to(scores.args[0], "nn.batch_matmul"):
+            return scores.args[0], scale, bias
+    return None
+
+
+def _is_bias(bias: Expr, scores: TensorType) -> bool:
+    """A rank-4 mask of the scores' dtype that broadcasts to them."""
+    t = bias._checked_type
+    return isinstance(t, TensorType) and t.ndim == 4 and t.dtype == scores.dtype and \
+        all(d == 1 or d == f for d, f in zip(t.shape, scores.shape))
+
+
 def _attention(node: Call, c: dict) -> Optional[Expr]:
-    """``softmax(q k^T * scale) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax between,
-    no mask nor dropout) in float32/float64 as ``nn.attention``: its backward recomputes the probabilities
-    instead of keeping them. bfloat16 keeps eager's form, so its roundings stay eager's."""
+    """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
+    between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias: its
+    backward recomputes the probabilities instead of keeping them. bfloat16 keeps eager's form, so its roundings
+    stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's softmax gives NaN.)"""
     if node.attrs.transpose_a or node.attrs.transpose_b or not is_call_to(node.args[0], "reshape"):
         return None
     sm = node.args[0].args[0]
     if not is_call_to(sm, "nn.softmax") or sm.attrs.axis not in (-1, 3) or sm.checked_type.ndim != 4:
         return None
-    scores, scale = _scale_of(sm.args[0])
-    qk = scores.args[0] if is_call_to(scores, "reshape") else None
-    if not is_call_to(qk, "nn.batch_matmul") or qk.attrs.transpose_a:
+    parts = _scores_of(sm.args[0])
+    if parts is None:
+        return None
+    qk, scale, bias = parts
+    if qk.attrs.transpose_a:
         return None
     q, v = _unflattened(qk.args[0]), _unflattened(node.args[1])
     k = _unflattened(qk.args[1])
@@ -122,7 +145,9 @@ def _attention(node: Call, c: dict) -> Optional[Expr]:
     if tq.dtype not in ("float32", "float64") or not tq.dtype == tk.dtype == tv.dtype or tk.shape != tv.shape or \
             tq.shape[:2] != tk.shape[:2] or tq.shape[3] != tk.shape[3] or Any in tq.shape[2:] + tk.shape[2:]:
         return None
-    out = TupleGetItem(attention(q, k, v, scale=scale), 0)
+    if bias is not None and (tq.shape[1] is Any or not _is_bias(bias, sm.checked_type)):
+        return None
+    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale), 0)
     return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
 
 
@@ -134,7 +159,7 @@ def recognize_rules() -> list:
 
 @dataclass(frozen=True)
 class RecognizeOps(RewritePass):
-    """Decomposed formulas of operators back into the operators (the tanh form of GELU, unmasked attention)."""
+    """Decomposed formulas of operators back into the operators (the tanh form of GELU, attention)."""
 
     name = "RecognizeOps"
 
