@@ -730,15 +730,16 @@ def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
     backward, never saved) for attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys and
-    values of one float dtype; None otherwise. A mask becomes its bias: a boolean one 0 where True and -inf where
+    values of one float dtype; None otherwise (and for a float16/bfloat16 mask that depends on a trainable
+    parameter, for which eager runs its float32 math kernel instead, as ``_sdpa`` does). A mask becomes its bias: a boolean one 0 where True and -inf where
     False in the queries' dtype (as eager converts it for that kernel), a float one as it is (in the queries' dtype
     or float32), of rank 4."""
     dts = {cx.dtype_of(t) for t in (q, k, v)}
     if dropout_p or len(dts) != 1:
         return None
     dt = dts.pop()
-    if dt not in FLOAT_DTYPES:
-        return None
+    if dt not in FLOAT_DTYPES or dt in HALF_DTYPES and attn_mask is not None and cx.learnable(attn_mask):
+        return None  # a learnable half-precision bias (T5's position bias): eager's math kernel, in float32
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
         return None

@@ -165,6 +165,8 @@ class ConvertContext:
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
         self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
         self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
+        self.trainable: set[int] = set()  # ids of the Vars of parameters that require grad
+        self._learnable: dict[int, bool] = {}
 
     def note_sizes(self, v: Expr, val) -> None:
         """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as
@@ -186,6 +188,23 @@ class ConvertContext:
         others = tuple(i for i in range(self.ndim_of(v)) if i != axis)
         z = get_op("sum")(z, others, False) if others else z
         return z if self.dtype_of(v) == dtype else get_op("cast")(z, dtype)
+
+    def learnable(self, e: Expr) -> bool:
+        """Does ``e`` depend on a parameter that requires grad (would eager's autograd differentiate it)?"""
+        memo, trainable = self._learnable, self.trainable
+        stack = [(e, False)]
+        while stack:
+            n, done = stack.pop()
+            k = id(n)
+            if k in memo:
+                continue
+            kids = n.children()
+            if done:
+                memo[k] = k in trainable or any(memo[id(c)] for c in kids)
+                continue
+            stack.append((n, True))
+            stack.extend((c, False) for c in kids if id(c) not in memo)
+        return memo[id(e)]
 
     def record(self, expr: Expr, val) -> None:
         if isinstance(expr, Expr) and hasattr(val, "shape") and hasattr(val, "dtype"):

@@ -366,6 +366,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
                     v = Var(names.fresh(sanitize(spec.target)), ty)
                     entry = by_tensor[id(tensor)] = [v, [spec.target], spec.kind == InputKind.PARAMETER]
                     state_vars.append(entry)
+                    if spec.kind == InputKind.PARAMETER and tensor.requires_grad:
+                        cx.trainable.add(id(v))
                     params[v.name_hint] = _to_numpy(tensor) if copy_params else _read_only_view(tensor)
             elif spec.kind == InputKind.TOKEN:  # threaded through operators with side effects
                 if _effects(ep.graph):
