@@ -730,10 +730,10 @@ def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
     backward, never saved) for attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys and
-    values of one float dtype; None otherwise (and for a float16/bfloat16 mask that depends on a trainable
-    parameter, for which eager runs its float32 math kernel instead, as ``_sdpa`` does). A mask becomes its bias: a boolean one 0 where True and -inf where
-    False in the queries' dtype (as eager converts it for that kernel), a float one as it is (in the queries' dtype
-    or float32), of rank 4."""
+    values of one float dtype; None otherwise, and for a float16/bfloat16 mask that depends on a trainable
+    parameter (eager runs its float32 math kernel there, as ``_sdpa`` does). A mask becomes its bias: a boolean
+    one 0 where True and -inf where False in the queries' dtype (as eager converts it for that kernel), a float
+    one as it is (in the queries' dtype or float32), of rank 4."""
     dts = {cx.dtype_of(t) for t in (q, k, v)}
     if dropout_p or len(dts) != 1:
         return None
@@ -755,8 +755,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _attention_bias(cx, mask, dt: str, full: tuple) -> Optional[tuple]:
-    """``(bias,)``: an sdpa mask as ``nn.attention``'s rank-4 additive bias, or None (a dtype or shape it takes
-    not)."""
+    """``(bias,)``: an sdpa mask as ``nn.attention``'s rank-4 additive bias, or None (a dtype or shape it does
+    not take)."""
     mdt, shape = cx.dtype_of(mask), tuple(cx.shape_of(mask))
     if full[1] is Any or len(shape) > 4 or any(d != 1 and d != f for d, f in zip(shape[::-1], full[::-1])):
         return None
