@@ -165,7 +165,7 @@ class ConvertContext:
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
         self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
         self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
-        self.trainable: set[int] = set()  # ids of the Vars of parameters that require grad
+        self.trainable: set[int] = set()  # ids of the Vars of parameters (and inputs) that require grad
         self._learnable: dict[int, bool] = {}
 
     def note_sizes(self, v: Expr, val) -> None:

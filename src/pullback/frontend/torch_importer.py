@@ -316,13 +316,16 @@ def _read_only_view(t) -> np.ndarray:
 
 
 def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
-                    copy_params: bool = True) -> TorchProgram:
+                    copy_params: bool = True, grad_inputs: Optional[Sequence[bool]] = None) -> TorchProgram:
     """Convert an ``ExportedProgram`` (see the module docstring for the signature of ``@main``).
 
     ``tied`` (optional) maps a state_dict key to every key sharing its tensor (``tied_keys(module)``); keys
     whose tensors are one object in ``ep.state_dict`` are tied in any case. ``copy_params=False``: ``params``
     holds read-only views of the parameters and buffers (they follow the module's training) instead of copies
     (the PyTorch integration, which passes the live tensors: a copy took 0.7 s and 440 MB for BERT-base).
+    ``grad_inputs`` (optional): per tensor user input, whether it requires grad, for a program specialised on it
+    (Dynamo's graphs take the parameters as inputs): as a trainable parameter, it picks eager's kernel for what
+    depends on it (a learnable attention bias).
     """
     import torch
     from torch.export.graph_signature import InputKind, OutputKind
@@ -352,6 +355,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             ty = TensorType(torch_shape(val.shape), torch_dtype_name(val.dtype))
             if spec.kind == InputKind.USER_INPUT:
                 v = Var(names.fresh(sanitize(node.name)), ty)
+                if grad_inputs is not None and len(user_vars) < len(grad_inputs) and grad_inputs[len(user_vars)]:
+                    cx.trainable.add(id(v))
                 user_vars.append(v)
                 cx.note_sizes(v, val)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):

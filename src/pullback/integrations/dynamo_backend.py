@@ -255,7 +255,8 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
         plain = len(tensors) == len(inputs)
         module = graph if plain else _bound_module(graph, inputs, layout.is_input, layout.sizes if dyn else {})
         flags = [b for b, i in zip(layout.batched, layout.is_input) if i] if dyn else False
-        prog = import_exported(export(module, tensors, dynamic_batch=flags), tied=tied_keys(module), copy_params=False)
+        prog = import_exported(export(module, tensors, dynamic_batch=flags), tied=tied_keys(module), copy_params=False,
+                               grad_inputs=[x.requires_grad for x in tensors])
         tp = TrainingProgram(prog, training_wrt(prog, tensors), target, policy)
         return tp, module_state(module)
 
