@@ -386,11 +386,11 @@ MISC += [
     case("nn.attention", _ATT((1, 2, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 1, 4)),
          attrs=dict(scale=0.7, is_causal=True), torch=attention_torch(0.7, True), id="attention-bias-causal"),
     case("nn.attention_grad", *attention_grad_inputs(_ATT((2, 3, 5, 4)), _ATT((2, 3, 7, 4)), _ATT((2, 3, 7, 4)), 0.4, False,
-                                                     padding_bias((2, 1, 1, 7), (1, 0, 0, slice(5, None)))), attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False),
-         id="attention_grad-bias"),
+                                                     padding_bias((2, 1, 1, 7), (1, 0, 0, slice(5, None)))),
+         attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False), id="attention_grad-bias"),
     case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 4, 3)), _ATT((1, 2, 6, 3)), _ATT((1, 2, 6, 3)), 0.6, False,
-                                                     padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))), attrs=dict(scale=0.6), torch=attention_grad_torch(0.6, False),
-         id="attention_grad-bias-masked-row"),
+                                                     padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))),
+         attrs=dict(scale=0.6), torch=attention_grad_torch(0.6, False), id="attention_grad-bias-masked-row"),
 ]
 for _c in MISC:
     if _c.op == "nn.nll_loss":
