@@ -415,20 +415,10 @@ def test_bfloat16_llama_on_a_padded_batch_trains_like_eager(target):
     padding), which reaches ATen's flash kernels as the fused attention's bias: on the torch target the loss and
     every gradient are eager's bits (before, the masked attention was written out in float32: the loss a few
     bits off), elsewhere as close to float64's as eager's."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from pullback.testing.torch_models import CausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
-
-    class LM(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = LlamaForCausalLM(cfg)
-
-        def forward(self, ids, mask):
-            return self.m(input_ids=ids, attention_mask=mask, labels=ids).loss
-
+    lm, _ = _llama()
     ids, mask = torch.randint(0, 128, (2, 16)), torch.ones(2, 16, dtype=torch.long)
     mask[1, :5] = 0
-    _trains_like_eager(LM().to(BF16), (ids, mask), (ids, mask), target)
+    _trains_like_eager(CausalLM(lm).to(BF16), (ids, ids, mask), (ids, ids, mask), target)

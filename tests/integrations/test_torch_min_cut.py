@@ -92,25 +92,17 @@ def test_masked_attention_keeps_no_probabilities_for_the_backward():
 
     from pullback.ir.expr import Call
     from pullback.ir.traversal import post_order
+    from pullback.testing.torch_models import CausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=64, vocab_size=100, attn_implementation="sdpa")
-
-    class LM(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = LlamaForCausalLM(cfg)
-
-        def forward(self, ids, mask):
-            return self.m(input_ids=ids, attention_mask=mask, labels=ids).loss
-
     batches = []
     for _ in range(STEPS):
-        mask = torch.ones(2, 12, dtype=torch.long)
+        ids, mask = torch.randint(0, 100, (2, 12)), torch.ones(2, 12, dtype=torch.long)
         mask[1, :4] = 0
-        batches.append(((torch.randint(0, 100, (2, 12)), mask), None))
-    model = LM()
+        batches.append(((ids, ids, mask), None))
+    model = CausalLM(LlamaForCausalLM(cfg))
     for target in TARGETS:
         for policy in ("save_all", "min_cut"):
             (tp,) = pb_compile(model, batches[0][0], target=target, policy=policy)._programs.values()

@@ -175,11 +175,9 @@ class _Heads:
     def row_sum(self, x: Expr) -> Expr:
         return R.sum(x, (-1,), True)
 
-
-def _score_grad(h: _Heads, g: Expr, v: Expr, out: Expr) -> Expr:
-    """The scores' cotangent ``dS = P * (g v^T - rowsum(g * out))`` over (B*H, L, S) rows."""
-    g3 = h.rows(g)
-    return E.multiply(h.p, E.subtract(h.mm(g3, h.rows(v), tb=True), h.row_sum(E.multiply(g3, h.rows(out)))))
+    def centred(self, g3: Expr, v3: Expr, o3: Expr) -> Expr:
+        """``g v^T - rowsum(g * out)`` over rows: the scores' cotangent is ``P`` times it."""
+        return E.subtract(self.mm(g3, v3, tb=True), self.row_sum(E.multiply(g3, o3)))
 
 
 def _grad(call: Call, g: Expr):
@@ -197,7 +195,7 @@ def _grad(call: Call, g: Expr):
         d = attention_grad(go, q, k, v, out, lse, *call.args[3:], scale=a.scale, is_causal=a.is_causal)
         grads[:3] = [TupleGetItem(d, i) for i in range(3)]
         if bias is not None:
-            grads[3] = h.to_bias(_score_grad(h, go, v, out), bias)
+            grads[3] = h.to_bias(E.multiply(h.p, h.centred(h.rows(go), h.rows(v), h.rows(out))), bias)
     if glse is not None:
         ds = E.multiply(h.p, T.reshape(T.cast(glse, "float32") if h.wide else glse, (-1, h.length, 1)))
         extra = {0: h.back(h.scaled(h.mm(ds, h.k)), q), 1: h.back(h.scaled(h.mm(ds, h.q, ta=True)), k)}
@@ -263,7 +261,7 @@ def _grad_grad(call: Call, h: Expr):
     x = _Heads(q, k, lse, call.attrs, bias)
     g3, v3, o3 = x.rows(g), x.rows(v), x.rows(out)
     hq3, hk3, hv3 = (None if t is None else x.rows(t) for t in (hq, hk, hv))
-    m = E.subtract(x.mm(g3, v3, tb=True), x.row_sum(E.multiply(g3, o3)))
+    m = x.centred(g3, v3, o3)
     ds = E.multiply(x.p, m)
     terms = [x.mm(hq3, x.k, tb=True) if hq3 is not None else None, x.mm(x.q, hk3, tb=True) if hk3 is not None else None]
     h_ds = _total([x.scaled(t) for t in terms if t is not None])

@@ -195,14 +195,15 @@ def resnet(small: bool = False) -> TorchWorkload:
 
 
 class CausalLM(nn.Module):
-    """``model(input_ids, labels=labels).loss`` of a Hugging Face causal LM, as a loss module."""
+    """``model(input_ids, labels=labels).loss`` of a Hugging Face causal LM, as a loss module; an
+    ``attention_mask`` (a padded batch) is passed on when given."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, labels):
-        return self.lm(input_ids=input_ids, labels=labels, use_cache=False).loss
+    def forward(self, input_ids, labels, attention_mask=None):
+        return self.lm(input_ids=input_ids, labels=labels, attention_mask=attention_mask, use_cache=False).loss
 
 
 def gpt2(small: bool = False) -> TorchWorkload:
