@@ -1,0 +1,175 @@
+"""Grouped matrix products: a mixture of experts' GEMMs over rows sorted by expert (``torch._grouped_mm``,
+``jax.lax.ragged_dot``).
+
+``nn.grouped_matmul(x (S, K), w (E, K, N), offs (E,))`` -> (S, N): ``offs`` holds the groups' cumulative row
+counts (non-decreasing, at most S); group ``e`` is rows ``offs[e-1]:offs[e]`` (from 0 for the first) and goes
+through ``w[e]``. Rows past ``offs[-1]`` are zero (ATen leaves them unwritten).
+
+``nn.grouped_transpose_matmul(a (S, K), b (S, N), offs (E,))`` -> (E, K, N): group ``e``'s ``a_e^T b_e``, zero
+for an empty group; rows past ``offs[-1]`` take no part. It is the weight gradient of ``nn.grouped_matmul``.
+
+The two are each other's gradients, so every order of derivative stays in these operators. Half precision
+accumulates in float32 and rounds once, as ATen does. On torch the float32 and half kernels are ATen's
+``_grouped_mm`` (eager's, bit for bit); float64 and the other targets run one GEMM per group, jax its
+``ragged_dot``.
+"""
+
+from __future__ import annotations
+
+from ..ir.expr import Call, Expr
+from ..ir.types import FLOAT_DTYPES, INT_DTYPES, Any, TensorType
+from . import layout as T
+from .common import tensor_arg
+from .kernels import accumulated
+from .registry import array_namespace, defop, type_error
+
+_GROUPED = "nn.grouped_matmul"
+_TRANSPOSE = "nn.grouped_transpose_matmul"
+
+
+def _check(name: str, arg_types, x: TensorType, y: TensorType, offs: TensorType) -> None:
+    if x.dtype != y.dtype or x.dtype not in FLOAT_DTYPES:
+        raise type_error(name, arg_types, f"expects two floating-point tensors of one dtype, got {x.dtype} and {y.dtype}")
+    if offs.dtype not in INT_DTYPES or offs.ndim != 1:
+        raise type_error(name, arg_types, f"offs must be a rank-1 integer tensor (the groups' cumulative row counts), got {offs!r}")
+
+
+def _agree(name: str, arg_types, what: str, a, b) -> None:
+    if a is not Any and b is not Any and a != b:
+        raise type_error(name, arg_types, f"{what} differ: {a} vs {b}")
+
+
+def _infer(arg_types, attrs):
+    x, w, offs = (tensor_arg(_GROUPED, arg_types, i) for i in range(3))
+    _check(_GROUPED, arg_types, x, w, offs)
+    if x.ndim != 2 or w.ndim != 3:
+        raise type_error(_GROUPED, arg_types, f"expects x of rank 2 (S, K) and w of rank 3 (E, K, N), got ranks {x.ndim} and {w.ndim}")
+    _agree(_GROUPED, arg_types, "contraction sizes (x's K, w's K)", x.shape[1], w.shape[1])
+    _agree(_GROUPED, arg_types, "group counts (w's E, offs' length)", w.shape[0], offs.shape[0])
+    return TensorType((x.shape[0], w.shape[2]), x.dtype)
+
+
+def _transpose_infer(arg_types, attrs):
+    a, b, offs = (tensor_arg(_TRANSPOSE, arg_types, i) for i in range(3))
+    _check(_TRANSPOSE, arg_types, a, b, offs)
+    if a.ndim != 2 or b.ndim != 2:
+        raise type_error(_TRANSPOSE, arg_types, f"expects a (S, K) and b (S, N) of rank 2, got ranks {a.ndim} and {b.ndim}")
+    _agree(_TRANSPOSE, arg_types, "row counts (a's S, b's S)", a.shape[0], b.shape[0])
+    return TensorType((offs.shape[0], a.shape[1], b.shape[1]), a.dtype)
+
+
+def _groups(offs, rows: int):
+    """(group, start, end) of every non-empty group, from host values of ``offs``."""
+    start = 0
+    for e, end in enumerate(int(v) for v in offs.tolist()):
+        end = min(max(end, start), rows)
+        if end > start:
+            yield e, start, end
+        start = end
+
+
+def _kernel(xp, x, w, offs, attrs):
+    """One GEMM per group (the host reads ``offs``), in float32 for half precision."""
+    wx, ww = accumulated(xp, x), accumulated(xp, w)
+    parts, start = [], 0
+    for e, lo, hi in _groups(offs, x.shape[0]):
+        if lo > start:
+            parts.append(xp.zeros((lo - start, w.shape[2]), dtype=wx.dtype))
+        parts.append(xp.matmul(wx[lo:hi], ww[e]))
+        start = hi
+    if start < x.shape[0] or not parts:
+        parts.append(xp.zeros((x.shape[0] - start, w.shape[2]), dtype=wx.dtype))
+    return xp.astype(xp.concat(parts, axis=0), x.dtype)
+
+
+def _transpose_kernel(xp, a, b, offs, attrs):
+    wa, wb = accumulated(xp, a), accumulated(xp, b)
+    out = [xp.zeros((a.shape[1], b.shape[1]), dtype=wa.dtype) for _ in range(offs.shape[0])]
+    for e, lo, hi in _groups(offs, a.shape[0]):
+        out[e] = xp.matmul(xp.matrix_transpose(wa[lo:hi]), wb[lo:hi])
+    return xp.astype(xp.stack(out), a.dtype)
+
+
+def _aten(x, y, offs):
+    """ATen's ``_grouped_mm`` (eager's kernel) on CPU float32 and half tensors whose strides it takes (multiples
+    of 16 bytes); None where it cannot run (float64, other strides: the loop runs then)."""
+    import torch
+
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not offs.shape[0]:
+        return None
+    try:
+        return torch._grouped_mm(x, y, offs=offs.to(torch.int32))
+    except RuntimeError:
+        return None
+
+
+def _torch(x, w, offs, attrs):
+    out = _aten(x, w, offs)
+    if out is None:
+        return _kernel(array_namespace("torch"), x, w, offs, attrs)
+    end = min(max(int(offs[-1]), 0), x.shape[0])
+    if end < x.shape[0]:  # rows ATen leaves unwritten
+        out[end:] = 0
+    return out
+
+
+def _transpose_torch(a, b, offs, attrs):
+    out = _aten(a.t(), b, offs)
+    return _transpose_kernel(array_namespace("torch"), a, b, offs, attrs) if out is None else out
+
+
+def _sizes(jnp, lax, offs, rows: int):
+    """The groups' row counts (``ragged_dot``'s ``group_sizes``), offs read as ``_groups`` reads them."""
+    return jnp.diff(lax.cummax(jnp.clip(offs.astype(jnp.int32), 0, rows)), prepend=0)
+
+
+def _jax(x, w, offs, attrs):
+    """``lax.ragged_dot`` (traceable: the group sizes stay data)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    return lax.ragged_dot(x, w, _sizes(jnp, lax, offs, x.shape[0]), preferred_element_type=acc).astype(x.dtype)
+
+
+def _transpose_jax(a, b, offs, attrs):
+    import jax.numpy as jnp
+    from jax import lax
+
+    acc = jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else a.dtype
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0],
+                                         rhs_group_dimensions=[])
+    return lax.ragged_dot_general(a, b, _sizes(jnp, lax, offs, a.shape[0]), dims, preferred_element_type=acc).astype(a.dtype)
+
+
+def _grad(call: Call, g: Expr):
+    """y = x w_e per group: dx = g w_e^T, dw_e = x_e^T g_e."""
+    x, w, offs = call.args
+    return [grouped_matmul(g, T.transpose(w, (0, 2, 1)), offs), grouped_transpose_matmul(x, g, offs), None]
+
+
+def _transpose_grad(call: Call, g: Expr):
+    """W_e = a_e^T b_e: da = b_e g_e^T, db = a_e g_e, per row of group e."""
+    a, b, offs = call.args
+    return [grouped_matmul(b, T.transpose(g, (0, 2, 1)), offs), grouped_matmul(a, g, offs), None]
+
+
+def _flops(arg_types, out_type, attrs):
+    k = arg_types[0].shape[1]
+    n = out_type.shape[-1]
+    s = arg_types[0].shape[0]
+    return 2 * s * k * n if all(isinstance(d, int) for d in (s, k, n)) else 0
+
+
+_DTYPES = FLOAT_DTYPES + INT_DTYPES
+grouped_matmul = defop(_GROUPED, 3, _infer, kernel=_kernel, impls={"torch": _torch, "jax": _jax}, grad=_grad,
+                       flops=_flops, dtypes=_DTYPES, torch_name="_grouped_mm",
+                       doc="``(x (S, K), w (E, K, N), offs (E,)) -> (S, N)``: rows ``offs[e-1]:offs[e]`` times ``w[e]`` "
+                           "(a mixture of experts' GEMM over rows sorted by expert); rows past ``offs[-1]`` are zero.")
+grouped_transpose_matmul = defop(_TRANSPOSE, 3, _transpose_infer, kernel=_transpose_kernel,
+                                 impls={"torch": _transpose_torch, "jax": _transpose_jax}, grad=_transpose_grad,
+                                 flops=_flops, dtypes=_DTYPES, torch_name="_grouped_mm",
+                                 doc="``(a (S, K), b (S, N), offs (E,)) -> (E, K, N)``: each group's ``a_e^T b_e`` (the "
+                                     "weight gradient of ``nn.grouped_matmul``); zero for an empty group.")
+
+__all__ = ["grouped_matmul", "grouped_transpose_matmul"]
