@@ -302,8 +302,9 @@ def test_bfloat16_variance_gradient_is_eagers_bits(target):
 
 def test_bfloat16_attention_is_eagers_bits_on_torch(target):
     """Unmasked attention is one operator whose torch kernel is ATen's flash attention, eager's own: on the torch
-    target the output is eager's bit for bit (GQA's repeated heads too); the gradients, computed in float32 from
-    the recomputed probabilities, are as close to float64's as eager's on every target."""
+    target output and gradients are eager's bit for bit (GQA's shared heads too: their gradients add up in float32
+    inside the kernel, before one rounding); the gradients, computed in float32 from the recomputed probabilities,
+    are as close to float64's as eager's on every target."""
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 48, 16).to(BF16), torch.randn(2, 2, 48, 16).to(BF16), torch.randn(2, 2, 48, 16).to(BF16)
 
@@ -314,16 +315,67 @@ def test_bfloat16_attention_is_eagers_bits_on_torch(target):
     g = torch.randn(2, 4, 48, 16, dtype=torch.float64)
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     GQA()(*exact).backward(g)
-    outs, errors = {}, {}
+    outs, grads, errors = {}, {}, {}
     for name, f in (("eager", GQA()), ("pullback", pb_compile(GQA(), (q, k, v), target=target))):
         xs = [t.clone().requires_grad_() for t in (q, k, v)]
         outs[name] = out = f(*xs)
         out.backward(g.to(BF16))
+        grads[name] = [x.grad for x in xs]
         errors[name] = [float((x.grad.double() - e.grad).norm() / e.grad.norm()) for x, e in zip(xs, exact)]
     if target == "torch":
         assert torch.equal(outs["pullback"], outs["eager"])
+        assert all(torch.equal(a, b) for a, b in zip(grads["pullback"], grads["eager"]))
     for ours, theirs in zip(errors["pullback"], errors["eager"]):
         assert ours <= 1.05 * theirs, errors
+
+
+class _RepeatedHeads(torch.nn.Module):
+    """Grouped-query attention as Hugging Face writes it under export: keys and values projected to 2 heads,
+    repeated to the queries' 4 (``repeat_kv``), and a causal mask built from constants; or, ``shared=True``, as it
+    runs in eager without a mask (``enable_gqa``, ``is_causal``)."""
+
+    def __init__(self, shared: bool = False):
+        super().__init__()
+        self.shared = shared
+        self.q, self.kv = torch.nn.Linear(32, 64, bias=False), torch.nn.Linear(32, 64, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 16).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, 2, 16).permute(3, 0, 2, 1, 4)
+        if self.shared:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            k, v = (t[:, :, None].expand(b, 2, 2, n, 16).reshape(b, 4, n, 16) for t in (k, v))
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        return (o.float() ** 2).mean()
+
+
+def test_bfloat16_repeated_key_heads_under_a_constant_mask_are_shared_as_eager_does(target):
+    """Repeated key/value heads under a mask computed from constants become one grouped-query attention, whose
+    key/value residuals keep 2 heads, not 4: on torch the loss and every gradient are the bits of eager's
+    ``enable_gqa`` kernel (the call Hugging Face makes in eager, without a mask)."""
+    import pullback
+    from pullback.frontend import from_torch
+
+    torch.manual_seed(0)
+    model, x = _RepeatedHeads().to(BF16), torch.randn(2, 24, 32).to(BF16)
+    mod, _ = from_torch(model, (x,))
+    (att,) = [n for n in pullback.ir.traversal.post_order(mod["main"].body) if pullback.ops.is_call_to(n, "nn.attention")]
+    assert [a.checked_type.shape[1] for a in att.args[:3]] == [4, 2, 2]
+    eager = _RepeatedHeads(shared=True).to(BF16)
+    eager.load_state_dict(model.state_dict())
+    reference = copy.deepcopy(eager).double()
+    loss, want = pb_compile(model, (x,), target=target)(x), eager(x)
+    loss.backward()
+    want.backward()
+    reference(x.double()).backward()
+    if target == "torch":
+        assert torch.equal(loss, want)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters()))
+    ours, theirs = _errors(model, eager, reference)
+    assert ours <= 1.05 * theirs, (ours, theirs)
 
 
 def _padded_causal_mask(batch: int, length: int) -> torch.Tensor:

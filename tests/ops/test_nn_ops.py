@@ -318,12 +318,20 @@ def _attention_scores(torch, q, k, bias, scale: float, causal: bool):
     return s.masked_fill(dead, 0.0), dead
 
 
+def shared_heads(x, heads: int):
+    """Keys or values (torch or NumPy) with each head repeated to the queries' ``heads`` (grouped-query attention:
+    query head h reads head h // (heads / Hkv)); differentiable, so their gradients add over the sharing heads."""
+    n = heads // x.shape[1]
+    return x if n == 1 else (x.repeat_interleave(n, 1) if hasattr(x, "repeat_interleave") else np.repeat(x, n, 1))
+
+
 def attention_torch(scale: float, causal: bool):
     """softmax(q k^T scale + bias) v and the rows' log-sum-exp, by their definition (float64, autograd through
     both); a row masked everywhere gives 0 and a log-sum-exp of 0, as ATen's kernel does."""
     def f(q, k, v, bias=None):
         import torch
 
+        k, v = shared_heads(k, q.shape[1]), shared_heads(v, q.shape[1])
         s, dead = _attention_scores(torch, q, k, bias, scale, causal)
         live = (~dead).to(s.dtype)
         return (torch.softmax(s, -1) * live) @ v, torch.logsumexp(s, -1) * live[..., 0]
@@ -339,23 +347,29 @@ def attention_grad_torch(scale: float, causal: bool):
     def f(g, q, k, v, o, lse, bias=None):
         import torch
 
+        kv = k.shape[1]
+        k, v = shared_heads(k, q.shape[1]), shared_heads(v, q.shape[1])
         s, dead = _attention_scores(torch, q, k, bias, scale, causal)
         p = torch.exp(s - lse[..., None]) * (~dead).to(s.dtype)
         ds = p * (g @ v.transpose(-1, -2) - (g * o).sum(-1, keepdim=True))
-        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ g
+
+        def fold(d):  # summed over the query heads sharing a key/value head
+            return d.reshape(d.shape[0], kv, -1, *d.shape[2:]).sum(2)
+
+        return ds @ k * scale, fold(ds.transpose(-1, -2) @ q * scale), fold(p.transpose(-1, -2) @ g)
     return f
 
 
 def attention_grad_inputs(q, k, v, scale: float, causal: bool, bias=None) -> tuple:
     """(out_grad, q, k, v, out, lse[, bias]) with the out and lse attention gives for q, k, v (and bias)."""
-    s = q @ np.swapaxes(k, -1, -2) * scale + (0.0 if bias is None else bias)
+    s = q @ np.swapaxes(shared_heads(k, q.shape[1]), -1, -2) * scale + (0.0 if bias is None else bias)
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
     m = s.max(-1, keepdims=True)
     live = np.isfinite(m)
     e = np.exp(s - np.where(live, m, 0.0))
     z = e.sum(-1, keepdims=True)
-    out = (e / np.where(live, z, 1.0)) @ v
+    out = (e / np.where(live, z, 1.0)) @ shared_heads(v, q.shape[1])
     lse = np.where(live, m + np.log(np.where(live, z, 1.0)), 0.0)[..., 0]
     return (_ATT(q.shape), q, k, v, out, lse) + (() if bias is None else (bias,))
 
@@ -391,6 +405,16 @@ MISC += [
     case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 4, 3)), _ATT((1, 2, 6, 3)), _ATT((1, 2, 6, 3)), 0.6, False,
                                                      padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))),
          attrs=dict(scale=0.6), torch=attention_grad_torch(0.6, False), id="attention_grad-bias-masked-row"),
+    # grouped-query attention: fewer key/value heads, each shared by H / Hkv query heads
+    case("nn.attention", _ATT((2, 4, 5, 4)), _ATT((2, 2, 7, 4)), _ATT((2, 2, 7, 4)), attrs=dict(scale=0.4),
+         torch=attention_torch(0.4, False), id="attention-gqa"),
+    case("nn.attention", _ATT((1, 6, 6, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 2, 4, 3)), _ATT((1, 6, 1, 4)),
+         attrs=dict(scale=0.7, is_causal=True), torch=attention_torch(0.7, True), id="attention-gqa-bias-causal"),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((2, 4, 5, 4)), _ATT((2, 2, 7, 4)), _ATT((2, 2, 7, 4)), 0.4, False),
+         attrs=dict(scale=0.4), torch=attention_grad_torch(0.4, False), id="attention_grad-gqa"),
+    case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 6, 4, 3)), _ATT((1, 3, 6, 3)), _ATT((1, 3, 6, 3)), 0.6, True,
+                                                     padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))),
+         attrs=dict(scale=0.6, is_causal=True), torch=attention_grad_torch(0.6, True), id="attention_grad-gqa-bias-causal"),
 ]
 for _c in MISC:
     if _c.op == "nn.nll_loss":

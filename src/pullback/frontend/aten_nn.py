@@ -17,6 +17,7 @@ from ..ir.types import FLOAT_DTYPES, HALF_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
 from ..ops.math import scaled
+from ..ops.registry import is_call_to
 from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
 from .context import static_dim
 
@@ -730,7 +731,7 @@ def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
     backward, never saved) for attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys and
-    values of one float dtype; None otherwise, and for a float16/bfloat16 mask that depends on a trainable
+    values of one float dtype (B, Hkv, S, E with ``enable_gqa``: the heads shared inside, as eager's kernel does); None otherwise, and for a float16/bfloat16 mask that depends on a trainable
     parameter (eager runs its float32 math kernel there, as ``_sdpa`` does). A mask becomes its bias: a boolean
     one 0 where True and -inf where False in the queries' dtype (as eager converts it for that kernel), a float
     one as it is (in the queries' dtype or float32), of rank 4."""
@@ -743,15 +744,41 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
         return None
-    if enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0:
-        k, v, sk, sv = _repeated_heads(cx, k, v, sq, sk, sv)
-    if sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3]:
+    # Heads repeated by the model (repeat_kv) are shared inside instead, except in half precision under an input
+    # mask, where eager's kernel runs on the repeated heads and its bits are the reference: Hugging Face calls
+    # sdpa with enable_gqa without a mask and repeats the heads itself with one (a padded batch); under export it
+    # materialises the causal mask from constants, which stands for "no mask" in eager.
+    eager_shares = dt not in HALF_DTYPES or attn_mask is None or cx.constant(attn_mask)
+    shared = [_unrepeated(cx, t) for t in (k, v)] if eager_shares else [None]
+    if None not in shared and cx.shape_of(shared[0]) == cx.shape_of(shared[1]):
+        k, v = shared
+        sk = sv = tuple(cx.shape_of(k))
+        enable_gqa = True
+    grouped = enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0  # nn.attention shares the heads itself
+    if sk != sv or sq[0] != sk[0] or sq[1] != sk[1] and not grouped or sq[3] != sk[3]:
         return None
     bias = () if attn_mask is None else _attention_bias(cx, attn_mask, dt, (sq[0], sq[1], sq[2], sk[2]))
     if bias is None:
         return None
     scale = 1.0 / math.sqrt(sq[3]) if scale is None else float(scale)
     return TupleGetItem(_op("nn.attention")(q, k, v, *bias, scale=scale, is_causal=bool(is_causal)), 0)
+
+
+def _unrepeated(cx, x) -> Optional[Expr]:
+    """The (B, Hkv, S, E) keys or values that ``x`` repeats head by head (Hugging Face's ``repeat_kv``:
+    ``reshape(broadcast_to(expand_dims(t, 2), (B, Hkv, n, S, E)), (B, Hkv * n, S, E))``), or None. Attention over
+    them with shared heads is the same function, with the keys' gradients added over the heads in float32 before
+    rounding (eager's ``enable_gqa`` kernel) and the keys saved once per group."""
+    if not is_call_to(x, "reshape") or not is_call_to(x.args[0], "broadcast_to"):
+        return None
+    wide, inner = x.args[0], x.args[0].args[0]
+    shape = tuple(cx.shape_of(inner))
+    if len(shape) != 5 or shape[2] != 1 or Any in shape[1:] or tuple(cx.shape_of(wide))[:2] != shape[:2] or \
+            tuple(cx.shape_of(x)) != shape[:1] + (shape[1] * cx.shape_of(wide)[2],) + shape[3:]:
+        return None
+    if is_call_to(inner, "expand_dims") and inner.attrs.axis == 2 and inner.attrs.num_newaxis == 1:
+        return inner.args[0]
+    return _op("reshape")(inner, newshape(cx, "repeat_kv", shape[:2] + shape[3:]))
 
 
 def _attention_bias(cx, mask, dt: str, full: tuple) -> Optional[tuple]:

@@ -167,6 +167,7 @@ class ConvertContext:
         self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
         self.trainable: set[int] = set()  # ids of the Vars of parameters (and inputs) that require grad
         self._learnable: dict[int, bool] = {}
+        self._variable: dict[int, bool] = {}
 
     def note_sizes(self, v: Expr, val) -> None:
         """Remember which axis of ``v`` (a user input, or a result whose length depends on the data such as
@@ -191,20 +192,11 @@ class ConvertContext:
 
     def learnable(self, e: Expr) -> bool:
         """Does ``e`` depend on a parameter that requires grad (would eager's autograd differentiate it)?"""
-        memo, trainable = self._learnable, self.trainable
-        stack = [(e, False)]
-        while stack:
-            n, done = stack.pop()
-            k = id(n)
-            if k in memo:
-                continue
-            kids = n.children()
-            if done:
-                memo[k] = k in trainable or any(memo[id(c)] for c in kids)
-                continue
-            stack.append((n, True))
-            stack.extend((c, False) for c in kids if id(c) not in memo)
-        return memo[id(e)]
+        return _reaches(e, self._learnable, lambda n: id(n) in self.trainable)
+
+    def constant(self, e: Expr) -> bool:
+        """Is ``e`` computed from constants alone (no input, parameter or buffer)?"""
+        return not _reaches(e, self._variable, lambda n: isinstance(n, Var))
 
     def record(self, expr: Expr, val) -> None:
         if isinstance(expr, Expr) and hasattr(val, "shape") and hasattr(val, "dtype"):
@@ -293,3 +285,21 @@ def _dense_permuted(shape: tuple, stride: tuple) -> bool:
 
 __all__ = ["ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
            "torch_shape", "static_dim", "RANDOM_KINDS"]
+
+
+def _reaches(e: Expr, memo: dict, hit) -> bool:
+    """Does ``e`` or an expression it is computed from satisfy ``hit``? (An iterative walk; ``memo`` maps node ids
+    to the answer and is shared between calls.)"""
+    stack = [(e, False)]
+    while stack:
+        n, done = stack.pop()
+        k = id(n)
+        if k in memo:
+            continue
+        kids = n.children()
+        if done:
+            memo[k] = hit(n) or any(memo[id(c)] for c in kids)
+            continue
+        stack.append((n, True))
+        stack.extend((c, False) for c in kids if id(c) not in memo)
+    return memo[id(e)]

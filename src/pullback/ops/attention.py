@@ -1,6 +1,8 @@
 """Scaled dot-product attention as one operator: ``nn.attention(q, k, v[, bias], scale, is_causal)`` gives
 ``softmax(q k^T * scale + bias) v`` (the lower triangle kept when ``is_causal``, as PyTorch's) and each row's
-log-sum-exp, over (B, H, L, E) queries and (B, H, S, E) keys and values. The optional bias is a float mask
+log-sum-exp, over (B, H, L, E) queries and (B, Hkv, S, E) keys and values. ``Hkv`` divides ``H``: query head ``h``
+reads key/value head ``h // (H / Hkv)`` (grouped-query attention, PyTorch's ``enable_gqa``), and the keys' and
+values' gradients add up over the heads sharing them before rounding, as ATen's kernel does. The optional bias is a float mask
 (``-inf`` where a key is masked) of rank 4 that broadcasts to (B, H, L, S), in the queries' dtype or float32, as
 ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's).
 
@@ -29,6 +31,7 @@ from .kernels import accumulated, dtype, dtype_name, numpy_quiet
 from .linalg import batch_matmul
 from .nn import check_bool, check_float, field, nonzero, scalar
 from .registry import array_namespace, defop, type_error
+from .shape import repeat
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,13 @@ def _infer(arg_types, attrs):
     if dt not in FLOAT_DTYPES:
         raise type_error(name, arg_types, f"expects floating-point tensors, got {dt}")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise type_error(name, arg_types, "expects (B, H, L, E) queries and (B, H, S, E) keys and values")
-    if any(_differ(a, b) for a, b in zip(q.shape[:2] + (q.shape[3],), k.shape[:2] + (k.shape[3],))) or \
-            any(_differ(a, b) for a, b in zip(k.shape, v.shape)):
-        raise type_error(name, arg_types, f"shapes {q.shape}, {k.shape}, {v.shape} are not (B, H, L, E), (B, H, S, E), "
-                                          "(B, H, S, E)")
+        raise type_error(name, arg_types, "expects (B, H, L, E) queries and (B, Hkv, S, E) keys and values")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    grouped = _differ(heads, kv_heads) and Any not in (heads, kv_heads) and heads % kv_heads == 0
+    if any(_differ(a, b) for a, b in zip((q.shape[0], q.shape[3]), (k.shape[0], k.shape[3]))) or \
+            _differ(heads, kv_heads) and not grouped or any(_differ(a, b) for a, b in zip(k.shape, v.shape)):
+        raise type_error(name, arg_types, f"shapes {q.shape}, {k.shape}, {v.shape} are not (B, H, L, E), (B, Hkv, S, E), "
+                                          "(B, Hkv, S, E) with Hkv dividing H")
     if len(arg_types) == 4:
         _check_bias(name, arg_types, 3, q, k)
     return TupleType([TensorType(q.shape, dt), TensorType(q.shape[:3], lse_dtype(dt))])
@@ -88,6 +93,19 @@ def _infer(arg_types, attrs):
 
 def _causal(length: int, keys: int) -> np.ndarray:
     return np.tril(np.ones((length, keys), dtype=bool))
+
+
+def _shared(xp, x, heads: int):
+    """Keys or values with each head repeated to the queries' ``heads`` (grouped-query attention)."""
+    return x if x.shape[1] == heads else xp.repeat(x, heads // x.shape[1], axis=1)
+
+
+def _folded(xp, d, kv_heads: int):
+    """A (B, H, S, E) gradient summed over the query heads that share each key/value head."""
+    if d.shape[1] == kv_heads:
+        return d
+    b, h = d.shape[:2]
+    return xp.sum(xp.reshape(d, (b, kv_heads, h // kv_heads) + tuple(d.shape[2:])), axis=2)
 
 
 def _scores(xp, q, k, bias, a):
@@ -100,7 +118,7 @@ def _scores(xp, q, k, bias, a):
 
 def _kernel(xp, q, k, v, *rest):
     bias, a = _parts(rest)
-    wq, wk, wv = (accumulated(xp, t) for t in (q, k, v))
+    wq, wk, wv = (_shared(xp, accumulated(xp, t), q.shape[1]) for t in (q, k, v))
     s = _scores(xp, wq, wk, bias, a)
     m = xp.max(s, axis=-1, keepdims=True)
     if bias is not None:  # a row masked everywhere: its exponentials 0, its output 0, its log-sum-exp 0 (ATen's)
@@ -139,7 +157,7 @@ class _Heads:
         self.heads, self.length, self.keys = q.checked_type.shape[1], q.checked_type.shape[2], k.checked_type.shape[2]
         self.wide = q.checked_type.dtype in HALF_DTYPES
         self.a = a
-        self.q, self.k = self.rows(q), self.rows(k)
+        self.q, self.k = self.rows(q), self.rows(self.shared(k))
         s = self.scaled(batch_matmul(self.q, self.k, transpose_b=True))
         if bias is not None:
             if bias.checked_type.dtype != s.checked_type.dtype:
@@ -149,6 +167,11 @@ class _Heads:
             s = E.where(const(_causal(self.length, self.keys)), s, scalar(-np.inf, s))
         lse = T.reshape(lse, (-1, self.length, 1))
         self.p = E.exp(E.subtract(s, T.cast(lse, s.checked_type.dtype) if lse.checked_type.dtype != s.checked_type.dtype else lse))
+
+    def shared(self, x: Expr) -> Expr:
+        """Keys or values with their heads repeated to the queries' (grouped-query attention)."""
+        kv = x.checked_type.shape[1]
+        return x if kv == self.heads else repeat(x, self.heads // kv, 1)
 
     def rows(self, x: Expr) -> Expr:
         x = T.reshape(x, (-1,) + tuple(x.checked_type.shape[2:]))
@@ -161,6 +184,10 @@ class _Heads:
         return batch_matmul(x, y, transpose_a=ta, transpose_b=tb)
 
     def back(self, d: Expr, like: Expr) -> Expr:
+        """(B*H, n, E) rows back to ``like``'s shape and dtype, summed over the heads sharing a key/value head."""
+        kv = like.checked_type.shape[1]
+        if kv != self.heads:
+            d = R.sum(T.reshape(d, (-1, kv, self.heads // kv) + tuple(d.checked_type.shape[1:])), (2,))
         return T.reshape_like(T.cast(d, like.checked_type.dtype) if self.wide else d, like)
 
     def full(self, scores: Expr) -> Expr:
@@ -195,7 +222,7 @@ def _grad(call: Call, g: Expr):
         d = attention_grad(go, q, k, v, out, lse, *call.args[3:], scale=a.scale, is_causal=a.is_causal)
         grads[:3] = [TupleGetItem(d, i) for i in range(3)]
         if bias is not None:
-            grads[3] = h.to_bias(E.multiply(h.p, h.centred(h.rows(go), h.rows(v), h.rows(out))), bias)
+            grads[3] = h.to_bias(E.multiply(h.p, h.centred(h.rows(go), h.rows(h.shared(v)), h.rows(out))), bias)
     if glse is not None:
         ds = E.multiply(h.p, T.reshape(T.cast(glse, "float32") if h.wide else glse, (-1, h.length, 1)))
         extra = {0: h.back(h.scaled(h.mm(ds, h.k)), q), 1: h.back(h.scaled(h.mm(ds, h.q, ta=True)), k)}
@@ -225,13 +252,14 @@ def _grad_infer(arg_types, attrs):
 def _grad_kernel(xp, g, q, k, v, out, lse, *rest):
     """dq, dk, dv from the recomputed probabilities (flash attention's backward)."""
     bias, a = _parts(rest)
-    wg, wq, wk, wv, wo = (accumulated(xp, t) for t in (g, q, k, v, out))
+    wg, wq, wk, wv, wo = (_shared(xp, accumulated(xp, t), q.shape[1]) for t in (g, q, k, v, out))
     p = xp.exp(_scores(xp, wq, wk, bias, a) - xp.astype(lse, wq.dtype)[..., None])
     dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), wg)
     dp = xp.matmul(wg, xp.permute_dims(wv, (0, 1, 3, 2)))
     ds = p * (dp - xp.sum(wg * wo, axis=-1, keepdims=True))
     dq = xp.matmul(ds, wk) * a.scale
     dk = xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), wq) * a.scale
+    dk, dv = _folded(xp, dk, k.shape[1]), _folded(xp, dv, k.shape[1])
     return tuple(xp.asarray(d, dtype=q.dtype) for d in (dq, dk, dv))
 
 
@@ -259,8 +287,9 @@ def _grad_grad(call: Call, h: Expr):
     if hq is None and hk is None and hv is None:
         return [None] * len(call.args)
     x = _Heads(q, k, lse, call.attrs, bias)
-    g3, v3, o3 = x.rows(g), x.rows(v), x.rows(out)
-    hq3, hk3, hv3 = (None if t is None else x.rows(t) for t in (hq, hk, hv))
+    g3, v3, o3 = x.rows(g), x.rows(x.shared(v)), x.rows(out)
+    hq3 = None if hq is None else x.rows(hq)
+    hk3, hv3 = (None if t is None else x.rows(x.shared(t)) for t in (hk, hv))  # a fold's adjoint repeats
     m = x.centred(g3, v3, o3)
     ds = E.multiply(x.p, m)
     terms = [x.mm(hq3, x.k, tb=True) if hq3 is not None else None, x.mm(x.q, hk3, tb=True) if hk3 is not None else None]
@@ -300,7 +329,8 @@ def _flops(arg_types, out_type, attrs):
 attention = defop("nn.attention", 3, _infer, optional_inputs=1, kernel=_kernel, impls={"numpy": numpy_quiet(_kernel), "torch": _torch},
                   attrs_type=AttentionAttrs, grad=_grad, flops=_flops, dtypes=FLOAT_DTYPES,
                   example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu",
-                  doc="``(softmax(q k^T * scale + bias) v, logsumexp)`` over (B, H, L, E) q and (B, H, S, E) k, v, an "
+                  doc="``(softmax(q k^T * scale + bias) v, logsumexp)`` over (B, H, L, E) q and (B, Hkv, S, E) k, v (Hkv "
+                      "dividing H: grouped-query attention), an "
                       "optional rank-4 bias (an additive mask) broadcasting to (B, H, L, S); ``is_causal`` keeps the lower "
                       "triangle (``scaled_dot_product_attention`` without dropout).")
 attention_grad = defop("nn.attention_grad", 6, _grad_infer, optional_inputs=1, kernel=_grad_kernel,
