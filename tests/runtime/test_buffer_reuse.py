@@ -120,3 +120,26 @@ def test_generated_programs_give_the_same_results(target, seed):
             pytest.skip("an operator without a torch kernel")
     inputs = random_inputs(mod, seed)
     _same_with_and_without_reuse(mod, inputs, target)
+
+
+def test_slice_assignments_into_a_dying_buffer_run_in_place_on_torch():
+    """A loop of slice assignments (``attn[..., i, :i] = ...`` after functionalization: a chain of ``strided_set``)
+    writes into the buffer the chain owns instead of copying it at every step; an input's, a live value's and a
+    returned value's are copied."""
+    x, v = var("x", shape=(N, N)), var("v", shape=(1, N))
+    base = op.multiply(x, x)  # owned by the plan
+    y = base
+    for i in range(3):
+        y = op.strided_set(y, op.add(v, float(i)), (i, 0), (i + 1, N))
+    f = Function([x, v], y)
+    assert _reused(f, "torch") == {"strided_set": 0}  # every one of the chain's writes (by op name)
+    exe = _build(f, "torch", True)
+    order = pb.ir.traversal.post_order(exe.mod["main"].body)
+    assert sum(n.op.name == "strided_set" for n in buffer_reuse(order, exe.mod["main"].body, exe.target)) == 3
+    vv = np.full((1, N), 7.0, "float32")
+    _same_with_and_without_reuse(f, [_x(), vv], "torch")
+    live = Function([x, v], Tuple([op.strided_set(base, v, (0, 0), (1, N)), base]))  # base is returned too
+    read = Function([x, v], op.strided_set(x, v, (0, 0), (1, N)))  # an input
+    for g in (live, read):
+        assert "strided_set" not in _reused(g, "torch")
+        _same_with_and_without_reuse(g, [_x(), vv], "torch")

@@ -8,12 +8,12 @@ can be decided from the types decided once (axes, static shapes, permutations): 
 arithmetic, comparisons, ``clip`` and math on one float dtype, ``where`` (against a +0.0 constant: a bitwise
 AND), sums, means, maxima and minima over static axes, layout changes to static shapes, ``nn.dense`` (``F.linear``),
 ``nn.linear`` and the matmuls (oneDNN's inner product for float32 and bfloat16 rows on the CPU, with the bias),
-``zeros``/``ones``. Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
+``zeros``/``ones``, ``strided_set`` (a slice assigned into a copy). Anything else (other dtypes, ``?`` dimensions, operators not listed) keeps the
 operator's own kernel, so results are the kernel's in every case
 (``tests/runtime/test_torch_target.py`` runs the op table through this target).
 
 ``inplace_kernel(call, i)`` is the elementwise call writing its result into argument ``i``
-(``torch.mul(a, b, out=a)``), for the plan's buffer reuse (``runtime.plan``); ``allocates(call)``
+(``torch.mul(a, b, out=a)``), or a slice assigned into ``strided_set``'s first argument, for the plan's buffer reuse (``runtime.plan``); ``allocates(call)``
 says the call's result is a new tensor sharing memory with nothing else.
 """
 
@@ -306,6 +306,43 @@ def _cast(call: Call):
     return lambda x, attrs=None: x.to(dtype)
 
 
+def _slot(call: Call) -> Optional[tuple]:
+    """``strided_set``'s index (positive-step slices, decided from the static shape), or None."""
+    x = call.args[0].checked_type
+    if not _static(x) or not _same_dtype_args(call):
+        return None
+    index, flipped = call.attrs.forward_index(tuple(x.shape))
+    return None if flipped else index
+
+
+def _strided_set(call: Call):
+    """A copy of x with the slice assigned (``x.clone()[index] = v``)."""
+    index = _slot(call)
+    if index is None:
+        return None
+
+    def write(x, v, attrs=None):
+        out = x.clone()
+        out[index] = v
+        return out
+
+    return write
+
+
+def _strided_set_into(call: Call) -> Optional[Callable]:
+    """The slice assigned into x itself, when x's buffer dies here (a loop's ``attn[..., i, :i] = ...``: one
+    copy of the whole tensor per update otherwise)."""
+    index = _slot(call)
+    if index is None:
+        return None
+
+    def write(x, v, attrs=None):
+        x[index] = v
+        return x
+
+    return write
+
+
 def _init(fn: str):
     def make(call: Call):
         out = call.checked_type
@@ -320,11 +357,12 @@ MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **
                 "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "max": _extreme("amax"), "min": _extreme("amin"), "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
-                "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast}
+                "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast,
+                "strided_set": _strided_set}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
 ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
-                        "nn.batch_matmul", "nn.matmul", "zeros", "ones"})
+                        "nn.batch_matmul", "nn.matmul", "zeros", "ones", "strided_set"})
 
 
 def autocast_off(device_type: str = "cpu"):
@@ -355,6 +393,8 @@ def allocates(call: Call) -> bool:
 def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     """``fn(*tensors, attrs)`` computing ``call`` into argument ``i``'s tensor (of the result's type), or None."""
     name = call.op.name
+    if name == "strided_set":
+        return _strided_set_into(call) if i == 0 and _load() is not None else None
     if name not in BINARY and name not in UNARY or _float_args(call) is None:
         return None
     if not _same_type(call.args[i].checked_type, call.checked_type):
