@@ -1,6 +1,7 @@
-"""nn.grouped_matmul and nn.grouped_transpose_matmul (a mixture of experts' GEMMs): forward and VJP against a
-per-group PyTorch reference in float64, finite differences, second order, every namespace, ATen's bits on torch,
-errors."""
+"""nn.grouped_matmul and nn.grouped_transpose_matmul (a mixture of experts' GEMMs). Their cases (GROUPED, run by
+test_nn_ops.py: forward and VJP against a per-group PyTorch reference in float64, finite differences, float16, and
+by test_all_targets.py on every target; the VJP of nn.grouped_transpose_matmul, nn.grouped_matmul's gradient, is
+its second order); here ATen's bits on torch, one rounding in half precision, errors."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from pullback import op
 from pullback.analysis import infer_expr
 from pullback.ir.errors import TypeInferenceError
 
-from namespaces import check_namespaces
-from opgrad import Case, case, check_rule, check_second, dtype_check, torch_check
+from opgrad import case
 
 RNG = np.random.default_rng(5)
 S, K, N, E = 7, 3, 4, 3
@@ -48,37 +48,10 @@ def _offs(name):
     return np.array(OFFS[name], dtype="int64")
 
 
-CASES = [case("nn.grouped_matmul", RNG.standard_normal((S, K)), RNG.standard_normal((E, K, N)), _offs(n),
+GROUPED = [case("nn.grouped_matmul", RNG.standard_normal((S, K)), RNG.standard_normal((E, K, N)), _offs(n),
               torch=grouped_torch, id=f"grouped_matmul-{n}") for n in OFFS] + \
         [case("nn.grouped_transpose_matmul", RNG.standard_normal((S, K)), RNG.standard_normal((S, N)), _offs(n),
               torch=transpose_torch, id=f"grouped_transpose_matmul-{n}") for n in OFFS]
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_forward_and_vjp_match_torch(c):
-    pytest.importorskip("torch")
-    torch_check(c)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_gradient_rule_matches_finite_differences(c):
-    check_rule(c)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_second_order(c):
-    check_second(Case(c.op, c.inputs, lambda *xs: op.multiply(c.build(*xs), c.build(*xs)), wrt=c.wrt))
-
-
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_kernel_returns_inferred_dtype(c, dtype):
-    dtype_check(c, dtype)
-
-
-@pytest.mark.parametrize("c", CASES, ids=repr)
-def test_kernel_on_every_namespace(c):
-    check_namespaces(c)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from opgrad import case, check_rule, dtype_check, torch_check
+from test_grouped import GROUPED
 
 RNG = np.random.default_rng(7)
 
@@ -596,7 +597,7 @@ CONV_BIAS = [
     conv_bias_case(2, 3, 3, 3, 5, (3, 3)),  # a 1x1 output: a GEMM of the windows plus the bias on torch
 ]
 
-TORCH_CASES = ACTIVATIONS + LINEAR + CONV + CONV_BIAS + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
+TORCH_CASES = ACTIVATIONS + LINEAR + GROUPED + CONV + CONV_BIAS + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
 CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
 
 

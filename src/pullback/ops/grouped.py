@@ -27,11 +27,16 @@ _GROUPED = "nn.grouped_matmul"
 _TRANSPOSE = "nn.grouped_transpose_matmul"
 
 
-def _check(name: str, arg_types, x: TensorType, y: TensorType, offs: TensorType) -> None:
+def _operands(name: str, arg_types, ranks: tuple, layout: str) -> tuple:
+    """The three operands' types: two floating-point tensors of one dtype and ``ranks``, and the offsets."""
+    x, y, offs = (tensor_arg(name, arg_types, i) for i in range(3))
     if x.dtype != y.dtype or x.dtype not in FLOAT_DTYPES:
         raise type_error(name, arg_types, f"expects two floating-point tensors of one dtype, got {x.dtype} and {y.dtype}")
     if offs.dtype not in INT_DTYPES or offs.ndim != 1:
         raise type_error(name, arg_types, f"offs must be a rank-1 integer tensor (the groups' cumulative row counts), got {offs!r}")
+    if (x.ndim, y.ndim) != ranks:
+        raise type_error(name, arg_types, f"expects {layout}, got ranks {x.ndim} and {y.ndim}")
+    return x, y, offs
 
 
 def _agree(name: str, arg_types, what: str, a, b) -> None:
@@ -40,20 +45,14 @@ def _agree(name: str, arg_types, what: str, a, b) -> None:
 
 
 def _infer(arg_types, attrs):
-    x, w, offs = (tensor_arg(_GROUPED, arg_types, i) for i in range(3))
-    _check(_GROUPED, arg_types, x, w, offs)
-    if x.ndim != 2 or w.ndim != 3:
-        raise type_error(_GROUPED, arg_types, f"expects x of rank 2 (S, K) and w of rank 3 (E, K, N), got ranks {x.ndim} and {w.ndim}")
+    x, w, offs = _operands(_GROUPED, arg_types, (2, 3), "x of rank 2 (S, K) and w of rank 3 (E, K, N)")
     _agree(_GROUPED, arg_types, "contraction sizes (x's K, w's K)", x.shape[1], w.shape[1])
     _agree(_GROUPED, arg_types, "group counts (w's E, offs' length)", w.shape[0], offs.shape[0])
     return TensorType((x.shape[0], w.shape[2]), x.dtype)
 
 
 def _transpose_infer(arg_types, attrs):
-    a, b, offs = (tensor_arg(_TRANSPOSE, arg_types, i) for i in range(3))
-    _check(_TRANSPOSE, arg_types, a, b, offs)
-    if a.ndim != 2 or b.ndim != 2:
-        raise type_error(_TRANSPOSE, arg_types, f"expects a (S, K) and b (S, N) of rank 2, got ranks {a.ndim} and {b.ndim}")
+    a, b, offs = _operands(_TRANSPOSE, arg_types, (2, 2), "a (S, K) and b (S, N) of rank 2")
     _agree(_TRANSPOSE, arg_types, "row counts (a's S, b's S)", a.shape[0], b.shape[0])
     return TensorType((offs.shape[0], a.shape[1], b.shape[1]), a.dtype)
 
