@@ -853,3 +853,31 @@ def test_rrelu_in_training_is_refused_with_the_reason_and_converts_in_evaluation
         import_torch(nn.RReLU().train(), (x,))
     mod, _ = from_torch(nn.RReLU(0.1, 0.3).eval(), (x,))
     np.testing.assert_allclose(pullback.build(mod)["main"](x.numpy()), F.leaky_relu(x, 0.2).numpy(), rtol=1e-6)
+
+
+def test_a_loop_writing_one_time_step_at_a_time_imports_as_slice_writes():
+    """``out[:, t] = v`` in a loop over time (RWKV's recurrence): each write stays a write of its slice
+    (``strided_set``), not PyTorch's decomposition of ``select_scatter`` into a ``where`` over the whole tensor,
+    whose work grows with the square of the sequence; values and gradients are eager's."""
+
+    class Recurrence(nn.Module):
+        def forward(self, x, decay):
+            out = torch.zeros_like(x)
+            state = torch.zeros_like(x[:, 0])
+            for t in range(x.shape[1]):
+                state = state * decay + x[:, t]
+                out[:, t] = torch.tanh(state)
+            return out
+
+    x, decay = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True), torch.rand(3, dtype=torch.float64)
+    prog = import_torch(Recurrence(), (x.detach(), decay))
+    names = [n.op.name for n in pullback.ir.traversal.post_order(prog.mod["main"].body)
+             if isinstance(n, pullback.ir.expr.Call) and hasattr(n.op, "name")]
+    assert names.count("strided_set") == 6 and "where" not in names
+    ct = torch.randn(2, 6, 3, dtype=torch.float64)
+    mod = transform.FirstOrderGradient(wrt=prog.inputs[:1], mode="vjp")(prog.mod)
+    out, (dx,) = pullback.build(mod)["main_grad"](x.detach().numpy(), decay.numpy(), ct.numpy())
+    y = Recurrence()(x, decay)
+    (want,) = torch.autograd.grad(y, [x], ct)
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, want.numpy(), rtol=1e-12, atol=1e-12)

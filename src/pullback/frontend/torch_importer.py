@@ -68,6 +68,9 @@ PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
     "silu.default", "softplus.default", "tril.default", "triu.default", "special_log_ndtr.default",
+    # a write of one index (``out[:, t] = v`` in a loop): PyTorch's decomposition is a where over the whole tensor
+    # (RWKV's time loop: quadratic in the sequence length), ours a strided_set of the one slice
+    "select_scatter.default",
     # PyTorch's decompositions of these change the gradient: multilabel_margin_loss also sums the entries after a
     # -1 (a wrong loss); _safe_softmax's gives NaN (0 * NaN) on fully masked rows; index_fill's counts a repeated
     # index once per repeat in the fill value's gradient
