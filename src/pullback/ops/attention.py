@@ -2,9 +2,9 @@
 ``softmax(q k^T * scale + bias) v`` (the lower triangle kept when ``is_causal``, as PyTorch's) and each row's
 log-sum-exp, over (B, H, L, E) queries and (B, Hkv, S, E) keys and values. ``Hkv`` divides ``H``: query head ``h``
 reads key/value head ``h // (H / Hkv)`` (grouped-query attention, PyTorch's ``enable_gqa``), and the keys' and
-values' gradients add up over the heads sharing them before rounding, as ATen's kernel does. The optional bias is a float mask
-(``-inf`` where a key is masked) of rank 4 that broadcasts to (B, H, L, S), in the queries' dtype or float32, as
-ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's).
+values' gradients add up over the heads sharing them before rounding, as ATen's kernel does. The optional bias is
+a float mask (``-inf`` where a key is masked) of rank 4 that broadcasts to (B, H, L, S), in the queries' dtype or
+float32, as ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's).
 
 One kernel for every namespace (the definition, in float32 for float16/bfloat16 inputs, the log-sum-exp then
 float32); on torch (CPU) ATen's flash attention, the kernel eager's ``scaled_dot_product_attention`` runs, so
