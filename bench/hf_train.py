@@ -14,7 +14,8 @@ RWKV's time loop, Mamba, ViT, ConvNeXt. glibc's malloc is tuned for both as in `
 ``--no-tune-malloc`` (untuned, large blocks are page-faulted afresh every step and both sides' times scatter by
 30% between runs).
 
-Usage: ``python bench/hf_train.py [--only llama,mixtral] [--dtype float32|bfloat16] [--reps 10] [--json F]``.
+Usage: ``python bench/hf_train.py [--only llama,mixtral] [--dtype float32|bfloat16] [--policy min_cut] [--reps 10]
+[--json F]``.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def build(name: str, dtype: str):
     return _loss_of(model, ("input_ids", "labels")), (ids, labels)
 
 
-def run(name: str, dtype: str, reps: int, warmup: int, threads: int, target: str, tune_malloc: bool) -> dict:
+def run(name: str, dtype: str, reps: int, warmup: int, threads: int, target: str, tune_malloc: bool,
+        policy: str = "save_all") -> dict:
     import torch
 
     from pullback.integrations.torch import compile as pb_compile
@@ -126,7 +128,7 @@ def run(name: str, dtype: str, reps: int, warmup: int, threads: int, target: str
 
     eager_step = stepper(eager)
     t0 = time.perf_counter()
-    compiled = pb_compile(model, inputs, target=target)
+    compiled = pb_compile(model, inputs, target=target, policy=policy)
     ours = stepper(compiled)
     losses = (float(eager_step()), float(ours()))
     first = time.perf_counter() - t0
@@ -154,22 +156,23 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="torch")
+    ap.add_argument("--policy", default="save_all", help="PartitionForwardBackward's policy: save_all or min_cut")
     ap.add_argument("--no-tune-malloc", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("ROW " + json.dumps(run(args.child, args.dtype, args.reps, args.warmup, args.threads, args.target,
-                                      not args.no_tune_malloc)), flush=True)
+                                      not args.no_tune_malloc, args.policy)), flush=True)
         return
     print(f"Hugging Face training steps, {args.dtype}, {args.threads} threads, {args.reps} alternating steps, target "
-          f"{args.target}, malloc tuned: {not args.no_tune_malloc}")
+          f"{args.target}, policy {args.policy}, malloc tuned: {not args.no_tune_malloc}")
     print(f"{'family':10s} {'eager ms':>9s} {'pullback':>9s} {'x eager':>8s} {'first s':>8s} {'act MB eager/pb':>16s}  "
           "losses (eager, pullback)")
     rows = {}
     for name in args.only.split(","):
         cmd = [sys.executable, __file__, "--child", name, "--dtype", args.dtype, "--reps", str(args.reps), "--warmup",
-               str(args.warmup), "--threads", str(args.threads), "--target", args.target]
+               str(args.warmup), "--threads", str(args.threads), "--target", args.target, "--policy", args.policy]
         out = subprocess.run(cmd + (["--no-tune-malloc"] if args.no_tune_malloc else []), capture_output=True, text=True)
         line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
         if line is None:
