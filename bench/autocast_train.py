@@ -20,13 +20,12 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_train import WORKLOAD_NAMES, _saved_bytes_eager, _saved_bytes_pullback, set_threads  # noqa: E402
+from torch_train import WORKLOAD_NAMES, child_row, saved_mb, set_threads  # noqa: E402
 
 
 def run(workload: str, reps: int, warmup: int, threads: int, policy: str, tune_malloc: bool = True) -> dict:
@@ -80,10 +79,8 @@ def run(workload: str, reps: int, warmup: int, threads: int, policy: str, tune_m
     row["x_eager"] = row["pullback_ms"] / row["eager_ms"]
     row["first_s"] = first
     row["losses"] = losses
-    held = [*model.parameters(), *model.buffers(), *inputs]
     with region():
-        row["eager_saved_mb"] = _saved_bytes_eager(lambda: eager(*inputs).backward(), held)[0] / 2**20
-        row["pullback_saved_mb"] = _saved_bytes_pullback(compiled, inputs, held)[0] / 2**20
+        row["eager_saved_mb"], row["pullback_saved_mb"] = saved_mb(eager, compiled, model, inputs, activations=False)
     return row
 
 
@@ -111,12 +108,11 @@ def main() -> None:
     for w in args.only.split(","):
         cmd = [sys.executable, __file__, "--child", w, "--reps", str(args.reps), "--warmup", str(args.warmup),
                "--threads", str(args.threads), "--policy", args.policy] + (["--no-tune-malloc"] if args.no_tune_malloc else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
-        if line is None:
-            print(f"{w:12s} failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        r, why = child_row(cmd)
+        if r is None:
+            print(f"{w:12s} failed: {why}")
             continue
-        r = rows[w] = json.loads(line[4:])
+        rows[w] = r
         print(f"{w:12s} {r['float32_ms']:10.1f} {r['eager_ms']:8.1f} {r['pullback_ms']:9.1f} {r['x_eager']:8.2f} "
               f"{r['first_s']:8.2f} {r['eager_saved_mb']:8.1f} / {r['pullback_saved_mb']:6.1f}  "
               f"({r['losses'][0]:.6g}, {r['losses'][1]:.6g})")

@@ -24,13 +24,12 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_train import _saved_bytes_eager, _saved_bytes_pullback, set_threads  # noqa: E402
+from torch_train import child_row, saved_mb, set_threads  # noqa: E402
 
 H, LAYERS, HEADS, FF, SEQ, BATCH, VOCAB = 256, 2, 4, 1024, 128, 4, 1000
 
@@ -142,9 +141,7 @@ def run(name: str, dtype: str, reps: int, warmup: int, threads: int, target: str
             times.append(time.perf_counter() - t)
     row = {"eager_ms": statistics.median(te) * 1e3, "pullback_ms": statistics.median(tp) * 1e3,
            "x_eager": statistics.median(b / a for a, b in zip(te, tp)), "first_s": first, "losses": losses}
-    held = [*model.parameters(), *model.buffers(), *inputs]
-    row["eager_saved_mb"] = _saved_bytes_eager(lambda: eager(*inputs).backward(), held)[1] / 2**20
-    row["pullback_saved_mb"] = _saved_bytes_pullback(compiled, inputs, held)[1] / 2**20
+    row["eager_saved_mb"], row["pullback_saved_mb"] = saved_mb(eager, compiled, model, inputs)
     return row
 
 
@@ -173,12 +170,11 @@ def main() -> None:
     for name in args.only.split(","):
         cmd = [sys.executable, __file__, "--child", name, "--dtype", args.dtype, "--reps", str(args.reps), "--warmup",
                str(args.warmup), "--threads", str(args.threads), "--target", args.target, "--policy", args.policy]
-        out = subprocess.run(cmd + (["--no-tune-malloc"] if args.no_tune_malloc else []), capture_output=True, text=True)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
-        if line is None:
-            print(f"{name:10s} failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        r, why = child_row(cmd + (["--no-tune-malloc"] if args.no_tune_malloc else []))
+        if r is None:
+            print(f"{name:10s} failed: {why}")
             continue
-        r = rows[name] = json.loads(line[4:])
+        rows[name] = r
         print(f"{name:10s} {r['eager_ms']:9.1f} {r['pullback_ms']:9.1f} {r['x_eager']:8.2f} {r['first_s']:8.2f} "
               f"{r['eager_saved_mb']:7.1f} / {r['pullback_saved_mb']:6.1f}  ({r['losses'][0]:.6g}, {r['losses'][1]:.6g})")
     if rows:

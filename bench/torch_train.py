@@ -231,6 +231,27 @@ def _saved_bytes_pullback(m, inputs, held) -> tuple[int, int]:
     return sum(owners.values()), sum(v for k, v in owners.items() if k not in kept)
 
 
+def child_row(cmd: list) -> tuple:
+    """``(row, None)`` from the ``ROW {json}`` line a child process (``cmd``) prints, or ``(None, why)``: the last
+    line of its stderr."""
+    import subprocess
+
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
+    if line is None:
+        return None, (out.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return json.loads(line[4:]), None
+
+
+def saved_mb(eager, compiled, model, inputs, activations: bool = True) -> tuple[float, float]:
+    """MiB that eager's autograd and the compiled module each keep for the backward of one step of
+    ``m(*inputs).backward()``: their activations (parameters, buffers and inputs left out), or everything."""
+    held = [*model.parameters(), *model.buffers(), *inputs]
+    part = 1 if activations else 0
+    return (_saved_bytes_eager(lambda: eager(*inputs).backward(), held)[part] / 2**20,
+            _saved_bytes_pullback(compiled, inputs, held)[part] / 2**20)
+
+
 def _gemm_flops(model, inputs) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
