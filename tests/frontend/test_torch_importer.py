@@ -881,3 +881,22 @@ def test_a_loop_writing_one_time_step_at_a_time_imports_as_slice_writes():
     (want,) = torch.autograd.grad(y, [x], ct)
     np.testing.assert_allclose(out, y.detach().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_sort_keeps_eagers_order_of_ties_on_torch():
+    """``torch.sort`` is unstable unless asked: the importer leaves the ties' order to the target's sort, ATen's
+    on torch, so the permutation is eager's (a mixture of experts sorts its tokens by expert id, and the rows'
+    places in their groups decide a grouped GEMM's bits); ``stable=True`` stays stable."""
+    from pullback.integrations.torch import compile as pb_compile
+
+    class Sorts(nn.Module):
+        def forward(self, ids):
+            return torch.sort(ids).indices, torch.sort(ids, stable=True).indices
+
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 4, 1024))
+    prog = import_torch(Sorts(), (ids,))
+    flags = [n.attrs.stable for n in pullback.ir.traversal.post_order(prog.mod["main"].body)
+             if isinstance(n, pullback.ir.expr.Call) and getattr(n.op, "name", "") == "argsort"]
+    assert sorted(flags) == [False, True]
+    for got, want in zip(pb_compile(Sorts(), (ids,), target="torch")(ids), Sorts()(ids)):
+        assert torch.equal(got, want)

@@ -195,3 +195,18 @@ def test_errors_name_the_op():
     with pytest.raises(TypeInferenceError, match="scatter_reduce.*rank 1"):
         infer_expr(op.scatter_reduce(pullback.var("s", shape=()), pullback.var("k", shape=(), dtype="int64"),
                                      pullback.var("t", shape=())))
+
+
+def test_an_unstable_argsort_leaves_ties_in_atens_order_on_torch():
+    """``stable=False`` (what ``torch.sort`` asks for by default): on torch the permutation is ATen's, eager's own
+    (it differs from the stable one at this size); elsewhere the stable one. The sorted values agree everywhere."""
+    torch_ = pytest.importorskip("torch")
+    keys = np.random.default_rng(3).integers(0, 4, 1024)
+    x = pullback.var("x", shape=(1024,), dtype="int64")
+    mod = pullback.IRModule.from_expr(pullback.Function([x], op.argsort(x, 0, False, False)))
+    got = pullback.build(mod, target="torch")["main"](torch_.from_numpy(keys))
+    want = torch_.sort(torch_.from_numpy(keys)).indices
+    assert torch_.equal(got, want) and not torch_.equal(want, torch_.sort(torch_.from_numpy(keys), stable=True).indices)
+    np.testing.assert_array_equal(pullback.build(mod)["main"](keys), np.argsort(keys, kind="stable"))
+    with pytest.raises(AttrError, match="argsort.*stable"):
+        op.argsort(x, 0, False, "no")

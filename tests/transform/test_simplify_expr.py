@@ -275,3 +275,22 @@ def test_other_writes_into_a_tensor_stay_strided_sets(case):
     after = SimplifyExpr()(before)
     assert "nn.pad" not in pb.astext(after)
     assert_same_results(before, after)
+
+
+def test_a_transposed_grouped_weight_gradient_is_computed_in_its_layout():
+    """``transpose(grouped_transpose_matmul(a, b, offs), (0, 2, 1))`` is ``grouped_transpose_matmul(b, a, offs)``:
+    experts' weights stored (E, N, K) get their gradient in that layout, not as a transposed view."""
+    def before(perm):
+        a, b, o = pb.var("a", shape=(6, 3)), pb.var("b", shape=(6, 5)), pb.var("o", shape=(2,), dtype="int64")
+        return mod_of([a, b, o], op.transpose(op.nn.grouped_transpose_matmul(a, b, o), perm))
+
+    def expected():
+        a, b, o = pb.var("a", shape=(6, 3)), pb.var("b", shape=(6, 5)), pb.var("o", shape=(2,), dtype="int64")
+        return mod_of([a, b, o], op.nn.grouped_transpose_matmul(b, a, o))
+
+    after = _check(SimplifyExpr(), before((0, 2, 1)), expected(), run=False)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((6, 3), "float32"), rng.standard_normal((6, 5), "float32"), np.array([2, 5])]
+    np.testing.assert_allclose(pb.build(after)["main"](*args), pb.build(before((0, 2, 1)))["main"](*args), rtol=1e-6)
+    kept = before((1, 0, 2))  # another permutation: left alone
+    pb.assert_structural_equal(SimplifyExpr()(kept), kept)

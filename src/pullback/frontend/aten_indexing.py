@@ -275,22 +275,23 @@ def _select_scatter(cx, x, src, dim, index):
 # ------------------------------------------------------------------ sorting and scans
 
 
-def _sorted(cx, x, dim, descending) -> list:
+def _sorted(cx, x, dim, descending, stable: bool) -> list:
+    """``torch.sort``: an unstable one (the default) leaves ties in ATen's order on torch, eager's permutation."""
     if cx.ndim_of(x) == 0:
         return [x, _op("zeros")((), "int64")]
     axis = norm_axis(dim, cx.ndim_of(x))
-    idx = _op("argsort")(x, axis, bool(descending))
+    idx = _op("argsort")(x, axis, bool(descending), bool(stable))
     return [_op("gather")(x, idx, axis=axis), idx]
 
 
 @aten("aten.sort.default")
 def _sort(cx, x, dim=-1, descending=False):
-    return _sorted(cx, x, dim, descending)
+    return _sorted(cx, x, dim, descending, False)
 
 
 @aten("aten.sort.stable")
 def _sort_stable(cx, x, stable=None, dim=-1, descending=False):
-    return _sorted(cx, x, dim, descending)
+    return _sorted(cx, x, dim, descending, bool(stable))
 
 
 @aten("aten.argsort.default", "aten.argsort.stable")

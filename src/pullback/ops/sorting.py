@@ -20,14 +20,17 @@ NO_GRAD = "the result is integer indices: it carries no gradient"
 
 @dataclass(frozen=True)
 class ArgsortAttrs:
-    """Stable: equal elements keep their order (also when ``descending``); NaN sorts as the largest value."""
+    """``stable``: equal elements keep their order (also when ``descending``); otherwise their order is the
+    target's sort's (on torch ATen's, the order eager's ``torch.sort`` gives; stable elsewhere). NaN sorts as the
+    largest value."""
 
     axis: int = -1
     descending: bool = False
+    stable: bool = True
 
     def __post_init__(self):
         check_int(self, "axis")
-        check_bool(self, "descending")
+        check_bool(self, "descending", "stable")
 
 
 def _argsort_infer(arg_types, attrs):
@@ -47,9 +50,21 @@ def _argsort_kernel(xp, x, attrs):
     return xp.flip((x.shape[ax] - 1) - rev, axis=ax)
 
 
-argsort = defop("argsort", 1, _argsort_infer, kernel=_argsort_kernel, attrs_type=ArgsortAttrs, differentiable=False,
+def _argsort_torch(x, attrs):
+    """ATen's sort when the order of ties is free (``stable=False``): eager's permutation, which the rows of a
+    mixture of experts' grouped GEMM follow (its bits depend on where a row falls in its group)."""
+    import torch
+
+    if attrs.stable or x.ndim == 0:
+        return _argsort_kernel(array_namespace("torch"), x, attrs)
+    return torch.sort(x, dim=attrs.axis, descending=attrs.descending).indices
+
+
+argsort = defop("argsort", 1, _argsort_infer, kernel=_argsort_kernel, impls={"torch": _argsort_torch}, attrs_type=ArgsortAttrs,
+                differentiable=False,
                 nondiff_reason=NO_GRAD, pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
-                torch_name="argsort", doc="``argsort(x, axis=-1, descending=False)``: int64 indices of a stable sort.")
+                torch_name="argsort", doc="``argsort(x, axis=-1, descending=False, stable=True)``: int64 indices of a sort (stable "
+                                            "unless ``stable=False``: ties in the target's order, ATen's on torch).")
 
 
 def _nonzero_infer(arg_types, attrs):

@@ -14,6 +14,9 @@ Rules (one table, applied by the pattern driver until none fires):
   axis): the gradient of a tensor split by slices (attention's q, k, v) is one concatenation, not a sum of
   zero-padded copies;
 - ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
+- ``transpose(nn.grouped_transpose_matmul(a, b, offs), (0, 2, 1))`` -> ``nn.grouped_transpose_matmul(b, a, offs)``
+  (``(a^T b)^T = b^T a`` per group): the weight gradient of experts stored (E, N, K), as Hugging Face's are, comes
+  out in their layout instead of as a transposed view (which autograd copies element by element);
 - every ConcretizeLike rule and every EliminateIdentity rule.
 
 ``x * zeros`` is *not* folded to zeros (``inf * 0`` is NaN).
@@ -27,6 +30,7 @@ from typing import Optional
 from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops import layout as T
+from ..ops.grouped import grouped_transpose_matmul
 from ..ops.indexing import strided_set
 from ..ops.nn import pad
 from ..ops.shape import concatenate
@@ -151,6 +155,13 @@ def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
     return pad(node.args[1], widths, 0.0, "constant")
 
 
+def _swapped_product(node: Expr, c: dict) -> Optional[Expr]:
+    if _perm(node) != (0, 2, 1):
+        return None
+    a, b, offs = c["inner"].args
+    return grouped_transpose_matmul(b, a, offs)
+
+
 def shape_rules() -> list:
     """The shape-op rules of SimplifyExpr (without ConcretizeLike / EliminateIdentity)."""
     inner_t = is_op("transpose")(wildcard()).named("inner")
@@ -162,6 +173,8 @@ def shape_rules() -> list:
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
         (is_op("strided_set"), _zero_embedding),
+        (is_op("transpose")(is_op("nn.grouped_transpose_matmul")(wildcard(), wildcard(), wildcard()).named("inner")),
+         _swapped_product),
     ]
 
 
