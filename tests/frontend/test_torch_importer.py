@@ -900,3 +900,21 @@ def test_sort_keeps_eagers_order_of_ties_on_torch():
     assert sorted(flags) == [False, True]
     for got, want in zip(pb_compile(Sorts(), (ids,), target="torch")(ids), Sorts()(ids)):
         assert torch.equal(got, want)
+
+
+def test_topk_chooses_among_ties_as_eager_on_torch():
+    """``torch.topk`` over tied values (a bfloat16 router's logits) picks eager's entries on the torch target, and
+    the values' gradient goes where eager's does."""
+    from pullback.integrations.torch import compile as pb_compile
+
+    class Route(nn.Module):
+        def forward(self, logits):
+            top = torch.topk(logits, 2, dim=-1)
+            return top.indices, top.values.sum()
+
+    logits = torch.from_numpy(np.random.default_rng(4).integers(0, 3, (64, 4)).astype("float32")).requires_grad_()
+    mine, theirs = logits.detach().clone().requires_grad_(), logits.detach().clone().requires_grad_()
+    (gi, gv), (wi, wv) = pb_compile(Route(), (logits,), target="torch")(mine), Route()(theirs)
+    gv.backward()
+    wv.backward()
+    assert torch.equal(gi, wi) and torch.equal(mine.grad, theirs.grad)

@@ -106,6 +106,11 @@ NONDIFF += [
     for ax in (1, 0)
 ]
 NONDIFF += [case("cumargmax", np.array(1.5), torch=lambda x: torch().cummax(x, 0).indices)]
+NONDIFF += [  # distinct values: every target's choice is torch.topk's (ties: test_topk_breaks_ties_as_torch_topk_on_torch)
+    case("topk_indices", X, attrs=dict(k=2), torch=lambda x: torch().topk(x, 2).indices),
+    case("topk_indices", X, attrs=dict(k=2, axis=0, largest=False), torch=lambda x: torch().topk(x, 2, 0, largest=False).indices),
+    case("topk_indices", np.array(1.5), attrs=dict(k=1), torch=lambda x: torch().topk(x, 1).indices),
+]
 
 
 def _torch_unique(x):
@@ -210,3 +215,23 @@ def test_an_unstable_argsort_leaves_ties_in_atens_order_on_torch():
     np.testing.assert_array_equal(pullback.build(mod)["main"](keys), np.argsort(keys, kind="stable"))
     with pytest.raises(AttrError, match="argsort.*stable"):
         op.argsort(x, 0, False, "no")
+
+
+def test_topk_breaks_ties_as_torch_topk_on_torch():
+    """Among equal values ``torch.topk`` chooses in its own order (not a stable sort's): on torch
+    ``topk_indices`` is its result, so a bfloat16 router's tied experts are eager's choice; elsewhere ties go to
+    the lower index. Every target picks values equal to the k largest."""
+    torch_ = pytest.importorskip("torch")
+    keys = np.random.default_rng(4).integers(0, 3, (64, 4)).astype("float32")
+    x = pullback.var("x", shape=(64, 4))
+    mod = pullback.IRModule.from_expr(pullback.Function([x], op.topk_indices(x, 2)))
+    want = torch_.topk(torch_.from_numpy(keys), 2).indices
+    assert torch_.equal(pullback.build(mod, target="torch")["main"](torch_.from_numpy(keys)), want)
+    stable = pullback.build(mod)["main"](keys)
+    np.testing.assert_array_equal(stable, np.argsort(-keys, axis=1, kind="stable")[:, :2])
+    assert not np.array_equal(stable, want.numpy())  # the two tie rules differ on these rows
+    np.testing.assert_array_equal(np.take_along_axis(keys, stable, 1), torch_.topk(torch_.from_numpy(keys), 2).values.numpy())
+    with pytest.raises(TypeInferenceError, match="topk_indices.*k=5 exceeds"):
+        infer_expr(op.topk_indices(x, 5))
+    with pytest.raises(AttrError, match="k must be >= 0"):
+        op.topk_indices(x, -1)

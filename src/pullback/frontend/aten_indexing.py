@@ -308,7 +308,7 @@ def _topk(cx, x, k, dim=-1, largest=True, sorted=True):
     if cx.ndim_of(x) == 0:
         return [x, _op("zeros")((), "int64")]
     axis = norm_axis(dim, cx.ndim_of(x))
-    idx = _op("strided_slice")(_op("argsort")(x, axis, bool(largest)), (0,), (int(k),), (1,), (axis,))
+    idx = _op("topk_indices")(x, int(k), axis, bool(largest))  # torch.topk's own choice among ties on torch
     return [_op("gather")(x, idx, axis=axis), idx]
 
 

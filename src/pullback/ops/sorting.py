@@ -1,7 +1,7 @@
-"""Order statistics: ``argsort`` (stable, ascending or descending) and ``nonzero``.
+"""Order statistics: ``argsort`` (stable, ascending or descending), ``topk_indices`` and ``nonzero``.
 
-Both return int64 indices and carry no gradient; ``sort`` and ``topk`` are ``gather`` of ``argsort``'s
-result, which is how their values get gradients.
+They return int64 indices and carry no gradient; ``sort`` and ``topk`` are ``gather`` of their results, which
+is how their values get gradients.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ..ir.types import DTYPES, Any, TensorType, TupleType
 from .common import normalize_axis, numel, tensor_arg
 from .kernels import is_traced
 from .nn import check_bool, check_int
-from .registry import FusionKind, array_namespace, defop
+from .registry import FusionKind, array_namespace, defop, type_error
 
 NO_GRAD = "the result is integer indices: it carries no gradient"
 
@@ -65,6 +65,59 @@ argsort = defop("argsort", 1, _argsort_infer, kernel=_argsort_kernel, impls={"to
                 nondiff_reason=NO_GRAD, pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape),
                 torch_name="argsort", doc="``argsort(x, axis=-1, descending=False, stable=True)``: int64 indices of a sort (stable "
                                             "unless ``stable=False``: ties in the target's order, ATen's on torch).")
+
+
+@dataclass(frozen=True)
+class TopkAttrs:
+    """The ``k`` largest (``largest=False``: smallest) along ``axis``, in sorted order."""
+
+    k: int = 1
+    axis: int = -1
+    largest: bool = True
+
+    def __post_init__(self):
+        check_int(self, "k", lo=0)
+        check_int(self, "axis")
+        check_bool(self, "largest")
+
+
+def _topk_infer(arg_types, attrs):
+    x = tensor_arg("topk_indices", arg_types, 0)
+    if x.ndim == 0:
+        if attrs.k > 1:
+            raise type_error("topk_indices", arg_types, f"k={attrs.k} exceeds the 1 element of a scalar")
+        return TensorType((), "int64")
+    ax = normalize_axis("topk_indices", attrs.axis, x.ndim, arg_types)
+    n = x.shape[ax]
+    if n is not Any and attrs.k > n:
+        raise type_error("topk_indices", arg_types, f"k={attrs.k} exceeds the {n} elements along axis {attrs.axis}")
+    return TensorType(x.shape[:ax] + (attrs.k,) + x.shape[ax + 1:], "int64")
+
+
+def _topk_kernel(xp, x, attrs):
+    """A stable sort's first ``k`` (ties: the lower index first)."""
+    order = _argsort_kernel(xp, x, ArgsortAttrs(attrs.axis, attrs.largest))
+    if x.ndim == 0:
+        return order
+    ax = attrs.axis % x.ndim
+    return order[(slice(None),) * ax + (slice(0, attrs.k),)]
+
+
+def _topk_torch(x, attrs):
+    """``torch.topk``, eager's kernel: its choice among ties (a mixture of experts' router in bfloat16 meets them,
+    and which expert wins decides the routing) and its order."""
+    import torch
+
+    if x.ndim == 0:
+        return _topk_kernel(array_namespace("torch"), x, attrs)
+    return torch.topk(x, attrs.k, dim=attrs.axis, largest=attrs.largest, sorted=True).indices
+
+
+topk_indices = defop("topk_indices", 1, _topk_infer, kernel=_topk_kernel, impls={"torch": _topk_torch}, attrs_type=TopkAttrs,
+                     differentiable=False, nondiff_reason=NO_GRAD, pattern=FusionKind.OPAQUE,
+                     flops=lambda ts, out, a: numel(ts[0].shape), torch_name="topk", example_attrs={"k": 1},
+                     doc="``topk_indices(x, k, axis=-1, largest=True)``: int64 indices of the ``k`` largest (or smallest) "
+                         "entries in sorted order; ties as a stable sort breaks them, on torch as ``torch.topk`` does.")
 
 
 def _nonzero_infer(arg_types, attrs):
@@ -126,4 +179,4 @@ unique = defop("unique", 1, _unique_infer, kernel=_unique_kernel,
                doc="``(values, inverse, counts)``: the distinct entries in ascending order (their number is known "
                    "at run time), each entry's position among them (the input's shape) and how often each occurs.")
 
-__all__ = ["argsort", "nonzero", "unique", "ArgsortAttrs"]
+__all__ = ["argsort", "topk_indices", "nonzero", "unique", "ArgsortAttrs", "TopkAttrs"]
