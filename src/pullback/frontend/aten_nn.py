@@ -731,8 +731,9 @@ def _repeated_heads(cx, k, v, sq: tuple, sk: tuple, sv: tuple) -> tuple:
 def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[Expr]:
     """``nn.attention`` (ATen's flash attention on torch: eager's kernel; the probabilities recomputed in the
     backward, never saved) for attention without dropout over (B, H, L, E) queries and (B, H, S, E) keys and
-    values of one float dtype (B, Hkv, S, E with ``enable_gqa``: the heads shared inside, as eager's kernel does); None otherwise, and for a float16/bfloat16 mask that depends on a trainable
-    parameter (eager runs its float32 math kernel there, as ``_sdpa`` does). A mask becomes its bias: a boolean
+    values of one float dtype ((B, Hkv, S, E) with ``enable_gqa``: the heads shared inside, as eager's kernel
+    does); None otherwise, and for a float16/bfloat16 mask that depends on a trainable parameter (eager runs its
+    float32 math kernel there, as ``_sdpa`` does). A mask becomes its bias: a boolean
     one 0 where True and -inf where False in the queries' dtype (as eager converts it for that kernel), a float
     one as it is (in the queries' dtype or float32), of rank 4."""
     dts = {cx.dtype_of(t) for t in (q, k, v)}

@@ -283,10 +283,6 @@ def _dense_permuted(shape: tuple, stride: tuple) -> bool:
     return ok and not contiguous
 
 
-__all__ = ["ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
-           "torch_shape", "static_dim", "RANDOM_KINDS"]
-
-
 def _reaches(e: Expr, memo: dict, hit) -> bool:
     """Does ``e`` or an expression it is computed from satisfy ``hit``? (An iterative walk; ``memo`` maps node ids
     to the answer and is shared between calls.)"""
@@ -303,3 +299,7 @@ def _reaches(e: Expr, memo: dict, hit) -> bool:
         stack.append((n, True))
         stack.extend((c, False) for c in kids if id(c) not in memo)
     return memo[id(e)]
+
+
+__all__ = ["ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
+           "torch_shape", "static_dim", "RANDOM_KINDS"]

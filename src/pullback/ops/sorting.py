@@ -84,8 +84,8 @@ class TopkAttrs:
 def _topk_infer(arg_types, attrs):
     x = tensor_arg("topk_indices", arg_types, 0)
     if x.ndim == 0:
-        if attrs.k > 1:
-            raise type_error("topk_indices", arg_types, f"k={attrs.k} exceeds the 1 element of a scalar")
+        if attrs.k != 1:
+            raise type_error("topk_indices", arg_types, f"k={attrs.k}: a scalar has exactly 1 element")
         return TensorType((), "int64")
     ax = normalize_axis("topk_indices", attrs.axis, x.ndim, arg_types)
     n = x.shape[ax]
@@ -108,7 +108,7 @@ def _topk_torch(x, attrs):
     and which expert wins decides the routing) and its order."""
     import torch
 
-    if x.ndim == 0:
+    if x.ndim == 0 or x.dtype == torch.bool:  # (ATen's topk takes no bool)
         return _topk_kernel(array_namespace("torch"), x, attrs)
     return torch.topk(x, attrs.k, dim=attrs.axis, largest=attrs.largest, sorted=True).indices
 
