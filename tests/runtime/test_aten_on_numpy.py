@@ -225,3 +225,21 @@ def test_negative_log_likelihood_runs_aten_kernels_with_integer_targets():
     for exe in (pb.build(fn, aten=True), pb.build(fn)):
         with pytest.raises(pb.ExecutionError, match="target 10 is out of range"):
             exe["main"](ps, ts, gs)
+
+
+def test_grouped_gemms_run_aten_kernels_with_integer_offsets():
+    """A mixture of experts' grouped GEMMs take ATen's mm on the numpy target (NumPy's BLAS between ATen's kernels
+    fought its thread pool): the results are the torch target's bits, empty groups and rows past the last too."""
+    x, w, o = var("x", shape=(40, 16)), var("w", shape=(3, 16, 8)), var("o", shape=(3,), dtype="int64")
+    g = var("g", shape=(40, 8))
+    fn = _typed(Function([x, w, o, g], pb.Tuple([op.nn.grouped_matmul(x, w, o), op.nn.grouped_transpose_matmul(x, g, o)])))
+    assert {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)} == {
+        "nn.grouped_matmul", "nn.grouped_transpose_matmul"}
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal((40, 16)).astype("float32"), rng.standard_normal((3, 16, 8)).astype("float32"),
+            np.array([12, 12, 33]), rng.standard_normal((40, 8)).astype("float32")]
+    got, want = pb.build(fn, aten=True)["main"](*args), pb.build(fn, target="torch")["main"](*args)
+    for a, b in zip(got, want):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, b.numpy())
+    assert not got[0][33:].any() and not got[1][1].any()
