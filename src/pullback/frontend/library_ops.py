@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..ir.errors import PullbackError
 from .aten_table import _op, aten, cast
+from .context import torch_dtype_name
 
 
 @aten("transformers.grouped_mm_fallback.default")
@@ -31,8 +32,7 @@ def _grouped_mm(cx, a, b, offs=None, bias=None, out_dtype=None):
     if bias is not None:
         raise PullbackError("_grouped_mm with a bias is not supported (ATen's CPU kernel takes none)")
     if out_dtype is not None:
-        dt = str(out_dtype).rpartition(".")[2]
-        a, b = cast(cx, a, dt), cast(cx, b, dt)
+        a, b = cast(cx, a, torch_dtype_name(out_dtype)), cast(cx, b, torch_dtype_name(out_dtype))
     if offs is None and ranks == (3, 3):
         return _op("nn.batch_matmul")(a, b, transpose_b=False)
     if offs is not None and ranks == (2, 3):

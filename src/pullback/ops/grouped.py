@@ -17,7 +17,7 @@ accumulates in float32 and rounds once, as ATen does. On torch each group is one
 from __future__ import annotations
 
 from ..ir.expr import Call, Expr
-from ..ir.types import FLOAT_DTYPES, HALF_DTYPES, INT_DTYPES, Any, TensorType
+from ..ir.types import FLOAT_DTYPES, INT_DTYPES, Any, TensorType
 from . import layout as T
 from .common import tensor_arg
 from .kernels import accumulated
@@ -68,16 +68,12 @@ def _groups(offs, rows: int):
 
 
 def _kernel(xp, x, w, offs, attrs):
-    """One GEMM per group (the host reads ``offs``), in float32 for half precision."""
+    """The definition on any namespace: one GEMM per group (the host reads ``offs``; the groups are contiguous
+    from row 0), in float32 for half precision, then zero rows."""
     wx, ww = accumulated(xp, x), accumulated(xp, w)
-    parts, start = [], 0
-    for e, lo, hi in _groups(offs, x.shape[0]):
-        if lo > start:
-            parts.append(xp.zeros((lo - start, w.shape[2]), dtype=wx.dtype))
-        parts.append(xp.matmul(wx[lo:hi], ww[e]))
-        start = hi
-    if start < x.shape[0] or not parts:
-        parts.append(xp.zeros((x.shape[0] - start, w.shape[2]), dtype=wx.dtype))
+    parts = [xp.matmul(wx[lo:hi], ww[e]) for e, lo, hi in _groups(offs, x.shape[0])]
+    end = sum(p.shape[0] for p in parts)
+    parts.append(xp.zeros((x.shape[0] - end, w.shape[2]), dtype=wx.dtype))
     return xp.astype(xp.concat(parts, axis=0), x.dtype)
 
 
@@ -124,20 +120,20 @@ def _transpose_torch(a, b, offs, attrs):
 
 def _numpy(x, w, offs, attrs):
     """NumPy's BLAS GEMM per group into the result's rows (2.4x the concatenated products' speed on Mixtral's
-    experts); float16 and bfloat16 through the shared kernel (float32 sums, one rounding)."""
+    experts); float16 and bfloat16 summed in float32 and rounded once."""
     import numpy as np
 
-    if str(x.dtype) in HALF_DTYPES:
-        return _kernel(np, x, w, offs, attrs)
-    return _rows_into(np.empty((x.shape[0], w.shape[2]), x.dtype), np.matmul, x, w, offs)
+    wx, ww = accumulated(np, x), accumulated(np, w)
+    out = _rows_into(np.empty((x.shape[0], w.shape[2]), wx.dtype), np.matmul, wx, ww, offs)
+    return out.astype(x.dtype, copy=False)
 
 
 def _transpose_numpy(a, b, offs, attrs):
     import numpy as np
 
-    if str(a.dtype) in HALF_DTYPES:
-        return _transpose_kernel(np, a, b, offs, attrs)
-    return _groups_into(np.zeros((offs.shape[0], a.shape[1], b.shape[1]), a.dtype), np.matmul, a, b, offs)
+    wa, wb = accumulated(np, a), accumulated(np, b)
+    out = _groups_into(np.zeros((offs.shape[0], a.shape[1], b.shape[1]), wa.dtype), np.matmul, wa, wb, offs)
+    return out.astype(a.dtype, copy=False)
 
 
 def _sizes(jnp, lax, offs, rows: int):

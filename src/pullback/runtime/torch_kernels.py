@@ -315,30 +315,18 @@ def _slot(call: Call) -> Optional[tuple]:
     return None if flipped else index
 
 
-def _strided_set(call: Call):
-    """A copy of x with the slice assigned (``x.clone()[index] = v``)."""
+def _strided_set(call: Call, into: bool = False):
+    """The slice assigned into a copy of x (``x.clone()[index] = v``), or, ``into``, into x itself: the plan's
+    buffer reuse when x's buffer dies here (a loop's ``attn[..., i, :i] = ...``: one copy of the whole tensor per
+    update otherwise)."""
     index = _slot(call)
     if index is None:
         return None
 
     def write(x, v, attrs=None):
-        out = x.clone()
+        out = x if into else x.clone()
         out[index] = v
         return out
-
-    return write
-
-
-def _strided_set_into(call: Call) -> Optional[Callable]:
-    """The slice assigned into x itself, when x's buffer dies here (a loop's ``attn[..., i, :i] = ...``: one
-    copy of the whole tensor per update otherwise)."""
-    index = _slot(call)
-    if index is None:
-        return None
-
-    def write(x, v, attrs=None):
-        x[index] = v
-        return x
 
     return write
 
@@ -394,7 +382,7 @@ def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     """``fn(*tensors, attrs)`` computing ``call`` into argument ``i``'s tensor (of the result's type), or None."""
     name = call.op.name
     if name == "strided_set":
-        return _strided_set_into(call) if i == 0 and _load() is not None else None
+        return _strided_set(call, into=True) if i == 0 else None
     if name not in BINARY and name not in UNARY or _float_args(call) is None:
         return None
     if not _same_type(call.args[i].checked_type, call.checked_type):
