@@ -74,8 +74,9 @@ def _well_formed_after_every_pass():
 
 @pytest.fixture
 def onednn_calls(monkeypatch):
-    """The calls that reach the torch kernels' oneDNN inner product (``ops.onednn``); skips without torch or
-    oneDNN. The size thresholds stay: tests that want small weights there lower them."""
+    """The calls that reach the torch kernels' oneDNN inner product (``ops.onednn``), float32 GEMMs sent there
+    whatever the CPU's vendor; skips without torch or oneDNN. The size thresholds stay: tests that want small
+    weights there lower them."""
     pytest.importorskip("torch")
     from pullback.ops import onednn
 
@@ -84,4 +85,5 @@ def onednn_calls(monkeypatch):
         pytest.skip("this torch has no oneDNN")
     calls = []
     monkeypatch.setattr(onednn, "linear", lambda: lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(onednn, "_float32_preferred", lambda: True)
     return calls

@@ -160,12 +160,29 @@ def targets(shape, c, ignore=None):
     return t
 
 
+_HARD = np.random.default_rng(13).standard_normal  # its own generator: the other cases keep their inputs
+
+
+def hardsigmoid_exact(x):
+    """``relu6(x + 3) / 6`` in torch ops: ATen's float64 ``hardsigmoid_backward`` multiplies by 1/6 rounded to
+    float32 (a float constant), 3e-8 off; ours is exact."""
+    import torch
+
+    return torch.clamp(x + 3, 0, 6) / 6
+
+
+def hardsigmoid_back(g, x):
+    return g * ((x > -3) & (x < 3)).to(g.dtype) / 6
+
+
 ACTIVATIONS = [
     case("nn.relu", normal(2, 3), torch=F("relu")),
     case("nn.leaky_relu", normal(2, 5), attrs=dict(alpha=0.2), torch=F("leaky_relu", 0.2)),
     case("nn.gelu", normal(3, 4), torch=F("gelu")),
     case("nn.gelu", normal(3, 4), attrs=dict(approximate="tanh"), torch=F("gelu", approximate="tanh"), id="gelu-tanh"),
     case("nn.silu", normal(2, 3, 2), torch=F("silu")),
+    case("nn.hardswish", _HARD((3, 8)) * 3, torch=F("hardswish")),
+    case("nn.hardsigmoid", _HARD((3, 8)) * 3, torch=hardsigmoid_exact),
     case("nn.softplus", normal(3, 4) * 3, torch=F("softplus")),
     case("nn.softplus", normal(3, 4) * 3, attrs=dict(beta=2.0, threshold=3.0), torch=F("softplus", 2.0, 3.0), id="softplus-b2-t3"),
     case("nn.softmax", normal(3, 5), torch=F("softmax", dim=-1)),
@@ -528,6 +545,8 @@ FUSED_GRADS = [
     case("nn.gelu_grad", normal(), normal(), torch=aten("gelu_backward"), id="gelu_grad-rank0"),
     case("nn.silu_grad", normal(3, 4), normal(3, 4) * 4, torch=silu_back),
     case("nn.silu_grad", normal(), normal(), torch=silu_back, id="silu_grad-rank0"),
+    case("nn.hardswish_grad", _HARD((3, 8)), _HARD((3, 8)) * 3, torch=aten("hardswish_backward")),
+    case("nn.hardsigmoid_grad", _HARD((3, 8)), _HARD((3, 8)) * 3, torch=hardsigmoid_back, wrt=[0]),
     case("nn.softplus_grad", normal(3, 4), normal(3, 4) * 4, torch=aten("softplus_backward", 1.0, 20.0)),
     case("nn.softplus_grad", normal(3, 4), normal(3, 4) * 2, attrs=dict(beta=2.0, threshold=1.5),
          torch=aten("softplus_backward", 2.0, 1.5), id="softplus_grad-b2-t1.5"),

@@ -357,6 +357,46 @@ def test_small_gemms_stay_with_mkl(onednn_calls):
         np.testing.assert_array_equal(got.numpy(), np.full((m, n), k, "float32"))
 
 
+@pytest.mark.parametrize("vendor, mkl, want", [("GenuineIntel", True, False), ("AuthenticAMD", True, True),
+                                               ("GenuineIntel", False, True), ("", True, True)])
+def test_float32_gemms_go_to_onednn_only_where_mkl_is_not_tuned(vendor, mkl, want):
+    """MKL is eager's float32 GEMM and at its best on Intel CPUs (oneDNN there: no faster on contiguous rows,
+    1.3-1.8x slower on a weight gradient's strided ones); elsewhere oneDNN is about twice as fast."""
+    from pullback.ops import onednn
+
+    assert onednn.prefers_onednn(vendor, mkl) is want
+
+
+def test_an_intel_cpu_keeps_float32_gemms_with_mkl(monkeypatch):
+    """Decided once per process from the vendor: on a GenuineIntel CPU with torch's MKL, a large float32 GEMM
+    never reaches oneDNN (bfloat16 still does: there it is eager's own kernel)."""
+    pytest.importorskip("torch")
+    from pullback.ops import onednn
+
+    if onednn.linear() is None:
+        pytest.skip("this torch has no oneDNN")
+    calls = []
+    real = onednn.linear()
+    monkeypatch.setattr(onednn, "linear", lambda: lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: "GenuineIntel")
+    import torch
+
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    onednn._float32_preferred.cache_clear()
+    try:
+        x, w = var("x", shape=(512, 256)), var("w", shape=(256, 256))
+        xs, ws = np.ones((512, 256), "float32"), np.ones((256, 256), "float32")
+        got = pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](xs, ws)
+        np.testing.assert_array_equal(got.numpy(), np.full((512, 256), 256, "float32"))
+        assert calls == []
+        monkeypatch.setattr(onednn, "cpu_vendor", lambda: "AuthenticAMD")
+        onednn._float32_preferred.cache_clear()
+        pb.build(Function([x, w], pb.op.nn.dense(x, w)), target="torch")["main"](xs, ws)
+        assert calls == [1]
+    finally:
+        onednn._float32_preferred.cache_clear()
+
+
 @pytest.mark.parametrize("x_t", [False, True], ids=["rows", "transposed-rows"])
 @pytest.mark.parametrize("shape", [(8, 16, 32), (64, 32)])
 def test_bfloat16_linear_of_rows_is_eagers_f_linear(onednn_calls, shape, x_t):
@@ -432,3 +472,27 @@ def test_a_pointwise_transposed_convolution_is_one_gemm_with_atens_values(shape)
         got = pb.build(mod, target="torch")["main"](a, b)
     assert not [e for e in prof.function_events if "slow_conv_transpose2d" in e.name]
     torch.testing.assert_close(got, torch.nn.functional.conv_transpose2d(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_slice_is_a_view_of_its_operand():
+    """``strided_slice`` with positive steps is a view on the torch target, as eager's slicing, ``unbind`` and
+    ``chunk`` are (a ViT's q, k, v: three copies of the projection a block otherwise)."""
+    torch = pytest.importorskip("torch")
+    x = var("x", shape=(3, 4, 5))
+    fn = Function([x], pb.op.strided_slice(x, begin=(1,), end=(3,), axes=(1,)))
+    xs = torch.randn(3, 4, 5)
+    got = pb.build(fn, target="torch")["main"](xs)
+    assert got.untyped_storage().data_ptr() == xs.untyped_storage().data_ptr()
+    assert torch.equal(got, xs[:, 1:3])
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 64), (2, 3, 8, 64)])
+def test_linear_of_contiguous_rows_is_eagers_f_linear(shape):
+    """N-D contiguous rows with a bias: eager's ``F.linear`` (one ``addmm`` over the flattened rows, the bias in the
+    GEMM's output: one pass over the result less than a GEMM and an add), bit for bit."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    xs, ws, bs = torch.randn(shape, generator=g), torch.randn(32, 64, generator=g), torch.randn(32, generator=g)
+    x, w, b = var("x", shape=shape), var("w", shape=(32, 64)), var("b", shape=(32,))
+    got = pb.build(Function([x, w, b], pb.op.nn.linear(x, w, b)), target="torch")["main"](xs, ws, bs)
+    assert torch.equal(got, torch.nn.functional.linear(xs, ws, bs))

@@ -68,6 +68,8 @@ PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
     "silu.default", "softplus.default", "tril.default", "triu.default", "special_log_ndtr.default",
+    # one kernel each way, eager's, where PyTorch's decompositions take four to seven (MobileNetV3, LeViT)
+    "hardswish.default", "hardsigmoid.default",
     # a write of one index (``out[:, t] = v`` in a loop): PyTorch's decomposition is a where over the whole tensor
     # (RWKV's time loop: quadratic in the sequence length), ours a strided_set of the one slice
     "select_scatter.default",

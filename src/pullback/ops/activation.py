@@ -33,14 +33,17 @@ _sigmoid = lazy("sigmoid")
 
 
 def elementwise_grad(name: str, kernel, aten: str, grad, per_elem: int, doc: str, what: str = "the data",
-                     attrs_type=None, aten_attrs=lambda a: ()):
+                     attrs_type=None, aten_attrs=lambda a: (), aten_float64: bool = True):
     """An activation's gradient op ``(out_grad, v) -> d input``, elementwise: ``kernel(xp, g, v, attrs)`` on every
     namespace (quiet on NumPy), one ATen call on torch (``aten(g, v, *aten_attrs(attrs))``, the gradient in v's
-    memory layout), ``grad`` its own gradient rule."""
+    memory layout; not ``aten_float64``: float64 through ``kernel``, where ATen's rounds a constant to float32),
+    ``grad`` its own gradient rule."""
 
     def on_torch(g, v, attrs=None):
         import torch
 
+        if not aten_float64 and v.dtype == torch.float64:
+            return kernel(torch, g, v, attrs)
         return getattr(torch.ops.aten, aten)(same_layout(g, v), v, *aten_attrs(attrs))
 
     return defop(name, 2, pair_infer(name, what), kernel=kernel,
@@ -290,6 +293,67 @@ def _silu_grad_grad(call: Call, h: Expr):
 # (8, 128, 1024) float32 on the torch target 3.3 -> 0.3 ms)
 silu_grad = elementwise_grad("nn.silu_grad", _silu_grad_kernel, "silu_backward", _silu_grad_grad, 8,
                              "Gradient of ``nn.silu``: ``(out_grad, data) -> out_grad * silu'(data)`` (ATen ``silu_backward``).")
+
+# ------------------------------------------------------------------ hardswish and hardsigmoid (MobileNetV3, LeViT)
+
+
+def _hard_kernel(swish: bool):
+    """``relu6(x + 3) / 6``, times x for hardswish, in x's precision (float16/bfloat16 in float32, one rounding)."""
+
+    def kernel(xp, x, attrs=None):
+        w = widen16(xp, x)
+        gate = xp.clip(w + 3.0, 0.0, 6.0)
+        return as_dtype(xp, (w * gate if swish else gate) / 6.0, x.dtype)
+
+    return kernel
+
+
+def _torch_activation(name: str):
+    def run(x, attrs=None):
+        import torch.nn.functional as F
+
+        return getattr(F, name)(x)
+
+    return run
+
+
+def _hardswish_grad_kernel(xp, g, x, attrs=None):
+    """ATen's ``hardswish_backward``: 0 below -3, ``g * (x / 3 + 1/2)`` up to 3, ``g`` above."""
+    w, gw = widen16(xp, x), widen16(xp, g)
+    return as_dtype(xp, xp.where(w < -3.0, 0.0 * gw, xp.where(w <= 3.0, gw * (w / 3.0 + 0.5), gw)), x.dtype)
+
+
+def _hardsigmoid_grad_kernel(xp, g, x, attrs=None):
+    """ATen's ``hardsigmoid_backward``: ``g / 6`` strictly between -3 and 3, else 0 (its float64 kernel multiplies by
+    1/6 rounded to float32, 3e-8 off: ours is exact there)."""
+    w, gw = widen16(xp, x), widen16(xp, g)
+    return as_dtype(xp, xp.where((w > -3.0) & (w < 3.0), gw * (1.0 / 6.0), 0.0 * gw), x.dtype)
+
+
+def _inside(x: Expr) -> Expr:
+    """1 where ``-3 < x < 3``, else 0, in x's dtype."""
+    three = scalar(3.0, x)
+    return T.cast(E.logical_and(E.less(-three, x), E.less(x, three)), x.checked_type.dtype)
+
+
+def _hardswish_grad_grad(call: Call, h: Expr):
+    """d/dg = hardswish_grad(h, x); d/dx = h g / 3 strictly inside (-3, 3) (PyTorch's double backward)."""
+    g, x = call.args
+    return [hardswish_grad(h, x), h * g * _inside(x) / scalar(3.0, x)]
+
+
+hardswish = activation("nn.hardswish", None, _hard_kernel(True), lambda c, g: [hardswish_grad(g, c.args[0])], 4,
+                       "hardswish", impls={"torch": _torch_activation("hardswish")}, kinks=(-3.0, 3.0))
+hardswish_grad = elementwise_grad("nn.hardswish_grad", _hardswish_grad_kernel, "hardswish_backward", _hardswish_grad_grad,
+                                  5, "Gradient of ``nn.hardswish``: ``(out_grad, data) -> out_grad * hardswish'(data)`` "
+                                  "(ATen ``hardswish_backward``).")
+hardsigmoid = activation("nn.hardsigmoid", None, _hard_kernel(False), lambda c, g: [hardsigmoid_grad(g, c.args[0])], 3,
+                         "hardsigmoid", impls={"torch": _torch_activation("hardsigmoid")}, kinks=(-3.0, 3.0))
+# linear in out_grad; a step in the data (its gradient there is zero)
+hardsigmoid_grad = elementwise_grad("nn.hardsigmoid_grad", _hardsigmoid_grad_kernel, "hardsigmoid_backward",
+                                    lambda c, h: [hardsigmoid_grad(h, c.args[1]), None], 3,
+                                    "Gradient of ``nn.hardsigmoid``: ``(out_grad, data) -> out_grad * hardsigmoid'(data)`` "
+                                    "(ATen ``hardsigmoid_backward``).", aten_float64=False)
 
 # ------------------------------------------------------------------ tanh and sigmoid gradients
 

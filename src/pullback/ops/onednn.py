@@ -1,15 +1,21 @@
 """oneDNN's inner product for the torch kernels' float32 and bfloat16 GEMMs (``mkldnn._linear_pointwise``, what
 Inductor calls; bfloat16: ``bfloat16_linear``).
 
-On the bench machine (AMD EPYC, 2 cores, torch 2.13) it runs GEMMs about twice as fast as MKL's sgemm, which
-``torch.mm`` and eager PyTorch call (``bench/torch_train.py``'s rates: 465 against 202 GFLOP/s; 1024 x 256 x
-1024: 1.12 against 2.53 ms), rows of other strides too (a weight gradient's transposed dY: oneDNN reorders them
-itself, faster than a copy first: 1.54 against 2.71 ms), and adds a bias as it writes the rows. It loses where
-its per-call cost (~12 us against MKL's ~4) or its reordering outweighs the GEMM: small GEMMs (M * K * N under
-``MIN_MACS``: a 32 x 512 x 10 classifier, 7 against 13 us; at 2^21 multiply-adds oneDNN takes 0.8-1.0 of MKL's
-time whatever the shape, 0.5 from 2^23 up; K = 0 has no primitive at all) and strided rows making a small result
-(under ``MIN_STRIDED_OUT`` elements: a 32 x 32 weight's gradient over 4096 rows, 0.10 against 0.05 ms). Where the
-row count is not known (a dynamic batch), a weight of ``MIN_WEIGHT`` elements decides.
+float32 (``float32_linear``): on CPUs that MKL does not tune for, oneDNN runs GEMMs about twice as fast as MKL's
+sgemm, which ``torch.mm`` and eager PyTorch call (an AMD EPYC, 2 cores, torch 2.13: 465 against 202 GFLOP/s;
+1024 x 256 x 1024: 1.12 against 2.53 ms), rows of other strides too (a weight gradient's transposed dY: oneDNN
+reorders them itself, faster than a copy first: 1.54 against 2.71 ms), and adds a bias as it writes the rows. On
+Intel CPUs MKL is at its best and oneDNN is not faster (a Xeon with AMX, 2 cores: 1024 x 256 x 1024 1.44 against
+1.49 ms, 0.9-0.95x MKL's speed on the other forward GEMMs of a ViT, 0.55-0.75x on its weight gradients' strided
+rows): there the torch kernels keep MKL, as eager does. The choice is made once per process from the CPU's
+vendor, not by timing, so a program's float32 results do not depend on how busy the machine was.
+
+Where oneDNN is used, it loses where its per-call cost (~12 us against MKL's ~4) or its reordering outweighs the
+GEMM: small GEMMs (M * K * N under ``MIN_MACS``: a 32 x 512 x 10 classifier, 7 against 13 us; at 2^21
+multiply-adds oneDNN takes 0.8-1.0 of MKL's time whatever the shape, 0.5 from 2^23 up; K = 0 has no primitive
+at all) and strided rows making a small result (under ``MIN_STRIDED_OUT`` elements: a 32 x 32 weight's gradient
+over 4096 rows, 0.10 against 0.05 ms). Where the row count is not known (a dynamic batch), a weight of
+``MIN_WEIGHT`` elements decides.
 """
 
 from __future__ import annotations
@@ -34,6 +40,38 @@ def _linear_op():
 def linear() -> Optional[Callable]:
     """``fn(rows, weight, bias, "none", [], "")`` = ``rows @ weight.T (+ bias)`` on CPU tensors, or None."""
     return _linear_op()
+
+
+def float32_linear() -> Optional[Callable]:
+    """``linear()`` where the torch kernels' float32 GEMMs go to oneDNN (``prefers_onednn``), else None."""
+    return linear() if _float32_preferred() else None
+
+
+def prefers_onednn(vendor: str, mkl: bool) -> bool:
+    """Does oneDNN beat eager's float32 GEMMs on a CPU of ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``)? Not
+    where torch's BLAS is MKL on an Intel CPU (module docstring)."""
+    return not (mkl and vendor == "GenuineIntel")
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``, ...), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "GenuineIntel" if "Intel" in platform.processor() else ""
+
+
+@lru_cache(maxsize=1)
+def _float32_preferred() -> bool:
+    import torch
+
+    return prefers_onednn(cpu_vendor(), torch.backends.mkl.is_available())
 
 
 def bfloat16_linear() -> Optional[Callable]:
@@ -78,11 +116,11 @@ def rows_times_t(a, b):
     (``big``, ``takes_rows``), else ``torch.mm``."""
     k, n = a.shape[1], b.shape[0]
     if a.dtype == b.dtype and str(a.dtype) == "torch.float32" and big(k, n, a.shape[0]) and takes_rows(a, n):
-        f = linear()
+        f = float32_linear()
         if f is not None:
             return f(a, b, None, "none", [], "")
     return a @ b.T
 
 
-__all__ = ["MIN_MACS", "MIN_WEIGHT", "MIN_STRIDED_OUT", "linear", "bfloat16_linear", "big", "takes_rows",
-           "takes_contiguous_rows", "rows_times_t"]
+__all__ = ["MIN_MACS", "MIN_WEIGHT", "MIN_STRIDED_OUT", "linear", "float32_linear", "prefers_onednn", "cpu_vendor",
+           "bfloat16_linear", "big", "takes_rows", "takes_contiguous_rows", "rows_times_t"]

@@ -44,6 +44,7 @@ from ..ir.gc_pause import gc_paused
 from ..ops import layout as T
 from ..ops.registry import OpDef, get_op
 from .fused import group_label
+from .schedule import memory_order
 
 if TYPE_CHECKING:
     from .evaluator import Target
@@ -492,7 +493,7 @@ def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
         new = lower(body, order)
         if new is not body:
             body, order = new, post_order(new)
-    return body, order
+    return body, memory_order(order, body)
 
 
 def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list, frozenset]:

@@ -241,7 +241,7 @@ def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Cal
     if out.dtype == "bfloat16":
         f, takes = onednn.bfloat16_linear(), onednn.takes_contiguous_rows
     else:
-        f, takes = (onednn.linear() if out.dtype == "float32" and onednn.big(k, n, m) else None), onednn.takes_rows
+        f, takes = (onednn.float32_linear() if out.dtype == "float32" and onednn.big(k, n, m) else None), onednn.takes_rows
     if f is None:
         return base
     biased = len(call.args) == 3
@@ -274,7 +274,15 @@ def _gemm_of_rows(in_memory_order: Callable) -> Callable:
     return make
 
 
-_dense, _linear = _gemm_of_rows(dense_in_memory_order), _gemm_of_rows(linear_rows)
+def _linear_nd(x, w, b, attrs=None):
+    """``nn.linear`` of N-D data: contiguous rows as eager's ``F.linear`` (one ``addmm`` over the flattened rows,
+    the bias in the GEMM's output: eager's bits, one pass less), other layouts in memory order."""
+    if x.is_contiguous():
+        return torch.nn.functional.linear(x, w, b)
+    return linear_rows(x, w, b)
+
+
+_dense, _linear = _gemm_of_rows(dense_in_memory_order), _gemm_of_rows(_linear_nd)
 
 
 def _matmul(call: Call):
@@ -331,6 +339,14 @@ def _strided_set(call: Call, into: bool = False):
     return write
 
 
+def _strided_view(call: Call):
+    """``x[index]``: a view of x (positive-step slices), as eager's slicing, ``unbind`` and ``chunk`` give."""
+    index = _slot(call)
+    if index is None:
+        return None
+    return lambda x, attrs=None: x[index]
+
+
 def _init(fn: str):
     def make(call: Call):
         out = call.checked_type
@@ -346,7 +362,7 @@ MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast,
-                "strided_set": _strided_set}
+                "strided_set": _strided_set, "strided_slice": _strided_view}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
 ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",

@@ -1,0 +1,100 @@
+"""The order a plan runs a body's nodes in: the post-order, with each value's last reader run as soon as it can.
+
+A post-order (``ir.traversal.post_order``) computes each output's operands just before the output. A
+gradient program returns many outputs reading one long chain: the input's gradient needs the whole chain of
+activation gradients, and a post-order computes it first, then every weight gradient, each reading an
+activation gradient made long before. Every one of those stays alive to the end of the backward, and is
+read back cold from memory. PyTorch's autograd runs each layer's weight gradient as soon as its activation
+gradient exists (both are one ``AddmmBackward`` node).
+
+``memory_order`` keeps the post-order but, whenever a node is run, runs at once the one remaining reader of
+each of its operands when that reader's other operands are ready and its result is no larger than the operand
+it lets go. That is a topological order of the same nodes (any is correct), whose values die sooner. The
+reader may be several nodes deep through same-size nodes (a weight gradient reads ``transpose(reshape(g))``):
+each hoisted node makes its operand's last reader the next candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
+from ..ir.types import TensorType, TupleType
+
+
+def _operands(n: Expr) -> tuple:
+    if type(n) is Call:
+        return tuple(n.args)
+    if type(n) is Tuple:
+        return tuple(n.fields)
+    if type(n) is TupleGetItem:
+        return (n.tuple_value,)
+    return ()
+
+
+def _bytes(t) -> Optional[int]:
+    """The bytes of a value of type ``t`` (static shapes only), else None."""
+    if isinstance(t, TupleType):
+        sizes = [_bytes(f) for f in t.fields]
+        return None if None in sizes else sum(sizes)
+    if isinstance(t, TensorType) and all(isinstance(d, int) for d in t.shape):
+        import numpy as np
+
+        try:
+            return math.prod(t.shape) * np.dtype(t.dtype).itemsize
+        except TypeError:
+            return None
+    return None
+
+
+def memory_order(order: list, body: Expr) -> list:
+    """``order`` (a post-order of ``body``, without ``If``) with last readers hoisted (module docstring)."""
+    users: dict = {}
+    for n in order:
+        for a in dict.fromkeys(_operands(n)):
+            users.setdefault(a, []).append(n)
+    if not any(len(u) > 1 for u in users.values()):
+        return order  # a chain or a tree: nothing to hoist
+    remaining = {a: len(u) for a, u in users.items()}
+    waiting = {n: len(dict.fromkeys(_operands(n))) for n in order}
+    size = {}
+
+    def nbytes(n):
+        if n not in size:
+            size[n] = _bytes(n._checked_type) if n._checked_type is not None else None
+        return size[n]
+
+    out = [n for n in order if type(n) in (Var, Constant)]  # parameters and constants: there from the start
+    done: set = set(out)
+    for n in out:
+        for u in users.get(n, ()):
+            waiting[u] -= 1
+    for n in order:
+        if n in done:
+            continue
+        stack = [n]
+        while stack:
+            m = stack.pop()
+            if m in done:
+                continue
+            done.add(m)
+            out.append(m)
+            for u in users.get(m, ()):
+                waiting[u] -= 1
+            args = dict.fromkeys(_operands(m))
+            for a in args:
+                remaining[a] -= 1
+            for a in (m, *args):  # each value whose one reader left may now run (operands first: popped last in)
+                if remaining.get(a) != 1 or a is body:
+                    continue
+                last = next(u for u in users[a] if u not in done)
+                if waiting[last] or last is body:
+                    continue
+                have, need = nbytes(a), nbytes(last)
+                if have is not None and need is not None and need <= have:
+                    stack.append(last)
+    return out
+
+
+__all__ = ["memory_order"]
