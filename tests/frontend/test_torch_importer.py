@@ -883,6 +883,47 @@ def test_a_loop_writing_one_time_step_at_a_time_imports_as_slice_writes():
     np.testing.assert_allclose(dx, want.numpy(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_hardswish_and_hardsigmoid_import_whole(target):
+    """MobileNetV3's and LeViT's activations stay one operator each (PyTorch's decompositions take four to seven
+    comparisons, selects and products each way); values and gradients are those of torch ops in float64 (ATen's
+    float64 ``hardsigmoid_backward`` multiplies by 1/6 rounded to float32), and on torch eager's own bits in
+    float32."""
+    from pullback.integrations.torch import compile as pb_compile
+
+    class Block(nn.Module):
+        def __init__(self, exact: bool = False):
+            super().__init__()
+            self.fc, self.exact = nn.Linear(8, 8), exact
+
+        def forward(self, x):
+            h = F.hardswish(self.fc(x))
+            m = h.mean(-1, keepdim=True)
+            return (h * (torch.clamp(m + 3, 0, 6) / 6 if self.exact else F.hardsigmoid(m))).sum()
+
+    x = torch.randn(4, 8, dtype=torch.float64) * 3
+    prog = import_torch(Block().double(), (x,))
+    names = [n.op.name for n in pullback.ir.traversal.post_order(prog.mod["main"].body)
+             if isinstance(n, pullback.ir.expr.Call) and hasattr(n.op, "name")]
+    assert names.count("nn.hardswish") == 1 and names.count("nn.hardsigmoid") == 1
+    assert not {"where", "clip", "greater_equal", "less_equal"} & set(names), names
+    for dtype in (torch.float64, torch.float32):
+        torch.manual_seed(0)
+        eager = Block(exact=dtype == torch.float64).to(dtype)
+        ours = copy.deepcopy(eager)
+        ours.exact = False
+        xs = x.to(dtype)
+        compiled = pb_compile(ours, (xs,), target=target)
+        want, got = eager(xs), compiled(xs)
+        want.backward()
+        got.backward()
+        exact = dtype == torch.float32 and target == "torch"
+        tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-12 if dtype == torch.float64 else 1e-5, atol=1e-12)
+        torch.testing.assert_close(got, want, **tol)
+        for a, b in zip(ours.parameters(), eager.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **tol)
+
+
 def test_sort_keeps_eagers_order_of_ties_on_torch():
     """``torch.sort`` is unstable unless asked: the importer leaves the ties' order to the target's sort, ATen's
     on torch, so the permutation is eager's (a mixture of experts sorts its tokens by expert id, and the rows'
