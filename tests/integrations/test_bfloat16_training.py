@@ -137,6 +137,32 @@ def test_bfloat16_times_a_python_number_is_eagers_bits(target):
     _trains_like_eager(model, (x, labels), (x.double(), labels), target)
 
 
+class _Lookups(torch.nn.Module):
+    """An embedding, a gather of rows (``h[:, sel]``) and ``index_put_(accumulate=True)``, each index repeated many
+    times: eager's backwards add their rows one by one, rounding to bfloat16 after each addition."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(40, 16)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, ids, sel, rows):
+        h = self.lin(self.emb(ids))[:, sel]
+        pooled = torch.zeros(8, 16, dtype=h.dtype).index_put_((rows,), h.reshape(-1, 16), accumulate=True)
+        return (pooled * pooled).mean()
+
+
+def test_lookups_in_bfloat16_add_their_gradients_as_eager_does(target):
+    """On torch the embedding's, the gather's and the scatter's gradients are eager's bits (its index_put rounds each
+    addition; summing in float32 and rounding once, as ATen's index_add does, gave many of the embedding's
+    gradient entries another last bit); elsewhere as close to float64's as eager's."""
+    torch.manual_seed(0)
+    model = _Lookups().to(BF16)
+    ids, sel = torch.randint(0, 40, (4, 64)), torch.randint(0, 64, (96,))
+    rows = torch.randint(0, 8, (4 * 96,))
+    _trains_like_eager(model, (ids, sel, rows), (ids, sel, rows), target)
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

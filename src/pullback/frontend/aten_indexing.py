@@ -124,11 +124,13 @@ def _result_layout(pos: list, batch: tuple, rest_rank: int) -> tuple:
 
 @aten("aten.index.Tensor", "aten._unsafe_index.Tensor")
 def _index(cx, x, indices):
+    """``x[indices]`` as one ``take``; its gradient adds each index's rows one by one (``sequential``), as eager's
+    ``index_put_(accumulate=True)`` does (in half precision, its rounding)."""
     pos = [i for i, idx in enumerate(indices) if idx is not None]
     if len(pos) == 1 and cx.dtype_of(indices[pos[0]]) != "bool":  # one index tensor: take along its axis
-        return _op("take")(x, _int64(cx, indices[pos[0]]), axis=pos[0], mode="fast")  # negative indices wrap
+        return _op("take")(x, _int64(cx, indices[pos[0]]), axis=pos[0], mode="fast", sequential=True)  # negatives wrap
     flat_x, flat, pos, batch, rest, _ = _linearized(cx, x, indices)
-    out = _op("take")(flat_x, flat, axis=0)
+    out = _op("take")(flat_x, flat, axis=0, sequential=True)
     layout = _result_layout(pos, batch, len(rest))
     return out if layout == tuple(range(len(layout))) else _op("transpose")(out, layout)
 
@@ -172,7 +174,7 @@ def _index_put(cx, x, indices, values, accumulate=False):
     vals = _op("reshape")(vals, (nb,) + rest)
     flat = _op("reshape")(flat, (nb,))
     if accumulate:
-        out = _op("index_add")(flat_x, flat, vals, axis=0)
+        out = _op("index_add")(flat_x, flat, vals, axis=0, sequential=True)  # eager's rounding in half precision
     else:
         idx = _op("reshape")(flat, (nb,) + (1,) * len(rest))
         out = _op("scatter")(flat_x, _op("broadcast_to")(idx, (nb,) + rest), vals, axis=0)
@@ -585,7 +587,10 @@ def _put(cx, x, index, source, accumulate=False):
     idx = _op("where")(_op("less")(idx, scalar(0, "int64")), _op("add")(idx, scalar(n, "int64")), idx)
     src = _op("reshape")(cast(cx, source, cx.out_dtype), (k,))
     flat = _op("reshape")(x, (n,))
-    out = _op("index_add")(flat, idx, src, axis=0, mode="fast") if accumulate else _op("scatter")(flat, idx, src, axis=0)
+    if accumulate:  # eager's put_ rounds each addition in half precision
+        out = _op("index_add")(flat, idx, src, axis=0, mode="fast", sequential=True)
+    else:
+        out = _op("scatter")(flat, idx, src, axis=0)
     return _op("reshape")(out, cx.shape_of(x))
 
 

@@ -962,8 +962,9 @@ def _scaled_by_frequency(cx, looked_up: Expr, w: Expr, idx: Expr) -> Expr:
 def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight, and with
     ``scale_grad_by_freq`` each lookup's gradient is divided by how often its index occurs in ``idx`` (PyTorch's
-    rules, see ``_scaled_by_frequency``)."""
-    out = _op("take")(w, idx, axis=0)
+    rules, see ``_scaled_by_frequency``). The weight's gradient adds the lookups' rows one by one (``sequential``),
+    as eager's ``embedding_dense_backward`` does (in half precision, its rounding)."""
+    out = _op("take")(w, idx, axis=0, sequential=True)
     if scale_grad_by_freq:
         out = _scaled_by_frequency(cx, out, w, idx)
     if padding_idx is None or padding_idx < 0:

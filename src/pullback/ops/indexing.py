@@ -158,16 +158,27 @@ _TAKE_MODES = ("clip", "wrap", "fast")
 
 @dataclass(frozen=True)
 class TakeAttrs:
-    """``mode``: clip indices into range, wrap them (modulo), or ``fast`` (out of range is an error)."""
+    """``mode``: clip indices into range, wrap them (modulo), or ``fast`` (out of range is an error).
+    ``sequential``: on the torch target, ``index_add``'s float16/bfloat16 sums are rounded after each addition, in
+    index order, as PyTorch's embedding and indexing backward and ``index_put(accumulate=True)`` round them, instead
+    of ATen ``index_add``'s (eager's bits either way); ``take`` passes it to its gradient. The numpy target sums
+    bfloat16 in float32 and rounds once, float16 and jax's scatter round each addition, whichever is asked."""
 
     axis: Optional[int] = None
     mode: str = "clip"
+    sequential: bool = False
 
     def __post_init__(self):
         if self.axis is not None and (isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer))):
             raise AttrError(f"attribute axis must be an int or None, got {self.axis!r}")
         if self.mode not in _TAKE_MODES:
             raise AttrError(f"attribute mode must be one of {', '.join(_TAKE_MODES)}, got {self.mode!r}")
+        if not isinstance(self.sequential, (bool, np.bool_)):
+            raise AttrError(f"attribute sequential must be a bool, got {self.sequential!r}")
+
+
+def _take_attrs(a: TakeAttrs) -> tuple:
+    return a.axis, a.mode, a.sequential
 
 
 def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -> tuple:
@@ -177,7 +188,7 @@ def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -
     return data.shape[:ax] + idx.shape + data.shape[ax + 1:]
 
 
-def _positions(xp, op: str, idx, n: int, mode: str):
+def take_positions(xp, op: str, idx, n: int, mode: str):
     """``idx`` as flat positions in ``[0, n)`` by ``mode`` (``fast``: out of range is an error where
     the indices are concrete; jax.jit clamps them)."""
     if mode == "clip":
@@ -200,7 +211,7 @@ def _flat_view(xp, x, a) -> tuple:
 def _take(xp, x, idx, a):
     src, ax = _flat_view(xp, x, a)
     shape = tuple(src.shape)
-    out = xp.take(src, _positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
+    out = xp.take(src, take_positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
     return out if idx.ndim == 1 else xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
 
 
@@ -212,7 +223,7 @@ def _take_infer(arg_types, attrs):
 
 take = defop(
     "take", 2, _take_infer, kernel=_take, attrs_type=TakeAttrs,
-    grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, c.attrs.axis, c.attrs.mode)), None],
+    grad=lambda c, g: [_float_only(c, index_add(T.zeros_like(c.args[0]), c.args[1], g, *_take_attrs(c.attrs))), None],
     pattern=FusionKind.INJECTIVE, flops=zero_flops, torch_name="take",
     dtypes=ALL_DTYPES, doc="``take(data, indices, axis=None, mode='clip')``: Relay's take (embedding lookup along ``axis``).")
 
@@ -230,7 +241,7 @@ def _index_add_infer(arg_types, attrs):
 def _index_add(xp, x, idx, u, a):
     dst, ax = _flat_view(xp, x, a)
     shape = tuple(dst.shape)
-    pos = _positions(xp, "index_add", idx, shape[ax], a.mode)
+    pos = take_positions(xp, "index_add", idx, shape[ax], a.mode)
     k = math.prod(idx.shape)  # not -1: ambiguous when the other dims hold no element
     out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]))
     return xp.reshape(out, tuple(x.shape))
@@ -238,7 +249,7 @@ def _index_add(xp, x, idx, u, a):
 
 def _index_add_grad(c: Call, g: Expr):
     x, idx, u = c.args
-    return [_float_only(x, g), None, _float_only(u, take(g, idx, c.attrs.axis, c.attrs.mode))]
+    return [_float_only(x, g), None, _float_only(u, take(g, idx, *_take_attrs(c.attrs)))]
 
 
 index_add = defop(

@@ -26,6 +26,7 @@ from ..ir.expr import Call, Constant
 from ..ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ..ops import onednn
 from ..ops.common import broadcast_shapes
+from ..ops.indexing import take_positions
 from ..ops.nn import dense_in_memory_order, linear_rows
 
 torch = None  # set by _load()
@@ -347,6 +348,25 @@ def _strided_view(call: Call):
     return lambda x, attrs=None: x[index]
 
 
+def _index_add_sequential(call: Call):
+    """``index_add`` with ``sequential`` sums in float16/bfloat16: ATen's ``index_put_`` with ``accumulate`` into a
+    copy of x, which rounds after each addition in index order, as eager's embedding and indexing backward do."""
+    a, x, u = call.attrs, call.args[0].checked_type, call.args[2].checked_type
+    if not a.sequential or not _same_type(x, call.checked_type) or x.dtype not in ("float16", "bfloat16") or u.dtype != x.dtype:
+        return None
+
+    def run(x, idx, u, attrs=None):
+        dst = x.reshape(-1) if a.axis is None else x
+        ax = 0 if a.axis is None else a.axis % x.ndim
+        pos = take_positions(torch, "index_add", idx, dst.shape[ax], a.mode)
+        rows = u.reshape(tuple(dst.shape[:ax]) + (pos.numel(),) + tuple(dst.shape[ax + 1:]))
+        out = dst.clone()
+        out.movedim(ax, 0).index_put_((pos,), rows.movedim(ax, 0), accumulate=True)
+        return out.reshape(x.shape)
+
+    return run
+
+
 def _init(fn: str):
     def make(call: Call):
         out = call.checked_type
@@ -362,7 +382,7 @@ MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast,
-                "strided_set": _strided_set, "strided_slice": _strided_view}
+                "strided_set": _strided_set, "strided_slice": _strided_view, "index_add": _index_add_sequential}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
 ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
