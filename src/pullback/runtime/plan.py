@@ -45,6 +45,7 @@ from ..ops import layout as T
 from ..ops.registry import OpDef, get_op
 from .fused import group_label
 from .schedule import memory_order
+from .schedule import operands as _operands
 
 if TYPE_CHECKING:
     from .evaluator import Target
@@ -135,17 +136,6 @@ def _assign_slots(fn: Function, order: list, where: str, constant: Callable) -> 
             slot[n] = len(template)
             template.append(None)
     return slot, template
-
-
-def _operands(n: Expr) -> tuple:
-    t = type(n)
-    if t is Call:
-        return n.args
-    if t is Tuple:
-        return n.fields
-    if t is TupleGetItem:
-        return (n.tuple_value,)
-    return n.children()
 
 
 PRECISE_DEPTH = 16

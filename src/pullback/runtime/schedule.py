@@ -8,8 +8,8 @@ read back cold from memory. PyTorch's autograd runs each layer's weight gradient
 gradient exists (both are one ``AddmmBackward`` node).
 
 ``memory_order`` keeps the post-order but, whenever a node is run, runs at once the one remaining reader of
-each of its operands when that reader's other operands are ready and its result is no larger than the operand
-it lets go. That is a topological order of the same nodes (any is correct), whose values die sooner. The
+each of its operands (and its own, when it has one) when that reader's other operands are ready and its result
+is no larger than the value it lets go. That is a topological order of the same nodes (any is correct), whose values die sooner. The
 reader may be several nodes deep through same-size nodes (a weight gradient reads ``transpose(reshape(g))``):
 each hoisted node makes its operand's last reader the next candidate.
 """
@@ -19,18 +19,22 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
+
 from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
 from ..ir.types import TensorType, TupleType
 
 
-def _operands(n: Expr) -> tuple:
-    if type(n) is Call:
-        return tuple(n.args)
-    if type(n) is Tuple:
-        return tuple(n.fields)
-    if type(n) is TupleGetItem:
+def operands(n: Expr) -> tuple:
+    """The values ``n`` reads: a call's arguments, a tuple's fields, a projection's tuple (else its children)."""
+    t = type(n)
+    if t is Call:
+        return n.args
+    if t is Tuple:
+        return n.fields
+    if t is TupleGetItem:
         return (n.tuple_value,)
-    return ()
+    return n.children()
 
 
 def _bytes(t) -> Optional[int]:
@@ -39,8 +43,6 @@ def _bytes(t) -> Optional[int]:
         sizes = [_bytes(f) for f in t.fields]
         return None if None in sizes else sum(sizes)
     if isinstance(t, TensorType) and all(isinstance(d, int) for d in t.shape):
-        import numpy as np
-
         try:
             return math.prod(t.shape) * np.dtype(t.dtype).itemsize
         except TypeError:
@@ -52,12 +54,12 @@ def memory_order(order: list, body: Expr) -> list:
     """``order`` (a post-order of ``body``, without ``If``) with last readers hoisted (module docstring)."""
     users: dict = {}
     for n in order:
-        for a in dict.fromkeys(_operands(n)):
+        for a in dict.fromkeys(operands(n)):
             users.setdefault(a, []).append(n)
     if not any(len(u) > 1 for u in users.values()):
         return order  # a chain or a tree: nothing to hoist
     remaining = {a: len(u) for a, u in users.items()}
-    waiting = {n: len(dict.fromkeys(_operands(n))) for n in order}
+    waiting = {n: len(dict.fromkeys(operands(n))) for n in order}
     size = {}
 
     def nbytes(n):
@@ -82,7 +84,7 @@ def memory_order(order: list, body: Expr) -> list:
             out.append(m)
             for u in users.get(m, ()):
                 waiting[u] -= 1
-            args = dict.fromkeys(_operands(m))
+            args = dict.fromkeys(operands(m))
             for a in args:
                 remaining[a] -= 1
             for a in (m, *args):  # each value whose one reader left may now run (operands first: popped last in)
@@ -97,4 +99,4 @@ def memory_order(order: list, body: Expr) -> list:
     return out
 
 
-__all__ = ["memory_order"]
+__all__ = ["memory_order", "operands"]
