@@ -37,17 +37,32 @@ def operands(n: Expr) -> tuple:
     return n.children()
 
 
-def _bytes(t) -> Optional[int]:
-    """The bytes of a value of type ``t`` (static shapes only), else None."""
-    if isinstance(t, TupleType):
-        sizes = [_bytes(f) for f in t.fields]
-        return None if None in sizes else sum(sizes)
+def _tensor_bytes(t) -> Optional[int]:
     if isinstance(t, TensorType) and all(isinstance(d, int) for d in t.shape):
         try:
             return math.prod(t.shape) * np.dtype(t.dtype).itemsize
         except TypeError:
             return None
     return None
+
+
+def _bytes(t, memo: dict) -> Optional[int]:
+    """The bytes of a value of type ``t`` (static shapes only), else None; ``memo`` maps id(type) -> bytes (nested
+    tuple types: iteratively, each shared field once)."""
+    stack = [(t, False)]
+    while stack:
+        u, ready = stack.pop()
+        if id(u) in memo:
+            continue
+        if not isinstance(u, TupleType):
+            memo[id(u)] = _tensor_bytes(u)
+        elif ready:
+            sizes = [memo[id(f)] for f in u.fields]
+            memo[id(u)] = None if None in sizes else sum(sizes)
+        else:
+            stack.append((u, True))
+            stack.extend((f, False) for f in u.fields if id(f) not in memo)
+    return memo[id(t)]
 
 
 def memory_order(order: list, body: Expr) -> list:
@@ -60,12 +75,10 @@ def memory_order(order: list, body: Expr) -> list:
         return order  # a chain or a tree: nothing to hoist
     remaining = {a: len(u) for a, u in users.items()}
     waiting = {n: len(dict.fromkeys(operands(n))) for n in order}
-    size = {}
+    memo: dict = {}
 
     def nbytes(n):
-        if n not in size:
-            size[n] = _bytes(n._checked_type) if n._checked_type is not None else None
-        return size[n]
+        return None if n._checked_type is None else _bytes(n._checked_type, memo)
 
     out = [n for n in order if type(n) in (Var, Constant)]  # parameters and constants: there from the start
     done: set = set(out)
