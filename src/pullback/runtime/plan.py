@@ -15,7 +15,8 @@ Before slots are assigned, a body without ``If`` is lowered for execution (the
 values stay those of the body as written): a reshape of a value that an earlier
 reshape reads reshapes that result instead, so a transposed value is copied
 once (``share_reshape_sources``), and a GEMM of rows whose one use adds a bias
-vector runs as ``nn.linear`` (``fuse_bias_adds``).
+vector runs as ``nn.linear`` (``fuse_bias_adds``); its nodes then run in ``schedule.memory_order`` (each value's
+last reader as soon as it can: a backward's weight gradients beside their activation gradients).
 
 Instruction layouts (``node`` is the IR node, for errors and checks)::
 
@@ -476,9 +477,9 @@ def drop_stop_gradients(body: Expr, order: list) -> Expr:
 
 
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
-    """``body`` and its post-order after the plan's lowerings (bodies without ``If``): ``stop_gradient``
-    dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``, conv2d + bias as
-    ``nn.conv2d_bias``."""
+    """``body`` and the order its nodes run in after the plan's lowerings (bodies without ``If``):
+    ``stop_gradient`` dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``, conv2d + bias
+    as ``nn.conv2d_bias``; then ``memory_order``."""
     for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds):
         new = lower(body, order)
         if new is not body:
