@@ -143,3 +143,22 @@ def test_slice_assignments_into_a_dying_buffer_run_in_place_on_torch():
     for g in (live, read):
         assert "strided_set" not in _reused(g, "torch")
         _same_with_and_without_reuse(g, [_x(), vv], "torch")
+
+
+def test_a_relu_of_a_dying_sum_runs_in_place_on_torch():
+    """ResNet's ``relu(out + identity)``: the relu writes into the sum's buffer (ATen's ``clamp_min_``, what eager's
+    ``ReLU(inplace=True)`` runs), with the values of ``torch.relu``, NaN and signed zeros included; a relu of an
+    input gets a new tensor."""
+    torch = pytest.importorskip("torch")
+    x, y = var("x", shape=(N, N)), var("y", shape=(N, N))
+    f = Function([x, y], op.nn.relu(op.add(x, y)))
+    assert _reused(f, "torch") == {"nn.relu": 0}
+    xs = _x()
+    xs[0, :3] = [np.nan, -0.0, 0.0]
+    ys = np.zeros_like(xs)
+    _same_with_and_without_reuse(f, [xs, ys], "torch")
+    got = _build(f, "torch", True)["main"](xs, ys)
+    want = torch.relu(torch.from_numpy(xs) + torch.from_numpy(ys))
+    assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert "nn.relu" not in _reused(Function([x], op.nn.relu(x)), "torch")

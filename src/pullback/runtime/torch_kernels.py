@@ -107,6 +107,14 @@ def _unary(call: Call):
     return lambda x, attrs=None: f(x)
 
 
+def _relu(call: Call):
+    """``clamp_min(x, 0)``: ATen's relu itself, which has an in-place form (``inplace_kernel``: a batch norm's
+    output that dies at its relu, as eager's ``ReLU(inplace=True)``)."""
+    if _float_args(call) is None:
+        return None
+    return lambda x, attrs=None: torch.clamp_min(x, 0.0)
+
+
 def _clip(call: Call):
     if _float_args(call) is None:
         return None
@@ -378,14 +386,14 @@ def _init(fn: str):
 
 
 MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **{k: _compare for k in COMPARE},
-                "where": _where, "clip": _clip, "sum": _sum, "mean": _mean, "max": _extreme("amax"), "min": _extreme("amin"), "collapse_sum_to": _collapse_sum_to,
+                "where": _where, "clip": _clip, "nn.relu": _relu, "sum": _sum, "mean": _mean, "max": _extreme("amax"), "min": _extreme("amin"), "collapse_sum_to": _collapse_sum_to,
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast,
                 "strided_set": _strided_set, "strided_slice": _strided_view, "index_add": _index_add_sequential}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
-ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
+ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "nn.relu", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
                         "nn.batch_matmul", "nn.matmul", "zeros", "ones", "strided_set"})
 
 
@@ -419,11 +427,13 @@ def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     name = call.op.name
     if name == "strided_set":
         return _strided_set(call, into=True) if i == 0 else None
-    if name not in BINARY and name not in UNARY or _float_args(call) is None:
+    if name not in BINARY and name not in UNARY and name != "nn.relu" or _float_args(call) is None:
         return None
     if not _same_type(call.args[i].checked_type, call.checked_type):
         return None
     _load()
+    if name == "nn.relu":
+        return lambda x, attrs=None: x.clamp_min_(0.0)
     if name in UNARY:
         f = getattr(torch, UNARY[name])
         return lambda x, attrs=None: f(x, out=x)
