@@ -162,3 +162,34 @@ def test_a_relu_of_a_dying_sum_runs_in_place_on_torch():
     assert torch.equal(torch.signbit(got), torch.signbit(want)) and torch.equal(got.isnan(), want.isnan())
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     assert "nn.relu" not in _reused(Function([x], op.nn.relu(x)), "torch")
+
+
+def _bn_relu(training: bool, returned: str = "stats"):
+    x, g, b, mm, mv = (var("x", shape=(2, 3, 4, 4)), var("g", shape=(3,)), var("b", shape=(3,)), var("mm", shape=(3,)),
+                       var("mv", shape=(3,)))
+    bn = op.nn.native_batch_norm(op.exp(x), g, b, mm, mv, training=training)
+    y = op.nn.relu(pb.TupleGetItem(bn, 0))
+    out = {"stats": Tuple([y, pb.TupleGetItem(bn, 1), pb.TupleGetItem(bn, 2)]),
+           "output too": Tuple([y, pb.TupleGetItem(bn, 0)]), "tuple": Tuple([y, bn])}[returned]
+    return Function([x, g, b, mm, mv], out)
+
+
+def _bn_inputs():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((2, 3, 4, 4)).astype("float32") - 1.0, rng.random(3).astype("float32") + 0.5,
+            rng.standard_normal(3).astype("float32"), rng.standard_normal(3).astype("float32"),
+            rng.random(3).astype("float32") + 0.5]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_relu_after_a_batch_norm_runs_in_its_output_on_torch(training):
+    """A batch norm's output is a buffer of its own (its statistics may be the moving ones given to it): the relu
+    after it writes there, as eager's ``ReLU(inplace=True)``; not when the output or the whole tuple is returned."""
+    pytest.importorskip("torch")
+    f = _bn_relu(training)
+    assert _reused(f, "torch") == {"nn.relu": 0}
+    _same_with_and_without_reuse(f, _bn_inputs(), "torch")
+    for returned in ("output too", "tuple"):
+        g = _bn_relu(training, returned)
+        assert "nn.relu" not in _reused(g, "torch"), returned
+        _same_with_and_without_reuse(g, _bn_inputs(), "torch")

@@ -76,6 +76,11 @@ class Target:
         """Does the kernel of ``call`` always return new memory, shared with no other value?"""
         return False
 
+    def allocates_first(self, call: Call) -> bool:
+        """Does the kernel of ``call`` return a tuple whose first field is always new memory, shared with no other
+        value (a batch norm's output beside its statistics)?"""
+        return False
+
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         """``fn(*arrays, attrs)`` computing ``call`` into argument ``i``'s array, or None."""
         return None

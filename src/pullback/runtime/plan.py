@@ -237,6 +237,28 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
     return free_after, branch_start, branch_end
 
 
+def _owned_first_fields(order: list, body: Expr, target: "Target") -> set:
+    """The projections ``t.0`` of calls whose kernel allocates their first field (``target.allocates_first``),
+    where ``t`` is read only through projections, one per field, and is not the returned value."""
+    first_of = getattr(target, "allocates_first", None)
+    if first_of is None:
+        return set()
+    projections: dict = {}  # tuple-valued call -> its projections
+    whole: set = {body}  # calls read as a whole (an operand of something other than a projection)
+    for n in order:
+        if type(n) is TupleGetItem:
+            projections.setdefault(n.tuple_value, []).append(n)
+        else:
+            whole.update(_operands(n))
+    firsts = set()
+    for t, gets in projections.items():
+        if t in whole or type(t) is not Call or not isinstance(t.op, OpDef) or not first_of(t):
+            continue
+        if len({g.index for g in gets}) == len(gets):  # two projections of one field would alias
+            firsts.update(g for g in gets if g.index == 0)
+    return firsts
+
+
 def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     """``{call: (i, kernel)}``: calls that may write their result into argument ``i``'s buffer with
     ``kernel`` (``target.inplace_kernel``), for a body without ``If`` whose nodes are ``order``.
@@ -247,7 +269,9 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     argument ``i``'s buffer when that argument allocated it and the call is the last use of every
     value that may alias it (so the result of a function, a residual, or a view still needed is never
     written), and no other argument aliases it. A like-operator's result does not alias its template
-    (``OpDef.type_only``)."""
+    (``OpDef.type_only``). The first field of a tuple whose kernel allocates it (``target.allocates_first``: a
+    batch norm's output) is a buffer of its own when the tuple is read only through one projection of each
+    field (a relu after a batch norm runs in place, as eager's ``ReLU(inplace=True)``)."""
     allocates = target.allocates
     inplace = target.inplace_kernel
     end = len(order)
@@ -255,13 +279,18 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     for p, n in enumerate(order):
         for c in _operands(n):
             last[c] = p
-    owned: set = set()
+    firsts = _owned_first_fields(order, body, target)
+    owned: set = set(firsts)
     holds: dict[Expr, Iterable] = {}  # node -> buffers (allocating calls) it may alias
     buffer_last: dict[Expr, int] = {}
     no_buffers: tuple = ()
     candidates = []  # (position, call) of every owned call, in order
     for p, n in enumerate(order):
         until = last.get(n, p)
+        if n in firsts:
+            holds[n] = (n,)
+            buffer_last[n] = until
+            continue
         if type(n) is Call and isinstance(n.op, OpDef) and allocates(n):
             owned.add(n)
             holds[n] = (n,)

@@ -422,6 +422,16 @@ def allocates(call: Call) -> bool:
     return call.op.name in ALLOCATING and fast_kernel(call) is not None
 
 
+# operators whose torch kernel returns a tuple whose first field is always a new tensor (ATen's batch norm: its
+# output; the other fields may be the moving statistics given to it)
+FIRST_ALLOCATING = frozenset({"nn.native_batch_norm", "nn.batch_norm"})
+
+
+def allocates_first(call: Call) -> bool:
+    """Does ``call``'s torch kernel return a tuple whose first field shares memory with no other value?"""
+    return getattr(call.op, "name", None) in FIRST_ALLOCATING
+
+
 def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     """``fn(*tensors, attrs)`` computing ``call`` into argument ``i``'s tensor (of the result's type), or None."""
     name = call.op.name
@@ -443,4 +453,4 @@ def inplace_kernel(call: Call, i: int) -> Optional[Callable]:
     return lambda a, b, attrs=None: f(a, b, out=b)
 
 
-__all__ = ["fast_kernel", "allocates", "inplace_kernel", "autocast_off"]
+__all__ = ["fast_kernel", "allocates", "allocates_first", "inplace_kernel", "autocast_off"]

@@ -25,7 +25,7 @@ from ..ir.module import IRModule
 from ..ops.registry import FusionKind, array_namespace
 from .evaluator import DEFAULT_MAX_CALL_DEPTH, Executable, Target
 from .opmath import in_float32, involves_bfloat16, native_or, torch_narrow, torch_widen
-from .torch_kernels import allocates, autocast_off, fast_kernel, inplace_kernel
+from .torch_kernels import allocates, allocates_first, autocast_off, fast_kernel, inplace_kernel
 from .values import as_is, numpy_tensor, to_numpy
 
 
@@ -68,6 +68,9 @@ class TorchTarget(Target):
 
     def allocates(self, call) -> bool:
         return self.fast and allocates(call)
+
+    def allocates_first(self, call) -> bool:
+        return self.fast and allocates_first(call)
 
     def inplace_kernel(self, call, i: int):
         return inplace_kernel(call, i) if self.fast else None
