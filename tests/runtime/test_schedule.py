@@ -10,7 +10,7 @@ import pytest
 import pullback as pb
 from pullback import Function, IRModule, op, var
 from pullback.ir.traversal import post_order
-from pullback.runtime.schedule import memory_order
+from pullback.runtime.schedule import memory_order, operands
 from pullback.transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 
 LAYERS, ROWS, WIDTH = 4, 64, 32
@@ -26,11 +26,6 @@ def _mlp_grad(mode: str = "grad") -> IRModule:
     return standard_cleanup()(FirstOrderGradient(mode=mode)(mod))
 
 
-def _operands(n) -> tuple:
-    return tuple(getattr(n, "args", None) or getattr(n, "fields", None) or
-                 ((n.tuple_value,) if hasattr(n, "tuple_value") else ()))
-
-
 VIEWS = ("reshape", "transpose", "squeeze", "expand_dims")
 
 
@@ -40,10 +35,10 @@ def _peak_bytes(order: list, body) -> int:
     base = {}
     for n in order:
         view = isinstance(n, pb.Call) and n.op.name in VIEWS or isinstance(n, pb.TupleGetItem)
-        base[n] = base[_operands(n)[0]] if view else n
+        base[n] = base[operands(n)[0]] if view else n
     last = {}
     for p, n in enumerate(order):
-        for a in _operands(n):
+        for a in operands(n):
             last[base[a]] = p
     for a in (body.fields if isinstance(body, pb.Tuple) else (body,)):
         for b in (a.fields if isinstance(a, pb.Tuple) else (a,)):
@@ -69,7 +64,7 @@ def test_weight_gradients_run_as_soon_as_their_activation_gradient(fn):
     assert sorted(map(id, after)) == sorted(map(id, before))
     seen = set()
     for n in after:  # operands first
-        assert all(a in seen for a in _operands(n)), n
+        assert all(a in seen for a in operands(n)), n
         seen.add(n)
     # the post-order keeps every activation gradient alive until the weight gradients at the end
     assert _peak_bytes(after, body) < 0.75 * _peak_bytes(before, body)

@@ -188,7 +188,7 @@ def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -
     return data.shape[:ax] + idx.shape + data.shape[ax + 1:]
 
 
-def take_positions(xp, op: str, idx, n: int, mode: str):
+def _positions(xp, op: str, idx, n: int, mode: str):
     """``idx`` as flat positions in ``[0, n)`` by ``mode`` (``fast``: out of range is an error where
     the indices are concrete; jax.jit clamps them)."""
     if mode == "clip":
@@ -211,7 +211,7 @@ def _flat_view(xp, x, a) -> tuple:
 def _take(xp, x, idx, a):
     src, ax = _flat_view(xp, x, a)
     shape = tuple(src.shape)
-    out = xp.take(src, take_positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
+    out = xp.take(src, _positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
     return out if idx.ndim == 1 else xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
 
 
@@ -241,9 +241,9 @@ def _index_add_infer(arg_types, attrs):
 def _index_add(xp, x, idx, u, a):
     dst, ax = _flat_view(xp, x, a)
     shape = tuple(dst.shape)
-    pos = take_positions(xp, "index_add", idx, shape[ax], a.mode)
+    pos = _positions(xp, "index_add", idx, shape[ax], a.mode)
     k = math.prod(idx.shape)  # not -1: ambiguous when the other dims hold no element
-    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]))
+    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]), a.sequential)
     return xp.reshape(out, tuple(x.shape))
 
 

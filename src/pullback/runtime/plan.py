@@ -240,9 +240,7 @@ def _liveness(scopes, slot: dict, all_scopes: list) -> tuple[dict, dict, dict]:
 def _owned_first_fields(order: list, body: Expr, target: "Target") -> set:
     """The projections ``t.0`` of calls whose kernel allocates their first field (``target.allocates_first``),
     where ``t`` is read only through projections, one per field, and is not the returned value."""
-    first_of = getattr(target, "allocates_first", None)
-    if first_of is None:
-        return set()
+    first_of = target.allocates_first
     projections: dict = {}  # tuple-valued call -> its projections
     whole: set = {body}  # calls read as a whole (an operand of something other than a projection)
     for n in order:

@@ -26,7 +26,6 @@ from ..ir.expr import Call, Constant
 from ..ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ..ops import onednn
 from ..ops.common import broadcast_shapes
-from ..ops.indexing import take_positions
 from ..ops.nn import dense_in_memory_order, linear_rows
 
 torch = None  # set by _load()
@@ -357,22 +356,13 @@ def _strided_view(call: Call):
 
 
 def _index_add_sequential(call: Call):
-    """``index_add`` with ``sequential`` sums in float16/bfloat16: ATen's ``index_put_`` with ``accumulate`` into a
-    copy of x, which rounds after each addition in index order, as eager's embedding and indexing backward do."""
+    """``index_add`` with ``sequential`` sums in float16/bfloat16: the op's kernel on the tensors as they are (not
+    widened to float32, ``runtime.opmath``), ATen's ``index_put_`` with ``accumulate`` rounding after each
+    addition in index order, as eager's embedding and indexing backward do."""
     a, x, u = call.attrs, call.args[0].checked_type, call.args[2].checked_type
     if not a.sequential or not _same_type(x, call.checked_type) or x.dtype not in ("float16", "bfloat16") or u.dtype != x.dtype:
         return None
-
-    def run(x, idx, u, attrs=None):
-        dst = x.reshape(-1) if a.axis is None else x
-        ax = 0 if a.axis is None else a.axis % x.ndim
-        pos = take_positions(torch, "index_add", idx, dst.shape[ax], a.mode)
-        rows = u.reshape(tuple(dst.shape[:ax]) + (pos.numel(),) + tuple(dst.shape[ax + 1:]))
-        out = dst.clone()
-        out.movedim(ax, 0).index_put_((pos,), rows.movedim(ax, 0), accumulate=True)
-        return out.reshape(x.shape)
-
-    return run
+    return call.op.impl("torch")
 
 
 def _init(fn: str):
