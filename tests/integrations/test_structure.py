@@ -75,3 +75,24 @@ def test_what_the_structure_ignores_keeps_the_watch_unchanged():
     m.temperature = 2.0
     m.train()
     assert watch.unchanged()
+
+
+def test_hooks_registered_elsewhere_keep_the_watch_unchanged_and_later_ones_are_seen():
+    """The watch reads only the hook dicts in use while no hook is registered anywhere; a hook on a tensor or on
+    another module moves that counter: the watch then reads them all, stays unchanged, and still sees a hook
+    added to the module afterwards, or one it had removed."""
+    m = _model()
+    kept = m[3].register_forward_hook(_hook)
+    watch = StructureWatch(m)
+    other = nn.Linear(2, 2).register_forward_hook(_hook)
+    t = torch.zeros(2, requires_grad=True)
+    t.register_hook(lambda g: g)
+    assert watch.unchanged() and watch.unchanged()
+    kept.remove()
+    assert not watch.unchanged()
+    watch = StructureWatch(m)
+    handle = m[0].register_forward_pre_hook(lambda mod, args: None)
+    assert not watch.unchanged()
+    handle.remove()
+    other.remove()
+    assert watch.unchanged()

@@ -9,7 +9,9 @@ answers "unchanged since?" at each call without building the structure again.
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import itemgetter
+from itertools import chain, repeat
+from typing import Optional
+from operator import getitem
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -46,6 +48,18 @@ def _global_hooks() -> tuple:
     torch_module = _torch_module()
     return tuple((len(d), next(reversed(d))) if (d := getattr(torch_module, name, None)) else None
                  for name in _GLOBAL_HOOKS)
+
+
+def _next_handle() -> Optional[int]:
+    """The id the next hook registered anywhere gets (None where torch keeps no such counter)."""
+    return getattr(_torch_hooks().RemovableHandle, "next_id", None)
+
+
+@lru_cache(maxsize=1)
+def _torch_hooks():
+    from torch.utils import hooks
+
+    return hooks
 
 
 @lru_cache(maxsize=1)
@@ -95,49 +109,64 @@ def structure_change(root, before: list, after: list) -> str:
     return "submodules were added or removed"
 
 
-def _getter(keys: list):
-    """``d -> tuple of d[k] for k in keys`` (KeyError for a missing key)."""
-    if not keys:
-        return lambda d: ()
-    if len(keys) == 1:
-        k = keys[0]
-        return lambda d: (d[k],)
-    return itemgetter(*keys)
-
-
 class StructureWatch:
     """Has ``module_structure(module)`` possibly changed since this watch was made? ``unchanged()`` compares,
     per submodule, the number of its attributes, its public attributes (the settings by type and value, the
     others by type: a tensor set to None becomes a setting), its hooks and its children (by identity), and the
     global hooks, without building the structure (which walks every attribute of every submodule: the
-    largest part of a small model's per-call overhead). False means "maybe": the caller computes the structure
-    and compares."""
+    largest part of a small model's per-call overhead). Each comparison runs over all submodules at once
+    (``map`` over flat lists of the dicts and keys read: a LeViT's 273 submodules in 74 us instead of 234 with a
+    loop over them). False means "maybe": the caller computes the structure and compares."""
 
     def __init__(self, module):
-        entries = []
+        dicts, settings, others, hooks = [], ([], []), ([], []), ([], [])
         for _, d in _submodules(module):
-            public = [k for k in d if k[0] != "_"]
-            settings = _getter([k for k in public if _is_setting(d[k])])
-            others = _getter([k for k in public if not _is_setting(d[k])])
-            values = settings(d)
-            entries.append((d, len(d), settings, values, tuple(map(type, values)), others,
-                            tuple(map(type, others(d))), _hooks(d), tuple((d.get("_modules") or {}).values())))
-        self._entries = entries
-        self._global = _global_hooks()
+            dicts.append(d)
+            for k, v in d.items():
+                if k[0] != "_":
+                    into = settings if _is_setting(v) else others
+                    into[0].append(d)
+                    into[1].append(k)
+            for kind in _HOOKS:
+                if isinstance(d.get(kind), dict):
+                    hooks[0].append(d)
+                    hooks[1].append(kind)
+        self._dicts, self._settings, self._others, self._hooks = dicts, settings, others, hooks
+        self._parents = [d for d in dicts if isinstance(d.get("_modules"), dict)]
+        self._used = tuple(zip(*[(d, kind) for d, kind in zip(*hooks) if d[kind]])) or ((), ())
+        self._next_handle = _next_handle()
+        self._state, self._all_hooks, self._used_hooks = self._now(), _hooks_of(hooks), _hooks_of(self._used)
+
+    def _now(self) -> list:
+        """What ``unchanged`` compares besides the hooks, read now (KeyError for an attribute removed)."""
+        values = list(map(getitem, *self._settings))
+        kids = list(map(getitem, self._parents, repeat("_modules")))
+        return [list(map(len, self._dicts)), values, list(map(type, values)), list(map(type, map(getitem, *self._others))),
+                list(map(len, kids)), list(map(id, chain.from_iterable(map(dict.values, kids)))), _global_hooks()]
 
     def unchanged(self) -> bool:
+        """Every hook registered is given the next ``RemovableHandle`` id: while that counter stands where it
+        stood, hooks can only have been removed, from the hook dicts that had some (read alone then: none in
+        most models, where reading all 4 kinds of a LeViT's 273 submodules takes 36 us); once it moved (a hook on
+        a tensor, another module, torch.export's own), all are read, and the counter taken again when they match."""
         try:
-            for d, n, settings, values, types, others, other_types, hooks, kids in self._entries:
-                if len(d) != n:
-                    return False
-                now = settings(d)
-                if tuple(map(type, now)) != types or now != values or tuple(map(type, others(d))) != other_types:
-                    return False
-                if _hooks(d) != hooks or tuple((d.get("_modules") or {}).values()) != kids:
-                    return False
+            if self._now() != self._state:
+                return False
+            counter = _next_handle()
+            if counter is not None and counter == self._next_handle:
+                return _hooks_of(self._used) == self._used_hooks
+            if _hooks_of(self._hooks) != self._all_hooks:
+                return False
+            self._next_handle = counter  # hooks registered elsewhere (tensors, other modules): the same as then
+            return True
         except Exception:  # noqa: BLE001 (an attribute removed, a comparison that raises: computed in full)
             return False
-        return _global_hooks() == self._global
+
+
+def _hooks_of(pairs: tuple) -> tuple:
+    """The length of each hook dict ``d[kind]`` of ``pairs`` (dicts, kinds) and the newest handle of each one used."""
+    hooks = list(map(getitem, *pairs))
+    return list(map(len, hooks)), list(map(next, map(reversed, filter(None, hooks))))
 
 
 __all__ = ["module_structure", "structure_change", "StructureWatch"]
