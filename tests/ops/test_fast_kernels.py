@@ -402,6 +402,22 @@ def test_convolutions_with_small_outputs_are_im2col_and_one_gemm_on_torch(hw, k,
     torch.testing.assert_close(got, wr.grad, rtol=1e-12, atol=1e-12)
 
 
+def test_a_convolution_keeps_the_channels_last_layout_its_data_arrives_in():
+    """The layout a convolution runs in has hysteresis: data arriving channels-last stays so while the weight does
+    not outweigh it (DenseNet's 3x3 convolutions after channels-last 1x1 ones: otherwise every layer converts its
+    activations to NCHW and its gradients back), NCHW data turns channels-last only where it outweighs the weight
+    4x; a 1x1 plane (both layouts at once) takes the NCHW rule."""
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(16, 128, 8, 8)
+    last = x.contiguous(memory_format=torch.channels_last)
+    w = 32 * 128 * 3 * 3  # between a quarter of the data and all of it
+    assert C.conv_layout(last, w) is C.channels_last and C.conv_layout(x, w) is C.nchw
+    assert C.conv_layout(last, x.numel() + 1) is C.nchw
+    assert C.conv_layout(x, x.numel() // 4) is C.channels_last
+    plane = torch.zeros(16, 512, 1, 1).contiguous(memory_format=torch.channels_last)
+    assert C.conv_layout(plane, 512 * 512) is C.nchw
+
+
 @pytest.mark.parametrize("n,hw,k,pad", [(2, (2, 2), (7, 7), (3, 3, 3, 3)), (1, (4, 4), (3, 3), (0, 1, 1, 0))])
 def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad, monkeypatch):
     """A depthwise convolution (groups = channels; ConvNeXt's 7x7, MobileNet's 3x3) runs channels-last on the

@@ -168,10 +168,17 @@ def conv_layout(x, weight_numel: int, groups: int = 1):
     keep the order and run 2-7x faster too) and for every depthwise convolution (``groups`` = channels: its
     weight has no layout to convert, and NCHW is 1.3-3x slower, its weight gradient 1.5-4x, a 7x7 one on a 2x2
     plane 60x: 2.1 against 0.035 ms, ConvNeXt's last stage), else ``nchw``: with an NCHW weight ATen would
-    convert the whole weight on every call (deep layers)."""
+    convert the whole weight on every call (deep layers). Data arriving channels-last stays so while it outweighs
+    the weight at all: converting it would cost more than converting the weight, and the layer after would convert
+    back (DenseNet's 3x3 convolutions after channels-last 1x1 ones, in the forward and again in the backward)."""
     if x.ndim != 4:
         return nchw
-    return channels_last if 4 * weight_numel <= x.numel() or groups > 1 and groups == x.shape[1] else nchw
+    if groups > 1 and groups == x.shape[1]:
+        return channels_last
+    import torch
+
+    stays = x.shape[2] * x.shape[3] > 1 and x.is_contiguous(memory_format=torch.channels_last)
+    return channels_last if (1 if stays else 4) * weight_numel <= x.numel() else nchw
 
 
 def nchw(x):
