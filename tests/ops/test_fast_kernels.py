@@ -406,7 +406,7 @@ def test_a_convolution_keeps_the_channels_last_layout_its_data_arrives_in():
     """The layout a convolution runs in has hysteresis: data arriving channels-last stays so while the weight does
     not outweigh it (DenseNet's 3x3 convolutions after channels-last 1x1 ones: otherwise every layer converts its
     activations to NCHW and its gradients back), NCHW data turns channels-last only where it outweighs the weight
-    4x; a 1x1 plane (both layouts at once) takes the NCHW rule."""
+    4x; a 1x1 plane (both layouts at once) takes the NCHW rule; the data weighed is the larger of input and result."""
     torch = pytest.importorskip("torch")
     x = torch.zeros(16, 128, 8, 8)
     last = x.contiguous(memory_format=torch.channels_last)
@@ -416,6 +416,11 @@ def test_a_convolution_keeps_the_channels_last_layout_its_data_arrives_in():
     assert C.conv_layout(x, x.numel() // 4) is C.channels_last
     plane = torch.zeros(16, 512, 1, 1).contiguous(memory_format=torch.channels_last)
     assert C.conv_layout(plane, 512 * 512) is C.nchw
+    # a channel slice of a channels-last tensor (a concatenation's gradient) has its channels innermost too; the
+    # data weighed is the larger side: a 3x3 convolution from 128 channels to 32, its data gradient from 32 to 128
+    gy = torch.zeros(16, 256, 8, 8).contiguous(memory_format=torch.channels_last)[:, :32]
+    assert not gy.is_contiguous(memory_format=torch.channels_last)
+    assert C.conv_layout(gy, w, out_numel=x.numel()) is C.channels_last and C.conv_layout(gy, w) is C.nchw
 
 
 @pytest.mark.parametrize("n,hw,k,pad", [(2, (2, 2), (7, 7), (3, 3, 3, 3)), (1, (4, 4), (3, 3), (0, 1, 1, 0))])

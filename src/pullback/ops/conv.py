@@ -161,7 +161,7 @@ def channels_last(x):
     return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
 
 
-def conv_layout(x, weight_numel: int, groups: int = 1):
+def conv_layout(x, weight_numel: int, groups: int = 1, out_numel: int = 0):
     """The memory order a convolution of data ``x`` runs fastest in, as a function to apply to its tensors:
     ``channels_last`` where the activations outweigh the weight (``4 * weight <= data``; a CNN's early layers:
     oneDNN is 2-7x faster on them, e.g. a 3-channel stem 2.0 -> 0.3 ms, and batch norm and pooling after them
@@ -170,15 +170,17 @@ def conv_layout(x, weight_numel: int, groups: int = 1):
     plane 60x: 2.1 against 0.035 ms, ConvNeXt's last stage), else ``nchw``: with an NCHW weight ATen would
     convert the whole weight on every call (deep layers). Data arriving channels-last stays so while it outweighs
     the weight at all: converting it would cost more than converting the weight, and the layer after would convert
-    back (DenseNet's 3x3 convolutions after channels-last 1x1 ones, in the forward and again in the backward)."""
+    back (DenseNet's 3x3 convolutions after channels-last 1x1 ones, in the forward and again in the backward); so
+    does data with its channels innermost, not contiguous (a channel slice of a channels-last concatenation's
+    gradient: DenseNet's backward, whose NCHW result met a channels-last activation). The data's size is the
+    larger of the input's and the result's (``out_numel``), so a layer's data gradient runs in its forward's
+    layout: a 3x3 convolution from 128 channels to 32 weighs its 128-channel side, both ways."""
     if x.ndim != 4:
         return nchw
     if groups > 1 and groups == x.shape[1]:
         return channels_last
-    import torch
-
-    stays = x.shape[2] * x.shape[3] > 1 and x.is_contiguous(memory_format=torch.channels_last)
-    return channels_last if (1 if stays else 4) * weight_numel <= x.numel() else nchw
+    stays = x.shape[2] * x.shape[3] > 1 and x.shape[1] > 1 and x.stride(1) == 1  # channels innermost (a slice too)
+    return channels_last if (1 if stays else 4) * weight_numel <= max(x.numel(), out_numel) else nchw
 
 
 def nchw(x):
@@ -412,7 +414,8 @@ def _conv2d_torch(x, w, attrs, b=None):
         cols = _torch_columns(x, w.shape[2:], attrs)
         rows = rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(w.shape[0], -1))
     else:
-        x, pad = torch_padding(conv_layout(x, w.numel(), attrs.groups)(x), attrs.padding)
+        x, pad = torch_padding(conv_layout(x, w.numel(), attrs.groups, x.shape[0] * w.shape[0] * out[0] * out[1])(x),
+                               attrs.padding)
         return F.conv2d(x, w, b, attrs.strides, pad, attrs.dilation, attrs.groups)
     if b is not None:
         rows += b
@@ -594,7 +597,8 @@ def _conv2d_transpose_torch(x, w, attrs):
         n, c, h, wd = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)
         return rows_times_t(rows, w[:, :, 0, 0].T).reshape(n, h, wd, w.shape[1]).permute(0, 3, 1, 2)
-    x = conv_layout(x, w.numel(), attrs.groups)(x)
+    out = _convT_out_hw(attrs, x.shape[2:], w.shape[2:])
+    x = conv_layout(x, w.numel(), attrs.groups, x.shape[0] * w.shape[1] * attrs.groups * out[0] * out[1])(x)
     if top == bottom and left == right:
         return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
     y = F.conv_transpose2d(x, w, None, attrs.strides, 0, attrs.output_padding, attrs.groups, attrs.dilation)
@@ -678,7 +682,7 @@ def _backward_weight_torch(gy, x, attrs):
         cols = _torch_columns(x, attrs.kernel_size, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
         gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
         return rows_times_t(gy, cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1]).T).reshape(w_shape)
-    order = conv_layout(x, math.prod(w_shape), attrs.groups)
+    order = conv_layout(x, math.prod(w_shape), attrs.groups, gy.numel())
     x, pad = torch_padding(order(x), attrs.padding)
     gy = order(gy)
     gw = torch.nn.grad.conv2d_weight(x, w_shape, gy, attrs.strides, pad, attrs.dilation, attrs.groups)
