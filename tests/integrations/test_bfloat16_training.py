@@ -163,6 +163,32 @@ def test_lookups_in_bfloat16_add_their_gradients_as_eager_does(target):
     _trains_like_eager(model, (ids, sel, rows), (ids, sel, rows), target)
 
 
+def test_float32_embedding_gradients_are_eagers_index_add():
+    """In float32 eager's embedding backward sums the lookups as ATen's ``index_add`` does: the torch target runs that
+    kernel (``index_put`` with ``accumulate``, the half-precision one, gave other bits and took 16x longer)."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 128)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, ids, g):
+            return (self.emb(ids) * g).sum()
+
+    ids, g = torch.randint(0, 50, (8, 128)), torch.randn(8, 128, 128)
+    model = Loss()
+    eager = copy.deepcopy(model)
+    compiled = pb_compile(model, (ids, g), target="torch")
+    eager(ids, g).backward()
+    with torch.autograd.profiler.profile() as prof:
+        compiled(ids, g).backward()
+    names = {e.name for e in prof.function_events}
+    assert "aten::index_add" in names and not any("index_put" in n for n in names)
+    assert torch.equal(model.emb.weight.grad, eager.emb.weight.grad)
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -208,12 +208,14 @@ def set_at(x, index: tuple, value):
 def add_at(x, index: tuple, value, sequential: bool = False):
     """A copy of ``x`` with ``value`` added at ``index`` (full slices and integer arrays, NumPy
     indexing rules); entries that an index names several times receive every addition. On torch,
-    ``sequential``: ATen's ``index_put`` with ``accumulate``, which rounds half precision after each
-    addition in index order (eager's embedding and indexing backward), not ``index_add``."""
+    ``sequential`` in float16/bfloat16: ATen's ``index_put`` with ``accumulate``, which rounds after each addition
+    in index order (eager's embedding and indexing backward), not ``index_add`` (which sums in float32). In float32
+    ``index_add`` is eager's embedding backward bit for bit, and 16x faster than ``index_put`` (a BERT's three
+    embedding gradients: 2.5 against 0.15 ms)."""
     if hasattr(x, "at"):  # jax
         return x.at[index].add(value)
     if hasattr(x, "index_put"):  # torch
-        along = None if sequential else _one_axis(x, index, value)
+        along = None if sequential and x.element_size() == 2 and x.is_floating_point() else _one_axis(x, index, value)
         if along is not None:  # ATen's index_add: 5.5 -> 0.4 ms for a (16, 16, 16, 96) roll's gradient (Swin)
             return x.index_add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
         return x.index_put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
