@@ -180,6 +180,24 @@ def test_transpose_of_transpose():
     _check(SimplifyExpr(), before((1, 0, 2)), merged())  # x[(1,2,0)[(1,0,2)]] = perm (2,1,0)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_a_transposed_concatenation_joins_transposed_pieces(axis):
+    """A ViT's q, k, v gradients are joined along a new axis and transposed back to the projection's rows: the
+    pieces are transposed and joined along the axis the permutation moves the joined one to (one copy, into the
+    transposed layout)."""
+    perm = (1, 3, 0, 2)
+
+    def before():
+        a, b = pb.var("a", shape=(1, 2, 3, 4)), pb.var("b", shape=(1, 2, 3, 4))
+        return mod_of([a, b], op.exp(op.transpose(op.concatenate([a, b], axis), perm)))
+
+    def expected():
+        a, b = pb.var("a", shape=(1, 2, 3, 4)), pb.var("b", shape=(1, 2, 3, 4))
+        return mod_of([a, b], op.exp(op.concatenate([op.transpose(a, perm), op.transpose(b, perm)], perm.index(axis % 4))))
+
+    _check(SimplifyExpr(), before(), expected())
+
+
 def test_fixed_point_across_rule_families():
     # concretizing exposes an identity, which exposes a reshape of reshape
     def before():

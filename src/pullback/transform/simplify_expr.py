@@ -14,6 +14,8 @@ Rules (one table, applied by the pattern driver until none fires):
   axis): the gradient of a tensor split by slices (attention's q, k, v) is one concatenation, not a sum of
   zero-padded copies;
 - ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
+- ``transpose(concatenate(xs))`` -> ``concatenate`` of the transposed pieces (copied once, straight into the
+  transposed layout);
 - ``transpose(nn.grouped_transpose_matmul(a, b, offs), (0, 2, 1))`` -> ``nn.grouped_transpose_matmul(b, a, offs)``
   (``(a^T b)^T = b^T a`` per group): the weight gradient of experts stored (E, N, K), as Hugging Face's are, comes
   out in their layout instead of as a transposed view (which autograd copies element by element);
@@ -84,6 +86,19 @@ def _transpose(node: Expr, c: dict) -> Optional[Expr]:
     if perm == tuple(range(len(perm))):
         return src
     return T.transpose(src, perm) if inner_call is not None else None
+
+
+def _transposed_pieces(node: Expr, c: dict) -> Optional[Expr]:
+    """``transpose(concatenate(xs, axis), perm)`` -> ``concatenate`` of the transposed pieces along the axis ``perm``
+    moves ``axis`` to: the pieces are copied once, straight into the transposed layout, instead of joined and then
+    copied again by whatever reads the transpose in memory order (a ViT's q, k, v gradients, joined along a new axis
+    0 and transposed back to the projection's (B, N, 3, H, D) rows: one copy of them less per block)."""
+    cat = node.args[0]
+    perm = _perm(node)
+    if not (isinstance(cat, Call) and cat.op is concatenate) or perm is None or perm == tuple(range(len(perm))):
+        return None
+    axis = cat.attrs.axis % len(perm)
+    return concatenate([T.transpose(x, perm) for x in cat.args], perm.index(axis))
 
 
 def _reshape_reshape(node: Expr, c: dict) -> Optional[Expr]:
@@ -170,6 +185,7 @@ def shape_rules() -> list:
         (is_op(*CAST_OPS), _same_dtype),
         (is_op("transpose")(inner_t), _transpose),
         (is_op("transpose"), _transpose),
+        (is_op("transpose"), _transposed_pieces),
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
         (is_op("strided_set"), _zero_embedding),
