@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 from itertools import chain, repeat
-from typing import Optional
 from operator import getitem
+from typing import Optional
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",

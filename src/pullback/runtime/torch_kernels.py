@@ -358,14 +358,14 @@ def _strided_set(call: Call, into: bool = False):
 
 def _strided_view(call: Call):
     """``x[index]``: a view of x (positive-step slices), as eager's slicing, ``unbind`` and ``chunk`` give, where
-    the view's rows stay dense (``dense_rows``); otherwise the op's kernel (a contiguous copy)."""
+    the view's rows stay dense (``_dense_rows``); otherwise the op's kernel (a contiguous copy)."""
     index = _slot(call)
-    if index is None or not dense_rows(tuple(call.args[0].checked_type.shape), index):
+    if index is None or not _dense_rows(tuple(call.args[0].checked_type.shape), index):
         return None
     return lambda x, attrs=None: x[index]
 
 
-def dense_rows(shape: tuple, index: tuple) -> bool:
+def _dense_rows(shape: tuple, index: tuple) -> bool:
     """Whether slicing a row-major tensor of ``shape`` by ``index`` (slices, one per axis) leaves its innermost
     axis of more than one element at unit stride. A GEMM reads such a view as it is; a sparse one (a 3x3
     convolution weight's centre tap: every ninth element) ATen copies element by element first, 2.4x the time of

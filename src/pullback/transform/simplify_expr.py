@@ -92,7 +92,8 @@ def _transposed_pieces(node: Expr, c: dict) -> Optional[Expr]:
     """``transpose(concatenate(xs, axis), perm)`` -> ``concatenate`` of the transposed pieces along the axis ``perm``
     moves ``axis`` to: the pieces are copied once, straight into the transposed layout, instead of joined and then
     copied again by whatever reads the transpose in memory order (a ViT's q, k, v gradients, joined along a new axis
-    0 and transposed back to the projection's (B, N, 3, H, D) rows: one copy of them less per block)."""
+    0 and transposed back to the projection's (B, N, 3, H, D) rows: one copy of them less per block). A concatenation
+    read elsewhere too is then joined twice, once in each layout: no more copies than before."""
     cat = node.args[0]
     perm = _perm(node)
     if not (isinstance(cat, Call) and cat.op is concatenate) or perm is None or perm == tuple(range(len(perm))):
