@@ -265,41 +265,28 @@ def _rows_times(call: Call, base: Callable, weight: Callable, rows: Optional[Cal
 
 
 def _gemm_of_rows(in_memory_order: Callable) -> Callable:
-    """The kernel maker of ``nn.dense`` / ``nn.linear``: ``in_memory_order`` for N-D data (``F.linear`` runs a
-    transposed (S, B, K) view as S small GEMMs), one ``F.linear`` for a matrix (an ``addmm`` with the bias: a small
-    layer's GEMM and separate add cost more than its work)."""
+    """The kernel maker of ``nn.dense`` / ``nn.linear``: one ``F.linear`` for a matrix or N-D contiguous rows (an
+    ``addmm`` with the bias over the flattened rows: eager's bits, and a small layer's GEMM and separate add cost
+    more than its work; ATen folds the rows without the permutes and reshapes of ``in_memory_order`` in Python, 12
+    us a call), ``in_memory_order`` for other N-D layouts (``F.linear`` runs a transposed (S, B, K) view as S small
+    GEMMs)."""
 
     def make(call: Call):
         if _float_args(call) is None:
             return None
-        if call.args[0].checked_type.ndim > 2:
-            base = in_memory_order
-        else:
-            linear = torch.nn.functional.linear
-            base = lambda x, w, *rest: linear(x, w, *rest[:-1])  # noqa: E731  (rest: (attrs,) or (bias, attrs))
+        linear, nd = torch.nn.functional.linear, call.args[0].checked_type.ndim > 2
+
+        def base(x, w, *rest):  # rest: (attrs,) or (bias, attrs)
+            if nd and not x.is_contiguous():
+                return in_memory_order(x, w, *rest)
+            return linear(x, w, *rest[:-1])
+
         return _rows_times(call, base, lambda w: w)
 
     return make
 
 
-def _linear_nd(x, w, b, attrs=None):
-    """``nn.linear`` of N-D data: contiguous rows as eager's ``F.linear`` (one ``addmm`` over the flattened rows,
-    the bias in the GEMM's output: eager's bits, one pass less), other layouts in memory order."""
-    if x.is_contiguous():
-        return torch.nn.functional.linear(x, w, b)
-    return linear_rows(x, w, b)
-
-
-def _dense_nd(x, w, attrs=None):
-    """``nn.dense`` of N-D data: contiguous rows as ``F.linear`` (ATen folds them into one ``mm``: the GEMM
-    ``dense_in_memory_order`` runs, without its permutes and reshapes in Python: 12 us a call), other layouts in
-    memory order."""
-    if x.is_contiguous():
-        return torch.nn.functional.linear(x, w)
-    return dense_in_memory_order(x, w)
-
-
-_dense, _linear = _gemm_of_rows(_dense_nd), _gemm_of_rows(_linear_nd)
+_dense, _linear = _gemm_of_rows(dense_in_memory_order), _gemm_of_rows(linear_rows)
 
 
 def _matmul(call: Call):
