@@ -343,6 +343,45 @@ def test_zero_cotangents_of_written_back_buffers_are_made_once(target):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+class _ReturnsBuffers(nn.Module):
+    """A layer with batch norm returning, beside its output, a plain buffer and the batch norm's running mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = nn.Linear(3, 2), nn.BatchNorm1d(2)
+        self.register_buffer("buf", torch.ones(2))
+
+    def forward(self, x):
+        return self.bn(self.lin(x)), self.buf, self.bn.running_mean
+
+
+def test_returned_buffers_and_written_back_statistics_are_eagers(target):
+    """The autograd node of a call has an input per tensor that requires grad (the parameters; the buffers it
+    reads and writes back ride along untracked); a buffer returned as it is, and a running mean returned after
+    batch norm updated it, require no grad, as in eager, and the module's buffers stay plain tensors; three
+    steps leave the state eager's."""
+    torch.manual_seed(0)
+    model = _ReturnsBuffers()
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    cm = pb_compile(model, (x,), target=target)
+    for m in (cm, ref):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            out, buf, mean = m(x)
+            assert not buf.requires_grad and not mean.requires_grad and out.requires_grad
+            torch.testing.assert_close(mean, m.bn.running_mean if m is ref else model.bn.running_mean)
+            if m is cm:
+                assert len(out.grad_fn.next_functions) == len(list(model.parameters()))
+            opt.zero_grad()
+            out.square().mean().backward()
+            opt.step()
+    for name, t in model.named_buffers():
+        assert not t.requires_grad and t.grad_fn is None, name
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_onednn_gemms_train_like_eager(onednn_calls):
     """Layers wide enough for the torch target's oneDNN inner product (forward and input-gradient GEMMs; the
     weight gradients stay with MKL) train like eager: losses and weights after 3 SGD steps."""

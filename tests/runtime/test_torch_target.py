@@ -229,9 +229,8 @@ def test_elementwise_gradients_of_mixed_layouts_follow_the_data(name, aten, data
     np.testing.assert_allclose(got.numpy(), op.impl("numpy")(g.numpy(), x.numpy(), attrs), rtol=1e-6, atol=1e-6)
 
 
-def test_a_small_linear_of_rows_is_one_addmm():
-    """A small layer's ``nn.linear`` on a matrix is one ATen call (the GEMM adds the bias: ``addmm``), not a GEMM and
-    an in-place add; its result is the numpy target's."""
+def aten_calls():
+    """A ``TorchDispatchMode`` listing the ATen operators called inside it (``.names``)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Calls(TorchDispatchMode):
@@ -243,6 +242,12 @@ def test_a_small_linear_of_rows_is_one_addmm():
             self.names.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
+    return Calls()
+
+
+def test_a_small_linear_of_rows_is_one_addmm():
+    """A small layer's ``nn.linear`` on a matrix is one ATen call (the GEMM adds the bias: ``addmm``), not a GEMM and
+    an in-place add; its result is the numpy target's."""
     x, w, b = var("x", shape=(8, 16)), var("w", shape=(32, 16)), var("b", shape=(32,))
     f = Function([x, w, b], pb.op.nn.linear(x, w, b))
     rng = np.random.default_rng(0)
@@ -250,7 +255,7 @@ def test_a_small_linear_of_rows_is_one_addmm():
     fn = pb.build(f, target="torch")["main"]
     args = [torch.from_numpy(a) for a in (xs, ws, bs)]
     fn(*args)
-    with Calls() as calls:
+    with aten_calls() as calls:
         got = fn(*args)
     assert [n for n in calls.names if n not in ("detach", "t", "transpose")] == ["addmm"], calls.names
     np.testing.assert_allclose(got.numpy(), pb.build(f)["main"](xs, ws, bs), rtol=1e-5, atol=1e-6)
@@ -517,3 +522,23 @@ def test_linear_of_contiguous_rows_is_eagers_f_linear(shape):
     x, w, b = var("x", shape=shape), var("w", shape=(32, 64)), var("b", shape=(32,))
     got = pb.build(Function([x, w, b], pb.op.nn.linear(x, w, b)), target="torch")["main"](xs, ws, bs)
     assert torch.equal(got, torch.nn.functional.linear(xs, ws, bs))
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_take_checks_its_indices_in_one_pass(negative):
+    """A ``take``'s bounds check is one ``aminmax`` over the indices (not a comparison per bound, their union and
+    an ``any``), and negative indices are wrapped only when there are some; the result is the numpy target's,
+    and an index out of range is an error naming the first one."""
+    x, i = var("x", shape=(5, 3)), var("i", shape=(4,), dtype="int64")
+    f = Function([x, i], op.take(x, i, axis=0, mode="fast"))
+    xs = np.arange(15, dtype="float32").reshape(5, 3)
+    idx = np.array([0, -1, 3, 1] if negative else [0, 4, 3, 1])
+    fn = pb.build(f, target="torch")["main"]
+    fn(xs, idx)
+    with aten_calls() as calls:
+        got = fn(torch.from_numpy(xs), torch.from_numpy(idx))
+    names = [n for n in calls.names if n not in ("lift_fresh", "detach", "_local_scalar_dense")]
+    assert names == ["aminmax", *(["lt", "add", "where"] if negative else []), "index_select"], calls.names
+    np.testing.assert_array_equal(got.numpy(), pb.build(f)["main"](xs, idx))
+    with pytest.raises(pb.ExecutionError, match="take: index 7 out of range"):
+        fn(xs, np.array([0, 7, -9, 1]))

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 from ..frontend.torch_checks import check_inputs
 from ..frontend.torch_importer import TorchProgram, batch_range, export, import_exported, tied_keys
 from ..ir.errors import PullbackError
+from ..ir.expr import Call, Expr, Tuple
 from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES, build_for, version
@@ -113,10 +114,14 @@ class TrainingProgram:
         # pooler output the loss does not use), the gradient is None, as eager leaves .grad (AdamW then neither
         # decays the weight nor moves its moments)
         self.reaches = cotangent_uses(self.mod["main_bwd"])
-        # outputs autograd tracks: floats computed from a wrt input (not from constants alone, nor under no_grad)
+        # outputs autograd tracks: floats computed from a wrt input (not from constants alone, nor under no_grad),
+        # other than a written-back value (a running mean returned: eager updates it under no_grad)
         sources = {prog.main.params[i] for i in self.wrt_index}
         reached = outputs_reached(prog.main, sources)
-        self.tracked_out = [is_inexact(t.dtype) and r for t, r in zip(self.out_types, reached)]
+        body = prog.main.body
+        fields = body.fields if isinstance(body, Tuple) else (body,)
+        written = {_under_stop_gradient(f) for f in fields[prog.num_outputs:]}
+        self.tracked_out = [is_inexact(t.dtype) and r and f not in written for t, r, f in zip(self.out_types, reached, fields)]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
         inert = [i for i, f in enumerate(self.tracked_out) if not f or i >= prog.num_outputs]
@@ -152,6 +157,13 @@ class TrainingProgram:
             return self._inference.infer(tensors)
 
 
+def _under_stop_gradient(e: Expr) -> Expr:
+    """``e`` without the ``stop_gradient`` calls around it."""
+    while isinstance(e, Call) and getattr(e.op, "name", None) == "stop_gradient":
+        e = e.args[0]
+    return e
+
+
 class Phases(dict):
     """Phase name -> seconds; ``lap(name, value)`` records the time since the previous lap (or since it was
     made) under ``name`` and returns ``value``, so ``x = lap("AD", ad(mod))`` times one phase."""
@@ -181,15 +193,19 @@ def _function():
         """forward: ``@main_fwd`` (residuals kept for the backward); backward: ``@main_bwd``."""
 
         @staticmethod
-        def forward(ctx, tp: TrainingProgram, mutated: tuple, *tensors):
+        def forward(ctx, tp: TrainingProgram, call: tuple, *tracked):
+            tensors, mutated = call  # every input in @main's order (``tracked``: those at ``tp.wrt_index``)
             bridge = tp.bridge
             results, residuals = bridge.forward(tensors)
+            n = tp.prog.num_outputs
+            ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
+            if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
+                residuals = bridge.unalias(residuals, mutated)
+                write_back(tp.prog, mutated, results[n:])
             # a result that is a view (of an input, a residual or another result: the torch target's reshapes)
             # would be a view "returned by a function that returns several", which autograd forbids to write in
             # place (``h[mask] = v`` after the call); detached, it is a tensor of its own on the same memory
-            results = tp.eager_layout([r.detach() if r._is_view() else r for r in results])
-            if mutated:  # a residual sharing memory with a tensor the write-back overwrites keeps its value
-                residuals = bridge.unalias(residuals, mutated)
+            results = tp.eager_layout([r.detach() if r._is_view() else r for r in results[:n]])
             ctx.tp = tp
             ctx.set_materialize_grads(False)  # an output without a gradient: None, the bridge makes its zeros
             # the inputs too, for a differentiable backward (create_graph=True: higher_order), unless the call
@@ -203,9 +219,7 @@ def _function():
             else:
                 ctx.residuals = residuals
                 ctx.viewed = bridge.viewed(residuals)
-            ctx.out_shapes = [r.shape for r in results]  # concrete, also where the program's batch dim is ``?``
             nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
-            nondiff += results[tp.prog.num_outputs:]
             if nondiff:
                 ctx.mark_non_differentiable(*nondiff)
             return tuple(results)
@@ -217,15 +231,15 @@ def _function():
             needs = wanted(ctx, ctx.needs_input_grad[2:])
             given = sum(1 << j for j, g in enumerate(grads) if g is not None)
             reaches = tp.reaches
-            wrt = [(k, i) for k, i in enumerate(tp.wrt_index) if needs[i] and reaches[k] & given and k not in tp.no_path]
-            full = [None] * tp.num_inputs
+            wrt = [k for k in range(len(needs)) if needs[k] and reaches[k] & given and k not in tp.no_path]
+            full = [None] * len(needs)
             if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
                 if ctx.inputs is None or ctx.inputs is _RELEASED:
                     raise PullbackError(DOUBLE_BACKWARD if ctx.inputs is None else BACKWARD_TWICE)
-                positions = tuple(i for _, i in wrt)
+                positions = tuple(tp.wrt_index[k] for k in wrt)
                 inputs = ctx.inputs.unchanged(tp.differentiable().vjp(positions).reads)
-                for i, g in zip(positions, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
-                    full[i] = g
+                for k, g in zip(wrt, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
+                    full[k] = g
                 return (None, None, *full)
             if not _keeps_graph():  # as autograd frees what it saved
                 ctx.inputs = _RELEASED
@@ -240,9 +254,9 @@ def _function():
                         raise SavedTensorModifiedError(t, v)
                 if not _keeps_graph():
                     ctx.residuals = None
-            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)
-            for k, i in wrt:
-                full[i] = gs[k]
+            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)  # the written-back values' cotangents: zeros
+            for k in wrt:
+                full[k] = gs[k]
             return (None, None, *full)
 
     return PullbackFunction
@@ -307,12 +321,28 @@ def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:
 
 
 def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple:
-    """All results (user outputs, then mutated values): through the autograd Function when a gradient is
-    wanted (``TrainingProgram.wants_grad``), else ``@main`` alone. ``mutated``: the tensors the caller will
-    overwrite with the mutated values (residuals sharing their memory are copied)."""
-    if not tp.wants_grad(tensors):
-        return tuple(tp.eager_layout(tp.infer(tensors)))
-    return _function().apply(tp, tuple(mutated), *tensors)
+    """The user outputs, through the autograd Function when a gradient is wanted (``TrainingProgram.wants_grad``:
+    its inputs are the tensors at ``wrt`` positions, the others ride along untracked), else of ``@main`` alone.
+    ``mutated``: the tensors the mutated values are written back into (residuals sharing their memory are
+    copied first)."""
+    if tp.wants_grad(tensors):
+        return _function().apply(tp, (tensors, tuple(mutated)), *[tensors[i] for i in tp.wrt_index])
+    results = tp.eager_layout(tp.infer(tensors))
+    n = tp.prog.num_outputs
+    if mutated:
+        write_back(tp.prog, mutated, results[n:])
+    return tuple(results[:n])
+
+
+def write_back(prog: TorchProgram, targets: Sequence, values: Sequence) -> None:
+    """Copy the mutated ``values`` into their ``targets`` (the module's buffers, the inputs it overwrites)."""
+    import torch
+
+    with torch.no_grad():
+        for i in prog.resized:  # as eager resizes them (a per-channel observer's first batch); the import may
+            t = targets[i]      # have shared the old storage with NumPy, which cannot resize it: a new one
+            t.set_(t.new_empty(values[i].shape))
+        torch._foreach_copy_(list(targets), list(values))  # one call: ResNet's 60 buffers in ~18 us
 
 
 def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequence] = None,
@@ -321,8 +351,6 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     tensor: a dict or a ``ModuleState``; or ``state_tensors``, already read in ``tp.state_keys`` order), fresh
     random inputs drawn as eager draws them (a dynamic batch dimension sized like ``batched``, default
     ``inputs``); writes the mutated parameters, buffers and inputs back and returns the user outputs."""
-    import torch
-
     prog = tp.prog
     if state_tensors is None:
         state_tensors = [state[k] for k in tp.state_keys]
@@ -332,13 +360,7 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     by_input = dict(zip(prog.inputs, inputs))
     targets = [by_input[name] if kind == "input" else state_tensors[i] if i is not None else state[name]
                for (kind, name), i in zip(prog.mutations, tp.mutated_state)]
-    results = run(tp, tensors, targets)
-    with torch.no_grad():
-        for i in prog.resized:  # as eager resizes them (a per-channel observer's first batch); the import may
-            t = targets[i]      # have shared the old storage with NumPy, which cannot resize it: a new one
-            t.set_(t.new_empty(results[prog.num_outputs + i].shape))
-        torch._foreach_copy_(targets, list(results[prog.num_outputs:]))  # one call: ResNet's 60 buffers in ~18 us
-    return results[: prog.num_outputs]
+    return run(tp, tensors, targets)
 
 
 def placed(values: Sequence, extra: dict) -> list:

@@ -19,6 +19,7 @@ from ..ir.types import ALL_DTYPES, Any, INT_DTYPES, TensorType, check_dtype, is_
 from . import layout as T
 from .common import normalize_axis, tensor_arg
 from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
+from .nn import is_torch
 from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
 
@@ -196,8 +197,8 @@ def _positions(xp, op: str, idx, n: int, mode: str):
     elif mode == "wrap":
         idx = xp.remainder(idx, n) if n else idx
     else:
-        check_range(op, idx, -n, n, f"for a dimension of size {n} (mode='fast')")
-        idx = xp.where(idx < 0, idx + n, idx)
+        if check_range(op, idx, -n, n, f"for a dimension of size {n} (mode='fast')") < 0:
+            idx = xp.where(idx < 0, idx + n, idx)
         if is_traced(idx):
             idx = xp.clip(idx, 0, max(n - 1, 0))
     return idx if idx.ndim == 1 else xp.reshape(idx, (-1,))
@@ -208,10 +209,20 @@ def _flat_view(xp, x, a) -> tuple:
     return (xp.reshape(x, (-1,)), 0) if a.axis is None else (x, a.axis % x.ndim)
 
 
+def _select(xp, src, pos, ax: int):
+    """``src``'s entries at positions ``pos`` (in range, non-negative) along axis ``ax``: on torch ATen's
+    ``index_select`` alone (array-api-compat's ``take`` wraps negative positions again: three kernels more)."""
+    if is_torch(xp):
+        import torch
+
+        return torch.index_select(src, ax, pos)
+    return xp.take(src, pos, axis=ax)
+
+
 def _take(xp, x, idx, a):
     src, ax = _flat_view(xp, x, a)
     shape = tuple(src.shape)
-    out = xp.take(src, _positions(xp, "take", idx, shape[ax], a.mode), axis=ax)
+    out = _select(xp, src, _positions(xp, "take", idx, shape[ax], a.mode), ax)
     return out if idx.ndim == 1 else xp.reshape(out, shape[:ax] + tuple(idx.shape) + shape[ax + 1:])
 
 

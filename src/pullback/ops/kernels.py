@@ -169,15 +169,29 @@ def check(bad, message: str) -> None:
         raise ExecutionError(message)
 
 
-def check_range(op: str, idx, lo: int, hi: int, where: str) -> None:
-    """The program is an error if an entry of integer array ``idx`` is outside ``[lo, hi)`` (``check``)."""
+def check_range(op: str, idx, lo: int, hi: int, where: str) -> int:
+    """The program is an error if an entry of integer array ``idx`` is outside ``[lo, hi)`` (``check``); the
+    message names the first. Returns the least entry of a NumPy or torch ``idx`` (found with the greatest in one
+    pass on torch: a caller wrapping negative indices skips that when there are none), else ``lo``."""
     if not math.prod(idx.shape):
-        return
-    bad = (idx < lo) | (idx >= hi)
-    if is_traced(bad):  # also a constant's comparison inside jax.jit (staged out: a tracer)
-        check(bad, f"{op}: index out of range {where}")
-    elif bool(bad.any()):
+        return lo
+    least = lo
+    if isinstance(idx, np.ndarray):
+        least, most = idx.min(), idx.max()
+        fine = lo <= least and most < hi
+    elif hasattr(idx, "aminmax") and not is_traced(idx):  # torch
+        least, most = map(int, idx.aminmax())
+        fine = lo <= least and most < hi
+    else:  # jax (a constant's comparison inside jax.jit is staged out too: a tracer)
+        bad = (idx < lo) | (idx >= hi)
+        if is_traced(bad):
+            check(bad, f"{op}: index out of range {where}")
+            return lo
+        fine = not bool(bad.any())
+    if not fine:
+        bad = (idx < lo) | (idx >= hi)
         raise ExecutionError(f"{op}: index {int(idx[bad].reshape(-1)[0])} out of range {where}")
+    return least
 
 
 def check_divisor(xp, op: str, b) -> None:
