@@ -424,7 +424,7 @@ def test_a_convolution_keeps_the_channels_last_layout_its_data_arrives_in():
 
 
 @pytest.mark.parametrize("n,hw,k,pad", [(2, (2, 2), (7, 7), (3, 3, 3, 3)), (1, (4, 4), (3, 3), (0, 1, 1, 0))])
-def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad, monkeypatch):
+def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad):
     """A depthwise convolution (groups = channels; ConvNeXt's 7x7, MobileNet's 3x3) runs channels-last on the
     torch target even where its weight outweighs its data (NCHW: 60x slower for a 7x7 on 2x2 planes), its weight
     gradient too, and agrees with autograd of ATen's convolution."""
@@ -439,15 +439,25 @@ def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad, monkey
     want = torch.nn.functional.conv2d(torch.nn.functional.pad(xr, (pad[1], pad[3], pad[0], pad[2])), wr, None, 1, 0, 1, c)
     gy = torch.randn(want.shape, generator=g, dtype=torch.float64)
     want.backward(gy)
-    layouts = []
-    real = torch.nn.grad.conv2d_weight
-    monkeypatch.setattr(torch.nn.grad, "conv2d_weight", lambda xx, shape, gg, *a: layouts.append(
-        gg.is_contiguous(memory_format=torch.channels_last)) or real(xx, shape, gg, *a))
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Layouts(TorchDispatchMode):  # the layout of each convolution_backward's output gradient
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "convolution_backward":
+                self.seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+            return func(*args, **(kwargs or {}))
+
     a = C.Conv2DAttrs(padding=pad, groups=c)
     torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want.detach(), rtol=1e-12, atol=1e-12)
     wa = C.Conv2DBackwardWeightAttrs(kernel_size=k, padding=pad, groups=c)
-    torch.testing.assert_close(get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa), wr.grad, rtol=1e-12, atol=1e-12)
-    assert layouts == [True]
+    with Layouts() as layouts:
+        gw = get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa)
+    torch.testing.assert_close(gw, wr.grad, rtol=1e-12, atol=1e-12)
+    assert layouts.seen == [True]
 
 
 @pytest.mark.parametrize("channels", [2, 3, 4, 6])
@@ -462,7 +472,7 @@ def test_weight_gradient_of_a_narrow_strided_1x1_convolution_on_torch(channels):
     x = torch.randn((4, channels, 16, 16), generator=g).contiguous(memory_format=torch.channels_last)
     gy = torch.randn((4, 8, 8, 8), generator=g).contiguous(memory_format=torch.channels_last)
     a = C.Conv2DBackwardWeightAttrs(kernel_size=(1, 1), strides=(2, 2), padding=(0, 0, 0, 0))
-    assert C._onednn_strided_1x1(x, a)
+    assert C._onednn_strided_1x1(tuple(x.shape), a)
     want = torch.einsum("nohw,nchw->oc", gy.double(), x.double()[:, :, ::2, ::2]).reshape(8, channels, 1, 1)
     kernel = get_op("nn.conv2d_backward_weight").impl("torch")
     for _ in range(20):
@@ -487,3 +497,44 @@ def test_batch_norm_gradient_in_mixed_memory_layouts_on_torch(g_last, x_last):
     got = get_op("nn.batch_norm_grad").impl("torch")(layout(g, g_last), layout(x, x_last), gamma, BatchNormGradAttrs())
     for a, b in zip(got, (xr.grad, gr.grad, g.sum((0, 2, 3)))):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape, k, kw", [
+    ((2, 8, 6, 6), (3, 3), dict(padding=(1, 1, 1, 1))),
+    ((2, 8, 7, 7), (3, 3), dict(padding=(0, 1, 1, 0), strides=(2, 2))),
+    ((2, 8, 5, 5), (5, 5), dict(padding=(2, 2, 2, 2), groups=8)),
+    ((2, 8, 1, 1), (3, 3), dict(padding=(1, 1, 1, 1))),  # one tap: a GEMM
+    ((2, 8, 3, 3), (3, 3), dict(padding=(0, 0, 0, 0))),  # a 1x1 output: im2col and a GEMM
+])
+def test_convolutions_of_static_shapes_get_prepared_torch_kernels(shape, k, kw):
+    """On the torch target a convolution of static shapes (and its bias, data and weight gradients) runs a kernel
+    prepared at build, its path, layout rule and padding decided once; each equals the op's generic torch kernel
+    and the numpy target."""
+    torch = pytest.importorskip("torch")
+    import pullback as pb
+    from pullback.runtime.torch_kernels import fast_kernel
+
+    c = shape[1]
+    o = c if kw.get("groups", 1) > 1 else 4
+    x, w, b = pb.var("x", shape=shape), pb.var("w", shape=(o, c // kw.get("groups", 1)) + k), pb.var("b", shape=(o,))
+    y = pb.op.nn.conv2d(x, w, **kw)
+    gy = pb.var("gy", shape=y.checked_type.shape)
+    calls = [y, pb.op.nn.conv2d_bias(x, w, b, **kw), pb.op.nn.conv2d_transpose(gy, w, **kw),
+             pb.op.nn.conv2d_backward_weight(gy, x, kernel_size=k, **kw)]
+    rng = np.random.default_rng(0)
+    values = {v: rng.standard_normal(v.type_annotation.shape).astype("float64") for v in (x, w, b, gy)}
+    for call in calls:
+        if call.op.name == "nn.conv2d_transpose":
+            call = pb.op.nn.conv2d_transpose(gy, w, output_padding=tuple(
+                s - n for s, n in zip(shape[2:], call.checked_type.shape[2:])), **kw)
+        args = [torch.from_numpy(values[a]) for a in call.args]
+        call.checked_type  # noqa: B018 (typed: as in a built plan)
+        prepared = fast_kernel(call)
+        assert prepared is not None, call.op.name
+        want = call.op.impl("torch")(*args, call.attrs)
+        torch.testing.assert_close(prepared(*args, call.attrs), want, rtol=0, atol=0)
+        np.testing.assert_allclose(want.numpy(), call.op.impl("numpy")(*[values[a] for a in call.args], call.attrs),
+                                   rtol=1e-10, atol=1e-10)
+    dynamic = pb.op.nn.conv2d(pb.var("x", shape=(pb.Any,) + shape[1:]), w, **kw)
+    dynamic.checked_type  # noqa: B018
+    assert fast_kernel(dynamic) is None

@@ -146,12 +146,19 @@ def scatter_windows(xp, parts, shape: tuple, k: tuple, s: tuple, d: tuple, pad: 
 
 def torch_padding(x, pad: tuple, value=0.0):
     """``(x, (pad_h, pad_w))`` for ATen, which pads both sides equally: x pre-padded when ``pad`` is not symmetric."""
+    pre, pad = _padder(pad, value)
+    return (x if pre is None else pre(x)), pad
+
+
+def _padder(pad: tuple, value=0.0) -> tuple:
+    """``(pre, (pad_h, pad_w))``: ``torch_padding`` decided once for the padding ``pad``, ``pre`` None where ATen
+    pads alone (symmetric padding), else ``fn(x)`` padding ``x`` before."""
     top, left, bottom, right = pad
     if top == bottom and left == right:
-        return x, (top, left)
+        return None, (top, left)
     import torch.nn.functional as F
 
-    return F.pad(x, (left, right, top, bottom), value=value), (0, 0)
+    return (lambda x: F.pad(x, (left, right, top, bottom), value=value)), (0, 0)
 
 
 def channels_last(x):
@@ -175,12 +182,29 @@ def conv_layout(x, weight_numel: int, groups: int = 1, out_numel: int = 0):
     gradient: DenseNet's backward, whose NCHW result met a channels-last activation). The data's size is the
     larger of the input's and the result's (``out_numel``), so a layer's data gradient runs in its forward's
     layout: a 3x3 convolution from 128 channels to 32 weighs its 128-channel side, both ways."""
-    if x.ndim != 4:
+    rule = _layout_rule(tuple(x.shape), weight_numel, groups, out_numel)
+    return rule if rule is not None else channels_last if x.stride(1) == 1 else nchw
+
+
+def _layout_rule(shape: tuple, weight_numel: int, groups: int, out_numel: int):
+    """``conv_layout``'s choice where the shapes alone decide it, else None: the data's layout does (channels-last
+    where it arrives with its channels innermost, ``stride(1) == 1``)."""
+    if len(shape) != 4:
         return nchw
-    if groups > 1 and groups == x.shape[1]:
+    if groups > 1 and groups == shape[1]:
         return channels_last
-    stays = x.shape[2] * x.shape[3] > 1 and x.shape[1] > 1 and x.stride(1) == 1  # channels innermost (a slice too)
-    return channels_last if (1 if stays else 4) * weight_numel <= max(x.numel(), out_numel) else nchw
+    data = max(math.prod(shape), out_numel)
+    if 4 * weight_numel <= data:
+        return channels_last
+    if weight_numel > data or shape[2] * shape[3] <= 1 or shape[1] <= 1:
+        return nchw
+    return None
+
+
+def _layout_of(shape: tuple, weight_numel: int, groups: int, out_numel: int):
+    """``conv_layout`` decided once for data of ``shape``: ``fn(x)``, ``x`` in the layout to convolve it in."""
+    rule = _layout_rule(tuple(shape), weight_numel, groups, out_numel)
+    return rule if rule is not None else lambda x: channels_last(x) if x.stride(1) == 1 else nchw(x)
 
 
 def nchw(x):
@@ -404,22 +428,66 @@ def _torch_columns(x, k: tuple, attrs):
 def _conv2d_torch(x, w, attrs, b=None):
     """ATen's convolution (oneDNN), in the layout ``conv_layout`` picks, with the bias ``b`` (None: none) added
     by the convolution itself; a convolution meeting one tap, or of a 1x1 output, as one GEMM."""
+    return _conv2d_prepared(tuple(x.shape), tuple(w.shape), attrs)(x, w, b)
+
+
+def _conv2d_prepared(x_shape: tuple, w_shape: tuple, attrs):
+    """``_conv2d_torch`` for data and weight of these shapes, as ``fn(x, w, b)``: what the shapes decide (the
+    GEMM paths, the layout rule, the padding) decided once (10-20 us of Python a call otherwise)."""
     import torch.nn.functional as F
 
-    out = _conv_out_hw(attrs, x.shape[2:], w.shape[2:])
-    tap = single_tap(x.shape[2:], out, w.shape[2:], attrs)
+    out = _conv_out_hw(attrs, x_shape[2:], w_shape[2:])
+    tap = single_tap(x_shape[2:], out, w_shape[2:], attrs)
+    o = w_shape[0]
     if tap is not None:
-        rows = rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]])
+        i, j = tap
+
+        def rows_of(x, w):
+            return rows_times_t(x.reshape(x.shape[:2]), w[:, :, i, j])
     elif tuple(out) == (1, 1) and attrs.groups == 1:
-        cols = _torch_columns(x, w.shape[2:], attrs)
-        rows = rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(w.shape[0], -1))
+        k = tuple(w_shape[2:])
+
+        def rows_of(x, w):
+            cols = _torch_columns(x, k, attrs)
+            return rows_times_t(cols.reshape(cols.shape[:2]), w.reshape(o, -1))
     else:
-        x, pad = torch_padding(conv_layout(x, w.numel(), attrs.groups, x.shape[0] * w.shape[0] * out[0] * out[1])(x),
-                               attrs.padding)
-        return F.conv2d(x, w, b, attrs.strides, pad, attrs.dilation, attrs.groups)
-    if b is not None:
-        rows += b
-    return rows.reshape(x.shape[0], w.shape[0], 1, 1)
+        order = _layout_of(x_shape, math.prod(w_shape), attrs.groups, x_shape[0] * o * out[0] * out[1])
+        pre, pad = _padder(attrs.padding)
+        strides, dilation, groups, conv = attrs.strides, attrs.dilation, attrs.groups, F.conv2d
+        if pre is None:
+            return lambda x, w, b: conv(order(x), w, b, strides, pad, dilation, groups)
+        return lambda x, w, b: conv(pre(order(x)), w, b, strides, pad, dilation, groups)
+
+    def gemm(x, w, b):
+        rows = rows_of(x, w)
+        if b is not None:
+            rows += b
+        return rows.reshape(x.shape[0], o, 1, 1)
+
+    return gemm
+
+
+def conv2d_torch_maker(call: Call):
+    """The torch target's kernel of a ``nn.conv2d`` / ``nn.conv2d_bias`` call of static shapes (``_conv2d_prepared``),
+    or None."""
+    shapes = _static_shapes(call)
+    if shapes is None:
+        return None
+    run = _conv2d_prepared(shapes[0], shapes[1], call.attrs)
+    if len(call.args) == 3:
+        return lambda x, w, b, attrs=None: run(x, w, b)
+    return lambda x, w, attrs=None: run(x, w, None)
+
+
+def _static_shapes(call: Call) -> Optional[list]:
+    """The static shapes of ``call``'s two rank-4 operands, or None."""
+    shapes = []
+    for a in call.args[:2]:
+        t = a.checked_type
+        if not isinstance(t, TensorType) or t.ndim != 4 or not all(isinstance(d, int) for d in t.shape):
+            return None
+        shapes.append(tuple(t.shape))
+    return shapes
 
 
 def _spatial_grad_pad(call: Call, x_type: TensorType, kshape: tuple) -> tuple:
@@ -584,25 +652,49 @@ def _conv2d_transpose_jax(x, w, attrs):
 
 def _conv2d_transpose_torch(x, w, attrs):
     """ATen's transposed convolution; asymmetric padding crops its unpadded result."""
+    return _conv2d_transpose_prepared(tuple(x.shape), tuple(w.shape), attrs)(x, w)
+
+
+def _conv2d_transpose_prepared(x_shape: tuple, w_shape: tuple, attrs):
+    """``_conv2d_transpose_torch`` for operands of these shapes, as ``fn(x, w)``, its path decided once."""
     import torch.nn.functional as F
 
     top, left, bottom, right = attrs.padding
-    tap = single_tap(x.shape[2:], _convT_out_hw(attrs, x.shape[2:], w.shape[2:]), w.shape[2:], attrs)
+    out = _convT_out_hw(attrs, x_shape[2:], w_shape[2:])
+    tap = single_tap(x_shape[2:], out, w_shape[2:], attrs)
     if tap is not None:
-        return rows_times_t(x.reshape(x.shape[:2]), w[:, :, tap[0], tap[1]].T).reshape(x.shape[0], w.shape[1], 1, 1)
-    if (tuple(w.shape[2:]) == (1, 1) and tuple(attrs.strides) == (1, 1) and not any(attrs.padding)
+        i, j = tap
+        return lambda x, w: rows_times_t(x.reshape(x.shape[:2]), w[:, :, i, j].T).reshape(x.shape[0], w.shape[1], 1, 1)
+    if (tuple(w_shape[2:]) == (1, 1) and tuple(attrs.strides) == (1, 1) and not any(attrs.padding)
             and attrs.groups == 1 and not any(attrs.output_padding)):
         # a pointwise convolution's data gradient is one GEMM over the positions (ATen runs such a transposed
         # convolution as slow_conv_transpose2d: ConvNeXt's 1x1 MLP on a 2x2 plane, 0.18 ms a call)
-        n, c, h, wd = x.shape
-        rows = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)
-        return rows_times_t(rows, w[:, :, 0, 0].T).reshape(n, h, wd, w.shape[1]).permute(0, 3, 1, 2)
-    out = _convT_out_hw(attrs, x.shape[2:], w.shape[2:])
-    x = conv_layout(x, w.numel(), attrs.groups, x.shape[0] * w.shape[1] * attrs.groups * out[0] * out[1])(x)
+        def pointwise(x, w):
+            n, c, h, wd = x.shape
+            rows = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)
+            return rows_times_t(rows, w[:, :, 0, 0].T).reshape(n, h, wd, w.shape[1]).permute(0, 3, 1, 2)
+
+        return pointwise
+    g = attrs.groups
+    order = _layout_of(x_shape, math.prod(w_shape), g, x_shape[0] * w_shape[1] * g * out[0] * out[1])
+    strides, output_padding, dilation, conv = attrs.strides, attrs.output_padding, attrs.dilation, F.conv_transpose2d
     if top == bottom and left == right:
-        return F.conv_transpose2d(x, w, None, attrs.strides, (top, left), attrs.output_padding, attrs.groups, attrs.dilation)
-    y = F.conv_transpose2d(x, w, None, attrs.strides, 0, attrs.output_padding, attrs.groups, attrs.dilation)
-    return y[:, :, top: y.shape[2] - bottom, left: y.shape[3] - right]
+        return lambda x, w: conv(order(x), w, None, strides, (top, left), output_padding, g, dilation)
+
+    def cropped(x, w):
+        y = conv(order(x), w, None, strides, 0, output_padding, g, dilation)
+        return y[:, :, top: y.shape[2] - bottom, left: y.shape[3] - right]
+
+    return cropped
+
+
+def conv2d_transpose_torch_maker(call: Call):
+    """The torch target's kernel of a ``nn.conv2d_transpose`` call of static shapes, or None."""
+    shapes = _static_shapes(call)
+    if shapes is None:
+        return None
+    run = _conv2d_transpose_prepared(shapes[0], shapes[1], call.attrs)
+    return lambda x, w, attrs=None: run(x, w)
 
 
 def _conv2d_transpose_grad(call: Call, g: Expr):
@@ -658,35 +750,68 @@ def _backward_weight_jax(gy, x, attrs):
     return _jax_adjoint(lambda w: _conv2d_jax(x, w, attrs), w_shape, gy)
 
 
-def _onednn_strided_1x1(x, attrs) -> bool:
+def _onednn_strided_1x1(x_shape: tuple, attrs) -> bool:
     """The weight gradient oneDNN gets wrong: a strided 1x1 convolution of 2 to 7 channels (the layout
     ``conv_layout`` picks for them is channels-last). Measured with torch 2.13's CPU build on an AVX2 machine:
     some calls return a gradient 20-40% off, and with one thread the heap is corrupted (``double free``);
     NCHW, other kernel sizes, one or 8+ channels are right. Such a layer (a narrow ResNet's downsampling)
     is small: one GEMM instead."""
-    return tuple(attrs.kernel_size) == (1, 1) and tuple(attrs.strides) != (1, 1) and 1 < x.shape[1] < 8
+    return tuple(attrs.kernel_size) == (1, 1) and tuple(attrs.strides) != (1, 1) and 1 < x_shape[1] < 8
 
 
 def _backward_weight_torch(gy, x, attrs):
     """ATen's ``convolution_backward`` for the weight alone."""
+    return _backward_weight_prepared(tuple(gy.shape), tuple(x.shape), attrs)(gy, x)
+
+
+def _backward_weight_prepared(gy_shape: tuple, x_shape: tuple, attrs):
+    """``_backward_weight_torch`` for operands of these shapes, as ``fn(gy, x)``, its path decided once (and
+    ``convolution_backward`` called as ``torch.nn.grad.conv2d_weight`` does, without its 20 us of Python)."""
     import torch
 
-    w_shape = (gy.shape[1], x.shape[1] // attrs.groups) + tuple(attrs.kernel_size)
-    tap = single_tap(x.shape[2:], gy.shape[2:], attrs.kernel_size, attrs)
+    w_shape = (gy_shape[1], x_shape[1] // attrs.groups) + tuple(attrs.kernel_size)
+    tap = single_tap(x_shape[2:], gy_shape[2:], attrs.kernel_size, attrs)
     if tap is not None:
-        gw = gy.new_zeros(w_shape)
-        gw[:, :, tap[0], tap[1]] = rows_times_t(gy.reshape(gy.shape[:2]).T, x.reshape(x.shape[:2]).T)
-        return gw
-    n, o, oh, ow = gy.shape
-    if attrs.groups == 1 and (oh * ow <= SMALL_PLANE or _onednn_strided_1x1(x, attrs)):
-        cols = _torch_columns(x, attrs.kernel_size, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
-        gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
-        return rows_times_t(gy, cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1]).T).reshape(w_shape)
-    order = conv_layout(x, math.prod(w_shape), attrs.groups, gy.numel())
-    x, pad = torch_padding(order(x), attrs.padding)
-    gy = order(gy)
-    gw = torch.nn.grad.conv2d_weight(x, w_shape, gy, attrs.strides, pad, attrs.dilation, attrs.groups)
-    return gw.contiguous()  # the parameter's own layout (autograd would copy it otherwise)
+        i, j = tap
+
+        def one_tap(gy, x):
+            gw = gy.new_zeros(w_shape)
+            gw[:, :, i, j] = rows_times_t(gy.reshape(gy.shape[:2]).T, x.reshape(x.shape[:2]).T)
+            return gw
+
+        return one_tap
+    n, o, oh, ow = gy_shape
+    if attrs.groups == 1 and (oh * ow <= SMALL_PLANE or _onednn_strided_1x1(x_shape, attrs)):
+        k = tuple(attrs.kernel_size)
+
+        def columns(gy, x):
+            cols = _torch_columns(x, k, attrs)  # (N, C*KH*KW, L) -> (N*L, C*KH*KW)
+            gy = gy.reshape(n, o, oh * ow).permute(1, 0, 2).reshape(o, n * oh * ow)
+            return rows_times_t(gy, cols.permute(0, 2, 1).reshape(n * oh * ow, cols.shape[1]).T).reshape(w_shape)
+
+        return columns
+    order = _layout_of(x_shape, math.prod(w_shape), attrs.groups, math.prod(gy_shape))
+    pre, pad = _padder(attrs.padding)
+    backward = torch.ops.aten.convolution_backward.default
+    args = (None, list(attrs.strides), list(pad), list(attrs.dilation), False, [0, 0], attrs.groups, [False, True, False])
+
+    def aten(gy, x):
+        x = order(x)
+        if pre is not None:
+            x = pre(x)
+        gw = backward(order(gy), x, gy.new_empty(1).expand(w_shape), *args)[1]
+        return gw.contiguous()  # the parameter's own layout (autograd would copy it otherwise)
+
+    return aten
+
+
+def conv2d_backward_weight_torch_maker(call: Call):
+    """The torch target's kernel of a ``nn.conv2d_backward_weight`` call of static shapes, or None."""
+    shapes = _static_shapes(call)
+    if shapes is None:
+        return None
+    run = _backward_weight_prepared(shapes[0], shapes[1], call.attrs)
+    return lambda gy, x, attrs=None: run(gy, x)
 
 
 def _backward_weight_numpy(gy, x, attrs):

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from ..ir.expr import Call, Constant
 from ..ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ..ops import onednn
+from ..ops.conv import conv2d_backward_weight_torch_maker, conv2d_torch_maker, conv2d_transpose_torch_maker
 from ..ops.common import broadcast_shapes
 from ..ops.nn import dense_in_memory_order, linear_rows
 
@@ -389,7 +390,9 @@ MAKERS: dict = {**{k: _binary for k in BINARY}, **{k: _unary for k in UNARY}, **
                 "reshape": _reshape, "expand_dims": _reshape, "squeeze": _reshape,
                 "transpose": _transpose, "broadcast_to": _to_static_shape("expand"), "nn.dense": _dense, "nn.linear": _linear,
                 "nn.batch_matmul": _matmul, "nn.matmul": _matmul, "zeros": _init("zeros"), "ones": _init("ones"), "cast": _cast,
-                "strided_set": _strided_set, "strided_slice": _strided_view, "index_add": _index_add_sequential}
+                "strided_set": _strided_set, "strided_slice": _strided_view, "index_add": _index_add_sequential,
+                "nn.conv2d": conv2d_torch_maker, "nn.conv2d_bias": conv2d_torch_maker,
+                "nn.conv2d_transpose": conv2d_transpose_torch_maker, "nn.conv2d_backward_weight": conv2d_backward_weight_torch_maker}
 
 # operators whose fast kernel always returns a new tensor (no view of an argument)
 ALLOCATING = frozenset({*BINARY, *UNARY, *COMPARE, "where", "clip", "nn.relu", "sum", "mean", "max", "min", "collapse_sum_to", "nn.dense", "nn.linear",
