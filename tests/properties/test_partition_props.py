@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import pullback as pb
 from pullback import transform as T
 from pullback.analysis import check_well_formed, recomputed_calls, saved_bytes
-from pullback.ops import Recompute
+from pullback.ops import FusionKind, Recompute
 from pullback.testing.programs import assert_outputs_close, programs, random_inputs
 
 pytest.importorskip("networkx")  # min_cut's max-flow
@@ -49,8 +49,10 @@ def check_partition(gmod, inputs, ct, want_out, want_grads) -> dict:
         twice = recomputed_calls(pm)
         never = {op for op in twice if pb.ops.get_op(op).recompute is Recompute.NEVER}
         assert not never, f"{label}: recomputes {never}"
-        if opts["policy"] == "save_all":
-            assert not twice, f"save_all recomputes {dict(twice)}"
+        if opts["policy"] == "save_all":  # only copies of parameters' data (slices, concatenations of weights)
+            moves = {op for op in twice if pb.ops.get_op(op).pattern != FusionKind.INJECTIVE
+                     or pb.ops.get_op(op).recompute > Recompute.CHEAP}
+            assert not moves, f"save_all recomputes {dict(twice)}"
         exe = pb.build(pm, check_outputs=True)
         out, residuals = exe["main_fwd"](*inputs)
         assert_outputs_close(out, want_out, f"@main_fwd ({label})")

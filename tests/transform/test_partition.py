@@ -9,7 +9,7 @@ import pullback
 from pullback import analysis, op, transform
 from pullback.ir.expr import If, TupleGetItem
 from pullback.ir.traversal import count_calls, post_order
-from pullback.ops import Recompute, get_op
+from pullback.ops import FusionKind, Recompute, get_op
 
 HEAVY = ["nn.dense", "nn.matmul", "nn.batch_matmul", "nn.conv2d", "sum", "mean", "nn.softmax", "nn.layer_norm"]
 
@@ -64,6 +64,25 @@ def test_fwd_bwd_equals_grad(policy):
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s).astype("float32") for s in ((4, 6), (8, 6), (3, 8))]
     check_equal(pm, inputs, rng.standard_normal((4, 3)).astype("float32"))
+
+
+def test_save_all_rebuilds_copies_of_parameters_and_keeps_their_views():
+    """``save_all`` saves every forward value the backward reads, but a copy that only moves a parameter's data
+    (a weight's centre tap, sliced and reshaped) is rebuilt in the backward from the parameter, which the caller
+    holds anyway; a view of a parameter (a transposed weight) holds no memory and stays saved."""
+    x, w, v = pullback.var("x", shape=(4, 8)), pullback.var("w", shape=(6, 8, 3)), pullback.var("v", shape=(6, 5))
+    tap = op.reshape(op.strided_slice(w, begin=[0, 0, 1], end=[6, 8, 2]), newshape=(6, 8))
+    y = op.nn.dense(op.tanh(op.nn.dense(x, tap)), op.transpose(v))
+    mod = grad_module(pullback.IRModule.from_expr(pullback.Function([x, w, v], y)))
+    pm = transform.PartitionForwardBackward(policy="save_all")(mod)
+    residuals = pm["main_fwd"].body.fields[1].fields
+    calls = [r for r in residuals if not isinstance(r, pullback.Var)]
+    assert w in residuals and not [r for r in calls if r.op.name in ("strided_slice", "reshape")]
+    assert [r for r in calls if r.op.name == "transpose" and r.args[0] is x]  # x's transpose: a view, saved
+    assert analysis.recomputed_calls(pm) == {"strided_slice": 1, "reshape": 1}
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype("float32") for s in ((4, 8), (6, 8, 3), (6, 5))]
+    check_equal(pm, inputs, rng.standard_normal((4, 5)).astype("float32"))
 
 
 def test_min_cut_recomputes_only_cheap_ops_and_saves_less():
@@ -235,7 +254,8 @@ def test_model_min_cut_saves_no_more_and_recomputes_no_heavy_op(name):
     mod, inputs = model_gradient(name)
     save_all = transform.PartitionForwardBackward(policy="save_all")(mod)
     base_act = analysis.saved_bytes(save_all, inputs=False)
-    assert not analysis.recomputed_calls(save_all)
+    moves = analysis.recomputed_calls(save_all)  # save_all rebuilds only copies of the parameters (centre taps)
+    assert all(get_op(n).recompute <= Recompute.CHEAP and get_op(n).pattern == FusionKind.INJECTIVE for n in moves), moves
     ct = ones_like(pullback.build(save_all)["main_fwd"](*inputs)[0])
     for target, budget in (("numpy", 1.0), ("numpy", None), ("torch", None)):
         opts = {} if budget is None else dict(recompute_ns_per_byte=budget)

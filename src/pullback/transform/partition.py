@@ -16,7 +16,11 @@ through its fields, as ``FirstOrderGradient`` makes them); the residuals are
 forward values evaluated unconditionally. Nodes that depend on neither ``ct`` nor
 a parameter (constants) are recomputed where needed. Policies:
 
-- ``save_all``: the residuals are every forward value a backward node uses;
+- ``save_all``: the residuals are every forward value a backward node uses, except copies that only move data
+  of the function's parameters (a weight's slice, concatenation: ``INJECTIVE`` ops of ``Recompute.VIEW`` or
+  ``CHEAP``, one not a view): the backward rebuilds those from the parameters, which the caller holds anyway
+  (a ResNet's 3x3 convolutions on 1x1 maps are GEMMs with the weight's centre tap, a 1 MB copy each that would
+  otherwise be held from the forward to the backward); views of parameters hold no memory and stay saved;
 - ``min_cut``: as AOTAutograd's partitioner, a minimum cut (networkx max-flow,
   imported lazily) over the forward values the backward reaches chooses what to
   save. Saving a value costs its bytes, except the function's parameters (weights
@@ -49,13 +53,13 @@ from typing import Optional
 from ..analysis.liveness import type_bytes
 from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
-from ..ir.expr import Call, Expr, Function, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Expr, Function, If, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TensorType, TupleType
 from ..ops.norm import output_from_statistics
-from ..ops.registry import OpDef, Recompute
+from ..ops.registry import FusionKind, OpDef, Recompute
 from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
@@ -297,7 +301,8 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", t
     split = _Split(fn, name)
     origin: dict = {}
     if policy == "save_all":
-        saved = [n for n in split.forward_values() if id(n) in split.needed]
+        saved = _parameters_for_their_moves(split, [n for n in split.forward_values() if id(n) in split.needed],
+                                            fn.params[:-1])
     else:
         split, new, origin = _from_statistics(fn, split, name)
         saved = _min_cut(split, target, recompute_ns_per_byte, new)
@@ -321,6 +326,33 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", t
     fwd = Function(list(fn.params[:-1]), Tuple([split.out, Tuple([origin.get(id(n), n) for n in saved])]), fwd_ret)
     bwd = Function(res_vars + [new_ct], bwd_body, grads.checked_type)
     return fwd, bwd
+
+
+def _parameters_for_their_moves(split: _Split, saved: list, params) -> list:
+    """``saved`` (in program order) with each value that only moves data of ``params`` (``INJECTIVE`` ops of
+    ``Recompute.VIEW`` or ``CHEAP`` over parameters and constants) into memory of its own (one of them is not a
+    ``VIEW``) replaced by those parameters. Views of parameters (a transposed weight) stay saved: they hold no
+    memory of their own."""
+    forward = split.forward_values()
+    position = {id(n): i for i, n in enumerate(forward)}
+    param_ids = {id(p) for p in params}
+    moved: dict[int, Optional[tuple]] = {}  # id -> (the parameters a value only moves data of, copies?), or None
+    for n in forward:
+        if isinstance(n, Var):
+            moved[id(n)] = ((n,), False) if id(n) in param_ids else None
+        elif (isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.pattern == FusionKind.INJECTIVE
+              and n.op.recompute <= Recompute.CHEAP):
+            got = [moved.get(id(c)) for c in n.args if not isinstance(c, Constant)]
+            moved[id(n)] = None if any(g is None for g in got) else (
+                tuple(p for g in got for p in g[0]), n.op.recompute != Recompute.VIEW or any(g[1] for g in got))
+        else:
+            moved[id(n)] = None
+    out: dict[int, Expr] = {}
+    for n in saved:
+        m = moved[id(n)]
+        for r in m[0] if m is not None and m[1] else (n,):
+            out[id(r)] = r
+    return sorted(out.values(), key=lambda n: position[id(n)])
 
 
 def _check_options(policy: str, target: str, ns_per_byte: float) -> None:
