@@ -85,7 +85,6 @@ class TrainingProgram:
         params = prog.main.params
         names = [p.name_hint for p in params]
         self.wrt_index = [names.index(w) for w in wrt]
-        self.num_inputs = len(params)
         self.out_types = flatten_type(prog.main.body.checked_type) if not prog.single_output else [prog.main.body.checked_type]
         self.state_keys = [prog.state_key(n) for n in prog.params]
         position = {k: i for i, k in enumerate(self.state_keys)}

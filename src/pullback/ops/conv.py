@@ -688,15 +688,6 @@ def _conv2d_transpose_prepared(x_shape: tuple, w_shape: tuple, attrs):
     return cropped
 
 
-def conv2d_transpose_torch_maker(call: Call):
-    """The torch target's kernel of a ``nn.conv2d_transpose`` call of static shapes, or None."""
-    shapes = _static_shapes(call)
-    if shapes is None:
-        return None
-    run = _conv2d_transpose_prepared(shapes[0], shapes[1], call.attrs)
-    return lambda x, w, attrs=None: run(x, w)
-
-
 def _conv2d_transpose_grad(call: Call, g: Expr):
     x, w = call.args
     kw = _conv_kw(call.attrs)
@@ -805,13 +796,22 @@ def _backward_weight_prepared(gy_shape: tuple, x_shape: tuple, attrs):
     return aten
 
 
-def conv2d_backward_weight_torch_maker(call: Call):
-    """The torch target's kernel of a ``nn.conv2d_backward_weight`` call of static shapes, or None."""
-    shapes = _static_shapes(call)
-    if shapes is None:
-        return None
-    run = _backward_weight_prepared(shapes[0], shapes[1], call.attrs)
-    return lambda gy, x, attrs=None: run(gy, x)
+def _prepared_maker(prepared):
+    """The torch target's kernel maker (``runtime.torch_kernels.MAKERS``) of an op of two rank-4 operands whose
+    kernel ``prepared(shape_0, shape_1, attrs)`` returns for static shapes: None where the shapes are not."""
+
+    def make(call: Call):
+        shapes = _static_shapes(call)
+        if shapes is None:
+            return None
+        run = prepared(shapes[0], shapes[1], call.attrs)
+        return lambda a, b, attrs=None: run(a, b)
+
+    return make
+
+
+conv2d_transpose_torch_maker = _prepared_maker(_conv2d_transpose_prepared)
+conv2d_backward_weight_torch_maker = _prepared_maker(_backward_weight_prepared)
 
 
 def _backward_weight_numpy(gy, x, attrs):

@@ -175,23 +175,16 @@ def check_range(op: str, idx, lo: int, hi: int, where: str) -> int:
     pass on torch: a caller wrapping negative indices skips that when there are none), else ``lo``."""
     if not math.prod(idx.shape):
         return lo
-    least = lo
-    if isinstance(idx, np.ndarray):
-        least, most = idx.min(), idx.max()
-        fine = lo <= least and most < hi
-    elif hasattr(idx, "aminmax") and not is_traced(idx):  # torch
-        least, most = map(int, idx.aminmax())
-        fine = lo <= least and most < hi
-    else:  # jax (a constant's comparison inside jax.jit is staged out too: a tracer)
-        bad = (idx < lo) | (idx >= hi)
-        if is_traced(bad):
-            check(bad, f"{op}: index out of range {where}")
-            return lo
-        fine = not bool(bad.any())
-    if not fine:
-        bad = (idx < lo) | (idx >= hi)
+    if isinstance(idx, np.ndarray) or hasattr(idx, "aminmax") and not is_traced(idx):  # NumPy, torch
+        least, most = (int(idx.min()), int(idx.max())) if isinstance(idx, np.ndarray) else map(int, idx.aminmax())
+        if lo <= least and most < hi:
+            return least
+    bad = (idx < lo) | (idx >= hi)
+    if is_traced(bad):  # also a constant's comparison inside jax.jit (staged out: a tracer)
+        check(bad, f"{op}: index out of range {where}")
+    elif bool(bad.any()):
         raise ExecutionError(f"{op}: index {int(idx[bad].reshape(-1)[0])} out of range {where}")
-    return least
+    return lo
 
 
 def check_divisor(xp, op: str, b) -> None:
