@@ -423,6 +423,48 @@ def test_a_convolution_keeps_the_channels_last_layout_its_data_arrives_in():
     assert C.conv_layout(gy, w, out_numel=x.numel()) is C.channels_last and C.conv_layout(gy, w) is C.nchw
 
 
+def _backward_layouts():
+    """A ``TorchDispatchMode`` listing, per ``convolution_backward`` called inside it, whether its output gradient
+    is channels-last (``.seen``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Layouts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "convolution_backward":
+                self.seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+            return func(*args, **(kwargs or {}))
+
+    return Layouts()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_weight_gradient_runs_in_the_layout_its_data_arrives_in(static):
+    """Where the layout rule leaves the choice to the data (it outweighs the weight, but not 4x), a weight gradient
+    of channels-last data converts the output gradient to channels-last too (one layout for ATen, as the data's),
+    in the generic kernel and in the one prepared for static shapes alike; the result is autograd's."""
+    torch = pytest.importorskip("torch")
+    from pullback.ops import get_op
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn((2, 16, 8, 8), generator=g, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    w = torch.randn((16, 16, 2, 2), generator=g, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn((2, 16, 7, 7), generator=g, dtype=torch.float64)
+    assert C._layout_rule(tuple(x.shape), w.numel(), 1, gy.numel()) is None
+    torch.nn.functional.conv2d(x, w).backward(gy)
+    wa = C.Conv2DBackwardWeightAttrs(kernel_size=(2, 2))
+    kernel = C._backward_weight_prepared(tuple(gy.shape), tuple(x.shape), wa) if static else \
+        get_op("nn.conv2d_backward_weight").impl("torch")
+    with _backward_layouts() as layouts:
+        gw = kernel(gy, x) if static else kernel(gy, x, wa)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-12, atol=1e-12)
+    assert layouts.seen == [True]
+
+
 @pytest.mark.parametrize("n,hw,k,pad", [(2, (2, 2), (7, 7), (3, 3, 3, 3)), (1, (4, 4), (3, 3), (0, 1, 1, 0))])
 def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad):
     """A depthwise convolution (groups = channels; ConvNeXt's 7x7, MobileNet's 3x3) runs channels-last on the
@@ -439,22 +481,10 @@ def test_depthwise_convolutions_run_channels_last_on_torch(n, hw, k, pad):
     want = torch.nn.functional.conv2d(torch.nn.functional.pad(xr, (pad[1], pad[3], pad[0], pad[2])), wr, None, 1, 0, 1, c)
     gy = torch.randn(want.shape, generator=g, dtype=torch.float64)
     want.backward(gy)
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Layouts(TorchDispatchMode):  # the layout of each convolution_backward's output gradient
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ == "convolution_backward":
-                self.seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
-            return func(*args, **(kwargs or {}))
-
     a = C.Conv2DAttrs(padding=pad, groups=c)
     torch.testing.assert_close(get_op("nn.conv2d").impl("torch")(x, w, a), want.detach(), rtol=1e-12, atol=1e-12)
     wa = C.Conv2DBackwardWeightAttrs(kernel_size=k, padding=pad, groups=c)
-    with Layouts() as layouts:
+    with _backward_layouts() as layouts:
         gw = get_op("nn.conv2d_backward_weight").impl("torch")(gy, x, wa)
     torch.testing.assert_close(gw, wr.grad, rtol=1e-12, atol=1e-12)
     assert layouts.seen == [True]

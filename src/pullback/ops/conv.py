@@ -182,8 +182,7 @@ def conv_layout(x, weight_numel: int, groups: int = 1, out_numel: int = 0):
     gradient: DenseNet's backward, whose NCHW result met a channels-last activation). The data's size is the
     larger of the input's and the result's (``out_numel``), so a layer's data gradient runs in its forward's
     layout: a 3x3 convolution from 128 channels to 32 weighs its 128-channel side, both ways."""
-    rule = _layout_rule(tuple(x.shape), weight_numel, groups, out_numel)
-    return rule if rule is not None else channels_last if x.stride(1) == 1 else nchw
+    return _layout_of(tuple(x.shape), weight_numel, groups, out_numel)(x)
 
 
 def _layout_rule(shape: tuple, weight_numel: int, groups: int, out_numel: int):
@@ -202,9 +201,12 @@ def _layout_rule(shape: tuple, weight_numel: int, groups: int, out_numel: int):
 
 
 def _layout_of(shape: tuple, weight_numel: int, groups: int, out_numel: int):
-    """``conv_layout`` decided once for data of ``shape``: ``fn(x)``, ``x`` in the layout to convolve it in."""
+    """``conv_layout`` decided once for data of ``shape``: ``fn(x)``, the layout (``channels_last`` or ``nchw``)
+    for the data ``x`` and the tensors convolved with it."""
     rule = _layout_rule(tuple(shape), weight_numel, groups, out_numel)
-    return rule if rule is not None else lambda x: channels_last(x) if x.stride(1) == 1 else nchw(x)
+    if rule is not None:
+        return lambda x: rule
+    return lambda x: channels_last if x.stride(1) == 1 else nchw
 
 
 def nchw(x):
@@ -455,8 +457,8 @@ def _conv2d_prepared(x_shape: tuple, w_shape: tuple, attrs):
         pre, pad = _padder(attrs.padding)
         strides, dilation, groups, conv = attrs.strides, attrs.dilation, attrs.groups, F.conv2d
         if pre is None:
-            return lambda x, w, b: conv(order(x), w, b, strides, pad, dilation, groups)
-        return lambda x, w, b: conv(pre(order(x)), w, b, strides, pad, dilation, groups)
+            return lambda x, w, b: conv(order(x)(x), w, b, strides, pad, dilation, groups)
+        return lambda x, w, b: conv(pre(order(x)(x)), w, b, strides, pad, dilation, groups)
 
     def gemm(x, w, b):
         rows = rows_of(x, w)
@@ -679,10 +681,10 @@ def _conv2d_transpose_prepared(x_shape: tuple, w_shape: tuple, attrs):
     order = _layout_of(x_shape, math.prod(w_shape), g, x_shape[0] * w_shape[1] * g * out[0] * out[1])
     strides, output_padding, dilation, conv = attrs.strides, attrs.output_padding, attrs.dilation, F.conv_transpose2d
     if top == bottom and left == right:
-        return lambda x, w: conv(order(x), w, None, strides, (top, left), output_padding, g, dilation)
+        return lambda x, w: conv(order(x)(x), w, None, strides, (top, left), output_padding, g, dilation)
 
     def cropped(x, w):
-        y = conv(order(x), w, None, strides, 0, output_padding, g, dilation)
+        y = conv(order(x)(x), w, None, strides, 0, output_padding, g, dilation)
         return y[:, :, top: y.shape[2] - bottom, left: y.shape[3] - right]
 
     return cropped
@@ -787,10 +789,11 @@ def _backward_weight_prepared(gy_shape: tuple, x_shape: tuple, attrs):
     args = (None, list(attrs.strides), list(pad), list(attrs.dilation), False, [0, 0], attrs.groups, [False, True, False])
 
     def aten(gy, x):
-        x = order(x)
+        layout = order(x)  # the data's, for the output gradient too
+        x = layout(x)
         if pre is not None:
             x = pre(x)
-        gw = backward(order(gy), x, gy.new_empty(1).expand(w_shape), *args)[1]
+        gw = backward(layout(gy), x, gy.new_empty(1).expand(w_shape), *args)[1]
         return gw.contiguous()  # the parameter's own layout (autograd would copy it otherwise)
 
     return aten

@@ -306,9 +306,10 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", t
     split = _Split(fn, name)
     origin: dict = {}
     if policy == "save_all":
-        saved = [n for n in split.forward_values() if id(n) in split.needed]
+        forward = split.forward_values()
+        saved = [n for n in forward if id(n) in split.needed]
         if REBUILDS_PARAMETER_COPIES[target]:
-            saved = _parameters_for_their_moves(split, saved, fn.params[:-1])
+            saved = _parameters_for_their_moves(forward, saved, fn.params[:-1])
     else:
         split, new, origin = _from_statistics(fn, split, name)
         saved = _min_cut(split, target, recompute_ns_per_byte, new)
@@ -334,12 +335,11 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", t
     return fwd, bwd
 
 
-def _parameters_for_their_moves(split: _Split, saved: list, params) -> list:
-    """``saved`` (in program order) with each value that only moves data of ``params`` (``INJECTIVE`` ops of
+def _parameters_for_their_moves(forward: list, saved: list, params) -> list:
+    """``saved`` (the ``forward`` values, in program order, the backward reads) with each value that only moves data of ``params`` (``INJECTIVE`` ops of
     ``Recompute.VIEW`` or ``CHEAP`` over parameters and constants) into memory of its own (one of them is not a
     ``VIEW``) replaced by those parameters. Views of parameters (a transposed weight) stay saved: they hold no
     memory of their own."""
-    forward = split.forward_values()
     position = {id(n): i for i, n in enumerate(forward)}
     param_ids = {id(p) for p in params}
     moved: dict[int, Optional[tuple]] = {}  # id -> (the parameters a value only moves data of, copies?), or None
