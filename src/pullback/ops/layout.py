@@ -16,7 +16,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr
 from ..ir.types import ALL_DTYPES, Any, TensorType, check_dtype, is_complex, is_inexact
 from .common import check_shape_attr, normalize_axis, numel, tensor_arg
-from .kernels import dtype, dtype_name, is_complex_array, sum_of
+from .kernels import dtype, dtype_name, is_complex_array, reduced_view, sum_of
 from .registry import FusionKind, Recompute, defop, seq_of_int, type_error, zero_flops
 
 
@@ -247,6 +247,9 @@ def collapse_sum(xp, x, shape: tuple):
         return x
     lead = len(have) - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
+    merged = reduced_view(x, axes) if axes else None
+    if merged is not None:  # a bias gradient: (B, L, C) -> (C,) as (B * L, C) -> (C,)
+        return xp.reshape(sum_of(xp, xp.reshape(x, merged[0]), merged[1], False), shape)
     out = sum_of(xp, x, axes, True) if axes else x
     return xp.reshape(out, shape)
 

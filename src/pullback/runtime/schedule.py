@@ -65,6 +65,11 @@ def _bytes(t, memo: dict) -> Optional[int]:
     return memo[id(t)]
 
 
+# the most readers of one value run together to let it go: a linear layer's output gradient is read last by its
+# weight gradient's reshape and its bias gradient's sum
+MAX_LAST_READERS = 2
+
+
 def memory_order(order: list, body: Expr) -> list:
     """``order`` (a post-order of ``body``, without ``If``) with last readers hoisted (module docstring)."""
     users: dict = {}
@@ -100,15 +105,16 @@ def memory_order(order: list, body: Expr) -> list:
             args = dict.fromkeys(operands(m))
             for a in args:
                 remaining[a] -= 1
-            for a in (m, *args):  # each value whose one reader left may now run (operands first: popped last in)
-                if remaining.get(a) != 1 or a is body:
+            for a in (m, *args):  # each value whose last readers may now run (operands first: popped last in)
+                left = remaining.get(a)
+                if not left or left > MAX_LAST_READERS or a is body:
                     continue
-                last = next(u for u in users[a] if u not in done)
-                if waiting[last] or last is body:
+                last = [u for u in users[a] if u not in done]
+                if any(waiting[u] or u is body for u in last):
                     continue
-                have, need = nbytes(a), nbytes(last)
-                if have is not None and need is not None and need <= have:
-                    stack.append(last)
+                have, need = nbytes(a), [nbytes(u) for u in last]
+                if have is not None and None not in need and sum(need) <= have + have // 8:
+                    stack.extend(reversed(last))
     return out
 
 

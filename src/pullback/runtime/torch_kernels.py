@@ -27,6 +27,7 @@ from ..ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ..ops import onednn
 from ..ops.conv import conv2d_backward_weight_torch_maker, conv2d_torch_maker, conv2d_transpose_torch_maker
 from ..ops.common import broadcast_shapes
+from ..ops.kernels import merged_axes
 from ..ops.nn import dense_in_memory_order, linear_rows
 
 torch = None  # set by _load()
@@ -179,8 +180,27 @@ def _sum(call: Call):
     axes = _reduce_axes(call)
     if axes is None:
         return None
-    keep, f = call.attrs.keepdims, torch.sum
-    return lambda x, attrs=None: f(x, axes, keep)
+    return _summing(call.args[0].checked_type, axes, call.attrs.keepdims, call.checked_type)
+
+
+def _summing(xt: TensorType, axes: tuple, keep: bool, out: TensorType, reshape: bool = False):
+    """``torch.sum(x, axes, keep)`` (then reshaped to ``out``'s shape if ``reshape``); a contiguous ``x`` of a
+    static shape that ``merged_axes`` merges: summed as that view."""
+    f = torch.sum
+    merged = merged_axes(tuple(xt.shape), axes) if _static(xt) else None
+    if merged is None:
+        if reshape:
+            shape = tuple(out.shape)
+            return lambda x, attrs=None: f(x, axes, keep).reshape(shape)
+        return lambda x, attrs=None: f(x, axes, keep)
+    (view, merged_at), shape = merged, tuple(out.shape)
+
+    def run(x, attrs=None):
+        if x.is_contiguous():
+            return f(x.view(view), merged_at).view(shape)
+        return f(x, axes, keep).reshape(shape)
+
+    return run
 
 
 def _mean(call: Call):
@@ -209,8 +229,7 @@ def _collapse_sum_to(call: Call):
     shape, have = tuple(out.shape), tuple(x.shape)
     lead = len(have) - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
-    f = torch.sum
-    return lambda x, attrs=None: f(x, axes, True).reshape(shape)
+    return _summing(x, axes, True, out, reshape=True)
 
 
 def _to_static_shape(method: str):
