@@ -184,3 +184,34 @@ def test_a_numba_that_does_not_import_warns_once_and_numpy_kernels_run(tmp_path)
             "np.testing.assert_allclose(y, o.kernel(np, x.astype(np.float64), o.make_attrs()), rtol=1e-5, atol=1e-6)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_an_embedding_gradient_adds_rows_as_np_add_at_does(axis, monkeypatch):
+    """``index_add`` with repeated (and negative) indices on the numpy target: one compiled loop, bit for bit
+    ``np.add.at``'s sums (the same additions in the same order), the kernel's own result with numba off; an index
+    out of range is the op's error, nothing added."""
+    import pullback as pb
+    from pullback import Function, op, var
+
+    shape, n = ((64, 512), 1024) if axis == 0 else ((4, 64, 128), 96)
+    idx = RNG.integers(-shape[axis], shape[axis], n)
+    upd_shape = shape[:axis] + (n,) + shape[axis + 1:]
+    x, i, u = var("x", shape=shape), var("i", shape=(n,), dtype="int64"), var("u", shape=upd_shape)
+    f = Function([x, i, u], op.index_add(x, i, u, axis=axis, mode="fast"))
+    xs, us = RNG.standard_normal(shape).astype(np.float32), RNG.standard_normal(upd_shape).astype(np.float32)
+    want = xs.copy()
+    np.add.at(want, (slice(None),) * axis + (np.where(idx < 0, idx + shape[axis], idx),), us)
+    calls = []
+    loop = NK._compiled("add_rows")
+    monkeypatch.setattr(NK, "_compiled", lambda name: (lambda *a: calls.append(name) or loop(*a)) if name == "add_rows" else None)
+    got = pb.build(f)["main"](xs, idx, us)
+    assert calls == ["add_rows"]
+    np.testing.assert_array_equal(got, want)
+    bad = idx.copy()
+    bad[5] = shape[axis]
+    with pytest.raises(pb.ExecutionError, match=f"index {shape[axis]} out of range"):
+        pb.build(f)["main"](xs, bad, us)
+    monkeypatch.setattr(NK, "_compiled", lambda name: None)  # numba off: the NumPy kernel, the same numbers
+    np.testing.assert_array_equal(pb.build(f)["main"](xs, idx, us), want)
+    assert calls == ["add_rows"]

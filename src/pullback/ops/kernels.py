@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.errors import ExecutionError
 from ..ir.types import HALF_DTYPES
+from . import numba_kernels
 
 
 def as_array(value):
@@ -269,6 +270,9 @@ def add_at(x, index: tuple, value, sequential: bool = False):
             return x.index_add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
         return x.index_put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
     out = x.copy()
+    axis = _lone_axis(index)
+    if axis is not None and numba_kernels.add_rows(out, axis, np.asarray(index[axis]), np.asarray(value)):
+        return out
     if _distinct_along_one_axis(x, index):  # a plain ``+=`` (np.add.at: 15.7 -> ~1.5 ms on Swin's roll gradients)
         out[index] += value
     else:

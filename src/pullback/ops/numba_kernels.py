@@ -85,6 +85,23 @@ def layer_norm_grad(g2: np.ndarray, x2: np.ndarray, gamma, a, mean=None, rstd=No
             dbeta.astype(gamma.dtype) if a.center else np.zeros_like(gamma))
 
 
+def add_rows(out: np.ndarray, axis: int, idx: np.ndarray, value: np.ndarray) -> bool:
+    """``np.add.at(out, (slice(None),) * axis + (idx,), value)`` in place for a C-contiguous float32 ``out``, a 1-D
+    integer ``idx`` and ``value`` of the indexed shape, in one compiled loop (GPT-2's token-embedding gradient,
+    1,024 rows of 256: 1.6 -> 0.06 ms), the same additions in the same order; False (nothing done) when it does
+    not apply or an index is out of range (``np.add.at`` then says which)."""
+    if value.size < MIN_SIZE or out.dtype != np.float32 or value.dtype != np.float32 or not out.flags.c_contiguous:
+        return False
+    if idx.ndim != 1 or idx.dtype.kind not in "iu" or value.shape != out.shape[:axis] + idx.shape + out.shape[axis + 1:]:
+        return False
+    kernel = _compiled("add_rows")
+    if kernel is None:
+        return False
+    before, after = int(np.prod(out.shape[:axis])), int(np.prod(out.shape[axis + 1:]))
+    rows = np.ascontiguousarray(value).reshape(before, idx.size, after)
+    return kernel(out.reshape(before, out.shape[axis], after), idx.astype(np.int64, copy=False), rows) < 0
+
+
 def _kernel(name: str, *arrays: np.ndarray) -> Optional[Callable]:
     """The compiled loop ``name`` for float32 ``arrays`` of one shape and at least ``MIN_SIZE`` elements, else None."""
     first = arrays[0]
@@ -124,4 +141,4 @@ def _loops():
     return numba_loops
 
 
-__all__ = ["enabled", "gelu", "gelu_grad", "rows", "layer_norm", "layer_norm_grad"]
+__all__ = ["enabled", "add_rows", "gelu", "gelu_grad", "rows", "layer_norm", "layer_norm_grad"]

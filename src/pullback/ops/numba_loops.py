@@ -217,7 +217,27 @@ def layer_norm_grad_saved_rows(g, x, gamma, mean, rstd, scale, dx, dgamma, dbeta
         layer_norm_grad_row(g, x, gamma, i, mean[i], rstd[i], scale, dx, dgamma, dbeta)
 
 
-KERNELS = {"gelu/none": gelu_erf, "gelu/tanh": gelu_tanh, "gelu_grad/none": gelu_grad_erf, "gelu_grad/tanh": gelu_grad_tanh,
+# exact IEEE additions in the order written (no fastmath): the sums of np.add.at, bit for bit
+ordered = numba.njit(nogil=True, cache=True)
+
+
+@ordered
+def add_rows(out, idx, u):
+    """``out[a, idx[i], b] += u[a, i, b]`` for each ``i`` in order, as ``np.add.at`` adds; a negative index counts
+    from the end. Returns -1, or (nothing added) the first ``i`` whose index is out of range."""
+    n = out.shape[1]
+    for i in range(idx.shape[0]):
+        if idx[i] < -n or idx[i] >= n:
+            return i
+    for i in range(idx.shape[0]):
+        r = idx[i] + n if idx[i] < 0 else idx[i]
+        for a in range(u.shape[0]):
+            for b in range(u.shape[2]):
+                out[a, r, b] += u[a, i, b]
+    return -1
+
+
+KERNELS = {"add_rows": add_rows, "gelu/none": gelu_erf, "gelu/tanh": gelu_tanh, "gelu_grad/none": gelu_grad_erf, "gelu_grad/tanh": gelu_grad_tanh,
            "softmax": softmax_rows, "log_softmax": log_softmax_rows, "softmax_grad": softmax_grad_rows,
            "log_softmax_grad": log_softmax_grad_rows, "layer_norm": layer_norm_rows, "layer_norm_grad": layer_norm_grad_rows,
            "layer_norm_grad_saved": layer_norm_grad_saved_rows}
