@@ -535,6 +535,9 @@ def test_batch_norm_gradient_in_mixed_memory_layouts_on_torch(g_last, x_last):
     ((2, 8, 5, 5), (5, 5), dict(padding=(2, 2, 2, 2), groups=8)),
     ((2, 8, 1, 1), (3, 3), dict(padding=(1, 1, 1, 1))),  # one tap: a GEMM
     ((2, 8, 3, 3), (3, 3), dict(padding=(0, 0, 0, 0))),  # a 1x1 output: im2col and a GEMM
+    ((2, 8, 2, 2), (7, 7), dict(padding=(3, 3, 3, 3), groups=8)),  # taps reading only padding: a 3x3 window
+    ((2, 8, 3, 1), (5, 5), dict(padding=(2, 2, 2, 2), strides=(2, 1))),  # a 5x1 window of a 3x1 plane
+    ((2, 8, 2, 2), (3, 3), dict(padding=(1, 0, 1, 2), strides=(2, 2))),  # asymmetric padding, a 1x1 output
 ])
 def test_convolutions_of_static_shapes_get_prepared_torch_kernels(shape, k, kw):
     """On the torch target a convolution of static shapes (and its bias, data and weight gradients) runs a kernel
@@ -568,3 +571,35 @@ def test_convolutions_of_static_shapes_get_prepared_torch_kernels(shape, k, kw):
     dynamic = pb.op.nn.conv2d(pb.var("x", shape=(pb.Any,) + shape[1:]), w, **kw)
     dynamic.checked_type  # noqa: B018
     assert fast_kernel(dynamic) is None
+
+
+def test_taps_that_read_only_padding_are_not_computed():
+    """ConvNeXt's 7x7 depthwise convolution of padding 3 on a 2x2 map meets the data through its centre 3x3 taps
+    alone: on the torch target it runs as that 3x3 convolution of padding 1 (forward, data gradient, weight
+    gradient zero off the window), with autograd's values (float64)."""
+    torch = pytest.importorskip("torch")
+    import pullback as pb
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Weights(TorchDispatchMode, list):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("convolution", "convolution_backward"):
+                self.append(tuple(args[2 if func.overloadpacket.__name__ == "convolution_backward" else 1].shape))
+            return func(*args, **(kwargs or {}))
+
+    kw = dict(padding=(3, 3, 3, 3), groups=16)
+    x, w, gy = (pb.var(n, shape=s, dtype="float64") for n, s in (("x", (4, 16, 2, 2)), ("w", (16, 1, 7, 7)), ("gy", (4, 16, 2, 2))))
+    calls = [pb.op.nn.conv2d(x, w, **kw), pb.op.nn.conv2d_transpose(gy, w, **kw),
+             pb.op.nn.conv2d_backward_weight(gy, x, kernel_size=(7, 7), **kw)]
+    gen = torch.Generator().manual_seed(0)
+    xs, ws, gys = (torch.randn(v.type_annotation.shape, generator=gen, dtype=torch.float64) for v in (x, w, gy))
+    xr, wr = xs.clone().requires_grad_(True), ws.clone().requires_grad_(True)
+    y = torch.nn.functional.conv2d(xr, wr, None, 1, 3, 1, 16)
+    y.backward(gys)
+    for call, want in zip(calls, (y.detach(), xr.grad, wr.grad)):
+        fn = pb.build(pb.Function(list(call.args), call), target="torch")["main"]
+        with Weights() as seen:
+            got = fn(*[{x: xs, w: ws, gy: gys}[a] for a in call.args])
+        assert seen and all(s[2:] == (3, 3) for s in seen), (call.op.name, seen)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not wr.grad[:, :, [0, 1, 5, 6]].any() and not wr.grad[:, :, :, [0, 1, 5, 6]].any()

@@ -21,7 +21,7 @@ conv2d_backward_weight -> (conv2d, conv2d_transpose).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -411,6 +411,35 @@ def single_tap(hw_in: tuple, hw_out: tuple, k: tuple, attrs) -> Optional[tuple]:
     return tuple(taps)
 
 
+def tap_window(hw_data: tuple, hw_out: tuple, k: tuple, attrs) -> Optional[tuple]:
+    """``((i, j), (kh, kw), attrs')`` where a convolution's outputs meet the data through a window of its kernel
+    taps alone (the others read only padding: ConvNeXt's 7x7 depthwise convolutions of padding 3 on a 2x2 map
+    use their centre 3x3), else None: the convolution equals the one with the kernel cropped to that window at
+    ``(i, j)`` and ``attrs'`` (the padding less the taps dropped, ``kernel_size`` the window's), its transposed
+    convolution likewise, and its weight gradient is zero off the window. ``hw_data``: the convolution's data
+    plane; ``hw_out``: its result's (for a transposed convolution: the reverse). Unit dilation only."""
+    if tuple(attrs.dilation) != (1, 1):
+        return None
+    start, size, pad = [], [], list(attrs.padding)
+    for i in range(2):
+        before, after = pad[i], pad[i + 2]
+        lo = max(0, before - (hw_out[i] - 1) * attrs.strides[i])  # taps below read padding for every output
+        hi = min(k[i] - 1, hw_data[i] - 1 + before)  # taps above likewise
+        if hi < lo or after < k[i] - 1 - hi:
+            return None
+        start.append(lo)
+        size.append(hi - lo + 1)
+        pad[i], pad[i + 2] = before - lo, after - (k[i] - 1 - hi)
+    if tuple(size) == tuple(k):
+        return None
+    kernel = None if attrs.kernel_size is None else tuple(size)
+    return tuple(start), tuple(size), replace(attrs, padding=tuple(pad), kernel_size=kernel)
+
+
+def _cropped(w, at: tuple, size: tuple):
+    return w[:, :, at[0]: at[0] + size[0], at[1]: at[1] + size[1]]
+
+
 # ATen's convolutions (oneDNN) are slow where the output plane is tiny: a ResNet's last stages on 32x32 images.
 # There a convolution producing at most SMALL_PLANE positions is im2col (ATen's ``unfold``) and one GEMM.
 # Measured (batch 16, 2 threads, ms, ATen -> unfold + GEMM): weight gradient of a 3x3/2 convolution 256 -> 512
@@ -441,6 +470,11 @@ def _conv2d_prepared(x_shape: tuple, w_shape: tuple, attrs):
     out = _conv_out_hw(attrs, x_shape[2:], w_shape[2:])
     tap = single_tap(x_shape[2:], out, w_shape[2:], attrs)
     o = w_shape[0]
+    window = None if tap is not None else tap_window(x_shape[2:], out, w_shape[2:], attrs)
+    if window is not None:
+        at, size, cropped = window
+        run = _conv2d_prepared(x_shape, tuple(w_shape[:2]) + size, cropped)
+        return lambda x, w, b: run(x, _cropped(w, at, size), b)
     if tap is not None:
         i, j = tap
 
@@ -664,6 +698,11 @@ def _conv2d_transpose_prepared(x_shape: tuple, w_shape: tuple, attrs):
     top, left, bottom, right = attrs.padding
     out = _convT_out_hw(attrs, x_shape[2:], w_shape[2:])
     tap = single_tap(x_shape[2:], out, w_shape[2:], attrs)
+    window = None if tap is not None or any(attrs.output_padding) else tap_window(out, x_shape[2:], w_shape[2:], attrs)
+    if window is not None:
+        at, size, cropped = window
+        run = _conv2d_transpose_prepared(x_shape, tuple(w_shape[:2]) + size, cropped)
+        return lambda x, w: run(x, _cropped(w, at, size))
     if tap is not None:
         i, j = tap
         return lambda x, w: rows_times_t(x.reshape(x.shape[:2]), w[:, :, i, j].T).reshape(x.shape[0], w.shape[1], 1, 1)
@@ -764,6 +803,17 @@ def _backward_weight_prepared(gy_shape: tuple, x_shape: tuple, attrs):
 
     w_shape = (gy_shape[1], x_shape[1] // attrs.groups) + tuple(attrs.kernel_size)
     tap = single_tap(x_shape[2:], gy_shape[2:], attrs.kernel_size, attrs)
+    window = None if tap is not None else tap_window(x_shape[2:], gy_shape[2:], attrs.kernel_size, attrs)
+    if window is not None:
+        at, size, cropped = window
+        run = _backward_weight_prepared(gy_shape, x_shape, cropped)
+
+        def on_window(gy, x):
+            gw = gy.new_zeros(w_shape)
+            _cropped(gw, at, size).copy_(run(gy, x))
+            return gw
+
+        return on_window
     if tap is not None:
         i, j = tap
 
