@@ -574,3 +574,25 @@ def torch_args_of(name: str):
             return func(*args, **(kwargs or {}))
 
     return Seen()
+
+
+@pytest.mark.parametrize("target", ["torch", "numpy"])
+def test_rows_met_across_their_features_are_one_gemm(target):
+    """``nn.dense`` of an NCHW tensor seen as NHWC rows (its features not innermost: EdgeNeXt's pointwise layers
+    in the backward) copies the rows once and runs one GEMM over them, as eager's ``addmm`` backward does, not a
+    batched matmul of one small GEMM per (n, h); the result is the float64 product's."""
+    from pullback.ops.nn import dense_in_memory_order
+
+    rng = np.random.default_rng(0)
+    x64, w64 = rng.standard_normal((16, 88, 4, 4)), rng.standard_normal((24, 88))
+    x, w = (torch.from_numpy(a.astype("float32")) for a in (x64, w64))
+    if target == "numpy":
+        x, w = x.numpy(), w.numpy()
+    rows = x.transpose(0, 2, 3, 1) if target == "numpy" else x.permute(0, 2, 3, 1)
+    with aten_calls() as calls:
+        got = dense_in_memory_order(rows, w)
+    if target == "torch":
+        assert "bmm" not in calls.names and calls.names.count("mm") == 1, calls.names
+    want = x64.transpose(0, 2, 3, 1) @ w64.T
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+    assert got.shape == (16, 4, 4, 24)

@@ -361,12 +361,19 @@ def dense_in_memory_order(x, w, attrs=None):
     matmul of a (B, M, K) array runs B smaller GEMMs (NumPy: 20-30% slower at the transformer's sizes; both
     NumPy and ATen 3-5x slower on a sequence-first view (S, B, K) of batch-first data, as attention's
     in-projection reads it). When x's leading dims, taken in memory order, collapse without a copy, the GEMM
-    runs on them and the result is a view in x's axis order; otherwise the batched matmul."""
+    runs on them and the result is a view in x's axis order. Otherwise, when the features are not x's innermost
+    axis (an NCHW gradient met as NHWC rows, EdgeNeXt's pointwise layers), the rows copied once and one GEMM, as
+    eager's ``addmm`` backward does (the batched matmul copies them too, then runs 64 GEMMs of 4 rows); else the
+    batched matmul."""
     if x.ndim <= 2:
         return x @ w.T
     strides = x.strides if isinstance(x, np.ndarray) else x.stride()
     lead = sorted(range(x.ndim - 1), key=lambda i: -strides[i])  # the leading axes, outermost in memory first
     if any(strides[lead[i]] != x.shape[lead[i + 1]] * strides[lead[i + 1]] for i in range(x.ndim - 2)):
+        unit = x.itemsize if isinstance(x, np.ndarray) else 1  # NumPy's strides count bytes
+        if x.shape[-1] > 1 and strides[-1] != unit:
+            rows = math.prod(x.shape[:-1])
+            return (x.reshape(rows, x.shape[-1]) @ w.T).reshape(tuple(x.shape[:-1]) + (w.shape[0],))
         return x @ w.T
     numpy = isinstance(x, np.ndarray)
     perm = lead + [x.ndim - 1]
