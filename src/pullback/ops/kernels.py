@@ -84,7 +84,7 @@ def merged_axes(shape: tuple, axes) -> Optional[tuple]:
     view with each run of adjacent reduced axes, and of adjacent kept ones, merged into one (size-1 axes dropped);
     None where that merges nothing or the array is small (``MERGE_MIN``). ATen sums (8, 197, 768) over (0, 1)
     into (1, 1, 768) in 247 us, its (1576, 768) view over 0 in 95 (a linear layer's bias gradient, as eager's
-    ``addmm`` backward sums it); NumPy 5-15% faster. Same sums, same bits (measured)."""
+    ``addmm`` backward sums it), with the same bits (measured); NumPy 5-15% faster."""
     if math.prod(shape) < MERGE_MIN:
         return None
     axes = {a % len(shape) for a in axes}

@@ -7,11 +7,14 @@ activation gradient made long before. Every one of those stays alive to the end 
 read back cold from memory. PyTorch's autograd runs each layer's weight gradient as soon as its activation
 gradient exists (both are one ``AddmmBackward`` node).
 
-``memory_order`` keeps the post-order but, whenever a node is run, runs at once the one remaining reader of
-each of its operands (and its own, when it has one) when that reader's other operands are ready and its result
-is no larger than the value it lets go. That is a topological order of the same nodes (any is correct), whose values die sooner. The
-reader may be several nodes deep through same-size nodes (a weight gradient reads ``transpose(reshape(g))``):
-each hoisted node makes its operand's last reader the next candidate.
+``memory_order`` keeps the post-order but, whenever a node is run, runs at once the remaining readers of
+each of its operands (and its own), one or two (``MAX_LAST_READERS``: a linear layer's output gradient is read
+last by its weight gradient's reshape and its bias's sum), when their other operands are ready and their
+results together are no larger than the value they let go (within an eighth: the bias). That is a topological
+order of the same nodes (any is correct), whose values die sooner. The reader may be several nodes deep through
+same-size nodes (a weight gradient reads ``transpose(reshape(g))``): each hoisted node makes its operand's last
+readers the next candidates. A weight gradient larger than the activation gradient it reads (a wide layer on few
+rows) stays where the post-order puts it: run early, it would hold its memory longer than the value it frees.
 """
 
 from __future__ import annotations
