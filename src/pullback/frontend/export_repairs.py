@@ -319,6 +319,22 @@ def unvalidated_arguments() -> Iterator[None]:
 
 
 @contextmanager
+def stack_traces_kept() -> Iterator[None]:
+    """While the block is open, a retrace (``run_decompositions``) records no stack traces of its own: each node
+    keeps the one torch.export recorded for the node it decomposes (its meta is carried over), the same strings
+    (compared node by node on ResNet-18), and symbolising the retrace's frames took 10-25% of it (DenseNet-121
+    2.9 -> 2.5 s, a Llama block 0.5 -> 0.4 s)."""
+    import torch.fx.config as fx_config
+
+    before = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = before
+
+
+@contextmanager
 def random_draws_kept(ops) -> Iterator[None]:
     """While the block is open, FX's dead-code elimination keeps calls of the random operators ``ops`` (those of
     PyTorch's ``nondeterministic_seeded`` operators that the importer converts) even when their results are
@@ -654,4 +670,5 @@ def autocast_casts_kept(ep) -> None:
             gm.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing"]
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
+           "stack_traces_kept"]

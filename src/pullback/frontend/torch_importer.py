@@ -262,7 +262,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         if not decompose:
             return ep
         with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
-                export_repairs.composite_overrides_narrowed(ep):
+                export_repairs.composite_overrides_narrowed(ep), export_repairs.stack_traces_kept():
             return ep.run_decompositions(decomposition_table())
 
 
