@@ -9,6 +9,7 @@ import pytest
 import pullback
 from pullback import Any, Function, op, var
 from pullback.analysis import infer_expr
+from pullback.ir.traversal import post_order
 from pullback.ir.errors import AttrError, PullbackError, TypeInferenceError
 from pullback.ops import FusionKind, get_op
 from pullback.testing import check_grad, check_second_order
@@ -360,3 +361,32 @@ def test_fuse_ops_keeps_fused_gradients_whole_and_the_result_unchanged():
     args = _inputs(fn)
     for a, b in zip(pullback.build(mod)["main_grad"](*args)[1], pullback.build(fused)["main_grad"](*args)[1]):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("learnt", [True, False])
+def test_a_learnt_attention_bias_takes_every_gradient_from_the_scores_cotangent(learnt):
+    """Where AD wants an attention bias's gradient (a learnt relative-position bias: Swin, LeViT), the queries', keys'
+    and values' gradients come from the same scores' cotangent (no ``nn.attention_grad``, which would recompute the
+    probabilities and ``g v^T`` again); where it does not (a fixed mask), flash attention's backward stays. Both
+    give autograd's gradients in float64, with two query heads sharing a key head."""
+    torch = pytest.importorskip("torch")
+    from pullback.transform import FirstOrderGradient, standard_cleanup
+
+    shapes = {"q": (2, 4, 5, 3), "k": (2, 2, 6, 3), "v": (2, 2, 6, 3), "b": (1, 4, 5, 6)}
+    pb = pullback
+    vs = {n: pb.var(n, shape=s, dtype="float64") for n, s in shapes.items()}
+    out = pb.op.nn.attention(vs["q"], vs["k"], vs["v"], vs["b"], scale=0.4)
+    f = pb.Function(list(vs.values()), pb.op.sum(pb.op.multiply(pb.TupleGetItem(out, 0), pb.TupleGetItem(out, 0))))
+    wrt = ["q", "k", "v", "b"] if learnt else ["q", "k", "v"]
+    mod = standard_cleanup()(FirstOrderGradient(wrt=wrt)(pb.IRModule.from_expr(f)))
+    names = {n.op.name for n in post_order(mod["main_grad"].body) if isinstance(n, pb.Call) and hasattr(n.op, "name")}
+    assert ("nn.attention_grad" in names) is not learnt, names
+    rng = np.random.default_rng(3)
+    xs = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    ts = {n: torch.tensor(x, requires_grad=n in wrt) for n, x in xs.items()}
+    y = torch.nn.functional.scaled_dot_product_attention(ts["q"], ts["k"], ts["v"], attn_mask=ts["b"], scale=0.4,
+                                                         enable_gqa=True)
+    (y * y).sum().backward()
+    _, grads = pb.build(mod)["main_grad"](*xs.values())
+    for n, g in zip(wrt, grads):
+        np.testing.assert_allclose(g, ts[n].grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=n)

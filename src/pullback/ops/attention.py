@@ -207,10 +207,13 @@ class _Heads:
         return E.subtract(self.mm(g3, v3, tb=True), self.row_sum(E.multiply(g3, o3)))
 
 
-def _grad(call: Call, g: Expr):
+def _grad(call: Call, g: Expr, wanted: Optional[tuple] = None):
     """``nn.attention_grad`` for the output's cotangent, and a bias's as the scores' cotangent ``dS`` summed to
     its shape; a log-sum-exp cotangent (second derivatives only) adds ``dS = P * g_lse``, ``dq = dS k scale``,
-    ``dk = dS^T q scale``."""
+    ``dk = dS^T q scale``. Where AD wants the bias's gradient (``wanted``: a learnt bias, Swin's and LeViT's
+    relative positions), ``dS`` gives the others too, ``dq = dS k scale``, ``dk = dS^T q scale``, ``dv = P^T g``
+    (eager's math backward): flash attention's backward would recompute ``P`` and ``g v^T`` a second time (Swin-T's
+    step spent 16 ms in flash attention and 20 more batched GEMMs for the bias)."""
     q, k, v = call.args[:3]
     bias = call.args[3] if len(call.args) == 4 else None
     a = call.attrs
@@ -218,7 +221,12 @@ def _grad(call: Call, g: Expr):
     go, glse = nonzero(field(g, 0)), nonzero(field(g, 1))
     grads = [None] * len(call.args)
     h = _Heads(q, k, lse, a, bias) if glse is not None or bias is not None else None
-    if go is not None:
+    if go is not None and bias is not None and wanted is not None and wanted[3]:
+        g3 = h.rows(go)
+        ds = E.multiply(h.p, h.centred(g3, h.rows(h.shared(v)), h.rows(out)))
+        grads[:4] = [h.back(h.scaled(h.mm(ds, h.k)), q), h.back(h.scaled(h.mm(ds, h.q, ta=True)), k),
+                     h.back(h.mm(h.p, g3, ta=True), v), h.to_bias(ds, bias)]
+    elif go is not None:
         d = attention_grad(go, q, k, v, out, lse, *call.args[3:], scale=a.scale, is_causal=a.is_causal)
         grads[:3] = [TupleGetItem(d, i) for i in range(3)]
         if bias is not None:
@@ -327,7 +335,7 @@ def _flops(arg_types, out_type, attrs):
 
 
 attention = defop("nn.attention", 3, _infer, optional_inputs=1, kernel=_kernel, impls={"numpy": numpy_quiet(_kernel), "torch": _torch},
-                  attrs_type=AttentionAttrs, grad=_grad, flops=_flops, dtypes=FLOAT_DTYPES,
+                  attrs_type=AttentionAttrs, grad=_grad, grad_sees_wanted=True, flops=_flops, dtypes=FLOAT_DTYPES,
                   example_attrs={"scale": 0.35}, torch_name="_scaled_dot_product_flash_attention_for_cpu",
                   doc="``(softmax(q k^T * scale + bias) v, logsumexp)`` over (B, H, L, E) q and (B, Hkv, S, E) k, v (Hkv "
                       "dividing H: grouped-query attention), an "

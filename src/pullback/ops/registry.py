@@ -158,6 +158,7 @@ class OpDef(Op):
         example_attrs: Optional[dict] = None,
         attrs_type: Optional[type] = None,
         grad: Optional[GradFn] = None,
+        grad_sees_wanted: bool = False,
         differentiable: bool = True,
         nondiff_reason: str = "",
         pattern: FusionKind = FusionKind.OPAQUE,
@@ -185,6 +186,8 @@ class OpDef(Op):
         self._impl_cache: dict[str, ComputeFn] = {}
         self.attrs_type = attrs_type
         self.grad = grad
+        # the rule takes ``wanted=`` (one bool per argument: does AD want its gradient) and may choose by it
+        self.grad_sees_wanted = grad_sees_wanted
         self.differentiable = differentiable
         self.nondiff_reason = nondiff_reason
         self.pattern = FusionKind(pattern)

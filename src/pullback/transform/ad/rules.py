@@ -52,14 +52,17 @@ class OpRule:
         g = cts.get(())
         if g is None or type(call.checked_type) is not TensorType:
             g = sweep.zeros.instantiate(call, cts)
-        grads = op.grad(call, g)
+        active = sweep.active
+        if op.grad_sees_wanted:
+            grads = op.grad(call, g, wanted=tuple(arg in active for arg in call.args))
+        else:
+            grads = op.grad(call, g)
         if len(grads) != len(call.args):
             raise PullbackError(
                 f"the gradient rule of {op.name} returned {len(grads)} gradients for {len(call.args)} arguments "
                 f"{binding(sweep.fn_name, sweep.fn, call)}"
             )
         out = []
-        active = sweep.active
         for i, (arg, d) in enumerate(zip(call.args, grads)):
             if d is None or arg not in active:
                 continue
