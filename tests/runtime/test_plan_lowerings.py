@@ -4,7 +4,9 @@
   reshape reads reshapes that earlier result instead;
 - a dense whose one use adds a bias vector runs as ``nn.linear``, a convolution whose one use adds a bias per
   channel as ``nn.conv2d_bias`` (``fuse_bias_adds``);
-- ``stop_gradient(x)`` is read as ``x`` (``drop_stop_gradients``)."""
+- ``stop_gradient(x)`` is read as ``x`` (``drop_stop_gradients``);
+- a dense of transposed matrices (a weight gradient's ``dense(g^T, x^T)``) is the matmul ``g^T x``
+  (``fold_gemm_transposes``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import pullback as pb
 from pullback import Function, IRModule, Tuple, op, var
 from pullback.ir.traversal import post_order
-from pullback.runtime.plan import drop_stop_gradients, fuse_bias_adds, share_reshape_sources
+from pullback.runtime.plan import drop_stop_gradients, fold_gemm_transposes, fuse_bias_adds, share_reshape_sources
 
 TARGETS = ["numpy", "torch", "jax"]
 
@@ -294,3 +296,26 @@ def test_results_with_stop_gradients_dropped_are_those_written(target):
     np.testing.assert_allclose(e, np.exp(xv.mean(0)), rtol=1e-6)
     np.testing.assert_allclose(y, (xv - xv.mean(0)) * wv, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(w, wv)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("both", [True, False])
+def test_a_dense_of_transposed_matrices_is_one_matmul(target, both):
+    """``dense(transpose(g), transpose(x))`` (a weight gradient) runs as ``matmul(g, x, transpose_a=True)``, no
+    transpose left; ``dense(transpose(g), w)`` as ``matmul(g, w, transpose_a=True, transpose_b=True)``; the
+    results are the body's as written; a dense of untransposed data is left as it is."""
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "jax": "jax"}[target])
+    g, x, w = var("g", shape=(12, 4)), var("x", shape=(12, 5)), var("w", shape=(5, 12))
+    f = Function([g, x, w], op.nn.dense(op.transpose(g, (1, 0)), op.transpose(x, (1, 0)) if both else w))
+    body = fold_gemm_transposes(*_typed(f))
+    assert _ops(body) == ["nn.matmul"], _ops(body)
+    assert (body.attrs.transpose_a, body.attrs.transpose_b) == (True, not both)
+    assert body.args[0] is g and body.args[1] is (x if both else w)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(v.type_annotation.shape).astype("float32") for v in (g, x, w)]
+    got = np.asarray(pb.build(f, target=target)["main"](*args))
+    want = args[0].T @ (args[1] if both else args[2].T)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    v = var("v", shape=(4, 7))
+    plain = Function([g, v], op.nn.dense(g, op.transpose(v, (1, 0))))
+    assert fold_gemm_transposes(*_typed(plain)) is plain.body

@@ -375,6 +375,41 @@ def share_reshape_sources(body: Expr, order: list) -> Expr:
     return _rewrite(body, lambda old, memo: Call(old.op, [memo[id(later[id(old)])]], old.attrs) if id(old) in later else None)
 
 
+def fold_gemm_transposes(body: Expr, order: list) -> Expr:
+    """``body`` (without ``If``; its nodes are ``order``) with each ``nn.dense`` of a transposed matrix
+    (``transpose(a, (1, 0))``: a weight gradient's ``dense(g^T, x^T)``) as the ``nn.matmul`` of the matrices with
+    its transpose flags, ``a^T b``: the same GEMM on the same memory, as eager's ``mm(g.t(), x)``, without two
+    kernel calls and F.linear's own transpose; ``body`` itself if none."""
+    found = {}
+    for n in order:
+        if type(n) is Call and getattr(n.op, "name", None) == "nn.dense" and n._checked_type is not None:
+            a, b = _matrix_of_transpose(n.args[0]), _matrix_of_transpose(n.args[1])
+            if a is not None:
+                found[id(n)] = (a, b if b is not None else n.args[1], b is None)
+    if not found:
+        return body
+    matmul = get_op("nn.matmul")
+
+    def fold(old: Expr, memo: dict) -> Optional[Expr]:
+        if id(old) not in found:
+            return None
+        a, b, tb = found[id(old)]
+        new = Call(matmul, [memo.get(id(a), a), memo.get(id(b), b)], matmul.make_attrs(transpose_a=True, transpose_b=tb))
+        set_type(new, old._checked_type)
+        return new
+
+    return _rewrite(body, fold)
+
+
+def _matrix_of_transpose(e: Expr) -> Optional[Expr]:
+    """``m`` where ``e`` is ``transpose(m)`` of a typed matrix ``m``, else None."""
+    if type(e) is not Call or getattr(e.op, "name", None) != "transpose" or e.attrs.axes not in (None, (1, 0)):
+        return None
+    m = e.args[0]
+    t = m._checked_type
+    return m if isinstance(t, TensorType) and t.ndim == 2 else None
+
+
 def _rows_gemm(e: Expr) -> bool:
     """Is ``e`` a GEMM of rows by a weight matrix: ``nn.dense``, or ``nn.matmul`` of data (rank >= 2, not
     transposed) by a matrix (``x @ w``: GPT-2's ``Conv1D``, ``addmm``)?"""
@@ -506,8 +541,8 @@ def drop_stop_gradients(body: Expr, order: list) -> Expr:
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
     """``body`` and the order its nodes run in after the plan's lowerings (bodies without ``If``):
     ``stop_gradient`` dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``, conv2d + bias
-    as ``nn.conv2d_bias``; then ``memory_order``."""
-    for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds):
+    as ``nn.conv2d_bias``, dense of transposed matrices as ``nn.matmul``; then ``memory_order``."""
+    for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds, fold_gemm_transposes):
         new = lower(body, order)
         if new is not body:
             body, order = new, post_order(new)
