@@ -240,13 +240,19 @@ broadcast_to = defop(
 )
 
 
+def collapse_axes(have: tuple, shape: tuple) -> tuple:
+    """The axes of an array of shape ``have`` that summing down to ``shape`` reduces (its leading axes, and those
+    ``shape`` has as 1 where ``have`` does not)."""
+    lead = len(have) - len(shape)
+    return tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
+
+
 def collapse_sum(xp, x, shape: tuple):
     """Sum ``x`` down to ``shape`` (the reverse of broadcasting)."""
     shape, have = tuple(shape), tuple(x.shape)
     if have == shape:
         return x
-    lead = len(have) - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
+    axes = collapse_axes(have, shape)
     merged = reduced_view(x, axes) if axes else None
     if merged is not None:  # a bias gradient: (B, L, C) -> (C,) as (B * L, C) -> (C,)
         return xp.reshape(sum_of(xp, xp.reshape(x, merged[0]), merged[1], False), shape)

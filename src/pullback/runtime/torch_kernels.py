@@ -28,6 +28,7 @@ from ..ops import onednn
 from ..ops.conv import conv2d_backward_weight_torch_maker, conv2d_torch_maker, conv2d_transpose_torch_maker
 from ..ops.common import broadcast_shapes
 from ..ops.kernels import merged_axes
+from ..ops.layout import collapse_axes
 from ..ops.nn import dense_in_memory_order, linear_rows
 
 torch = None  # set by _load()
@@ -226,10 +227,7 @@ def _collapse_sum_to(call: Call):
     x, out = call.args[0].checked_type, call.checked_type
     if _float_args(call) is None or not (_static(x) and _static(out)) or tuple(x.shape) == tuple(out.shape):
         return None
-    shape, have = tuple(out.shape), tuple(x.shape)
-    lead = len(have) - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and have[lead + i] != 1)
-    return _summing(x, axes, True, out, reshape=True)
+    return _summing(x, collapse_axes(tuple(x.shape), tuple(out.shape)), True, out, reshape=True)
 
 
 def _to_static_shape(method: str):
