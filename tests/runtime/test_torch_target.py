@@ -261,6 +261,27 @@ def test_a_small_linear_of_rows_is_one_addmm():
     np.testing.assert_allclose(got.numpy(), pb.build(f)["main"](xs, ws, bs), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batches", [(6, 6), (1, 6), (6, 1)])
+def test_a_batched_product_of_equal_batches_is_one_bmm(ta, tb, batches):
+    """``nn.batch_matmul`` of two equal batches (attention's products) is ATen's ``bmm`` alone, not ``matmul``'s
+    expands and reshapes around it (five calls more); a batch broadcast from 1 keeps ``matmul`` (no ``bmm`` takes
+    it). Every case gives
+    the float64 product's values."""
+    rng = np.random.default_rng(1)
+    sa, sb = (batches[0], 5, 7) if ta else (batches[0], 7, 5), (batches[1], 3, 5) if tb else (batches[1], 5, 3)
+    a64, b64 = rng.standard_normal(sa), rng.standard_normal(sb)
+    a, b = var("a", shape=sa), var("b", shape=sb)
+    fn = pb.build(Function([a, b], pb.op.nn.batch_matmul(a, b, ta, tb)), target="torch")["main"]
+    args = [torch.from_numpy(x.astype("float32")) for x in (a64, b64)]
+    with aten_calls() as calls:
+        got = fn(*args)
+    if batches[0] == batches[1]:
+        assert [n for n in calls.names if n not in ("detach", "transpose")] == ["bmm"], calls.names
+    want = (a64.swapaxes(1, 2) if ta else a64) @ (b64.swapaxes(1, 2) if tb else b64)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "bool"])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1])
 def test_index_add_with_repeated_positions_equals_numpy(dtype, axis, monkeypatch):
