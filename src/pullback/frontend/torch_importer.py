@@ -214,7 +214,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
     # torch.export's internal notices are not the user's to act on
     with warnings.catch_warnings(), quiet_torch_logs(), export_repairs.memoised_callable_aliases(), \
-            export_repairs.composite_ops_materialised_once():
+            export_repairs.composite_ops_materialised_once(), export_repairs.graph_code_made_lazily():
         warnings.simplefilter("ignore", FutureWarning)
         # nn.RNN modules refresh _flat_weights in forward: torch.export's notice, not the user's to act on
         warnings.filterwarnings("ignore", "The tensor attributes .* were assigned during export", UserWarning)
