@@ -553,3 +553,34 @@ def test_a_bfloat16_buffer_trains_like_eager():
     want.backward()
     assert torch.equal(got, want)
     torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=0, atol=0)
+
+
+def test_a_write_through_data_in_forward_is_told_what_to_write_instead():
+    """torch.export cannot trace a forward that writes a parameter's ``.data`` (Gemma3n's AltUp clamps its
+    coefficients so in training): the error says to write it under ``torch.no_grad()`` or use the Dynamo backend,
+    and the same module written so compiles and trains like eager."""
+
+    class Clamps(torch.nn.Module):
+        def __init__(self, data: bool):
+            super().__init__()
+            self.data_write = data
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            if self.data_write:
+                self.lin.weight.data.clamp_(-0.1, 0.1)
+            else:
+                with torch.no_grad():
+                    self.lin.weight.clamp_(-0.1, 0.1)
+            return self.lin(x).pow(2).sum()
+
+    x = torch.randn(2, 4)
+    with pytest.raises(pb.PullbackError, match=r"\.data.*torch\.no_grad\(\).*backend=\"pullback\""):
+        pb_compile(Clamps(True), (x,))
+    torch.manual_seed(0)
+    model = Clamps(False)
+    eager = copy.deepcopy(model)
+    pb_compile(model, (x,))(x).backward()
+    eager(x).backward()
+    torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
+    assert torch.equal(model.lin.weight, eager.lin.weight)

@@ -702,3 +702,55 @@ def test_a_buffer_rebuilt_from_constants_in_forward_trains_through_torch_compile
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad)
     torch._dynamo.reset()
+
+
+class _ClampsInForward(nn.Module):
+    """A weight clipped in place in the forward, outside autograd (Gemma3n's AltUp coefficients in training), then
+    read: eager trains it with the gradient of that read."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.coefs = nn.Linear(4, 6, bias=False)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        if self.how == "data":
+            self.coefs.weight.data.clamp_(-0.2, 0.2)
+        elif self.how == "no_grad":
+            with torch.no_grad():
+                self.coefs.weight.clamp_(-0.2, 0.2)
+        else:  # a read of its own after the block, detached by the user: no gradient through that read
+            with torch.no_grad():
+                self.coefs.weight.clamp_(-0.2, 0.2)
+            x = x + F.linear(x, self.coefs.weight.detach()).sum(-1, keepdim=True)
+        return torch.tanh(self.out(self.coefs(x))).pow(2).sum()
+
+
+@pytest.mark.parametrize("how, route", [("no_grad", "compile"), ("no_grad", "dynamo"), ("data", "dynamo"),
+                                        ("detached", "compile")])
+def test_a_weight_written_in_place_outside_autograd_keeps_its_gradient(how, route):
+    """A parameter written in place in the forward without autograd (``p.data.clamp_``, or in place under
+    ``torch.no_grad()``) and read after: its gradient is the read's, as in eager (it got none at all: the
+    functionalised program read a value computed from detached data); three SGD steps give eager's losses,
+    gradients and weights in float64."""
+    torch.manual_seed(0)
+    model = _ClampsInForward(how).double().train()
+    eager = copy.deepcopy(model)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    compiled = pb_compile(model, (x,), target="torch") if route == "compile" else torch.compile(model, backend="pullback")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, model)]
+    for _ in range(3):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        le, lp = eager(x), compiled(x)
+        le.backward()
+        lp.backward()
+        assert torch.allclose(lp, le, rtol=1e-12, atol=0)
+        for (name, pe), pp in zip(eager.named_parameters(), model.parameters()):
+            assert pp.grad is not None, name
+            assert torch.allclose(pp.grad, pe.grad, rtol=1e-10, atol=1e-12), name
+        for opt in opts:
+            opt.step()
+    for pe, pp in zip(eager.parameters(), model.parameters()):
+        assert torch.allclose(pp, pe, rtol=1e-10, atol=1e-12)

@@ -31,7 +31,7 @@ import operator
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
@@ -46,6 +46,11 @@ CACHE_OUTPUT_HINT = (
     " (the model returns its key/value cache, an object torch.export cannot flatten: to train, turn the cache "
     "off with model.config.use_cache = False or by passing use_cache=False)")
 
+DATA_WRITE_HINT = (
+    " (the forward most likely reads or writes a tensor's .data, e.g. Gemma3n's `weight.data.clamp_(...)` in "
+    "training, which torch.export cannot trace: write it in place under `with torch.no_grad():` instead, or train "
+    "through torch.compile(model, backend=\"pullback\"); either keeps the tensor's gradient as eager does)")
+
 
 def failure_hint(e: BaseException) -> str:
     """What to change in the model, for the export failures whose torch message does not say it."""
@@ -56,6 +61,8 @@ def failure_hint(e: BaseException) -> str:
         return DYNAMIC_SHAPE_HINT
     if "Cache'> in output" in str(e):  # Hugging Face's DynamicCache (use_cache=True, the default of decoders)
         return CACHE_OUTPUT_HINT
+    if "fake tensor in the exported program constant" in str(e):  # what `.data` in forward leaves behind
+        return DATA_WRITE_HINT
     return ""
 
 
@@ -577,6 +584,17 @@ def _inputs_returned(graph) -> set:
     return {i for i, n in enumerate(results) if getattr(same.get(n), "op", None) == "placeholder"}
 
 
+NO_GRAD_READ = "pullback_no_grad_block_result"  # node.meta["custom"] key of the detaches detach_no_grad_blocks adds
+
+
+def no_grad_read_of(node) -> Optional[str]:
+    """The name of the node whose value ``node`` reads at the end of a ``torch.no_grad()`` block (one of
+    ``detach_no_grad_blocks``' detaches), else None."""
+    if (node.meta.get("custom") or {}).get(NO_GRAD_READ) and node.args and hasattr(node.args[0], "name"):
+        return node.args[0].name
+    return None
+
+
 def detach_no_grad_blocks(ep) -> None:
     """Give each result of a ``with torch.no_grad():`` block a ``detach``: torch.export keeps the block as a
     ``wrap_with_set_grad_enabled(False, ...)`` call, which ``run_decompositions`` inlines, losing the grad mode
@@ -596,6 +614,7 @@ def detach_no_grad_blocks(ep) -> None:
             with graph.inserting_after(user):
                 detached = graph.call_function(torch.ops.aten.detach.default, (user,))
             detached.meta.update({k: v for k, v in user.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+            detached.meta["custom"] = {**user.meta.get("custom", {}), NO_GRAD_READ: True}  # kept by the retrace
             user.replace_all_uses_with(detached, delete_user_cb=lambda n, d=detached: n is not d)
             changed = True
     if changed:
@@ -685,5 +704,5 @@ def autocast_casts_kept(ep) -> None:
             gm.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "DYNAMIC_SHAPE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
            "stack_traces_kept", "graph_code_made_lazily"]

@@ -320,6 +320,56 @@ def _read_only_view(t) -> np.ndarray:
     return a
 
 
+def _rewritten_inputs(sig, OutputKind) -> dict:
+    """The FX node giving a parameter's or an input's new value (a write in place) -> that input's node name."""
+    inputs = {s.target: s.arg.name for s in sig.input_specs if getattr(s, "target", None) is not None}
+    out = {}
+    for spec in sig.output_specs:
+        if spec.kind == OutputKind.PARAMETER_MUTATION and spec.target in inputs:
+            out[spec.arg.name] = inputs[spec.target]
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            out[spec.arg.name] = spec.target
+    return out
+
+
+def _read_as_leaf(cx, env: dict, node, input_name: str, direct: bool) -> Expr:
+    """A read of the new value a forward wrote into a trainable tensor outside autograd, as eager reads it: that
+    value, whose gradient is the tensor's own (``stop_gradient(new) + (p - stop_gradient(p))``: ``new`` exactly
+    for a finite ``p``). Functionalised, the later reads take ``new``, computed from ``p.data`` (``direct``: the
+    written value itself, when it depends on nothing differentiable: ``p.data.clamp_(...)``) or seen through the
+    ``detach`` that closes a ``torch.no_grad()`` block (Gemma3n's AltUp clamps its coefficients so), and the
+    tensor got no gradient at all. A value written with gradients (an input written in place by a
+    differentiable operation) is left as it is: its own gradient is the right one."""
+    import torch
+
+    e = env[node]
+    leaf = next((v for n, v in env.items() if getattr(n, "name", None) == input_name and isinstance(v, Var)), None)
+    val, old = node.meta.get("val"), None if leaf is None else leaf.type_annotation
+    if leaf is None or id(leaf) not in cx.trainable or not isinstance(val, torch.Tensor) or not val.is_floating_point() \
+            or torch_shape(val.shape) != old.shape or torch_dtype_name(val.dtype) != old.dtype \
+            or (direct and _reaches_trainable(e, cx)):
+        return e
+    sg = _op("stop_gradient")
+    return _op("add")(sg(e), _op("subtract")(leaf, sg(leaf)))
+
+
+def _reaches_trainable(e: Expr, cx) -> bool:
+    """Whether ``e`` depends on a trainable variable other than through ``stop_gradient`` (an explicit stack)."""
+    from ..ir.expr import Call
+    from ..ir.traversal import children
+
+    stack, seen = [e], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or isinstance(n, Call) and getattr(n.op, "name", None) == "stop_gradient":
+            continue
+        seen.add(n)
+        if isinstance(n, Var) and id(n) in cx.trainable:
+            return True
+        stack.extend(children(n))
+    return False
+
+
 def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
                     copy_params: bool = True, grad_inputs: Optional[Sequence[bool]] = None) -> TorchProgram:
     """Convert an ``ExportedProgram`` (see the module docstring for the signature of ``@main``).
@@ -349,6 +399,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     by_tensor: dict = {}  # id(tensor) -> entry of state_vars (tied weights share one)
     params: dict = {}
     problems = _Problems()
+    rewritten = _rewritten_inputs(sig, OutputKind)
     for node in ep.graph.nodes:
         cx.node = node
         if node.op == "placeholder":
@@ -390,6 +441,9 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             cx.record(v, val)
         elif node.op == "call_function":
             env[node] = _convert(cx, node, env, problems)
+            written = node.name if node.name in rewritten else export_repairs.no_grad_read_of(node)
+            if written in rewritten:
+                env[node] = _read_as_leaf(cx, env, node, rewritten[written], node.name in rewritten)
         elif node.op == "output":
             outs = node.args[0]
         else:
