@@ -754,3 +754,41 @@ def test_a_weight_written_in_place_outside_autograd_keeps_its_gradient(how, rout
             opt.step()
     for pe, pp in zip(eager.parameters(), model.parameters()):
         assert torch.allclose(pp, pe, rtol=1e-10, atol=1e-12)
+
+
+class _WritesItsInput(nn.Module):
+    """A graph break hands ``h`` (computed with gradients) to a second Dynamo graph that writes it in place, with
+    autograd or under ``torch.no_grad()``."""
+
+    def __init__(self, no_grad: bool):
+        super().__init__()
+        self.no_grad = no_grad
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.a(x) + 0.5
+        torch._dynamo.graph_break()
+        if self.no_grad:
+            with torch.no_grad():
+                h.mul_(2)
+        else:
+            h.mul_(2)
+        return (h + self.b(x)).pow(2).sum()
+
+
+@pytest.mark.parametrize("no_grad", [True, False])
+def test_an_input_written_in_place_keeps_the_gradient_eager_gives_it(no_grad):
+    """Written under ``torch.no_grad()``, the later reads of ``h`` take its new value and pass their gradient to
+    ``h`` unscaled (``a`` got no gradient before); written with autograd, through the write (times 2). Both as
+    eager, in float64."""
+    torch.manual_seed(0)
+    model = _WritesItsInput(no_grad).double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    le, lp = eager(x), torch.compile(model, backend="pullback")(x)
+    le.backward()
+    lp.backward()
+    assert torch.allclose(lp, le, rtol=1e-12, atol=0)
+    for (name, pe), pp in zip(eager.named_parameters(), model.parameters()):
+        assert pp.grad is not None, name
+        assert torch.allclose(pp.grad, pe.grad, rtol=1e-12, atol=1e-12), name

@@ -336,10 +336,11 @@ def _read_as_leaf(cx, env: dict, node, input_name: str, direct: bool) -> Expr:
     """A read of the new value a forward wrote into a trainable tensor outside autograd, as eager reads it: that
     value, whose gradient is the tensor's own (``stop_gradient(new) + (p - stop_gradient(p))``: ``new`` exactly
     for a finite ``p``). Functionalised, the later reads take ``new``, computed from ``p.data`` (``direct``: the
-    written value itself, when it depends on nothing differentiable: ``p.data.clamp_(...)``) or seen through the
-    ``detach`` that closes a ``torch.no_grad()`` block (Gemma3n's AltUp clamps its coefficients so), and the
-    tensor got no gradient at all. A value written with gradients (an input written in place by a
-    differentiable operation) is left as it is: its own gradient is the right one."""
+    written value itself, when it is computed from ``p``'s data and nothing differentiable: ``p.data.clamp_(...)``)
+    or seen through the ``detach`` that closes a ``torch.no_grad()`` block (Gemma3n's AltUp clamps its
+    coefficients so), and the tensor got no gradient at all. A value written with gradients (an input written in
+    place by a differentiable operation, ``h.mul_(2)`` or ``h.zero_()``) is left as it is: its own gradient is
+    the right one."""
     import torch
 
     e = env[node]
@@ -347,27 +348,31 @@ def _read_as_leaf(cx, env: dict, node, input_name: str, direct: bool) -> Expr:
     val, old = node.meta.get("val"), None if leaf is None else leaf.type_annotation
     if leaf is None or id(leaf) not in cx.trainable or not isinstance(val, torch.Tensor) or not val.is_floating_point() \
             or torch_shape(val.shape) != old.shape or torch_dtype_name(val.dtype) != old.dtype \
-            or (direct and _reaches_trainable(e, cx)):
+            or (direct and not _from_data_of(e, leaf, cx)):
         return e
     sg = _op("stop_gradient")
     return _op("add")(sg(e), _op("subtract")(leaf, sg(leaf)))
 
 
-def _reaches_trainable(e: Expr, cx) -> bool:
-    """Whether ``e`` depends on a trainable variable other than through ``stop_gradient`` (an explicit stack)."""
+def _from_data_of(e: Expr, leaf: Var, cx) -> bool:
+    """Whether ``e`` is computed from ``leaf``'s data alone: it reads ``stop_gradient(leaf)`` (``leaf.data``) and
+    no trainable variable other than through ``stop_gradient`` (an explicit stack)."""
     from ..ir.expr import Call
     from ..ir.traversal import children
 
-    stack, seen = [e], set()
+    stack, seen, reads = [e], set(), False
     while stack:
         n = stack.pop()
-        if n in seen or isinstance(n, Call) and getattr(n.op, "name", None) == "stop_gradient":
+        if n in seen:
             continue
         seen.add(n)
+        if isinstance(n, Call) and getattr(n.op, "name", None) == "stop_gradient":
+            reads = reads or n.args[0] is leaf
+            continue
         if isinstance(n, Var) and id(n) in cx.trainable:
-            return True
+            return False
         stack.extend(children(n))
-    return False
+    return reads
 
 
 def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
