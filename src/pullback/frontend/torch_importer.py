@@ -404,7 +404,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     by_tensor: dict = {}  # id(tensor) -> entry of state_vars (tied weights share one)
     params: dict = {}
     problems = _Problems()
-    rewritten = _rewritten_inputs(sig, OutputKind)
+    rewritten, raw = _rewritten_inputs(sig, OutputKind), {}
     for node in ep.graph.nodes:
         cx.node = node
         if node.op == "placeholder":
@@ -448,6 +448,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             env[node] = _convert(cx, node, env, problems)
             written = node.name if node.name in rewritten else export_repairs.no_grad_read_of(node)
             if written in rewritten:
+                raw[node] = env[node]  # what is written back: the value itself, bit for bit
                 env[node] = _read_as_leaf(cx, env, node, rewritten[written], node.name in rewritten)
         elif node.op == "output":
             outs = node.args[0]
@@ -473,10 +474,10 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             user_out.append(e)
         elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
             mutations.append(("buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter", spec.target))
-            extra.append(_op("stop_gradient")(e))
+            extra.append(_op("stop_gradient")(raw.get(out, e)))
         elif spec.kind == OutputKind.USER_INPUT_MUTATION:
             mutations.append(("input", by_name.get(sanitize(spec.target), user_vars[0]).name_hint if user_vars else spec.target))
-            extra.append(_op("stop_gradient")(e))
+            extra.append(_op("stop_gradient")(raw.get(out, e)))
         else:
             raise PullbackError(f"from_torch: output of kind {spec.kind.name} is not supported")
     if not user_out:
