@@ -312,10 +312,10 @@ def _matmul(call: Call):
         return None
     a = call.attrs
     ta, tb = getattr(a, "transpose_a", False), getattr(a, "transpose_b", False)
-    x, y = (t.checked_type for t in call.args)
+    at, bt = (t.checked_type for t in call.args)
     # bmm where the batches match: matmul would expand, reshape and view both operands around the same bmm
     # (five ATen calls, ~15 us, per product of a LeViT's attention)
-    mm = torch.bmm if call.op.name == "nn.batch_matmul" and _static(x) and _static(y) and x.shape[0] == y.shape[0] \
+    mm = torch.bmm if call.op.name == "nn.batch_matmul" and _static(at) and _static(bt) and at.shape[0] == bt.shape[0] \
         else torch.matmul
     if ta and tb:
         base = lambda x, y, attrs=None: mm(x.transpose(-1, -2), y.transpose(-1, -2))  # noqa: E731
