@@ -91,6 +91,35 @@ def test_invertible_one_by_one_convolution_trains_like_eager(target):
     _train_like_eager(InvertibleConv(6), (torch.randn(3, 6, 5, 5, dtype=torch.float64),), target, steps=3, lr=0.1)
 
 
+class DeltaRuleChunk(nn.Module):
+    """The unit-triangular solve of a gated delta rule (Qwen3-Next, Qwen3.5) as Hugging Face writes it for
+    torch.export: forward substitution, one row of the matrix overwritten per step (``u[..., i, :i] = ...``), each
+    step reading rows the earlier steps wrote; then the solve applied to values."""
+
+    def __init__(self, d, chunk):
+        super().__init__()
+        self.k = nn.Linear(d, d, dtype=torch.float64)
+        self.chunk = chunk
+
+    def forward(self, x, v):
+        k = nn.functional.normalize(self.k(x), dim=-1)
+        u = -(k @ k.mT * 0.5).tril(-1)
+        for i in range(1, self.chunk):
+            row = u[..., i, :i].clone()
+            sub = u[..., :i, :i].clone()
+            u[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        u = u + torch.eye(self.chunk, dtype=u.dtype)
+        return ((u @ v) ** 2).sum()
+
+
+def test_a_forward_substitution_writing_rows_in_place_trains_like_eager(target):
+    """The rows the forward saves for the backward are read before later steps overwrite the matrix in place
+    (the torch target writes every row into one buffer): losses and gradients are eager's."""
+    torch.manual_seed(2)
+    x, v = torch.randn(2, 3, 8, 5, dtype=torch.float64), torch.randn(2, 3, 8, 4, dtype=torch.float64)
+    _train_like_eager(DeltaRuleChunk(5, 8), (x, v), target, steps=2, lr=0.1)
+
+
 class GaussianProcess(nn.Module):
     """The negative log marginal likelihood of GP regression with an RBF kernel, by Cholesky."""
 

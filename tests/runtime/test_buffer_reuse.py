@@ -145,6 +145,68 @@ def test_slice_assignments_into_a_dying_buffer_run_in_place_on_torch():
         _same_with_and_without_reuse(g, [_x(), vv], "torch")
 
 
+def _copies_on_torch(f, inputs) -> list:
+    """The shapes of the tensors ATen clones while the torch target runs ``f``; and checks its results are those
+    of the torch target without buffer reuse."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shapes = []
+
+    class Clones(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.clone:
+                shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    exe = _build(f, "torch", True)
+    with Clones():
+        got = _numpy(exe["main"](*inputs))
+    want = _numpy(_build(f, "torch", False)["main"](*inputs))
+    for g, w in zip(leaves(got), leaves(want)):
+        np.testing.assert_array_equal(g, w)
+    return shapes
+
+
+def _forward_substitution(keep: str) -> Function:
+    """Hugging Face's gated-delta-rule forward substitution as torch.export unrolls it: row ``i`` of ``u`` becomes
+    ``row + sum(row^T * u[:i, :i])`` (``u[i, :i] = ...``), for i = 1..N-1. ``keep="reads"`` also returns every row
+    and block read, as the forward of a training step saves them for the backward; ``keep="blocks"`` returns two
+    overlapping blocks of ``u`` larger together than ``u``."""
+    x = var("x", shape=(N, N))
+    u = op.exp(x)
+    kept = []
+    for i in range(1, N):
+        row, block = op.strided_slice(u, (i, 0), (i + 1, i)), op.strided_slice(u, (0, 0), (i, i))
+        new = op.add(row, op.sum(op.multiply(op.transpose(row, (1, 0)), block), axis=0, keepdims=True))
+        if keep == "blocks" and i == N - 1:
+            kept = [op.strided_slice(u, (0,), (N - 1,)), op.strided_slice(u, (1,), (N,))]
+        elif keep == "reads":
+            kept += [row, block]
+        u = op.strided_set(u, new, (i, 0), (i + 1, i))
+    return Function([x], Tuple([u] + kept) if kept else u)
+
+
+def test_slices_still_read_after_a_write_are_copied_instead_of_the_whole_tensor():
+    """Each write of the loop above runs in place although the rows and blocks it read before are still needed
+    (returned, as a forward's residuals are): the plan copies those (smaller) views and never the whole tensor;
+    all values are those without reuse. Views larger together than the tensor keep it whole: one copy of it."""
+    xs = _x()
+    assert _copies_on_torch(_forward_substitution("none"), [xs]) == []
+    copies = _copies_on_torch(_forward_substitution("reads"), [xs])
+    assert (N, N) not in copies and len(copies) == 2 * (N - 1)
+    assert _copies_on_torch(_forward_substitution("blocks"), [xs]) == [(N, N)]
+
+
+def test_a_row_read_after_it_is_overwritten_in_the_order_is_read_first():
+    """``(strided_set(u, v, row i), strided_slice(u, row i))``: the post-order writes before it reads, which would
+    copy all of ``u``; the plan reads (copies) the row first and writes in place, and the row read is the old one."""
+    x, v = var("x", shape=(N, N)), var("v", shape=(1, N))
+    u = op.exp(x)
+    f = Function([x, v], Tuple([op.strided_set(u, v, (2,), (3,)), op.tanh(op.strided_slice(u, (2,), (3,)))]))
+    assert _copies_on_torch(f, [_x(), np.full((1, N), 7.0, "float32")]) == [(1, N)]
+
+
 def test_a_relu_of_a_dying_sum_runs_in_place_on_torch():
     """ResNet's ``relu(out + identity)``: the relu writes into the sum's buffer (ATen's ``clamp_min_``, what eager's
     ``ReLU(inplace=True)`` runs), with the values of ``torch.relu``, NaN and signed zeros included; a relu of an

@@ -270,6 +270,46 @@ def test_slices_that_do_not_tile_stay_a_sum(case):
     assert_same_results(before, after)
 
 
+@pytest.mark.parametrize("order", ["x+set", "set+x"])
+def test_a_slice_gradient_added_into_a_larger_one_touches_the_slice_only(order):
+    """``x + strided_set(zeros, v, r)`` -> ``strided_set(x, strided_slice(x, r) + v, r)``: the gradient of a row
+    read, added into the gradient of the whole tensor, adds into that row only (the plan then writes it in place)."""
+    x, v = pb.var("x", shape=(4, 6)), pb.var("v", shape=(1, 3))
+    a = op.exp(x)
+    padded = op.strided_set(op.zeros_like(x), v, (2, 1), (3, 4))
+    before = mod_of([x, v], op.tanh(op.add(a, padded) if order == "x+set" else op.add(padded, a)))
+    read = op.strided_slice(a, (2, 1), (3, 4), None, None)
+    expected = mod_of([x, v], op.tanh(op.strided_set(a, op.add(read, v), (2, 1), (3, 4), None, None)))
+    _check(SimplifyExpr(), before, expected)
+
+
+@pytest.mark.parametrize("case", ["broadcast", "ones"])
+def test_a_slice_gradient_is_added_as_a_sum_when_it_must_be(case):
+    """A sum that broadcasts and a base that is not zeros stay a sum."""
+    x, v = pb.var("x", shape=(1, 6) if case == "broadcast" else (4, 6)), pb.var("v", shape=(1, 6))
+    base = (op.ones if case == "ones" else op.zeros)((4, 6), "float32")
+    before = mod_of([x, v], op.tanh(op.add(op.exp(x), op.strided_set(base, v, (2,), (3,)))))
+    after = SimplifyExpr()(before)
+    assert "strided_slice" not in pb.astext(after)
+    assert_same_results(before, after)
+
+
+def test_a_block_written_as_rows_then_columns_is_one_write():
+    """``x[1:3, 2:4] = v`` after functionalization (rows sliced, columns written into them, rows written back)
+    -> one ``strided_set`` over both axes; ranges on one axis are kept as they are."""
+    x, v, w = pb.var("x", shape=(4, 6)), pb.var("v", shape=(2, 2)), pb.var("w", shape=(4, 2))
+    a = op.exp(x)
+
+    def written(outer, inner, v=v):
+        return op.strided_set(a, op.strided_set(op.strided_slice(a, *outer), v, *inner), *outer)
+
+    before = mod_of([x, v], op.tanh(written(((1,), (3,), None, (0,)), ((2,), (4,), None, (1,)))))
+    expected = mod_of([x, v], op.tanh(op.strided_set(a, v, (1, 2), (3, 4), (1, 1), (0, 1))))
+    _check(SimplifyExpr(), before, expected)
+    same_axis = mod_of([x, w], op.tanh(written(((0,), (4,), None, (1,)), ((1,), (3,), None, (1,)), w)))
+    _check(SimplifyExpr(), same_axis, same_axis)
+
+
 def test_a_block_written_into_zeros_is_a_zero_pad():
     """``strided_set(zeros, v)`` over two axes (a convolution's one-tap weight gradient) -> ``nn.pad(v)``."""
     v = pb.var("v", shape=(4, 3, 1, 1))

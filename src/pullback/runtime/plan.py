@@ -34,7 +34,7 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Tuple, TupleGetItem, Var, set_span, set_type
@@ -45,7 +45,7 @@ from ..ir.gc_pause import gc_paused
 from ..ops import layout as T
 from ..ops.registry import OpDef, get_op
 from .fused import group_label
-from .schedule import memory_order
+from .schedule import memory_order, reads_before_writes
 from .schedule import operands as _operands
 
 if TYPE_CHECKING:
@@ -269,44 +269,26 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
     written), and no other argument aliases it. A like-operator's result does not alias its template
     (``OpDef.type_only``). The first field of a tuple whose kernel allocates it (``target.allocates_first``: a
     batch norm's output) is a buffer of its own when the tuple is read only through one projection of each
-    field (a relu after a batch norm runs in place, as eager's ``ReLU(inplace=True)``)."""
-    allocates = target.allocates
-    inplace = target.inplace_kernel
+    field (a relu after a batch norm runs in place, as eager's ``ReLU(inplace=True)``).
+
+    A ``strided_set`` that would otherwise copy its whole base because views of the base are still needed
+    after it (slices saved for the backward, a row read again later) copies those views instead, when they
+    are smaller than the base: such views are ``{view: (None, kernel)}`` entries whose kernel returns new memory
+    (``target.fresh``). A loop writing rows of one tensor, unrolled by torch.export, then writes in place."""
     end = len(order)
     last: dict[Expr, int] = {body: end}  # the returned value lives on
     for p, n in enumerate(order):
         for c in _operands(n):
             last[c] = p
     firsts = _owned_first_fields(order, body, target)
-    owned: set = set(firsts)
-    holds: dict[Expr, Iterable] = {}  # node -> buffers (allocating calls) it may alias
-    buffer_last: dict[Expr, int] = {}
-    no_buffers: tuple = ()
-    candidates = []  # (position, call) of every owned call, in order
-    for p, n in enumerate(order):
-        until = last.get(n, p)
-        if n in firsts:
-            holds[n] = (n,)
-            buffer_last[n] = until
-            continue
-        if type(n) is Call and isinstance(n.op, OpDef) and allocates(n):
-            owned.add(n)
-            holds[n] = (n,)
-            buffer_last[n] = until
-            candidates.append((p, n))
-            continue
-        # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers (not those
-        # of the operands a kernel reads only for their type: a like-operator's template)
-        ops = _operands(n)
-        if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
-            ops = tuple(c for i, c in enumerate(ops) if i not in n.op.type_only)
-        b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
-        holds[n] = b
-        for k in b:
-            if buffer_last[k] < until:
-                buffer_last[k] = until
-    reuse: dict = {}
-    for p, n in candidates:
+    aliases = _Aliases(order, last, firsts, target, ())
+    copied = _views_to_copy(aliases, last, target) if target.fresh is not None else ()
+    if copied:
+        aliases = _Aliases(order, last, firsts, target, copied)
+    inplace = target.inplace_kernel
+    reuse: dict = {v: (None, _copying(target.kernel(v), target.fresh)) for v in copied}
+    holds, buffer_last, owned = aliases.holds, aliases.buffer_last, aliases.owned
+    for p, n in aliases.candidates:
         args = n.args
         for i, c in enumerate(args):
             if c not in owned or buffer_last[c] != p:
@@ -318,6 +300,83 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
                 reuse[n] = (i, fn)
                 break
     return reuse
+
+
+class _Aliases:
+    """Which buffers each node may hold (``holds``), the last position any holder of a buffer is read
+    (``buffer_last``), the owned buffers, the allocating calls in order (``candidates``: (position, call)) and
+    the holders of each buffer; ``copied`` nodes hold new memory of their own."""
+
+    def __init__(self, order: list, last: dict, firsts: set, target: "Target", copied):
+        allocates = target.allocates
+        self.owned = owned = set(firsts)
+        self.holds = holds = {}
+        self.buffer_last = buffer_last = {}
+        self.holders = holders = {}
+        self.candidates = candidates = []
+        self.position = {}
+        no_buffers: tuple = ()
+        for p, n in enumerate(order):
+            self.position[n] = p
+            until = last.get(n, p)
+            if n in firsts or n in copied:
+                holds[n] = (n,)
+                buffer_last[n] = until
+                continue
+            if type(n) is Call and isinstance(n.op, OpDef) and allocates(n):
+                owned.add(n)
+                holds[n] = (n,)
+                buffer_last[n] = until
+                candidates.append((p, n))
+                continue
+            # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers (not those
+            # of the operands a kernel reads only for their type: a like-operator's template)
+            ops = _operands(n)
+            if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
+                ops = tuple(c for i, c in enumerate(ops) if i not in n.op.type_only)
+            b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
+            holds[n] = b
+            for k in b:
+                holders.setdefault(k, []).append(n)
+                if buffer_last[k] < until:
+                    buffer_last[k] = until
+
+
+def _views_to_copy(aliases: _Aliases, last: dict, target: "Target") -> set:
+    """The views to copy so that a ``strided_set`` can write into its base (``buffer_reuse``): for each
+    ``strided_set`` whose base is still held after it, the holders alive after it that read the base
+    directly or through a holder dead by then, when each is a single tensor of static shape and together
+    they are smaller than the base."""
+    strided_set = get_op("strided_set")
+    holds, owned, position = aliases.holds, aliases.owned, aliases.position
+    copied: set = set()
+    for p, n in aliases.candidates:
+        if n.op is not strided_set or n.args[0] not in owned or aliases.buffer_last[n.args[0]] <= p:
+            continue
+        c, v = n.args
+        if c in holds[v] or target.inplace_kernel(n, 0) is None:
+            continue
+        alive = {h for h in aliases.holders.get(c, ()) if position[h] < p and last.get(h, position[h]) > p}
+        roots = [h for h in alive if any(o is c or (o not in alive and c in holds[o]) for o in _operands(h))]
+        if all(_copyable(h) for h in roots) and sum(_size(h) for h in roots) < _size(c):
+            copied.update(roots)
+    return copied
+
+
+def _copyable(n: Expr) -> bool:
+    t = n._checked_type
+    return type(n) is Call and isinstance(n.op, OpDef) and isinstance(t, TensorType) and t.is_static
+
+
+def _size(n: Expr) -> int:
+    size = 1
+    for d in n._checked_type.shape:
+        size *= d
+    return size
+
+
+def _copying(kernel: Callable, fresh: Callable) -> Callable:
+    return lambda *a: fresh(kernel(*a))
 
 
 def kernel_label(node: Call, kernel: Optional[Callable] = None) -> str:
@@ -541,12 +600,12 @@ def drop_stop_gradients(body: Expr, order: list) -> Expr:
 def _lowered(body: Expr, order: list) -> tuple[Expr, list]:
     """``body`` and the order its nodes run in after the plan's lowerings (bodies without ``If``):
     ``stop_gradient`` dropped, reshapes sharing their source's copy, dense + bias as ``nn.linear``, conv2d + bias
-    as ``nn.conv2d_bias``, dense of transposed matrices as ``nn.matmul``; then ``memory_order``."""
+    as ``nn.conv2d_bias``, dense of transposed matrices as ``nn.matmul``; then ``memory_order`` and ``reads_before_writes``."""
     for lower in (drop_stop_gradients, share_reshape_sources, fuse_bias_adds, fold_gemm_transposes):
         new = lower(body, order)
         if new is not body:
             body, order = new, post_order(new)
-    return body, memory_order(order, body)
+    return body, reads_before_writes(memory_order(order, body))
 
 
 def _compile(fn: Function, name: str, resolve: Callable[[Expr], FunctionPlan], target: "Target") -> tuple[list, list, frozenset]:

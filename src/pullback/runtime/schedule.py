@@ -26,6 +26,7 @@ import numpy as np
 
 from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
 from ..ir.types import TensorType, TupleType
+from ..ops.registry import get_op
 
 
 def operands(n: Expr) -> tuple:
@@ -121,4 +122,30 @@ def memory_order(order: list, body: Expr) -> list:
     return out
 
 
-__all__ = ["memory_order", "operands"]
+def reads_before_writes(order: list) -> list:
+    """``order`` with each slice of a ``strided_set``'s base that runs after the write moved to just before it.
+
+    A gradient through ``x[i] = f(x[i])`` zeroes row ``i`` of the incoming gradient and reads that row: a
+    post-order may read it after the write, which then cannot write in place (the base is still read) and copies
+    the whole base. Read first, the row is a small view the plan may copy instead (``plan.buffer_reuse``)."""
+    strided_set, strided_slice = get_op("strided_set"), get_op("strided_slice")
+    readers: dict = {}
+    for n in order:
+        if type(n) is Call and n.op is strided_slice:
+            readers.setdefault(n.args[0], []).append(n)
+    if not readers:
+        return order
+    out, moved, position = [], set(), {n: p for p, n in enumerate(order)}
+    for p, n in enumerate(order):
+        if n in moved:
+            continue
+        if type(n) is Call and n.op is strided_set:
+            for r in readers.get(n.args[0], ()):
+                if position[r] > p and r not in moved:
+                    moved.add(r)
+                    out.append(r)
+        out.append(n)
+    return out
+
+
+__all__ = ["memory_order", "operands", "reads_before_writes"]

@@ -13,6 +13,11 @@ Rules (one table, applied by the pattern driver until none fires):
   one ``strided_set`` of ``concatenate([a, b])`` over both (the values themselves when the ranges cover the
   axis): the gradient of a tensor split by slices (attention's q, k, v) is one concatenation, not a sum of
   zero-padded copies;
+- ``x + strided_set(zeros, v, r)`` or ``x + nn.pad(v)`` with zeros (either order, no broadcast) ->
+  ``strided_set(x, strided_slice(x, r) + v, r)``:
+  a slice's gradient added into a larger one touches the slice only, and the executor writes it into ``x`` in
+  place when ``x`` is not read again (a loop reading and writing rows of one tensor, unrolled by torch.export);
+- ``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` over different axes -> one ``strided_set``;
 - ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
 - ``transpose(concatenate(xs))`` -> ``concatenate`` of the transposed pieces (copied once, straight into the
   transposed layout);
@@ -33,7 +38,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import TensorType
 from ..ops import layout as T
 from ..ops.grouped import grouped_transpose_matmul
-from ..ops.indexing import strided_set
+from ..ops.indexing import strided_set, strided_slice
 from ..ops.nn import pad
 from ..ops.shape import concatenate
 from ..pattern import is_op, wildcard
@@ -159,6 +164,51 @@ def _pieces(node: Expr, c: dict) -> Optional[Expr]:
     return strided_set(first.args[0], joined, (begin,), (end,), None, (ax,))
 
 
+def _padded(e: Expr) -> Optional[tuple]:
+    """``(v, (begin, end, strides, axes))`` when ``e`` is ``v`` written into zeros: ``strided_set(zeros, v)`` or a
+    zero ``nn.pad`` (no cropping), else None."""
+    if not isinstance(e, Call):
+        return None
+    a = e.attrs
+    if e.op is strided_set and uniform_value(e.args[0]) == 0:
+        return e.args[1], (a.begin, a.end, a.strides, a.axes)
+    t = e._checked_type
+    if e.op is pad and a.pad_mode == "constant" and a.pad_value == 0 and isinstance(t, TensorType) and t.is_static:
+        widths = a.pad_width
+        if all(lo >= 0 and hi >= 0 for lo, hi in widths):
+            return e.args[0], (tuple(lo for lo, _ in widths), tuple(n - hi for n, (_, hi) in zip(t.shape, widths)), None, None)
+    return None
+
+
+def _added_into_slice(node: Expr, c: dict) -> Optional[Expr]:
+    t = node._checked_type
+    for x, s in (node.args, node.args[::-1]):
+        written = _padded(s) if x._checked_type == s._checked_type == t and _padded(x) is None else None
+        if written is None:
+            continue  # not a zero-padded slice, or a sum of two (``_pieces`` joins adjacent ones)
+        v, attrs = written
+        read = strided_slice(x, *attrs)
+        if v._checked_type == read.checked_type:
+            return strided_set(x, read + v, *attrs)
+    return None
+
+
+def _nested_write(node: Expr, c: dict) -> Optional[Expr]:
+    """``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` with ``r1`` and ``r2`` on different axes ->
+    ``strided_set(x, v, r1 and r2)``: ``x[a:b, c:d] = v`` after functionalization, one write instead of a copy
+    of the rows and a write of them."""
+    x, inner = node.args
+    read = inner.args[0]
+    t = x._checked_type
+    if read.args[0] is not x or read.attrs != node.attrs or not isinstance(t, TensorType):
+        return None
+    outer, within = node.attrs.slices("strided_set", (), t.ndim), inner.attrs.slices("strided_set", (), t.ndim)
+    if outer.keys() & within.keys():
+        return None
+    axes = tuple(sorted({**outer, **within}.items()))
+    return strided_set(x, inner.args[1], *zip(*((b, e, st) for _, (b, e, st) in axes)), tuple(a for a, _ in axes))
+
+
 def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
     """``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros: one
     pass writing the result instead of a copy of the zeros and a strided write (the weight gradient of a
@@ -189,6 +239,8 @@ def shape_rules() -> list:
         (is_op("transpose"), _transposed_pieces),
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
+        (is_op("add")(wildcard(), wildcard()), _added_into_slice),
+        (is_op("strided_set")(wildcard(), is_op("strided_set")(is_op("strided_slice")(wildcard()), wildcard())), _nested_write),
         (is_op("strided_set"), _zero_embedding),
         (is_op("transpose")(is_op("nn.grouped_transpose_matmul")(wildcard(), wildcard(), wildcard()).named("inner")),
          _swapped_product),
