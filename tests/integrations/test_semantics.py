@@ -449,6 +449,47 @@ def test_parameters_without_a_path_to_the_loss_get_no_gradient_like_eager(target
     assert model.unused.grad is None and model.picker.grad is None and model.frozen.weight.grad is None
 
 
+class ThroughZeroGradients(nn.Module):
+    """Parameters that reach the loss only through operators whose gradient is zero (``round``, ``sign``,
+    ``floor``): eager gives them a zero gradient, not None, so AdamW decays them and moves their moments. One read
+    only through a comparison gets None; so does an output computed from a comparison alone (no requires_grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.rounded, self.signed, self.floored, self.compared = (nn.Parameter(torch.randn(4)) for _ in range(4))
+
+    def forward(self, x):
+        q = torch.round(x * self.rounded) + torch.sign(x * self.signed) + torch.floor(x * self.floored)
+        mask = (self.compared > 0).to(x.dtype)
+        return self.lin(x + q).pow(2).sum() / 10 + (x * mask).sum(), mask
+
+
+@pytest.mark.parametrize("route", ["compile", "dynamo"])
+def test_parameters_reaching_the_loss_through_zero_gradients_get_zeros_like_eager(target, route):
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model, x = ThroughZeroGradients(), torch.randn(5, 4)
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (x,), target=target) if route == "compile" else torch.compile(model, backend="pullback")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5) for m in (eager, model)]
+    for _ in range(3):
+        for m, opt in zip((eager, cm), opts):
+            opt.zero_grad()
+            loss, mask = m(x)
+            assert loss.requires_grad and not mask.requires_grad
+            loss.backward()
+            opt.step()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        torch.testing.assert_close(q, p, msg=name)
+    for p in (model.rounded, model.signed, model.floored):
+        assert p.grad is not None and not p.grad.any()
+    assert model.compared.grad is None
+    torch._dynamo.reset()
+
+
 class SamplersInForward(nn.Module):
     """Tensor's in-place samplers on fresh tensors (how ``F.gumbel_softmax`` draws its noise), one on a transposed
     ``empty_like`` (filled in that layout, as eager fills it)."""

@@ -15,8 +15,9 @@ from typing import Sequence
 
 from ..ir.expr import Call, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..ir.traversal import post_order, transform
+from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TupleType, flatten_type, is_inexact
+from ..ops.registry import OpDef
 from ..transform import standard_cleanup
 from ..transform.eliminate_identity import uniform_value
 from ..transform.first_order_gradient import differentiate
@@ -30,24 +31,33 @@ def structural_zeros(body) -> frozenset:
     return frozenset(k for k, f in enumerate(fields) if (u := uniform_value(f)) is not None and not u)
 
 
-def outputs_reached(fn: Function, sources) -> list[bool]:
-    """Per output of ``fn`` (its body's fields), whether a value of ``sources`` (Vars) flows into it other than
-    through ``stop_gradient``: the outputs eager returns requiring grad (one computed from constants alone, a
-    buffer rebuilt from its size, does not). Local functions count as reached (conservatively)."""
-    reached: dict = {}
+def tracked_sources(fn: Function, sources: Sequence[Var]) -> list[int]:
+    """Per output of ``fn`` (its body's fields), a bit mask of the ``sources`` (bit ``k``: ``sources[k]``) that
+    autograd would track into it: through every operator with a floating result, whether or not its gradient
+    is zero (``round``, ``sign``: eager gives those parameters a zero gradient, not None), but not through
+    ``stop_gradient``, integer or boolean results (a comparison), nor a like-operator's template
+    (``zeros_like(x)``). A local function passes every source it reads (conservatively)."""
+    bit = {v: 1 << k for k, v in enumerate(sources)}
+    mask: dict = {}
     for node in post_order(fn.body):
-        if node in reached:
+        if node in mask:
             continue
         if isinstance(node, Var):
-            reached[node] = node in sources
-        elif isinstance(node, Function) or isinstance(node, Call) and isinstance(node.op, Function):
-            reached[node] = True
-        elif isinstance(node, Call) and getattr(node.op, "name", None) == "stop_gradient":
-            reached[node] = False
-        else:
-            reached[node] = any(reached.get(c, False) for c in node.children())
+            mask[node] = bit.get(node, 0)
+            continue
+        children = free_vars(node) if isinstance(node, Function) else node.children()
+        if isinstance(node, Call) and isinstance(node.op, OpDef):
+            if node.op.name == "stop_gradient":
+                children = ()
+            elif node.op.type_only:
+                children = [c for i, c in enumerate(node.args) if i not in node.op.type_only]
+        m = 0
+        for c in children:
+            m |= mask.get(c, 0)
+        t = node.checked_type
+        mask[node] = m if isinstance(t, TupleType) or is_inexact(getattr(t, "dtype", "float32")) else 0
     body = fn.body
-    return [reached[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
+    return [mask[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
 
 
 def cotangent_uses(fn: Function) -> list[int]:

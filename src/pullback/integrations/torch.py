@@ -42,7 +42,7 @@ from ..ir.expr import Call, Expr, Tuple
 from ..ir.types import flatten_type, is_inexact
 from ..transform import FirstOrderGradient, PartitionForwardBackward, standard_cleanup
 from .bridges import BRIDGES, build_for, version
-from .higher_order import DifferentiableProgram, cotangent_uses, gradients, outputs_reached, structural_zeros, wanted
+from .higher_order import DifferentiableProgram, cotangent_uses, gradients, structural_zeros, tracked_sources, wanted
 from .structure import StructureWatch, module_structure, structure_change
 
 TARGETS = ("torch", "numpy", "jax")
@@ -106,21 +106,26 @@ class TrainingProgram:
         self.fwd, self.bwd = exe["main_fwd"], exe["main_bwd"]
         self.fwd.plan.ensure()
         lap("build", self.bwd.plan.ensure())
-        # wrt positions whose gradient is structurally zero (the parameter does not reach the loss, or only through
-        # non-differentiable or no_grad paths): None, as eager leaves .grad (optimizers then skip it: no weight decay)
-        self.no_path = structural_zeros(self.mod["main_bwd"].body)
-        # per wrt position, the outputs whose gradients reach it: when autograd gives none to any of them (a
-        # pooler output the loss does not use), the gradient is None, as eager leaves .grad (AdamW then neither
-        # decays the weight nor moves its moments)
-        self.reaches = cotangent_uses(self.mod["main_bwd"])
         # outputs autograd tracks: floats computed from a wrt input (not from constants alone, nor under no_grad),
         # other than a written-back value (a running mean returned: eager updates it under no_grad)
-        sources = {prog.main.params[i] for i in self.wrt_index}
-        reached = outputs_reached(prog.main, sources)
+        sources = tracked_sources(prog.main, [prog.main.params[i] for i in self.wrt_index])
         body = prog.main.body
         fields = body.fields if isinstance(body, Tuple) else (body,)
         written = {_under_stop_gradient(f) for f in fields[prog.num_outputs:]}
-        self.tracked_out = [is_inexact(t.dtype) and r and f not in written for t, r, f in zip(self.out_types, reached, fields)]
+        self.tracked_out = [is_inexact(t.dtype) and m != 0 and f not in written
+                            for t, m, f in zip(self.out_types, sources, fields)]
+        # per wrt position, the tracked outputs autograd's graph joins it to (through zero gradients too)
+        joined = [sum(1 << j for j, m in enumerate(sources) if self.tracked_out[j] and m >> k & 1)
+                  for k in range(len(self.wrt_index))]
+        bwd = self.mod["main_bwd"]
+        # wrt positions whose gradient is structurally zero and that no tracked output joins (the parameter does not
+        # reach the loss, or only through no_grad paths or integer results): None, as eager leaves .grad (optimizers
+        # then skip it: no weight decay); one joined only through zero gradients (``round``) gets zeros, as in eager
+        self.no_path = frozenset(k for k in structural_zeros(bwd.body) if not joined[k])
+        # per wrt position, the outputs whose gradients reach it: when autograd gives none to any of them (a
+        # pooler output the loss does not use), the gradient is None, as eager leaves .grad (AdamW then neither
+        # decays the weight nor moves its moments)
+        self.reaches = [r | j for r, j in zip(cotangent_uses(bwd), joined)]
         # outputs whose cotangent the backward never propagates: integer/bool results and the written-back
         # buffers (under stop_gradient): their zero cotangents are made once, not every step
         inert = [i for i, f in enumerate(self.tracked_out) if not f or i >= prog.num_outputs]
