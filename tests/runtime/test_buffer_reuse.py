@@ -198,6 +198,18 @@ def test_slices_still_read_after_a_write_are_copied_instead_of_the_whole_tensor(
     assert _copies_on_torch(_forward_substitution("blocks"), [xs]) == [(N, N)]
 
 
+@pytest.mark.parametrize("keep", ["none", "reads"])
+def test_a_loop_of_row_writes_runs_in_one_buffer_on_numpy(keep):
+    """On the numpy target too every write of the loop goes into the buffer the chain owns (its slices are copies,
+    so rows kept for later do not pin it), with the values of the plan without reuse."""
+    f = _forward_substitution(keep)
+    exe = _build(f, "numpy", True)
+    order = pb.ir.traversal.post_order(exe.mod["main"].body)
+    reuse = buffer_reuse(order, exe.mod["main"].body, exe.target)
+    assert sum(n.op.name == "strided_set" for n in reuse) == N - 1
+    _same_with_and_without_reuse(f, [_x()], "numpy")
+
+
 def test_a_row_read_after_it_is_overwritten_in_the_order_is_read_first():
     """``(strided_set(u, v, row i), strided_slice(u, row i))``: the post-order writes before it reads, which would
     copy all of ``u``; the plan reads (copies) the row first and writes in place, and the row read is the old one."""

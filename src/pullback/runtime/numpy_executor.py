@@ -36,7 +36,8 @@ UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square"
                        "log1p", "log2"})
 
 
-_IN_PLACE = frozenset(FLOAT_DTYPES) - {"bfloat16"}  # the dtypes whose ufuncs write into an operand
+_IN_PLACE = frozenset(FLOAT_DTYPES) - {"bfloat16"}
+_SLICES = frozenset({"strided_set", "strided_slice"})  # the dtypes whose ufuncs write into an operand
 
 
 def _array_type(t) -> bool:
@@ -59,6 +60,18 @@ def _inplace(uf, i: Optional[int]) -> Callable:
             with np.errstate(divide="ignore", invalid="ignore"):
                 return uf(a, b, out=b)
     return quiet
+
+
+def _write_into(call) -> Callable:
+    """``strided_set`` assigning the slice into its base array itself (the plan's buffer reuse: a loop writing rows of
+    one tensor copies it once, not at every write)."""
+    index, flipped = call.attrs.forward_index(tuple(call.checked_type.shape))
+
+    def write(x, v, attrs=None):
+        x[index] = np.flip(v, axis=flipped) if flipped else v
+        return x
+
+    return write
 
 
 @contextmanager
@@ -94,11 +107,14 @@ class NumpyTarget(Target):
         name = call.op.name
         if self.aten and name in ALLOCATING and takes(call):
             return _array_type(call.checked_type)
-        # GEMMs: np.matmul's result is a new array
-        return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in GEMMS) and _array_type(call.checked_type)
+        # GEMMs: np.matmul's result is a new array; strided_set writes into a copy of its base, strided_slice copies
+        return (name in QUIET_UFUNC_OPS or name in UFUNC_OPS or name in GEMMS or name in _SLICES) \
+            and _array_type(call.checked_type)
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         name, out = call.op.name, call.checked_type
+        if name == "strided_set":
+            return _write_into(call) if i == 0 and _array_type(out) and out.dtype in _IN_PLACE else None
         # bfloat16 has no NumPy arithmetic: its kernels compute in float32 into new arrays (runtime.opmath)
         if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in _IN_PLACE:
             return None
