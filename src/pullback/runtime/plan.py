@@ -354,7 +354,7 @@ def _views_to_copy(aliases: _Aliases, last: dict, target: "Target") -> set:
         if n.op is not strided_set or n.args[0] not in owned or aliases.buffer_last[n.args[0]] <= p:
             continue
         c, v = n.args
-        if c in holds[v] or target.inplace_kernel(n, 0) is None:
+        if c in holds[v] or not _copyable(c) or target.inplace_kernel(n, 0) is None:
             continue
         alive = {h for h in aliases.holders.get(c, ()) if position[h] < p and last.get(h, position[h]) > p}
         roots = [h for h in alive if any(o is c or (o not in alive and c in holds[o]) for o in _operands(h))]
