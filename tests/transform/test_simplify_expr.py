@@ -310,6 +310,28 @@ def test_a_block_written_as_rows_then_columns_is_one_write():
     _check(SimplifyExpr(), same_axis, same_axis)
 
 
+def test_a_slice_of_a_slice_on_another_axis_is_one_slice():
+    x = pb.var("x", shape=(4, 6))
+    a = op.exp(x)
+    before = mod_of([x], op.tanh(op.strided_slice(op.strided_slice(a, (1,), (3,), None, (0,)), (0,), (5,), (2,), (1,))))
+    expected = mod_of([x], op.tanh(op.strided_slice(a, (1, 0), (3, 5), (1, 2), (0, 1))))
+    _check(SimplifyExpr(), before, expected)
+    same_axis = mod_of([x], op.tanh(op.strided_slice(op.strided_slice(a, (1,), (4,), None, (0,)), (1,), (2,), None, (0,))))
+    _check(SimplifyExpr(), same_axis, same_axis)
+
+
+def test_part_of_a_selected_row_written_back_is_one_write():
+    """``x[..., 2, 1:4] = v`` after functionalization (``select_scatter`` of a ``slice_scatter`` into the selected
+    row: squeeze, write, expand_dims, write) -> one ``strided_set`` of ``v`` with its axis restored."""
+    x, v = pb.var("x", shape=(3, 4, 6)), pb.var("v", shape=(3, 3))
+    a = op.exp(x)
+    row = op.squeeze(op.strided_slice(a, (2,), (3,), None, (1,)), (1,))
+    written = op.expand_dims(op.strided_set(row, v, (1,), (4,), None, (1,)), 1)
+    before = mod_of([x, v], op.tanh(op.strided_set(a, written, (2,), (3,), None, (1,))))
+    expected = mod_of([x, v], op.tanh(op.strided_set(a, op.expand_dims(v, 1), (2, 1), (3, 4), (1, 1), (1, 2))))
+    _check(SimplifyExpr(), before, expected)
+
+
 def test_a_block_written_into_zeros_is_a_zero_pad():
     """``strided_set(zeros, v)`` over two axes (a convolution's one-tap weight gradient) -> ``nn.pad(v)``."""
     v = pb.var("v", shape=(4, 3, 1, 1))

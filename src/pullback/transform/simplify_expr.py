@@ -17,7 +17,8 @@ Rules (one table, applied by the pattern driver until none fires):
   ``strided_set(x, strided_slice(x, r) + v, r)``:
   a slice's gradient added into a larger one touches the slice only, and the executor writes it into ``x`` in
   place when ``x`` is not read again (a loop reading and writing rows of one tensor, unrolled by torch.export);
-- ``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` over different axes -> one ``strided_set``;
+- ``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` over different axes -> one ``strided_set``,
+  also through a selected row (``x[..., i, :j] = v``); ``strided_slice(strided_slice(x, r1), r2)`` likewise;
 - ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
 - ``transpose(concatenate(xs))`` -> ``concatenate`` of the transposed pieces (copied once, straight into the
   transposed layout);
@@ -40,7 +41,7 @@ from ..ops import layout as T
 from ..ops.grouped import grouped_transpose_matmul
 from ..ops.indexing import strided_set, strided_slice
 from ..ops.nn import pad
-from ..ops.shape import concatenate
+from ..ops.shape import concatenate, squeeze
 from ..pattern import is_op, wildcard
 from .concretize_like import concretize_rules
 from .eliminate_identity import identity_rules, uniform_value
@@ -196,17 +197,53 @@ def _added_into_slice(node: Expr, c: dict) -> Optional[Expr]:
 def _nested_write(node: Expr, c: dict) -> Optional[Expr]:
     """``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` with ``r1`` and ``r2`` on different axes ->
     ``strided_set(x, v, r1 and r2)``: ``x[a:b, c:d] = v`` after functionalization, one write instead of a copy
-    of the rows and a write of them."""
+    of the rows and a write of them. Also through a selected row (``x[..., i, :j] = v``: the row read by
+    ``squeeze(strided_slice(x, i:i+1))`` and written back by ``expand_dims``)."""
     x, inner = node.args
-    read = inner.args[0]
     t = x._checked_type
-    if read.args[0] is not x or read.attrs != node.attrs or not isinstance(t, TensorType):
+    if not isinstance(t, TensorType):
         return None
-    outer, within = node.attrs.slices("strided_set", (), t.ndim), inner.attrs.slices("strided_set", (), t.ndim)
-    if outer.keys() & within.keys():
+    outer = node.attrs.slices("strided_set", (), t.ndim)
+    selected = None  # the axis of a selected row
+    if isinstance(inner, Call) and inner.op is T.expand_dims and inner.attrs.num_newaxis == 1 and len(outer) == 1:
+        selected = inner.attrs.axis % t.ndim
+        inner = inner.args[0]
+    if not (isinstance(inner, Call) and inner.op is strided_set and isinstance(inner.args[0], Call)):
         return None
-    axes = tuple(sorted({**outer, **within}.items()))
-    return strided_set(x, inner.args[1], *zip(*((b, e, st) for _, (b, e, st) in axes)), tuple(a for a, _ in axes))
+    read = inner.args[0]
+    if selected is not None:
+        if read.op is not squeeze or tuple(a % t.ndim for a in read.attrs.axis or ()) != (selected,):
+            return None
+        read = read.args[0]
+    if read.op is not strided_slice or read.args[0] is not x or read.attrs != node.attrs:
+        return None
+    within = {a + (selected is not None and a >= selected): r
+              for a, r in inner.attrs.slices("strided_set", (), t.ndim - (selected is not None)).items()}
+    both = _both_ranges(outer, within)
+    if both is None:
+        return None
+    return strided_set(x, inner.args[1] if selected is None else T.expand_dims(inner.args[1], selected), *both)
+
+
+def _both_ranges(first: dict, second: dict) -> Optional[tuple]:
+    """``(begin, end, strides, axes)`` of the ranges ``first`` and ``second`` ({axis: (begin, end, stride)}) on
+    different axes, taken together; None when they share an axis."""
+    if first.keys() & second.keys():
+        return None
+    axes = sorted({**first, **second}.items())
+    begin, end, strides = zip(*(r for _, r in axes))
+    return begin, end, strides, tuple(a for a, _ in axes)
+
+
+def _slice_of_slice(node: Expr, c: dict) -> Optional[Expr]:
+    """``strided_slice(strided_slice(x, r1), r2)`` with ``r1`` and ``r2`` on different axes -> one ``strided_slice``
+    (``x[a:b][:, c:d]``, a loop's row and block reads)."""
+    inner = node.args[0]
+    t = inner.args[0]._checked_type
+    if not isinstance(t, TensorType):
+        return None
+    both = _both_ranges(inner.attrs.slices("strided_slice", (), t.ndim), node.attrs.slices("strided_slice", (), t.ndim))
+    return None if both is None else strided_slice(inner.args[0], *both)
 
 
 def _zero_embedding(node: Expr, c: dict) -> Optional[Expr]:
@@ -240,7 +277,8 @@ def shape_rules() -> list:
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
         (is_op("add")(wildcard(), wildcard()), _added_into_slice),
-        (is_op("strided_set")(wildcard(), is_op("strided_set")(is_op("strided_slice")(wildcard()), wildcard())), _nested_write),
+        (is_op("strided_set")(wildcard(), wildcard()), _nested_write),
+        (is_op("strided_slice")(is_op("strided_slice")(wildcard())), _slice_of_slice),
         (is_op("strided_set"), _zero_embedding),
         (is_op("transpose")(is_op("nn.grouped_transpose_matmul")(wildcard(), wildcard(), wildcard()).named("inner")),
          _swapped_product),
