@@ -451,16 +451,22 @@ def test_parameters_without_a_path_to_the_loss_get_no_gradient_like_eager(target
 
 class ThroughZeroGradients(nn.Module):
     """Parameters that reach the loss only through operators whose gradient is zero (``round``, ``sign``,
-    ``floor``): eager gives them a zero gradient, not None, so AdamW decays them and moves their moments. One read
-    only through a comparison gets None; so does an output computed from a comparison alone (no requires_grad)."""
+    ``floor``, a tensor zeroed or filled in place): eager gives them a zero gradient, not None, so AdamW decays them
+    and moves their moments. One read only through a comparison or a fresh ``zeros_like`` gets None; so does an
+    output computed from a comparison alone (no requires_grad)."""
 
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(4, 2)
         self.rounded, self.signed, self.floored, self.compared = (nn.Parameter(torch.randn(4)) for _ in range(4))
+        self.zeroed, self.filled, self.templated = (nn.Parameter(torch.randn(4)) for _ in range(3))
 
     def forward(self, x):
         q = torch.round(x * self.rounded) + torch.sign(x * self.signed) + torch.floor(x * self.floored)
+        zeroed, filled = x * self.zeroed, x * self.filled
+        zeroed.zero_()
+        filled.fill_(0.5)
+        q = q + zeroed + filled + torch.zeros_like(x * self.templated)
         mask = (self.compared > 0).to(x.dtype)
         return self.lin(x + q).pow(2).sum() / 10 + (x * mask).sum(), mask
 
@@ -484,9 +490,9 @@ def test_parameters_reaching_the_loss_through_zero_gradients_get_zeros_like_eage
     for (name, p), q in zip(eager.named_parameters(), model.parameters()):
         assert (p.grad is None) == (q.grad is None), name
         torch.testing.assert_close(q, p, msg=name)
-    for p in (model.rounded, model.signed, model.floored):
+    for p in (model.rounded, model.signed, model.floored, model.zeroed, model.filled):
         assert p.grad is not None and not p.grad.any()
-    assert model.compared.grad is None
+    assert model.compared.grad is None and model.templated.grad is None
     torch._dynamo.reset()
 
 

@@ -332,6 +332,19 @@ def test_part_of_a_selected_row_written_back_is_one_write():
     _check(SimplifyExpr(), before, expected)
 
 
+def test_a_write_over_the_whole_tensor_is_the_value():
+    """``strided_set(x, v)`` over every element (``h.zero_()`` as the importer writes it) is ``v``; a write that
+    misses a row, or strides, stays."""
+    x, v = pb.var("x", shape=(4, 6)), pb.var("v", shape=(4, 6))
+    a = op.exp(x)
+    for begin, end, strides, axes in (((0, 0), (4, 6), None, None), ((0,), (4,), None, (0,)), ((0, -6), (9, 6), (1, 1), (0, 1))):
+        _check(SimplifyExpr(), mod_of([x, v], op.tanh(op.strided_set(a, v, begin, end, strides, axes))), mod_of([x, v], op.tanh(v)))
+    w, u = pb.var("w", shape=(3, 6)), pb.var("u", shape=(2, 6))
+    for value, args in ((w, ((1,), (4,), None, (0,))), (u, ((0,), (4,), (2,), (0,)))):
+        kept = mod_of([x, value], op.tanh(op.strided_set(a, value, *args)))
+        _check(SimplifyExpr(), kept, kept)
+
+
 def test_a_block_written_into_zeros_is_a_zero_pad():
     """``strided_set(zeros, v)`` over two axes (a convolution's one-tap weight gradient) -> ``nn.pad(v)``."""
     v = pb.var("v", shape=(4, 3, 1, 1))

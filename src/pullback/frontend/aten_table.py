@@ -520,14 +520,30 @@ def _ones(cx, *args, **kwargs):
     return _filled(cx, 1)
 
 
+# what a tensor filled in place (``h.zero_()``, ``h.fill_(v)``) decomposes from
+IN_PLACE_FILLS = frozenset({"aten.zero.default", "aten.fill.Scalar", "aten.fill.Tensor"})
+
+
+def _overwritten(cx, x: Expr, fill) -> Expr:
+    """``x`` filled with ``fill``. Filled in place, ``x`` stays in autograd's graph with a zero gradient, so the
+    parameters it was computed from get a zero ``.grad`` as in eager, not None: the fill is ``x`` overwritten whole
+    (``strided_set``, which SimplifyExpr turns into the fill itself once the gradient is taken)."""
+    out = _filled(cx, fill)
+    origin = cx.node.meta.get("original_aten", cx.node.target)
+    shape = tuple(cx.shape_of(x))
+    if str(origin) not in IN_PLACE_FILLS or Any in shape or not shape or cx.dtype_of(x) != cx.out_dtype:
+        return out
+    return _op("strided_set")(x, out, (0,) * len(shape), shape)
+
+
 @aten("aten.full_like.default")
 def _full_like(cx, x, fill, **kwargs):
-    return _filled(cx, fill)
+    return _overwritten(cx, x, fill)
 
 
 @aten("aten.fill.Scalar", "aten.fill.Tensor")
 def _fill(cx, x, value):
-    return _filled(cx, value)
+    return _overwritten(cx, x, value)
 
 
 @aten("aten.arange.start_step", "aten.arange.start", "aten.arange.default")

@@ -19,6 +19,7 @@ Rules (one table, applied by the pattern driver until none fires):
   place when ``x`` is not read again (a loop reading and writing rows of one tensor, unrolled by torch.export);
 - ``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` over different axes -> one ``strided_set``,
   also through a selected row (``x[..., i, :j] = v``); ``strided_slice(strided_slice(x, r1), r2)`` likewise;
+- ``strided_set(x, v)`` over all of ``x`` -> ``v`` (a tensor filled in place, as the importer writes it);
 - ``strided_set(zeros, v)`` over unit-stride ranges of two or more axes -> ``nn.pad(v)`` with zeros;
 - ``transpose(concatenate(xs))`` -> ``concatenate`` of the transposed pieces (copied once, straight into the
   transposed layout);
@@ -194,6 +195,17 @@ def _added_into_slice(node: Expr, c: dict) -> Optional[Expr]:
     return None
 
 
+def _whole_write(node: Expr, c: dict) -> Optional[Expr]:
+    """``strided_set(x, v)`` over all of ``x`` (every axis from 0 to its end, unit strides) -> ``v``."""
+    x, v = node.args
+    t = x._checked_type
+    if not (isinstance(t, TensorType) and t.is_static and v._checked_type == t):
+        return None
+    ranges = node.attrs.slices("strided_set", (), t.ndim)
+    whole = all(slice(*ranges.get(a, (None, None, None))).indices(n) == (0, n, 1) for a, n in enumerate(t.shape))
+    return v if whole else None
+
+
 def _nested_write(node: Expr, c: dict) -> Optional[Expr]:
     """``strided_set(x, strided_set(strided_slice(x, r1), v, r2), r1)`` with ``r1`` and ``r2`` on different axes ->
     ``strided_set(x, v, r1 and r2)``: ``x[a:b, c:d] = v`` after functionalization, one write instead of a copy
@@ -277,6 +289,7 @@ def shape_rules() -> list:
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
         (is_op("add")(wildcard(), wildcard()), _added_into_slice),
+        (is_op("strided_set")(wildcard(), wildcard()), _whole_write),
         (is_op("strided_set")(wildcard(), wildcard()), _nested_write),
         (is_op("strided_slice")(is_op("strided_slice")(wildcard())), _slice_of_slice),
         (is_op("strided_set"), _zero_embedding),
