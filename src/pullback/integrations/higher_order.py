@@ -16,7 +16,7 @@ from typing import Sequence
 from ..ir.expr import Call, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.traversal import free_vars, post_order, transform
-from ..ir.types import TupleType, flatten_type, is_inexact
+from ..ir.types import TensorType, TupleType, flatten_type, is_inexact
 from ..ops.registry import OpDef
 from ..transform import standard_cleanup
 from ..transform.eliminate_identity import uniform_value
@@ -55,7 +55,7 @@ def tracked_sources(fn: Function, sources: Sequence[Var]) -> list[int]:
         for c in children:
             m |= mask.get(c, 0)
         t = node.checked_type
-        mask[node] = m if isinstance(t, TupleType) or is_inexact(getattr(t, "dtype", "float32")) else 0
+        mask[node] = 0 if isinstance(t, TensorType) and not is_inexact(t.dtype) else m
     body = fn.body
     return [mask[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
 

@@ -36,8 +36,8 @@ UFUNC_OPS = frozenset({"negative", "exp", "log", "sqrt", "tanh", "abs", "square"
                        "log1p", "log2"})
 
 
-_IN_PLACE = frozenset(FLOAT_DTYPES) - {"bfloat16"}
-_SLICES = frozenset({"strided_set", "strided_slice"})  # the dtypes whose ufuncs write into an operand
+_IN_PLACE = frozenset(FLOAT_DTYPES) - {"bfloat16"}  # the dtypes whose ufuncs write into an operand
+_SLICES = frozenset({"strided_set", "strided_slice"})  # their NumPy kernels return new arrays
 
 
 def _array_type(t) -> bool:
@@ -113,10 +113,12 @@ class NumpyTarget(Target):
 
     def inplace_kernel(self, call: Call, i: int) -> Optional[Callable]:
         name, out = call.op.name, call.checked_type
-        if name == "strided_set":
-            return _write_into(call) if i == 0 and _array_type(out) and out.dtype in _IN_PLACE else None
         # bfloat16 has no NumPy arithmetic: its kernels compute in float32 into new arrays (runtime.opmath)
-        if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS or not _array_type(out) or out.dtype not in _IN_PLACE:
+        if not _array_type(out) or out.dtype not in _IN_PLACE:
+            return None
+        if name == "strided_set":
+            return _write_into(call) if i == 0 else None
+        if name not in QUIET_UFUNC_OPS and name not in UFUNC_OPS:
             return None
         for a in call.args:
             t = a.checked_type

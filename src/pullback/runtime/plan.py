@@ -34,6 +34,7 @@ Instruction layouts (``node`` is the IR node, for errors and checks)::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..ir.errors import ExecutionError
@@ -281,7 +282,7 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
         for c in _operands(n):
             last[c] = p
     firsts = _owned_first_fields(order, body, target)
-    aliases = _Aliases(order, last, firsts, target, ())
+    aliases = _Aliases(order, last, firsts, target, (), holders=target.fresh is not None)
     copied = _views_to_copy(aliases, last, target) if target.fresh is not None else ()
     if copied:
         aliases = _Aliases(order, last, firsts, target, copied)
@@ -305,14 +306,14 @@ def buffer_reuse(order: list, body: Expr, target: "Target") -> dict:
 class _Aliases:
     """Which buffers each node may hold (``holds``), the last position any holder of a buffer is read
     (``buffer_last``), the owned buffers, the allocating calls in order (``candidates``: (position, call)) and
-    the holders of each buffer; ``copied`` nodes hold new memory of their own."""
+    the holders of each buffer (only when asked: ``holders``); ``copied`` nodes hold new memory of their own."""
 
-    def __init__(self, order: list, last: dict, firsts: set, target: "Target", copied):
+    def __init__(self, order: list, last: dict, firsts: set, target: "Target", copied, holders: bool = False):
         allocates = target.allocates
         self.owned = owned = set(firsts)
         self.holds = holds = {}
         self.buffer_last = buffer_last = {}
-        self.holders = holders = {}
+        self.holders = by_buffer = {}
         self.candidates = candidates = []
         self.position = {}
         no_buffers: tuple = ()
@@ -337,7 +338,8 @@ class _Aliases:
             b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
             holds[n] = b
             for k in b:
-                holders.setdefault(k, []).append(n)
+                if holders:
+                    by_buffer.setdefault(k, []).append(n)
                 if buffer_last[k] < until:
                     buffer_last[k] = until
 
@@ -369,10 +371,7 @@ def _copyable(n: Expr) -> bool:
 
 
 def _size(n: Expr) -> int:
-    size = 1
-    for d in n._checked_type.shape:
-        size *= d
-    return size
+    return math.prod(n._checked_type.shape)
 
 
 def _copying(kernel: Callable, fresh: Callable) -> Callable:
