@@ -370,6 +370,58 @@ def test_other_writes_into_a_tensor_stay_strided_sets(case):
     assert_same_results(before, after)
 
 
+def _halves(shape, axis, starts=(0, 1), lens=None, step=2, other=None):
+    """``strided_set(zeros, a, start::step) + strided_set(zeros, b, ...)`` along ``axis`` of ``shape`` (``other``:
+    one more range, on another axis, that both writes share): the gradient of ``x[..., ::2]`` and ``x[..., 1::2]``."""
+    vs, sets = [], []
+    for name, start, n in zip("ab", starts, lens or [len(range(s, shape[axis], step)) for s in starts]):
+        ranges = {axis: (start, start + step * n, step), **(other or {})}
+        vshape = tuple(len(range(*slice(*ranges[d]).indices(k))) if d in ranges else k for d, k in enumerate(shape))
+        vs.append(pb.var(name, shape=vshape))
+        axes = tuple(sorted(ranges))
+        sets.append(op.strided_set(op.zeros(shape, "float32"), vs[-1], tuple(ranges[d][0] for d in axes),
+                                   tuple(ranges[d][1] for d in axes), tuple(ranges[d][2] for d in axes), axes))
+    return vs, sets
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_even_and_odd_halves_written_into_zeros_are_interleaved(axis, order):
+    """The two halves of ``x[..., ::2]``/``x[..., 1::2]``'s gradient, summed in either order -> ``a`` and ``b``
+    stacked after the axis and merged into it: one pass, no zeros, no sum."""
+    shape = (4, 6, 8)
+    (a, b), (sa, sb) = _halves(shape, axis)
+    before = mod_of([a, b], op.tanh(op.add(sa, sb) if order == "ab" else op.add(sb, sa)))
+    expected = mod_of([a, b], op.tanh(op.reshape(op.stack([a, b], axis + 1), shape)))
+    _check(SimplifyExpr(), before, expected)
+
+
+def test_halves_of_part_of_an_axis_or_of_a_strided_range_are_interleaved_into_zeros():
+    """Halves covering rows 2..6 of 8 are interleaved and written there; a range on another axis that both writes
+    share stays (Swin's patch merging, axis by axis)."""
+    (a, b), (sa, sb) = _halves((8, 6), 0, starts=(2, 3), lens=(2, 2))
+    expected = op.strided_set(op.zeros((8, 6), "float32"), op.reshape(op.stack([a, b], 1), (4, 6)), (2,), (6,), (1,), (0,))
+    _check(SimplifyExpr(), mod_of([a, b], op.tanh(op.add(sa, sb))), mod_of([a, b], op.tanh(expected)))
+    (a, b), (sa, sb) = _halves((4, 6), 0, other={1: (1, 6, 2)})
+    expected = op.strided_set(op.zeros((4, 6), "float32"), op.reshape(op.stack([a, b], 1), (4, 3)), (1,), (6,), (2,), (1,))
+    _check(SimplifyExpr(), mod_of([a, b], op.tanh(op.add(sa, sb))), mod_of([a, b], op.tanh(expected)))
+
+
+@pytest.mark.parametrize("case", ["step3", "same_start", "uneven", "two_axes", "ones"])
+def test_writes_that_do_not_interleave_stay_a_sum(case):
+    kw = {"step3": dict(step=3), "same_start": dict(starts=(1, 1)), "uneven": dict(starts=(0, 1), lens=(3, 2)),
+          "two_axes": {}, "ones": {}}[case]
+    (a, b), (sa, sb) = _halves((6, 4), 0, **kw)
+    if case == "two_axes":  # b's write is on every other column too: a's and b's ranges differ on two axes
+        (b,), (sb,) = [x[1:] for x in _halves((6, 4), 0, other={1: (0, 4, 2)})]
+    if case == "ones":
+        sb = op.strided_set(op.ones((6, 4), "float32"), b, sb.attrs.begin, sb.attrs.end, sb.attrs.strides, sb.attrs.axes)
+    before = mod_of([a, b], op.tanh(op.add(sa, sb)))
+    after = SimplifyExpr()(before)
+    assert "stack" not in pb.astext(after)
+    assert_same_results(before, after)
+
+
 def test_a_transposed_grouped_weight_gradient_is_computed_in_its_layout():
     """``transpose(grouped_transpose_matmul(a, b, offs), (0, 2, 1))`` is ``grouped_transpose_matmul(b, a, offs)``:
     experts' weights stored (E, N, K) get their gradient in that layout, not as a transposed view."""

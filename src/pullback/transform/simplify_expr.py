@@ -42,7 +42,7 @@ from ..ops import layout as T
 from ..ops.grouped import grouped_transpose_matmul
 from ..ops.indexing import strided_set, strided_slice
 from ..ops.nn import pad
-from ..ops.shape import concatenate, squeeze
+from ..ops.shape import concatenate, squeeze, stack
 from ..pattern import is_op, wildcard
 from .concretize_like import concretize_rules
 from .eliminate_identity import identity_rules, uniform_value
@@ -119,9 +119,9 @@ def _reshape_reshape(node: Expr, c: dict) -> Optional[Expr]:
     return None
 
 
-def _zero_writes(call: Call) -> Optional[dict]:
-    """``{axis: (begin, end)}``: the unit-stride, non-empty ranges of static axes that ``strided_set(zeros, v)``
-    writes, or None (another base, a stride, an empty range, a dynamic shape)."""
+def _zero_ranges(call: Call) -> Optional[dict]:
+    """``{axis: range}``: the non-empty, positive-step indices of the static axes that ``strided_set(zeros, v)``
+    writes, or None (another base, a negative step, an empty range, a dynamic shape)."""
     t = call._checked_type
     if not (isinstance(t, TensorType) and t.is_static):
         return None
@@ -129,12 +129,17 @@ def _zero_writes(call: Call) -> Optional[dict]:
     if u is None or u != 0:
         return None
     out = {}
-    for ax, (b, e, step) in call.attrs.slices("strided_set", (), t.ndim).items():
-        b, e, step = slice(b, e, step).indices(t.shape[ax])
-        if step != 1 or e <= b:
+    for ax, r in call.attrs.slices("strided_set", (), t.ndim).items():
+        out[ax] = range(*slice(*r).indices(t.shape[ax]))
+        if not out[ax] or out[ax].step < 0:
             return None
-        out[ax] = (b, e)
     return out
+
+
+def _zero_writes(call: Call) -> Optional[dict]:
+    """``{axis: (begin, end)}``: ``_zero_ranges`` when every range has unit stride, else None."""
+    r = _zero_ranges(call)
+    return None if r is None or any(x.step != 1 for x in r.values()) else {ax: (x.start, x.stop) for ax, x in r.items()}
 
 
 def _written_range(call: Call) -> Optional[tuple]:
@@ -164,6 +169,36 @@ def _pieces(node: Expr, c: dict) -> Optional[Expr]:
     if begin == 0 and end == node._checked_type.shape[ax]:
         return joined
     return strided_set(first.args[0], joined, (begin,), (end,), None, (ax,))
+
+
+def _interleaved(node: Expr, c: dict) -> Optional[Expr]:
+    """``strided_set(zeros, a, r::2) + strided_set(zeros, b, r+1::2)`` on one axis (the other axes' ranges the
+    same) -> the two interleaved: ``a`` and ``b`` stacked on a new axis after it and merged into it, written into
+    zeros only where the two do not cover the tensor. The gradient of ``x[..., ::2]`` and ``x[..., 1::2]``
+    (GPT-OSS's gate and up halves, interleaved rotary embeddings, Swin's patch merging, axis by axis): one pass
+    writing it instead of a zero copy, two strided writes and a sum."""
+    t = node._checked_type
+    rx, ry = (_zero_ranges(e) if e._checked_type == t else None for e in node.args)
+    if rx is None or ry is None:
+        return None
+    whole = [range(n) for n in t.shape]
+    fx, fy = ({**dict(enumerate(whole)), **r} for r in (rx, ry))
+    differ = [ax for ax in range(t.ndim) if fx[ax] != fy[ax]]
+    if len(differ) != 1:
+        return None
+    (ax,) = differ
+    (a, ra), (b, rb) = sorted(((node.args[0].args[1], fx[ax]), (node.args[1].args[1], fy[ax])), key=lambda p: p[1].start)
+    if not (ra.step == rb.step == 2 and rb.start == ra.start + 1 and len(ra) == len(rb)):
+        return None
+    shape = list(a._checked_type.shape)
+    shape[ax] *= 2
+    joined = T.reshape(stack([a, b], ax + 1), tuple(shape))
+    fx[ax] = range(ra.start, ra.start + 2 * len(ra))
+    if fx == dict(enumerate(whole)):
+        return joined
+    axes = [k for k in range(t.ndim) if fx[k] != whole[k]]
+    return strided_set(node.args[0].args[0], joined, tuple(fx[k].start for k in axes),
+                       tuple(fx[k].stop for k in axes), tuple(fx[k].step for k in axes), tuple(axes))
 
 
 def _padded(e: Expr) -> Optional[tuple]:
@@ -288,6 +323,8 @@ def shape_rules() -> list:
         (is_op("transpose"), _transposed_pieces),
         (is_op("reshape")(is_op("reshape")(wildcard()).named("inner")), _reshape_reshape),
         (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())), _pieces),
+        (is_op("add")(is_op("strided_set")(wildcard(), wildcard()), is_op("strided_set")(wildcard(), wildcard())),
+         _interleaved),
         (is_op("add")(wildcard(), wildcard()), _added_into_slice),
         (is_op("strided_set")(wildcard(), wildcard()), _whole_write),
         (is_op("strided_set")(wildcard(), wildcard()), _nested_write),
