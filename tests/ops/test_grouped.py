@@ -69,6 +69,28 @@ def test_torch_target_is_atens_grouped_gemm_bit_for_bit(dtype):
     assert torch.equal(op.nn.grouped_transpose_matmul.impl("torch")(x, g, offs, None), torch._grouped_mm(x.t(), g, offs=offs))
 
 
+@pytest.mark.parametrize("case", ["takes", "float64", "odd-rows", "transposed", "unsorted-offsets", "past-the-end"])
+def test_torch_target_calls_atens_grouped_gemm_once_where_it_takes_the_operands(case, monkeypatch):
+    """One ``_grouped_mm`` call (eager's, no Python loop over the groups) for float32 operands ATen takes and
+    offsets it can read unchecked (non-decreasing, within the rows); else the loop, with the op's values."""
+    torch = pytest.importorskip("torch")
+    calls = []
+    real = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    k = 5 if case == "odd-rows" else 16  # 20-byte rows: ATen wants strides of 16-byte multiples
+    dt = torch.float64 if case == "float64" else torch.float32
+    x, w, g = torch.randn(24, k, dtype=dt), torch.randn(3, k, 8, dtype=dt), torch.randn(24, 8, dtype=dt)
+    if case == "transposed":
+        x = x.t().contiguous().t()
+    offs = torch.tensor({"unsorted-offsets": [9, 5, 20], "past-the-end": [5, 9, 30]}.get(case, [5, 5, 20]))
+    fwd = op.nn.grouped_matmul.impl("torch")(x, w, offs, None)
+    bwd = op.nn.grouped_transpose_matmul.impl("torch")(x, g, offs, None)
+    torch.testing.assert_close(fwd, grouped_torch(x, w, offs), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bwd, transpose_torch(x, g, offs), rtol=1e-5, atol=1e-5)
+    assert len(calls) == {"takes": 2, "transposed": 2}.get(case, 0)  # column-major x: a stride of 24 floats
+
+
 def test_half_precision_rounds_once():
     """float16 products accumulate in float32 and round once, on every target."""
     x = RNG.standard_normal((6, 64)).astype("float16")
