@@ -1007,3 +1007,47 @@ def test_gradients_of_even_and_odd_halves_are_interleaved_like_eager(target):
     (tp,) = cm._programs.values()
     backward = pb.astext(tp.mod["main_bwd"])
     assert backward.count("stack(") == 2 and "strided_set" not in backward
+
+
+class _LearntBias(nn.Module):
+    """Attention with a learnt relative position bias (T5's, Inkling's) plus a padding mask, through sdpa."""
+
+    def __init__(self, learnt: bool = True):
+        super().__init__()
+        self.qkv, self.rel = nn.Linear(8, 24), nn.Parameter(torch.randn(2, 9) * 0.3)
+        self.rel.requires_grad_(learnt)
+
+    def forward(self, x, pad):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).clamp(-4, 4) + 4
+        bias = self.rel[:, distance][None] + (1.0 - pad[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).square().mean()
+
+
+@pytest.mark.parametrize("learnt", [True, False])
+def test_attention_with_a_learnt_bias_computes_its_probabilities_once_like_eager(target, learnt):
+    """A mask that depends on a parameter requiring grad: the bias's gradient needs the probabilities, so the
+    forward computes them once, as eager's math kernel does (not flash attention plus the same scores and
+    probabilities again for the backward); a mask without a gradient stays one ``nn.attention``. Three SGD steps
+    give eager's losses and weights."""
+    torch.manual_seed(0)
+    model = _LearntBias(learnt)
+    eager = copy.deepcopy(model)
+    x, pad = torch.randn(2, 6, 8), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    cm = pb_compile(model, (x, pad), target=target)
+    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5) for m in (eager, model)]
+    for _ in range(3):
+        losses = []
+        for m, opt in zip((eager, cm), opts):
+            loss = m(x, pad)
+            opt.zero_grad()
+            loss.backward()
+            losses.append(loss.detach())
+            opt.step()
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    (tp,) = cm._programs.values()
+    forward = pb.astext(tp.mod["main_fwd"])
+    assert ("nn.attention(" in forward) != learnt and forward.count("exp(") <= 1

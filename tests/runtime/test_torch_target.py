@@ -639,3 +639,33 @@ def test_stack_on_a_new_innermost_axis_fills_its_columns(dtype, axis, transposed
     np.testing.assert_array_equal(got.numpy(), want)
     assert fn.body.checked_type.shape == want.shape
     assert (fast_kernel(fn.body) is not None) == (axis == -1)
+
+
+@pytest.mark.parametrize("index_dtype", ["int64", "int32"])
+def test_gather_and_scatter_add_are_atens_kernels_without_a_pass_over_the_indices(index_dtype, monkeypatch):
+    """``gather`` and ``scatter_add`` on torch are ATen's (eager's kernels and bits: repeated positions summed in
+    its order), reading an expanded index as it is, with no ``aminmax`` over the indices first; an index out of
+    range is the pullback error naming the op and the range."""
+    import torch
+
+    from pullback import ExecutionError
+
+    rng = np.random.default_rng(1)
+    xs, us = rng.standard_normal((2, 3, 5)).astype("float32"), rng.standard_normal((2, 3, 4)).astype("float32")
+    idx = rng.integers(0, 5, (1, 1, 4)).astype(index_dtype)
+    x, u, i = var("x", shape=(2, 3, 5)), var("u", shape=(2, 3, 4)), var("i", shape=(1, 1, 4), dtype=index_dtype)
+    wide = op.broadcast_to(i, (2, 3, 4))
+    fn = Function([x, u, i], pb.Tuple([op.gather(x, 2, wide), op.scatter_add(x, wide, u, 2)]))
+    seen = []
+    real = torch.Tensor.aminmax
+    monkeypatch.setattr(torch.Tensor, "aminmax", lambda *a, **k: seen.append(1) or real(*a, **k))
+    got = pb.build(fn, target="torch")["main"](xs, us, idx)
+    assert not seen
+    tx, ti = torch.from_numpy(xs), torch.from_numpy(idx).long().expand(2, 3, 4)
+    assert torch.equal(got[0], tx.gather(2, ti)) and torch.equal(got[1], tx.scatter_add(2, ti, torch.from_numpy(us)))
+    for a, b in zip(got, pb.build(fn)["main"](xs, us, idx)):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-6)
+    for bad in (5, -1):
+        idx[0, 0, 2] = bad
+        with pytest.raises(ExecutionError, match=rf"gather: index {bad} out of range \[0, 5\) along axis 2"):
+            pb.build(fn, target="torch")["main"](xs, us, idx)

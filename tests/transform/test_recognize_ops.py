@@ -211,6 +211,22 @@ def test_masked_eager_attention_becomes_one_op_with_the_same_results_and_gradien
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mask_of, fused", [("w", False), ("stop_gradient(w)", True), ("pad", True), ("frozen", True)])
+def test_attention_whose_mask_a_learnable_parameter_reaches_keeps_its_form(mask_of, fused):
+    """A mask that a parameter of ``learnable`` reaches through floating-point values (a learnt position bias):
+    the gradient needs the probabilities, so the attention keeps eager's form; a mask from an integer padding
+    mask, through ``stop_gradient``, or from a parameter not named learnable is fused."""
+    q, k, v = _qkv()
+    w, pad = pb.var("w", shape=(2, 3, 5, 7)), pb.var("pad", shape=(2, 1, 1, 7), dtype="int64")
+    padding = op.multiply(op.cast(pad, "float32"), pb.const(-1e9, "float32"))
+    source = {"w": w, "stop_gradient(w)": op.stop_gradient(w), "pad": None, "frozen": w}[mask_of]
+    mask = padding if source is None else op.add(op.multiply(source, pb.const(0.5, "float32")), padding)
+    before = mod_of([q, k, v, w, pad], _eager_attention(q, k, v, "mul", mask=mask))
+    after = RecognizeOps(frozenset({"pad"} if mask_of == "frozen" else {"w", "pad"}))(before)
+    assert ("nn.attention" in pb.astext(after)) == fused
+    assert_same_results(before, after)
+
+
 def test_bfloat16_masked_or_other_attention_keeps_its_form():
     """bfloat16 keeps eager's roundings (its form); a ``where`` mask between the scale and the softmax, an added
     mask of another rank than 4, a softmax over another axis, or keys and

@@ -740,8 +740,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p or len(dts) != 1:
         return None
     dt = dts.pop()
-    if dt not in FLOAT_DTYPES or dt in HALF_DTYPES and attn_mask is not None and cx.learnable(attn_mask):
-        return None  # a learnable half-precision bias (T5's position bias): eager's math kernel, in float32
+    if dt not in FLOAT_DTYPES or attn_mask is not None and cx.learnable(attn_mask):
+        return None  # a learnable bias (T5's position bias): eager's math kernel (in float32 for half precision)
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
     if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
         return None

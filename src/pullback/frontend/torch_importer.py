@@ -488,7 +488,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
     fn_params = user_vars + [entry[0] for entry in state_vars] + cx.mask_vars
     mod = IRModule({"main": Function(fn_params, body), **cx.functions})
     infer_module(mod)
-    mod = RecognizeOps()(mod)  # decomposed formulas (Hugging Face's gelu_new) back into operators
+    # decomposed formulas (Hugging Face's gelu_new) back into operators
+    mod = RecognizeOps(frozenset(v.name_hint for v in fn_params if id(v) in cx.trainable))(mod)
     by_key = {k: v for v, keys, _ in state_vars for k in keys}
     resized = tuple(i for i, ((kind, name), e) in enumerate(zip(mutations, extra))
                     if name in by_key and e.checked_type.shape != by_key[name].type_annotation.shape)

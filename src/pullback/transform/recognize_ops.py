@@ -12,12 +12,13 @@ program (``frontend.import_exported``), before differentiation.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir.expr import Call, Expr, TupleGetItem
-from ..ir.types import Any, TensorType
+from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
+from ..ir.types import FLOAT_DTYPES, Any, TensorType
 from ..ops.activation import gelu
 from ..ops.attention import attention
 from ..ops.layout import reshape
@@ -119,11 +120,39 @@ def _is_bias(bias: Expr, scores: TensorType) -> bool:
         all(d == 1 or d == f for d, f in zip(t.shape, scores.shape))
 
 
-def _attention(node: Call, c: dict) -> Optional[Expr]:
+def _learnt(bias: Expr, learnable: frozenset) -> bool:
+    """Whether a gradient may reach ``bias`` from a parameter named in ``learnable`` (a learnt position bias: T5's,
+    Swin's, Inkling's), through floating-point values and not through ``stop_gradient``; a walk back from ``bias``
+    that stops at the first such parameter."""
+    stack, seen = [bias], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen or isinstance(e, Constant):
+            continue
+        seen.add(id(e))
+        t = e.checked_type
+        if isinstance(t, TensorType) and t.dtype not in FLOAT_DTYPES:
+            continue  # an integer or boolean mask carries no gradient
+        if isinstance(e, Call) and not is_call_to(e, "stop_gradient"):
+            stack.extend(e.args)
+        elif isinstance(e, TupleGetItem):
+            stack.append(e.tuple_value)
+        elif isinstance(e, Tuple):
+            stack.extend(e.fields)
+        elif isinstance(e, Var) and e.name_hint in learnable:
+            return True
+        elif not isinstance(e, (Call, Var)):
+            return True  # a form not followed here: kept as eager computes it
+    return False
+
+
+def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
     between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias: its
-    backward recomputes the probabilities instead of keeping them. bfloat16 keeps eager's form, so its roundings
-    stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's softmax gives NaN.)"""
+    backward recomputes the probabilities instead of keeping them. Not where the mask may be learnt (``_learnt``:
+    reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then computes
+    once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps eager's form, so its roundings stay eager's. (A
+    row whose mask is -inf everywhere gives 0 where eager's softmax gives NaN.)"""
     if node.attrs.transpose_a or node.attrs.transpose_b or not is_call_to(node.args[0], "reshape"):
         return None
     sm = node.args[0].args[0]
@@ -145,26 +174,29 @@ def _attention(node: Call, c: dict) -> Optional[Expr]:
     if tq.dtype not in ("float32", "float64") or not tq.dtype == tk.dtype == tv.dtype or tk.shape != tv.shape or \
             tq.shape[:2] != tk.shape[:2] or tq.shape[3] != tk.shape[3] or Any in tq.shape[2:] + tk.shape[2:]:
         return None
-    if bias is not None and (tq.shape[1] is Any or not _is_bias(bias, sm.checked_type)):
+    if bias is not None and (tq.shape[1] is Any or not _is_bias(bias, sm.checked_type) or _learnt(bias, learnable)):
         return None
     out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale), 0)
     return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
 
 
-def recognize_rules() -> list:
-    """The rewrite table of RecognizeOps."""
+def recognize_rules(learnable: frozenset = frozenset()) -> list:
+    """The rewrite table of RecognizeOps (``learnable``: its option)."""
     return [(is_op("multiply")(wildcard(), wildcard()), _tanh_gelu),
-            (is_op("nn.batch_matmul")(wildcard(), wildcard()), _attention)]
+            (is_op("nn.batch_matmul")(wildcard(), wildcard()), functools.partial(_attention, learnable=frozenset(learnable)))]
 
 
 @dataclass(frozen=True)
 class RecognizeOps(RewritePass):
-    """Decomposed formulas of operators back into the operators (the tanh form of GELU, attention)."""
+    """Decomposed formulas of operators back into the operators (the tanh form of GELU, attention).
+    ``learnable``: names of the parameters whose gradients may be wanted (the importer's: those requiring grad);
+    attention whose mask one of them reaches keeps its form."""
 
+    learnable: frozenset = frozenset()
     name = "RecognizeOps"
 
     def rules(self) -> list:
-        return recognize_rules()
+        return recognize_rules(self.learnable)
 
 
 __all__ = ["RecognizeOps", "recognize_rules"]
