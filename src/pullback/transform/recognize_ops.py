@@ -150,9 +150,10 @@ def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optio
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
     between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias: its
     backward recomputes the probabilities instead of keeping them. Not where the mask may be learnt (``_learnt``:
-    reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then computes
-    once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps eager's form, so its roundings stay eager's. (A
-    row whose mask is -inf everywhere gives 0 where eager's softmax gives NaN.)"""
+    it reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then
+    computes once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps
+    eager's form, so its roundings stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's
+    softmax gives NaN.)"""
     if node.attrs.transpose_a or node.attrs.transpose_b or not is_call_to(node.args[0], "reshape"):
         return None
     sm = node.args[0].args[0]

@@ -175,8 +175,8 @@ def _interleaved(node: Expr, c: dict) -> Optional[Expr]:
     """``strided_set(zeros, a, r::2) + strided_set(zeros, b, r+1::2)`` on one axis (the other axes' ranges the
     same) -> the two interleaved: ``a`` and ``b`` stacked on a new axis after it and merged into it, written into
     zeros only where the two do not cover the tensor. The gradient of ``x[..., ::2]`` and ``x[..., 1::2]``
-    (GPT-OSS's gate and up halves, interleaved rotary embeddings, Swin's patch merging, axis by axis): one pass
-    writing it instead of a zero copy, two strided writes and a sum."""
+    (GPT-OSS's gate and up halves, interleaved rotary embeddings): one pass writing it instead of a zero copy, two
+    strided writes and a sum."""
     t = node._checked_type
     rx, ry = (_zero_ranges(e) if e._checked_type == t else None for e in node.args)
     if rx is None or ry is None:
