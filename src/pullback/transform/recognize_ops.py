@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
 from ..ir.types import FLOAT_DTYPES, Any, TensorType
 from ..ops.activation import gelu
@@ -25,6 +27,7 @@ from ..ops.layout import reshape
 from ..ops.registry import is_call_to
 from ..pattern import is_op, wildcard
 from .eliminate_identity import uniform_value
+from .fold_constant import fold_expr
 from .pass_infra import RewritePass
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -146,10 +149,39 @@ def _learnt(bias: Expr, learnable: frozenset) -> bool:
     return False
 
 
+# the most mask elements evaluated to see whether a mask is the causal one (a 4096-token sequence's)
+CAUSAL_CHECK_ELEMENTS = 1 << 24
+
+
+def causal_mask(mask: Expr, length, keys) -> bool:
+    """Whether ``mask``, computed from constants, keeps exactly the lower triangle of each (length, keys) block,
+    top-left aligned (``is_causal``'s): a boolean one True there, an additive one 0 there and -inf or the dtype's
+    least value elsewhere. Hugging Face's causal mask, which torch.export materialises where eager passes
+    ``is_causal`` (flash attention then skips the blocks above the diagonal and reads no mask)."""
+    while is_call_to(mask, "broadcast_to"):  # the batch and heads: the same block in each
+        mask = mask.args[0]
+    t = mask.checked_type
+    if not (isinstance(t, TensorType) and t.is_static and t.ndim >= 2 and t.shape[-2:] == (length, keys)) or \
+            math.prod(t.shape) > CAUSAL_CHECK_ELEMENTS:
+        return False
+    folded = fold_expr(mask, max_new_elements=CAUSAL_CHECK_ELEMENTS)
+    if not isinstance(folded, Constant):
+        return False
+    v = folded.data
+    if v.dtype == np.bool_:
+        keep = v
+    elif np.issubdtype(v.dtype, np.floating) and np.all((v == 0) | (v <= np.finfo(v.dtype).min)):
+        keep = v == 0
+    else:
+        return False
+    return bool(np.all(keep == np.tril(np.ones((length, keys), dtype=bool))))
+
+
 def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
-    between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias: its
-    backward recomputes the probabilities instead of keeping them. Not where the mask may be learnt (``_learnt``:
+    between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias (none
+    and ``is_causal`` for the causal mask, ``causal_mask``): its backward recomputes the probabilities instead of
+    keeping them. Not where the mask may be learnt (``_learnt``:
     it reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then
     computes once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps
     eager's form, so its roundings stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's
@@ -177,7 +209,10 @@ def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optio
         return None
     if bias is not None and (tq.shape[1] is Any or not _is_bias(bias, sm.checked_type) or _learnt(bias, learnable)):
         return None
-    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale), 0)
+    causal = bias is not None and causal_mask(bias, tq.shape[2], tk.shape[2])
+    if causal:
+        bias = None
+    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale, is_causal=causal), 0)
     return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
 
 
