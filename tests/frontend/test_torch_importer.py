@@ -737,6 +737,43 @@ def test_a_constant_causal_mask_is_attention_with_is_causal(kind, causal):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-12)
 
 
+class _PaddedCausal(nn.Module):
+    """sdpa under the causal triangle and a padding mask from the input, as Hugging Face builds it under export
+    (``causal & padding``, boolean or as 0 and -inf), or under a shifted triangle and the padding."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, pad):
+        n = q.shape[2]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        keep = (j <= i + (self.kind == "shifted")) & pad.bool()[:, None, None, :]
+        mask = keep if self.kind == "bool" else torch.where(keep, 0.0, float("-inf")).to(q.dtype)
+        return F.scaled_dot_product_attention(q, q * 2, q.flip(-1), attn_mask=mask).pow(2).sum()
+
+
+@pytest.mark.parametrize("kind, causal", [("bool", True), ("inf", True), ("shifted", False)])
+def test_the_causal_triangle_and_a_padding_mask_is_causal_attention_under_the_padding(kind, causal):
+    """``causal & padding``: attention with ``is_causal`` under the padding mask alone (ATen's flash kernel then
+    skips the blocks above the diagonal; its output, log-sum-exp and gradients are the same bits). Left padding
+    leaves a query row no key: it gives 0, as eager's does. Values and float64 gradients are eager's."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 6, 4, dtype=torch.float64, requires_grad=True)
+    pad = torch.ones(2, 6, dtype=torch.long)
+    pad[1, :2] = 0
+    prog = import_torch(_PaddedCausal(kind), (q.detach(), pad))
+    (att,) = [n for n in pullback.ir.traversal.post_order(prog.mod["main"].body)
+              if isinstance(n, pullback.Call) and getattr(n.op, "name", "") == "nn.attention"]
+    assert att.attrs.is_causal == causal and len(att.args) == 4
+    mod = transform.FirstOrderGradient(wrt=["q"])(prog.mod)
+    out, (dq,) = pullback.build(mod)["main_grad"](q.detach().numpy(), pad.numpy())
+    y = _PaddedCausal(kind)(q, pad)
+    (want,) = torch.autograd.grad(y, [q])
+    np.testing.assert_allclose(out, y.item(), rtol=1e-12)
+    np.testing.assert_allclose(dq, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("shape1,shape2,bias", [((4, 3), (4, 5), True), ((2, 6, 3), (2, 6, 5), False), ((2, 2, 4, 3), (2, 2, 4, 5), True)])
 def test_bilinear_values_and_gradients_match_torch(shape1, shape2, bias):
     """``nn.Bilinear`` (``aten._trilinear``, which PyTorch does not decompose; ``frontend.decompositions``): values

@@ -19,7 +19,7 @@ from ..ops.conv import single_tap
 from ..ops.math import scaled
 from ..ops.registry import is_call_to
 from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
-from ..transform.recognize_ops import causal_mask
+from ..transform.recognize_ops import beside_causal, causal_mask
 from .context import static_dim
 
 # ------------------------------------------------------------------ dropout and random draws
@@ -759,8 +759,11 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     grouped = enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0  # nn.attention shares the heads itself
     if sk != sv or sq[0] != sk[0] or sq[1] != sk[1] and not grouped or sq[3] != sk[3]:
         return None
-    if attn_mask is not None and not is_causal and causal_mask(attn_mask, sq[2], sk[2]):
-        attn_mask, is_causal = None, True
+    if attn_mask is not None and not is_causal:  # the causal triangle as is_causal: flash attention skips blocks
+        if causal_mask(attn_mask, sq[2], sk[2]):
+            attn_mask, is_causal = None, True
+        elif (rest := beside_causal(attn_mask, sq[2], sk[2])) is not None:
+            attn_mask, is_causal = rest, True
     bias = () if attn_mask is None else _attention_bias(cx, attn_mask, dt, (sq[0], sq[1], sq[2], sk[2]))
     if bias is None:
         return None

@@ -177,6 +177,23 @@ def causal_mask(mask: Expr, length, keys) -> bool:
     return bool(np.all(keep == np.tril(np.ones((length, keys), dtype=bool))))
 
 
+def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
+    """The boolean mask ``rest`` when ``mask`` keeps the causal triangle and ``rest`` (``causal & rest``, or
+    ``where(causal & rest, 0, -inf)``; ``causal`` as ``causal_mask`` finds it): attention under it is attention
+    with ``is_causal`` under ``rest`` alone, the same bits from ATen's flash kernel, which then skips the blocks
+    above the diagonal (Hugging Face's mask over a padded batch under torch.export); else None."""
+    while is_call_to(mask, "cast") and mask.args[0].checked_type.dtype in FLOAT_DTYPES:  # 0 and -inf stay
+        mask = mask.args[0]
+    if is_call_to(mask, "where") and uniform_value(mask.args[1]) == 0 and uniform_value(mask.args[2]) == -np.inf:
+        mask = mask.args[0]
+    elif mask.checked_type.dtype != "bool":
+        return None
+    if not (is_call_to(mask, "bitwise_and") or is_call_to(mask, "logical_and")):
+        return None
+    a, b = mask.args
+    return b if causal_mask(a, length, keys) else a if causal_mask(b, length, keys) else None
+
+
 def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
     between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias (none
@@ -235,4 +252,4 @@ class RecognizeOps(RewritePass):
         return recognize_rules(self.learnable)
 
 
-__all__ = ["RecognizeOps", "recognize_rules"]
+__all__ = ["RecognizeOps", "recognize_rules", "causal_mask", "beside_causal"]
