@@ -18,8 +18,8 @@ from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
 from ..ops.math import scaled
 from ..ops.registry import is_call_to
-from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
 from ..transform.recognize_ops import beside_causal, causal_mask
+from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
 from .context import static_dim
 
 # ------------------------------------------------------------------ dropout and random draws

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -151,6 +152,7 @@ def _learnt(bias: Expr, learnable: frozenset) -> bool:
 
 # the most mask elements evaluated to see whether a mask is the causal one (a 4096-token sequence's)
 CAUSAL_CHECK_ELEMENTS = 1 << 24
+_CAUSAL: "weakref.WeakKeyDictionary[Expr, dict]" = weakref.WeakKeyDictionary()
 
 
 def causal_mask(mask: Expr, length, keys) -> bool:
@@ -160,6 +162,13 @@ def causal_mask(mask: Expr, length, keys) -> bool:
     ``is_causal`` (flash attention then skips the blocks above the diagonal and reads no mask)."""
     while is_call_to(mask, "broadcast_to"):  # the batch and heads: the same block in each
         mask = mask.args[0]
+    known = _CAUSAL.setdefault(mask, {})  # one mask, every layer's attention: evaluated once
+    if (length, keys) not in known:
+        known[length, keys] = _keeps_the_triangle(mask, length, keys)
+    return known[length, keys]
+
+
+def _keeps_the_triangle(mask: Expr, length, keys) -> bool:
     t = mask.checked_type
     if not (isinstance(t, TensorType) and t.is_static and t.ndim >= 2 and t.shape[-2:] == (length, keys)) or \
             math.prod(t.shape) > CAUSAL_CHECK_ELEMENTS:
