@@ -242,6 +242,39 @@ def test_eager_attention_under_a_constant_causal_mask_is_causal_attention(fill, 
     assert_same_results(before, after)
 
 
+@pytest.mark.parametrize("name", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_softmax_of_its_input_less_its_maximum_is_the_softmax_of_its_input(name, detached):
+    """``softmax(x - max(x))`` over the same axis (a hand-written stable softmax, GPT-OSS's attention sinks) is
+    ``softmax(x)``: the same values bit for bit, and the same gradient without the maximum's (zero in exact
+    arithmetic: a comparison, a count and a division over all of x)."""
+    x = pb.var("x", shape=(3, 4, 5), dtype="float64")
+    f = getattr(op.nn, name.split(".")[1])
+    m = op.max(x, axis=(-1,), keepdims=True)
+    before = mod_of([x], op.multiply(f(op.subtract(x, op.stop_gradient(m) if detached else m), axis=2), x))
+    after = RecognizeOps()(before)
+    pb.assert_structural_equal(after, mod_of([x], op.multiply(f(x, axis=2), x)))
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((3, 4, 5)) * 30
+    for target in ("numpy", "torch"):
+        want, got = (np.asarray(pb.build(mod, target=target)["main"](xs)) for mod in (before, after))
+        np.testing.assert_array_equal(got, want)
+    loss = lambda mod: pb.IRModule.from_expr(pb.Function(mod["main"].params, op.sum(mod["main"].body)))  # noqa: E731
+    want = pb.build(FirstOrderGradient()(loss(before)))["main_grad"](xs)[1][0]
+    got = pb.build(FirstOrderGradient()(loss(after)))["main_grad"](xs)[1][0]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["other_axis", "other_tensor", "no_keepdims_broadcast", "two_axes"])
+def test_other_shifts_before_a_softmax_are_kept(case):
+    x, y = pb.var("x", shape=(3, 4, 5)), pb.var("y", shape=(3, 4, 5))
+    m = {"other_axis": op.max(x, axis=(1,), keepdims=True), "other_tensor": op.max(y, axis=(2,), keepdims=True),
+         "no_keepdims_broadcast": op.expand_dims(op.max(x, axis=(2,)), 2),
+         "two_axes": op.max(x, axis=(1, 2), keepdims=True)}[case]
+    before = mod_of([x, y], op.nn.softmax(op.subtract(x, m), axis=2))
+    assert RecognizeOps()(before) is before
+
+
 def test_bfloat16_masked_or_other_attention_keeps_its_form():
     """bfloat16 keeps eager's roundings (its form); a ``where`` mask between the scale and the softmax, an added
     mask of another rank than 4, a softmax over another axis, or keys and
