@@ -967,6 +967,23 @@ def test_a_differentiable_gradient_refuses_only_the_written_inputs_it_reads(targ
         torch.autograd.grad(y.sum(), list(model.parameters()), create_graph=True)
 
 
+def _sgd_like_eager(eager, model, compiled, inputs, steps=3, **tol):
+    """``steps`` SGD steps of ``eager`` and of ``model`` through ``compiled``, side by side: the same losses, and
+    the same weights after."""
+    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5) for m in (eager, model)]
+    for _ in range(steps):
+        losses = []
+        for m, opt in zip((eager, compiled), opts):
+            loss = m(*inputs)
+            opt.zero_grad()
+            loss.backward()
+            losses.append(loss.detach())
+            opt.step()
+        torch.testing.assert_close(losses[1], losses[0], **tol)
+    for a, b in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, **tol)
+
+
 class _Interleaved(nn.Module):
     """GPT-OSS's gated MLP (gate and up interleaved in one projection: ``gu[..., ::2]``, ``gu[..., 1::2]``) and an
     interleaved rotary embedding (GPT-J's, Cohere's: ``stack([-x2, x1], -1).flatten(-2)``)."""
@@ -992,18 +1009,7 @@ def test_gradients_of_even_and_odd_halves_are_interleaved_like_eager(target):
     eager = copy.deepcopy(model)
     x, cos, sin = torch.randn(3, 5, 8), torch.randn(5, 8), torch.randn(5, 8)
     cm = pb_compile(model, (x, cos, sin), target=target)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, model)]
-    for _ in range(3):
-        losses = []
-        for m, opt in zip((eager, cm), opts):
-            loss = m(x, cos, sin)
-            opt.zero_grad()
-            loss.backward()
-            losses.append(loss.detach())
-            opt.step()
-        torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
-    for a, b in zip(eager.parameters(), model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+    _sgd_like_eager(eager, model, cm, (x, cos, sin), rtol=1e-6, atol=1e-7)
     (tp,) = cm._programs.values()
     backward = pb.astext(tp.mod["main_bwd"])
     assert backward.count("stack(") == 2 and "strided_set" not in backward
@@ -1036,18 +1042,7 @@ def test_attention_with_a_learnt_bias_computes_its_probabilities_once_like_eager
     eager = copy.deepcopy(model)
     x, pad = torch.randn(2, 6, 8), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
     cm = pb_compile(model, (x, pad), target=target)
-    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5) for m in (eager, model)]
-    for _ in range(3):
-        losses = []
-        for m, opt in zip((eager, cm), opts):
-            loss = m(x, pad)
-            opt.zero_grad()
-            loss.backward()
-            losses.append(loss.detach())
-            opt.step()
-        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-    for a, b in zip(eager.parameters(), model.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    _sgd_like_eager(eager, model, cm, (x, pad), rtol=1e-5, atol=1e-6)
     (tp,) = cm._programs.values()
     forward = pb.astext(tp.mod["main_fwd"])
     assert ("nn.attention(" in forward) != learnt and forward.count("exp(") <= 1
