@@ -7,6 +7,7 @@ from .liveness import Live, liveness, peak_memory, type_bytes
 from .stats import LIKE_OPS, count_identity_arith, count_like_ops, flops, op_histogram, program_stats
 from .fusion import FusionReport, fusion_report
 from .saved import recomputed_calls, saved_bytes
+from .tracking import tracked_children
 
 __all__ = [
     "CallGraph",
@@ -31,4 +32,5 @@ __all__ = [
     "fusion_report",
     "saved_bytes",
     "recomputed_calls",
+    "tracked_children",
 ]

@@ -13,11 +13,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
+from ..analysis.tracking import tracked_children
 from ..ir.expr import Call, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..ir.traversal import free_vars, post_order, transform
-from ..ir.types import TensorType, TupleType, flatten_type, is_inexact
-from ..ops.registry import OpDef
+from ..ir.traversal import post_order, transform
+from ..ir.types import TupleType, flatten_type, is_inexact
 from ..transform import standard_cleanup
 from ..transform.eliminate_identity import uniform_value
 from ..transform.first_order_gradient import differentiate
@@ -33,29 +33,17 @@ def structural_zeros(body) -> frozenset:
 
 def tracked_sources(fn: Function, sources: Sequence[Var]) -> list[int]:
     """Per output of ``fn`` (its body's fields), a bit mask of the ``sources`` (bit ``k``: ``sources[k]``) that
-    autograd would track into it: through every operator with a floating result, whether or not its gradient
-    is zero (``round``, ``sign``: eager gives those parameters a zero gradient, not None), but not through
-    ``stop_gradient``, integer or boolean results (a comparison), nor a like-operator's template
-    (``zeros_like(x)``). A local function passes every source it reads (conservatively)."""
+    autograd would track into it (``analysis.tracked_children``: through zero gradients too, ``round``, ``sign``:
+    eager gives those parameters a zero gradient, not None)."""
     bit = {v: 1 << k for k, v in enumerate(sources)}
     mask: dict = {}
     for node in post_order(fn.body):
         if node in mask:
             continue
-        if isinstance(node, Var):
-            mask[node] = bit.get(node, 0)
-            continue
-        children = free_vars(node) if isinstance(node, Function) else node.children()
-        if isinstance(node, Call) and isinstance(node.op, OpDef):
-            if node.op.name == "stop_gradient":
-                children = ()
-            elif node.op.type_only:
-                children = [c for i, c in enumerate(node.args) if i not in node.op.type_only]
-        m = 0
-        for c in children:
+        m = bit.get(node, 0) if isinstance(node, Var) else 0
+        for c in tracked_children(node):
             m |= mask.get(c, 0)
-        t = node.checked_type
-        mask[node] = 0 if isinstance(t, TensorType) and not is_inexact(t.dtype) else m
+        mask[node] = m
     body = fn.body
     return [mask[f] for f in (body.fields if isinstance(body, Tuple) else (body,))]
 

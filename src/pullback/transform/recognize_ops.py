@@ -21,8 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var
-from ..ir.types import FLOAT_DTYPES, Any, TensorType
+from ..analysis.tracking import tracked_children
+from ..ir.expr import Call, Constant, Expr, TupleGetItem, Var
+from ..ir.types import FLOAT_DTYPES, Any, TensorType, is_inexact
 from ..ops.activation import gelu
 from ..ops.attention import attention
 from ..ops.layout import reshape
@@ -126,28 +127,18 @@ def _is_bias(bias: Expr, scores: TensorType) -> bool:
 
 
 def _learnt(bias: Expr, learnable: frozenset) -> bool:
-    """Whether a gradient may reach ``bias`` from a parameter named in ``learnable`` (a learnt position bias: T5's,
-    Swin's, Inkling's), through floating-point values and not through ``stop_gradient``; a walk back from ``bias``
-    that stops at the first such parameter."""
+    """Whether autograd tracks a parameter named in ``learnable`` into ``bias`` (``analysis.tracked_children``: a
+    learnt position bias, T5's, Swin's, Inkling's); a walk back from ``bias`` that stops at the first one."""
     stack, seen = [bias], set()
     while stack:
         e = stack.pop()
-        if id(e) in seen or isinstance(e, Constant):
+        if id(e) in seen:
             continue
         seen.add(id(e))
         t = e.checked_type
-        if isinstance(t, TensorType) and t.dtype not in FLOAT_DTYPES:
-            continue  # an integer or boolean mask carries no gradient
-        if isinstance(e, Call) and not is_call_to(e, "stop_gradient"):
-            stack.extend(e.args)
-        elif isinstance(e, TupleGetItem):
-            stack.append(e.tuple_value)
-        elif isinstance(e, Tuple):
-            stack.extend(e.fields)
-        elif isinstance(e, Var) and e.name_hint in learnable:
-            return True
-        elif not isinstance(e, (Call, Var)):
-            return True  # a form not followed here: kept as eager computes it
+        if isinstance(e, Var) and e.name_hint in learnable and isinstance(t, TensorType) and is_inexact(t.dtype):
+            return True  # (an integer one, a padding mask, carries no gradient)
+        stack.extend(tracked_children(e))
     return False
 
 
