@@ -1046,3 +1046,34 @@ def test_attention_with_a_learnt_bias_computes_its_probabilities_once_like_eager
     (tp,) = cm._programs.values()
     forward = pb.astext(tp.mod["main_fwd"])
     assert ("nn.attention(" in forward) != learnt and forward.count("exp(") <= 1
+
+
+class _Sinks(nn.Module):
+    """GPT-OSS's attention with sinks: a learnt logit per head joins each row's scores, less the row's maximum,
+    before the softmax (a hand-written stable softmax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.sinks = nn.Linear(8, 24), nn.Parameter(torch.randn(2) * 0.5)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) * 0.5
+        logits = torch.cat([scores, self.sinks.reshape(1, 2, 1, 1).expand(b, 2, n, 1)], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        probs = F.softmax(logits, dim=-1)[..., :-1]
+        return (probs @ v).square().mean()
+
+
+def test_attention_with_sinks_and_a_stable_softmax_trains_like_eager(target):
+    """``softmax(x - max(x))`` is the softmax of x (RecognizeOps): no gradient through the maximum, eager's losses
+    and weights over three SGD steps, the sinks' included."""
+    torch.manual_seed(0)
+    model = _Sinks()
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 5, 8)
+    cm = pb_compile(model, (x,), target=target)
+    _sgd_like_eager(eager, model, cm, (x,), rtol=1e-5, atol=1e-6)
+    (tp,) = cm._programs.values()
+    assert " max(" not in pb.astext(tp.mod["main_fwd"])
