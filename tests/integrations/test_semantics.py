@@ -842,3 +842,22 @@ def test_an_input_written_in_place_keeps_the_gradient_eager_gives_it(no_grad):
     eager = copy.deepcopy(model)
     x = torch.randn(2, 4, dtype=torch.float64)
     _same_loss_and_gradients(eager, model, eager(x), torch.compile(model, backend="pullback")(x), rtol=1e-12)
+
+
+def test_one_tensor_given_for_two_inputs_still_makes_a_program_of_two(target):
+    """``model(ids, ids)`` as the example: torch.export traces the two inputs as one; the program must still read
+    each input where it is later given distinct tensors (a language model compiled on ``labels=ids``)."""
+    torch.manual_seed(0)
+    model = TiedLM()
+    eager = copy.deepcopy(model)
+    ids = torch.tensor([[1, 3, 4], [5, 2, 7]])
+    compiled = pb_compile(model, (ids, ids), target=target)
+    labels = torch.tensor([[2, 2, 3], [4, 9, 6]])
+    got, want = compiled(ids, labels), eager(ids, labels)
+    got.backward()
+    want.backward()
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    np.testing.assert_allclose(model.emb.weight.grad.numpy(), eager.emb.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+    prog = import_torch(eager, (ids, ids))
+    loss = pb.build(prog.mod)["main"](*main_inputs(prog, [ids.numpy(), labels.numpy()]))
+    assert float(np.asarray(loss)) == pytest.approx(want.item(), rel=1e-6)

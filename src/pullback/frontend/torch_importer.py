@@ -191,6 +191,19 @@ def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bo
     return shapes
 
 
+def _unaliased(example_inputs: Sequence) -> list:
+    """``example_inputs`` with each tensor given again (the same object: ``model(ids, labels=ids)``) as a copy.
+    torch.export traces the two inputs as one, reading the last placeholder for both: the program would read the
+    labels where it is later given distinct token ids."""
+    seen, out = set(), []
+    for x in example_inputs:
+        if id(x) in seen and hasattr(x, "detach"):
+            x = x.detach().clone().requires_grad_(x.requires_grad)
+        seen.add(id(x))
+        out.append(x)
+    return out
+
+
 def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = (),
            settings: Optional[dict] = None, autocast=None, batch_ranges: bool = False):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
@@ -210,6 +223,7 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch", keywords=keywords)
+    example_inputs = _unaliased(example_inputs)
     flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
     dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
     # torch.export's internal notices are not the user's to act on
