@@ -392,6 +392,16 @@ def attention_grad_inputs(q, k, v, scale: float, causal: bool, bias=None) -> tup
     return (_ATT(q.shape), q, k, v, out, lse) + (() if bias is None else (bias,))
 
 
+_LEAST = np.random.default_rng(12).standard_normal
+
+
+def least_value_row(shape: tuple, row: int) -> np.ndarray:
+    """A random additive bias of ``shape`` with float64's least value over the whole query row ``row``."""
+    b = _LEAST(shape)
+    b[..., row, :] = np.finfo(np.float64).min
+    return b
+
+
 def padding_bias(shape: tuple, *masked) -> np.ndarray:
     """A random additive bias of ``shape`` with -inf at each index of ``masked``."""
     b = _ATT(shape)
@@ -423,6 +433,12 @@ MISC += [
     case("nn.attention_grad", *attention_grad_inputs(_ATT((1, 2, 4, 3)), _ATT((1, 2, 6, 3)), _ATT((1, 2, 6, 3)), 0.6, False,
                                                      padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))),
          attrs=dict(scale=0.6), torch=attention_grad_torch(0.6, False), id="attention_grad-bias-masked-row"),
+    # a row covered by the dtype's least value (Hugging Face's eager mask over a left-padded query): eager's softmax
+    # spreads it over the keys, and its log-sum-exp has no bits left for the sum's logarithm. Not against finite
+    # differences: the least value absorbs any small change of the scores, so the row is locally constant. The
+    # bias's own gradient there is left out: it is computed from exp(s - lse) in pullback's operators
+    case("nn.attention", *(_LEAST((1, 2, 4, 3)), _LEAST((1, 2, 6, 3)), _LEAST((1, 2, 6, 3))), least_value_row((1, 2, 4, 6), 1),
+         attrs=dict(scale=0.6), torch=attention_torch(0.6, False), wrt=[0, 1, 2], fd=False, id="attention-bias-least-value-row"),
     # grouped-query attention: fewer key/value heads, each shared by H / Hkv query heads
     case("nn.attention", _ATT((2, 4, 5, 4)), _ATT((2, 2, 7, 4)), _ATT((2, 2, 7, 4)), attrs=dict(scale=0.4),
          torch=attention_torch(0.4, False), id="attention-gqa"),

@@ -390,3 +390,36 @@ def test_a_learnt_attention_bias_takes_every_gradient_from_the_scores_cotangent(
     _, grads = pb.build(mod)["main_grad"](*xs.values())
     for n, g in zip(wrt, grads):
         np.testing.assert_allclose(g, ts[n].grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=n)
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_rows_a_huge_negative_mask_covers_whole_get_eagers_gradients(target, causal):
+    """Rows that a mask of the dtype's least value (or -1e9) covers whole (left-padded queries under Hugging Face's
+    eager mask): eager's softmax spreads each over its keys, and the queries', keys' and values' gradients on every
+    target are autograd's through that softmax in float64 (two query heads sharing a key head), though such a row's
+    log-sum-exp has no bits left for the sum."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip(target)
+    from pullback.transform import FirstOrderGradient, standard_cleanup
+
+    pb = pullback
+    shapes = {"q": (2, 4, 5, 3), "k": (2, 2, 6, 3), "v": (2, 2, 6, 3), "b": (2, 1, 5, 6)}
+    vs = {n: pb.var(n, shape=s, dtype="float64") for n, s in shapes.items()}
+    out = pb.TupleGetItem(pb.op.nn.attention(vs["q"], vs["k"], vs["v"], vs["b"], scale=0.4, is_causal=causal), 0)
+    f = pb.Function(list(vs.values()), pb.op.sum(pb.op.multiply(out, pb.op.sin(out))))
+    mod = standard_cleanup()(FirstOrderGradient(wrt=["q", "k", "v"])(pb.IRModule.from_expr(f)))
+    rng = np.random.default_rng(4)
+    xs = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    xs["b"][1, 0, :2] = np.finfo(np.float64).min  # the second sample's first two queries
+    xs["b"][0, 0, 3] = -1e9
+    ts = {n: torch.tensor(x, requires_grad=n != "b") for n, x in xs.items()}
+    k, v = (ts[n].repeat_interleave(2, 1) for n in "kv")
+    s = ts["q"] @ k.transpose(-1, -2) * 0.4 + ts["b"]
+    if causal:
+        s = s.masked_fill(~torch.ones(5, 6, dtype=torch.bool).tril(), float("-inf"))
+    y = torch.softmax(s, -1) @ v
+    (y * y.sin()).sum().backward()
+    _, grads = pb.build(mod, target=target)["main_grad"](*xs.values())
+    for n, g in zip("qkv", grads):
+        np.testing.assert_allclose(np.asarray(g), ts[n].grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=n)

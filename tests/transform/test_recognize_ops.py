@@ -242,6 +242,96 @@ def test_eager_attention_under_a_constant_causal_mask_is_causal_attention(fill, 
     assert_same_results(before, after)
 
 
+def _alibi_attention(q, k, v, alibi, mask, scale=0.25):
+    """Bloom's eager attention as the importer lowers it: ``baddbmm(alibi, q, k^T, alpha=scale)`` over the
+    flattened heads (the flattened keys transposed), reshaped to 4-D, then the mask added, a softmax, the values."""
+    b, h, length, e = q.checked_type.shape
+    keys = k.checked_type.shape[2]
+    kt = op.transpose(op.reshape(k, (-1, keys, e)), (0, 2, 1))
+    qk = op.nn.batch_matmul(op.reshape(q, (-1, length, e)), kt, transpose_b=False)
+    s = op.add(op.reshape(op.add(alibi, op.multiply(qk, pb.const(scale, "float64"))), (b, h, length, keys)), mask)
+    p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, keys))
+    return op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, keys, e)), transpose_b=False), (b, h, length, e))
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padding", "scaled_after"])
+def test_alibi_attention_becomes_one_op_with_the_same_results_and_gradients(mask_kind):
+    """A bias added to the flattened scores before they are reshaped (Bloom's ALiBi, (B*H, 1, S)) joins the mask
+    as ``nn.attention``'s bias: under the constant causal mask the ALiBi alone, with ``is_causal``; under a padding
+    mask their sum. The results and the float64 gradients equal the formula's. A scale applied after the bias is
+    another formula and stays."""
+    q, k, v = _qkv("float64", shapes=((2, 3, 5, 4),) * 3)
+    alibi = pb.var("alibi", shape=(6, 1, 5), dtype="float64")
+    tril = pb.const(np.tril(np.ones((5, 5), dtype=bool)))
+    fill = pb.const(np.finfo(np.float64).min, "float64")
+    pad = pb.var("pad", shape=(2, 1, 5, 5), dtype="float64")
+    mask = op.broadcast_to(op.where(tril, pb.const(0.0, "float64"), fill), (2, 1, 5, 5)) if mask_kind == "causal" else pad
+    body = _alibi_attention(q, k, v, alibi, mask)
+    if mask_kind == "scaled_after":  # reshape(alibi + q k^T) * c + mask: not attention with the bias
+        b, h, length, e = q.checked_type.shape
+        kt = op.transpose(op.reshape(k, (-1, 5, e)), (0, 2, 1))
+        s = op.reshape(op.add(alibi, op.nn.batch_matmul(op.reshape(q, (-1, length, e)), kt, transpose_b=False)), (b, h, 5, 5))
+        s = op.add(op.multiply(s, pb.const(0.25, "float64")), pad)
+        p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, 5))
+        body = op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, 5, e)), transpose_b=False), (b, h, length, e))
+    params = [q, k, v, alibi] + ([] if mask_kind == "causal" else [pad])
+    before = mod_of(params, body)
+    after = RecognizeOps()(before)
+    atts = [n for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and getattr(n.op, "name", "") == "nn.attention"]
+    if mask_kind == "scaled_after":
+        assert not atts
+        return
+    (att,) = atts
+    assert att.attrs.is_causal == (mask_kind == "causal") and len(att.args) == 4 and att.attrs.scale == 0.25
+    assert "nn.softmax" not in pb.astext(after)
+    assert_valid(after)
+    assert_same_results(before, after)
+    loss = lambda m: pb.IRModule.from_expr(pb.Function(m["main"].params, op.sum(op.multiply(m["main"].body, m["main"].body))))  # noqa: E731
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(x.checked_type.shape) for x in params]
+    if mask_kind == "padding":
+        args[4][1, ..., :2] = -1e9  # the second sample's first keys padded
+    want = pb.build(FirstOrderGradient()(loss(before)))["main_grad"](*args)[1]
+    got = pb.build(FirstOrderGradient()(loss(after)))["main_grad"](*args)[1]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_eager_attention_over_a_left_padded_batch_trains_like_eager(target):
+    """Hugging Face's eager attention over a left-padded batch: a padded query sees no key, its whole row is the
+    mask's least value, and eager's softmax spreads it over every key (the labels of the next position read it).
+    Fused, its log-sum-exp has lost the sum: the backward normalises such rows again and training matches eager."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+    from pullback.integrations.torch import compile as pb_compile
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=100, attn_implementation="eager")
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = transformers.LlamaForCausalLM(cfg)
+
+        def forward(self, ids, mask, labels):
+            return self.lm(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :5] = 0
+    batches = []
+    for _ in range(3):
+        ids = torch.randint(0, 100, (2, 12))
+        batches.append(((ids, mask, ids.masked_fill(mask == 0, -100)), None))
+    model = LM()
+    (tp,) = pb_compile(model, batches[0][0], target=target)._programs.values()
+    assert "nn.attention(" in pb.astext(tp.mod["main_fwd"])
+    result = train_side_by_side(model, batches, lambda loss, _: loss, lr=0.05, target=target, verbose=False)
+    check_side_by_side(result, rtol=1e-5, atol=1e-5, verbose=False)
+
+
 @pytest.mark.parametrize("name", ["nn.softmax", "nn.log_softmax"])
 @pytest.mark.parametrize("detached", [False, True])
 def test_a_softmax_of_its_input_less_its_maximum_is_the_softmax_of_its_input(name, detached):

@@ -4,7 +4,9 @@ log-sum-exp, over (B, H, L, E) queries and (B, Hkv, S, E) keys and values. ``Hkv
 reads key/value head ``h // (H / Hkv)`` (grouped-query attention, PyTorch's ``enable_gqa``), and the keys' and
 values' gradients add up over the heads sharing them before rounding, as ATen's kernel does. The optional bias is
 a float mask (``-inf`` where a key is masked) of rank 4 that broadcasts to (B, H, L, S), in the queries' dtype or
-float32, as ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's).
+float32, as ATen's kernel takes it; a row masked everywhere gives 0 and a log-sum-exp of 0 (ATen's). A row that a
+huge finite fill (the dtype's least value) covers whole is spread over its keys, as eager's softmax spreads it, and
+so are its gradients (``LOST_ROW_LSE``: ATen's flash backward, eager's own sdpa, gets them wrong).
 
 One kernel for every namespace (the definition, in float32 for float16/bfloat16 inputs, the log-sum-exp then
 float32); on torch (CPU) ATen's flash attention, the kernel eager's ``scaled_dot_product_attention`` runs, so
@@ -257,11 +259,39 @@ def _grad_infer(arg_types, attrs):
     return TupleType([q, k, v])
 
 
+# A row whose log-sum-exp lies under this is masked from end to end by a huge finite fill (the dtype's least value,
+# -1e9: Hugging Face's eager masks over a left-padded batch). Eager's softmax spreads such a row over its keys; but
+# the sum's logarithm is lost in the log-sum-exp's rounding, and ``exp(s - lse)`` would make every probability 1.
+LOST_ROW_LSE = -1e4
+
+
+def _lost_rows(xp, lse):
+    """The (B, H, L) rows whose finite log-sum-exp lies under ``LOST_ROW_LSE``."""
+    return (lse < LOST_ROW_LSE) & xp.isfinite(lse)
+
+
+def _none_lost(xp, lse) -> bool:
+    """Whether no row is lost (``_lost_rows``); False when that is known only when the program runs (jax.jit)."""
+    try:
+        return not bool(xp.any(_lost_rows(xp, lse)))
+    except Exception:  # noqa: BLE001 - a traced array cannot be read now
+        return False
+
+
+def _probabilities(xp, s, lse, bias):
+    """``exp(s - lse)``, the softmax of the scores ``s`` again in lost rows (``_lost_rows``)."""
+    p = xp.exp(s - xp.astype(lse, s.dtype)[..., None])
+    if bias is None or _none_lost(xp, lse):
+        return p
+    e = xp.exp(s - xp.max(s, axis=-1, keepdims=True))  # (NaN in a row masked everywhere by -inf: not lost)
+    return xp.where(_lost_rows(xp, lse)[..., None], e / xp.sum(e, axis=-1, keepdims=True), p)
+
+
 def _grad_kernel(xp, g, q, k, v, out, lse, *rest):
     """dq, dk, dv from the recomputed probabilities (flash attention's backward)."""
     bias, a = _parts(rest)
     wg, wq, wk, wv, wo = (_shared(xp, accumulated(xp, t), q.shape[1]) for t in (g, q, k, v, out))
-    p = xp.exp(_scores(xp, wq, wk, bias, a) - xp.astype(lse, wq.dtype)[..., None])
+    p = _probabilities(xp, _scores(xp, wq, wk, bias, a), lse, bias)
     dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), wg)
     dp = xp.matmul(wg, xp.permute_dims(wv, (0, 1, 3, 2)))
     ds = p * (dp - xp.sum(wg * wo, axis=-1, keepdims=True))
@@ -272,17 +302,51 @@ def _grad_kernel(xp, g, q, k, v, out, lse, *rest):
 
 
 def _grad_torch(g, q, k, v, out, lse, *rest):
-    """ATen's CPU flash attention backward (eager's kernel); the shared kernel elsewhere."""
+    """ATen's CPU flash attention backward (eager's kernel); the shared kernel elsewhere. Lost rows
+    (``_lost_rows``: a left-padded query under a mask of the dtype's least value) leave it with no cotangent, and
+    their own gradients come from their scores again (``_lost_row_grads``)."""
     import torch
 
     bias, a = _parts(rest)
-    if q.device.type == "cpu":
+    lost = None if bias is None else _lost_rows(torch, lse)
+    lost = lost if lost is not None and bool(lost.any()) else None
+    # (in half precision, lost rows take the shared kernel: its gradients, accumulated in float32, are rounded once)
+    if q.device.type == "cpu" and (lost is None or q.dtype not in (torch.float16, torch.bfloat16)):
         try:
-            return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                g, q, k, v, out, lse, 0.0, a.is_causal, attn_mask=bias, scale=a.scale))
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g if lost is None else g.masked_fill(lost[..., None], 0), q, k, v, out, lse, 0.0, a.is_causal,
+                attn_mask=bias, scale=a.scale)
         except RuntimeError:
             pass
+        else:
+            if lost is not None:
+                _lost_row_grads(g, q, k, v, out, bias, a, lost, dq, dk, dv)
+            return dq, dk, dv
     return _grad_kernel(array_namespace("torch"), g, q, k, v, out, lse, *rest)
+
+
+def _lost_row_grads(g, q, k, v, out, bias, a, lost, dq, dk, dv) -> None:
+    """The lost rows' (``lost``: (B, H, L)) gradients written into ``dq`` and added into ``dk``, ``dv``, from their
+    probabilities as eager's softmax gives them (torch tensors of float32 or float64): one sample at a time, over
+    the query positions lost in any head (a padded prefix), the other heads' rows given no cotangent."""
+    import torch
+
+    xp = array_namespace("torch")
+    full_bias = bias.expand(*q.shape[:3], k.shape[2])
+    for n in lost.any(2).any(1).nonzero()[:, 0].tolist():
+        rows = lost[n].any(0).nonzero()[:, 0]
+        sel = lost[n:n + 1, :, rows, None]  # (1, H, r, 1)
+        wq, wg, wo = (t[n:n + 1, :, rows] for t in (q, g, out))
+        wk, wv = (_shared(xp, t[n:n + 1], q.shape[1]) for t in (k, v))
+        s = wq @ wk.transpose(-1, -2) * a.scale + full_bias[n:n + 1, :, rows].to(wq.dtype)
+        if a.is_causal:
+            s = s.masked_fill(torch.arange(k.shape[2], device=s.device) > rows[:, None], float("-inf"))
+        p = torch.softmax(s, -1)
+        wg = wg * sel
+        ds = p * (wg @ wv.transpose(-1, -2) - (wg * wo).sum(-1, keepdim=True))
+        dq[n:n + 1, :, rows] = torch.where(sel, ds @ wk * a.scale, dq[n:n + 1, :, rows])
+        dk[n:n + 1] += _folded(xp, ds.transpose(-1, -2) @ wq * a.scale, k.shape[1])
+        dv[n:n + 1] += _folded(xp, p.transpose(-1, -2) @ wg, k.shape[1])
 
 
 def _grad_grad(call: Call, h: Expr):

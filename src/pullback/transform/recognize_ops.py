@@ -26,6 +26,7 @@ from ..ir.expr import Call, Constant, Expr, TupleGetItem, Var
 from ..ir.types import FLOAT_DTYPES, Any, TensorType, is_inexact
 from ..ops.activation import gelu
 from ..ops.attention import attention
+from ..ops.elemwise import add
 from ..ops.layout import reshape
 from ..ops.registry import is_call_to
 from ..pattern import is_op, wildcard
@@ -107,21 +108,46 @@ def _scale_of(scores: Expr) -> tuple:
 
 
 def _scores_of(x: Expr) -> Optional[tuple]:
-    """``(qk, scale, bias)`` when ``x`` is the 4-D scores ``qk * scale``, maybe plus an additive mask ``bias``
-    (``s + mask`` or ``mask + s``), ``qk`` a 3-D ``batch_matmul`` reshaped to 4-D; None otherwise."""
+    """``(qk, scale, biases)`` when ``x`` is the 4-D scores ``qk * scale``, maybe plus an additive mask (``s + mask``
+    or ``mask + s``), ``qk`` a 3-D ``batch_matmul`` reshaped to 4-D, maybe with a bias of the 3-D scores added
+    before the reshape (Bloom's ALiBi: ``baddbmm(alibi, q, k^T, alpha=scale)``, the mask added after it);
+    ``biases`` the additive parts as 4-D tensors (None for a missing one); None otherwise."""
     candidates = [(x, None)]
     if is_call_to(x, "add"):
         candidates += [(x.args[0], x.args[1]), (x.args[1], x.args[0])]
     for s, bias in candidates:
         scores, scale = _scale_of(s)
-        if is_call_to(scores, "reshape") and is_call_to(scores.args[0], "nn.batch_matmul"):
-            return scores.args[0], scale, bias
+        if not is_call_to(scores, "reshape"):
+            continue
+        inner = scores.args[0]
+        if is_call_to(inner, "nn.batch_matmul"):
+            return inner, scale, [bias]
+        if scale != 1.0 or not is_call_to(inner, "add"):
+            continue
+        for s3, b3 in (inner.args, inner.args[::-1]):
+            qk, scale = _scale_of(s3)
+            inner_bias = _heads_bias(b3, scores.checked_type)
+            if is_call_to(qk, "nn.batch_matmul") and inner_bias is not None:
+                return qk, scale, [bias, inner_bias]
     return None
+
+
+def _heads_bias(b: Expr, scores: TensorType) -> Optional[Expr]:
+    """``b``, a bias of the 3-D scores (batch and heads flattened, or 1; ALiBi's (B * H, 1, S)) of their dtype,
+    reshaped to the 4-D scores' rank; None when it is not one."""
+    t = b.checked_type
+    if not (isinstance(t, TensorType) and t.ndim == 3 and t.dtype == scores.dtype and t.is_static and scores.is_static):
+        return None
+    n, h = scores.shape[0], scores.shape[1]
+    lead = (n, h) if t.shape[0] == n * h else (1, 1) if t.shape[0] == 1 else None
+    if lead is None or any(d != 1 and d != f for d, f in zip(t.shape[1:], scores.shape[2:])):
+        return None
+    return reshape(b, lead + tuple(t.shape[1:]))
 
 
 def _is_bias(bias: Expr, scores: TensorType) -> bool:
     """A rank-4 mask of the scores' dtype that broadcasts to them."""
-    t = bias._checked_type
+    t = bias.checked_type
     return isinstance(t, TensorType) and t.ndim == 4 and t.dtype == scores.dtype and \
         all(d == 1 or d == f for d, f in zip(t.shape, scores.shape))
 
@@ -197,9 +223,9 @@ def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
 
 def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
-    between, an additive mask or none, no dropout) in float32/float64 as ``nn.attention``, the mask its bias (none
-    and ``is_causal`` for the causal mask, ``causal_mask``): its backward recomputes the probabilities instead of
-    keeping them. Not where the mask may be learnt (``_learnt``:
+    between, an additive mask or none, no dropout; Bloom's ALiBi added to the flattened scores too) in
+    float32/float64 as ``nn.attention``, the masks its bias (none and ``is_causal`` for the causal mask,
+    ``causal_mask``; two masks summed): its backward recomputes the probabilities instead of keeping them. Not where the mask may be learnt (``_learnt``:
     it reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then
     computes once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps
     eager's form, so its roundings stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's
@@ -212,25 +238,30 @@ def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optio
     parts = _scores_of(sm.args[0])
     if parts is None:
         return None
-    qk, scale, bias = parts
+    qk, scale, biases = parts
     if qk.attrs.transpose_a:
         return None
     q, v = _unflattened(qk.args[0]), _unflattened(node.args[1])
     k = _unflattened(qk.args[1])
-    if not qk.attrs.transpose_b:  # k^T: transpose(k, (0, 1, 3, 2)) flattened
-        k = k.args[0] if is_call_to(k, "transpose") and tuple(k.attrs.axes) == (0, 1, 3, 2) else None
+    if not qk.attrs.transpose_b:  # k^T: transpose(k, (0, 1, 3, 2)) flattened, or the flattened k transposed
+        kt = qk.args[1]
+        if is_call_to(kt, "transpose") and tuple(kt.attrs.axes) == (0, 2, 1):
+            k = _unflattened(kt.args[0])
+        else:
+            k = k.args[0] if is_call_to(k, "transpose") and tuple(k.attrs.axes) == (0, 1, 3, 2) else None
     if q is None or k is None or v is None:
         return None
     tq, tk, tv = q.checked_type, k.checked_type, v.checked_type
     if tq.dtype not in ("float32", "float64") or not tq.dtype == tk.dtype == tv.dtype or tk.shape != tv.shape or \
             tq.shape[:2] != tk.shape[:2] or tq.shape[3] != tk.shape[3] or Any in tq.shape[2:] + tk.shape[2:]:
         return None
-    if bias is not None and (tq.shape[1] is Any or not _is_bias(bias, sm.checked_type) or _learnt(bias, learnable)):
+    biases = [b for b in biases if b is not None]
+    if any(tq.shape[1] is Any or not _is_bias(b, sm.checked_type) or _learnt(b, learnable) for b in biases):
         return None
-    causal = bias is not None and causal_mask(bias, tq.shape[2], tk.shape[2])
-    if causal:
-        bias = None
-    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale, is_causal=causal), 0)
+    causal = [b for b in biases if causal_mask(b, tq.shape[2], tk.shape[2])][:1]
+    biases = [b for b in biases if not causal or b is not causal[0]]
+    bias = None if not biases else biases[0] if len(biases) == 1 else add(*biases)
+    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale, is_causal=bool(causal)), 0)
     return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
 
 
