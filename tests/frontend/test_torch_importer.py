@@ -701,7 +701,8 @@ def test_attention_rows_masked_everywhere_give_zero_and_no_nan_gradient(kind):
 class _ConstantMask(nn.Module):
     """sdpa under a mask computed from constants (``kind``): the causal triangle as Hugging Face builds it under
     export (boolean, additive -inf, additive dtype minimum; broadcast over the batch), a shifted one, or a causal
-    triangle over more keys than queries (a cache's: bottom-right aligned, not ``is_causal``'s)."""
+    triangle over more keys than queries (a cache's: bottom-right aligned, not ``is_causal``'s), or one keeping every
+    key (boolean, or additive zeros: Hugging Face's bidirectional mask without padding, ViT's)."""
 
     def __init__(self, kind):
         super().__init__()
@@ -710,24 +711,28 @@ class _ConstantMask(nn.Module):
     def forward(self, q, k):
         b, n, s = q.shape[0], q.shape[2], k.shape[2]
         i, j = torch.arange(n)[:, None], torch.arange(s)[None, :]
-        keep = {"shifted": j <= i + 1, "cached": j <= i + (s - n)}.get(self.kind, j <= i)
-        mask = {"bool": keep.expand(b, 1, n, s), "min": torch.zeros(n, s, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)}.get(
+        keep = {"shifted": j <= i + 1, "cached": j <= i + (s - n), "all": j >= 0, "zeros": j >= 0}.get(self.kind, j <= i)
+        mask = {"bool": keep.expand(b, 1, n, s), "all": keep.expand(b, 1, n, s),
+                "min": torch.zeros(n, s, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)}.get(
             self.kind, torch.where(keep, 0.0, float("-inf")).to(q.dtype))
         return F.scaled_dot_product_attention(q, k, k * 2, attn_mask=mask).pow(2).sum()
 
 
-@pytest.mark.parametrize("kind, causal", [("bool", True), ("inf", True), ("min", True), ("shifted", False), ("cached", False)])
-def test_a_constant_causal_mask_is_attention_with_is_causal(kind, causal):
+@pytest.mark.parametrize("kind, causal, biased", [("bool", True, False), ("inf", True, False), ("min", True, False),
+                                                  ("shifted", False, True), ("cached", False, True), ("all", False, False),
+                                                  ("zeros", False, False)])
+def test_a_constant_causal_mask_is_attention_with_is_causal(kind, causal, biased):
     """A mask from constants that keeps exactly ``is_causal``'s lower triangle: ``nn.attention(is_causal=True)``
     without a bias, as eager is called where torch.export materialises the mask (flash attention then skips the
-    blocks above the diagonal); any other mask stays the bias. Values and float64 gradients are eager's."""
+    blocks above the diagonal); one that keeps every key: no bias at all; any other mask stays the bias. Values and
+    float64 gradients are eager's."""
     torch.manual_seed(0)
     q = torch.randn(2, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 7 if kind == "cached" else 5, 4, dtype=torch.float64, requires_grad=True)
     prog = import_torch(_ConstantMask(kind), (q.detach(), k.detach()))
     (att,) = [n for n in pullback.ir.traversal.post_order(prog.mod["main"].body)
               if isinstance(n, pullback.Call) and getattr(n.op, "name", "") == "nn.attention"]
-    assert att.attrs.is_causal == causal and len(att.args) == 3 + (not causal)
+    assert att.attrs.is_causal == causal and len(att.args) == 3 + biased
     mod = transform.FirstOrderGradient(wrt=prog.inputs)(prog.mod)
     out, grads = pullback.build(mod)["main_grad"](q.detach().numpy(), k.detach().numpy())
     y = _ConstantMask(kind)(q, k)

@@ -227,18 +227,19 @@ def test_attention_whose_mask_a_learnable_parameter_reaches_keeps_its_form(mask_
     assert_same_results(before, after)
 
 
-@pytest.mark.parametrize("fill, causal", [(-np.inf, True), (np.finfo(np.float32).min, True), (-1e9, False)])
-def test_eager_attention_under_a_constant_causal_mask_is_causal_attention(fill, causal):
+@pytest.mark.parametrize("fill, causal, biased", [(-np.inf, True, False), (np.finfo(np.float32).min, True, False),
+                                                  (-1e9, False, True), (0.0, False, False)])
+def test_eager_attention_under_a_constant_causal_mask_is_causal_attention(fill, causal, biased):
     """A mask from constants keeping exactly the lower triangle (0 there, -inf or float32's least value elsewhere:
     Hugging Face's eager attention under export) -> ``nn.attention(is_causal=True)`` without a bias; another fill
-    keeps it the bias. The results are the formula's."""
+    keeps it the bias, and a mask of zeros everywhere is no bias at all. The results are the formula's."""
     q, k, v = _qkv(shapes=((2, 3, 5, 4),) * 3)
     tril = pb.const(np.tril(np.ones((5, 5), dtype=bool)))
     mask = op.broadcast_to(op.where(tril, pb.const(0.0, "float32"), pb.const(fill, "float32")), (2, 1, 5, 5))
     before = mod_of([q, k, v], _eager_attention(q, k, v, "mul", mask=mask))
     after = RecognizeOps()(before)
     (att,) = [n for n in pb.ir.traversal.post_order(after["main"].body) if isinstance(n, pb.Call) and getattr(n.op, "name", "") == "nn.attention"]
-    assert att.attrs.is_causal == causal and len(att.args) == 3 + (not causal)
+    assert att.attrs.is_causal == causal and len(att.args) == 3 + biased
     assert_same_results(before, after)
 
 

@@ -18,7 +18,7 @@ from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
 from ..ops.math import scaled
 from ..ops.registry import is_call_to
-from ..transform.recognize_ops import beside_causal, causal_mask
+from ..transform.recognize_ops import beside_causal, causal_mask, keeps_every_key
 from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
 from .context import static_dim
 
@@ -759,6 +759,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     grouped = enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0  # nn.attention shares the heads itself
     if sk != sv or sq[0] != sk[0] or sq[1] != sk[1] and not grouped or sq[3] != sk[3]:
         return None
+    if attn_mask is not None and keeps_every_key(attn_mask):  # no mask: flash attention reads none
+        attn_mask = None
     if attn_mask is not None and not is_causal:  # the causal triangle as is_causal: flash attention skips blocks
         if causal_mask(attn_mask, sq[2], sk[2]):
             attn_mask, is_causal = None, True

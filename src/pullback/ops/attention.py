@@ -308,7 +308,7 @@ def _grad_torch(g, q, k, v, out, lse, *rest):
     import torch
 
     bias, a = _parts(rest)
-    lost = None if bias is None else _lost_rows(torch, lse)
+    lost = None if bias is None or not lse.numel() or float(lse.min()) >= LOST_ROW_LSE else _lost_rows(torch, lse)
     lost = lost if lost is not None and bool(lost.any()) else None
     # (in half precision, lost rows take the shared kernel: its gradients, accumulated in float32, are rounded once)
     if q.device.type == "cpu" and (lost is None or q.dtype not in (torch.float16, torch.bfloat16)):

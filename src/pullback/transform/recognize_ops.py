@@ -204,6 +204,31 @@ def _keeps_the_triangle(mask: Expr, length, keys) -> bool:
     return bool(np.all(keep == np.tril(np.ones((length, keys), dtype=bool))))
 
 
+_EMPTY: "weakref.WeakKeyDictionary[Expr, bool]" = weakref.WeakKeyDictionary()
+
+
+def keeps_every_key(mask: Expr) -> bool:
+    """Whether ``mask``, computed from constants, masks nothing: a boolean one True everywhere, an additive one 0
+    everywhere (Hugging Face's bidirectional mask for a batch without padding, which torch.export materialises
+    where eager passes none: ViT's). Attention without it is the same, and reads no bias. Evaluated once per mask."""
+    while is_call_to(mask, "broadcast_to"):
+        mask = mask.args[0]
+    if mask not in _EMPTY:
+        _EMPTY[mask] = _masks_nothing(mask)
+    return _EMPTY[mask]
+
+
+def _masks_nothing(mask: Expr) -> bool:
+    t = mask.checked_type
+    if not (isinstance(t, TensorType) and t.is_static) or math.prod(t.shape) > CAUSAL_CHECK_ELEMENTS:
+        return False
+    folded = fold_expr(mask, max_new_elements=CAUSAL_CHECK_ELEMENTS)
+    if not isinstance(folded, Constant):
+        return False
+    v = folded.data
+    return bool(np.all(v)) if v.dtype == np.bool_ else bool(np.issubdtype(v.dtype, np.floating) and np.all(v == 0))
+
+
 def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
     """The boolean mask ``rest`` when ``mask`` keeps the causal triangle and ``rest`` (``causal & rest``, or
     ``where(causal & rest, 0, -inf)``; ``causal`` as ``causal_mask`` finds it): attention under it is attention
@@ -255,7 +280,7 @@ def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optio
     if tq.dtype not in ("float32", "float64") or not tq.dtype == tk.dtype == tv.dtype or tk.shape != tv.shape or \
             tq.shape[:2] != tk.shape[:2] or tq.shape[3] != tk.shape[3] or Any in tq.shape[2:] + tk.shape[2:]:
         return None
-    biases = [b for b in biases if b is not None]
+    biases = [b for b in biases if b is not None and not keeps_every_key(b)]
     if any(tq.shape[1] is Any or not _is_bias(b, sm.checked_type) or _learnt(b, learnable) for b in biases):
         return None
     causal = [b for b in biases if causal_mask(b, tq.shape[2], tk.shape[2])][:1]
@@ -307,4 +332,4 @@ class RecognizeOps(RewritePass):
         return recognize_rules(self.learnable)
 
 
-__all__ = ["RecognizeOps", "recognize_rules", "causal_mask", "beside_causal"]
+__all__ = ["RecognizeOps", "recognize_rules", "causal_mask", "beside_causal", "keeps_every_key"]
