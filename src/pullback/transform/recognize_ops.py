@@ -249,12 +249,12 @@ def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
 def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
     """``softmax(q k^T * scale [+ mask]) v`` (Hugging Face's eager attention: two 4-D ``matmul`` with a softmax
     between, an additive mask or none, no dropout; Bloom's ALiBi added to the flattened scores too) in
-    float32/float64 as ``nn.attention``, the masks its bias (none and ``is_causal`` for the causal mask,
-    ``causal_mask``; two masks summed): its backward recomputes the probabilities instead of keeping them. Not where the mask may be learnt (``_learnt``:
-    it reaches a parameter of ``learnable``): its gradient needs the probabilities, which the forward then
-    computes once, as eager does, instead of in flash attention and again for the backward. bfloat16 keeps
-    eager's form, so its roundings stay eager's. (A row whose mask is -inf everywhere gives 0 where eager's
-    softmax gives NaN.)"""
+    float32/float64 as ``nn.attention``, the masks its bias (none for one that masks nothing, ``keeps_every_key``;
+    none and ``is_causal`` for the causal mask, ``causal_mask``; two masks summed): its backward recomputes the
+    probabilities instead of keeping them. Not where a mask may be learnt (``_learnt``: it reaches a parameter of
+    ``learnable``): its gradient needs the probabilities, which the forward then computes once, as eager does,
+    instead of in flash attention and again for the backward. bfloat16 keeps eager's form, so its roundings stay
+    eager's. (A row whose mask is -inf everywhere gives 0 where eager's softmax gives NaN.)"""
     if node.attrs.transpose_a or node.attrs.transpose_b or not is_call_to(node.args[0], "reshape"):
         return None
     sm = node.args[0].args[0]
