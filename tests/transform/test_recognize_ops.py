@@ -243,14 +243,17 @@ def test_eager_attention_under_a_constant_causal_mask_is_causal_attention(fill, 
     assert_same_results(before, after)
 
 
-def _alibi_attention(q, k, v, alibi, mask, scale=0.25):
-    """Bloom's eager attention as the importer lowers it: ``baddbmm(alibi, q, k^T, alpha=scale)`` over the
-    flattened heads (the flattened keys transposed), reshaped to 4-D, then the mask added, a softmax, the values."""
+def _alibi_attention(q, k, v, alibi, mask, scale_after=False):
+    """Bloom's eager attention as the importer lowers it: ``baddbmm(alibi, q, k^T, alpha=0.25)`` over the
+    flattened heads (the flattened keys transposed), reshaped to 4-D, then the mask added, a softmax, the values;
+    ``scale_after``: the scale applied to the 4-D sum instead (another formula)."""
     b, h, length, e = q.checked_type.shape
     keys = k.checked_type.shape[2]
     kt = op.transpose(op.reshape(k, (-1, keys, e)), (0, 2, 1))
     qk = op.nn.batch_matmul(op.reshape(q, (-1, length, e)), kt, transpose_b=False)
-    s = op.add(op.reshape(op.add(alibi, op.multiply(qk, pb.const(scale, "float64"))), (b, h, length, keys)), mask)
+    c = pb.const(0.25, "float64")
+    s = op.reshape(op.add(alibi, qk if scale_after else op.multiply(qk, c)), (b, h, length, keys))
+    s = op.add(op.multiply(s, c) if scale_after else s, mask)
     p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, keys))
     return op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, keys, e)), transpose_b=False), (b, h, length, e))
 
@@ -267,14 +270,7 @@ def test_alibi_attention_becomes_one_op_with_the_same_results_and_gradients(mask
     fill = pb.const(np.finfo(np.float64).min, "float64")
     pad = pb.var("pad", shape=(2, 1, 5, 5), dtype="float64")
     mask = op.broadcast_to(op.where(tril, pb.const(0.0, "float64"), fill), (2, 1, 5, 5)) if mask_kind == "causal" else pad
-    body = _alibi_attention(q, k, v, alibi, mask)
-    if mask_kind == "scaled_after":  # reshape(alibi + q k^T) * c + mask: not attention with the bias
-        b, h, length, e = q.checked_type.shape
-        kt = op.transpose(op.reshape(k, (-1, 5, e)), (0, 2, 1))
-        s = op.reshape(op.add(alibi, op.nn.batch_matmul(op.reshape(q, (-1, length, e)), kt, transpose_b=False)), (b, h, 5, 5))
-        s = op.add(op.multiply(s, pb.const(0.25, "float64")), pad)
-        p = op.reshape(op.nn.softmax(s, axis=-1), (-1, length, 5))
-        body = op.reshape(op.nn.batch_matmul(p, op.reshape(v, (-1, 5, e)), transpose_b=False), (b, h, length, e))
+    body = _alibi_attention(q, k, v, alibi, mask, scale_after=mask_kind == "scaled_after")
     params = [q, k, v, alibi] + ([] if mask_kind == "causal" else [pad])
     before = mod_of(params, body)
     after = RecognizeOps()(before)

@@ -168,9 +168,9 @@ def _learnt(bias: Expr, learnable: frozenset) -> bool:
     return False
 
 
-# the most mask elements evaluated to see whether a mask is the causal one (a 4096-token sequence's)
+# the most mask elements evaluated to see what a mask keeps (a 4096-token sequence's)
 CAUSAL_CHECK_ELEMENTS = 1 << 24
-_CAUSAL: "weakref.WeakKeyDictionary[Expr, dict]" = weakref.WeakKeyDictionary()
+_FACTS: "weakref.WeakKeyDictionary[Expr, tuple]" = weakref.WeakKeyDictionary()
 
 
 def causal_mask(mask: Expr, length, keys) -> bool:
@@ -178,55 +178,48 @@ def causal_mask(mask: Expr, length, keys) -> bool:
     top-left aligned (``is_causal``'s): a boolean one True there, an additive one 0 there and -inf or the dtype's
     least value elsewhere. Hugging Face's causal mask, which torch.export materialises where eager passes
     ``is_causal`` (flash attention then skips the blocks above the diagonal and reads no mask)."""
-    while is_call_to(mask, "broadcast_to"):  # the batch and heads: the same block in each
-        mask = mask.args[0]
-    known = _CAUSAL.setdefault(mask, {})  # one mask, every layer's attention: evaluated once
-    if (length, keys) not in known:
-        known[length, keys] = _keeps_the_triangle(mask, length, keys)
-    return known[length, keys]
-
-
-def _keeps_the_triangle(mask: Expr, length, keys) -> bool:
-    t = mask.checked_type
-    if not (isinstance(t, TensorType) and t.is_static and t.ndim >= 2 and t.shape[-2:] == (length, keys)) or \
-            math.prod(t.shape) > CAUSAL_CHECK_ELEMENTS:
-        return False
-    folded = fold_expr(mask, max_new_elements=CAUSAL_CHECK_ELEMENTS)
-    if not isinstance(folded, Constant):
-        return False
-    v = folded.data
-    if v.dtype == np.bool_:
-        keep = v
-    elif np.issubdtype(v.dtype, np.floating) and np.all((v == 0) | (v <= np.finfo(v.dtype).min)):
-        keep = v == 0
-    else:
-        return False
-    return bool(np.all(keep == np.tril(np.ones((length, keys), dtype=bool))))
-
-
-_EMPTY: "weakref.WeakKeyDictionary[Expr, bool]" = weakref.WeakKeyDictionary()
+    return _mask_facts(mask)[1] == (length, keys)
 
 
 def keeps_every_key(mask: Expr) -> bool:
     """Whether ``mask``, computed from constants, masks nothing: a boolean one True everywhere, an additive one 0
     everywhere (Hugging Face's bidirectional mask for a batch without padding, which torch.export materialises
-    where eager passes none: ViT's). Attention without it is the same, and reads no bias. Evaluated once per mask."""
+    where eager passes none: ViT's). Attention without it is the same, and reads no bias."""
+    return _mask_facts(mask)[0]
+
+
+def _mask_facts(mask: Expr) -> tuple:
+    """``(whether it keeps every key, the (length, keys) block whose lower triangle it keeps exactly, or None)``
+    of ``mask`` (``_kept``; a broadcast over the batch and heads looked through), evaluated once per mask node:
+    one mask, every layer's attention."""
     while is_call_to(mask, "broadcast_to"):
         mask = mask.args[0]
-    if mask not in _EMPTY:
-        _EMPTY[mask] = _masks_nothing(mask)
-    return _EMPTY[mask]
+    if mask not in _FACTS:
+        keep = _kept(mask)
+        if keep is None:
+            _FACTS[mask] = (False, None)
+        else:
+            block = keep.shape[-2:] if keep.ndim >= 2 else None
+            triangle = block is not None and bool(np.all(keep == np.tril(np.ones(block, dtype=bool))))
+            _FACTS[mask] = (bool(np.all(keep)), block if triangle else None)
+    return _FACTS[mask]
 
 
-def _masks_nothing(mask: Expr) -> bool:
+def _kept(mask: Expr) -> Optional[np.ndarray]:
+    """Where ``mask`` keeps a key, when it is computed from constants (at most ``CAUSAL_CHECK_ELEMENTS``): a
+    boolean mask itself; an additive one of 0 and -inf or the dtype's least value, where it is 0; else None."""
     t = mask.checked_type
     if not (isinstance(t, TensorType) and t.is_static) or math.prod(t.shape) > CAUSAL_CHECK_ELEMENTS:
-        return False
+        return None
     folded = fold_expr(mask, max_new_elements=CAUSAL_CHECK_ELEMENTS)
     if not isinstance(folded, Constant):
-        return False
+        return None
     v = folded.data
-    return bool(np.all(v)) if v.dtype == np.bool_ else bool(np.issubdtype(v.dtype, np.floating) and np.all(v == 0))
+    if v.dtype == np.bool_:
+        return v
+    if np.issubdtype(v.dtype, np.floating) and np.all((v == 0) | (v <= np.finfo(v.dtype).min)):
+        return v == 0
+    return None
 
 
 def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
@@ -283,10 +276,10 @@ def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optio
     biases = [b for b in biases if b is not None and not keeps_every_key(b)]
     if any(tq.shape[1] is Any or not _is_bias(b, sm.checked_type) or _learnt(b, learnable) for b in biases):
         return None
-    causal = [b for b in biases if causal_mask(b, tq.shape[2], tk.shape[2])][:1]
-    biases = [b for b in biases if not causal or b is not causal[0]]
+    causal = next((b for b in biases if causal_mask(b, tq.shape[2], tk.shape[2])), None)
+    biases = [b for b in biases if b is not causal]
     bias = None if not biases else biases[0] if len(biases) == 1 else add(*biases)
-    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale, is_causal=bool(causal)), 0)
+    out = TupleGetItem(attention(q, k, v, *([] if bias is None else [bias]), scale=scale, is_causal=causal is not None), 0)
     return reshape(out, tuple(node.checked_type.shape)) if Any not in node.checked_type.shape else None
 
 
