@@ -249,12 +249,13 @@ def _index_add_infer(arg_types, attrs):
     return x
 
 
-def _index_add(xp, x, idx, u, a):
+def _index_add(xp, x, idx, u, a, into: bool = False):
+    """``index_add``'s kernel; ``into`` (torch): added into ``x``'s memory (``add_at``)."""
     dst, ax = _flat_view(xp, x, a)
     shape = tuple(dst.shape)
     pos = _positions(xp, "index_add", idx, shape[ax], a.mode)
     k = math.prod(idx.shape)  # not -1: ambiguous when the other dims hold no element
-    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]), a.sequential)
+    out = add_at(dst, (slice(None),) * ax + (pos,), xp.reshape(u, shape[:ax] + (k,) + shape[ax + 1:]), a.sequential, into)
     return xp.reshape(out, tuple(x.shape))
 
 

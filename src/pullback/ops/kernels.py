@@ -255,9 +255,10 @@ def set_at(x, index: tuple, value):
     return out
 
 
-def add_at(x, index: tuple, value, sequential: bool = False):
+def add_at(x, index: tuple, value, sequential: bool = False, into: bool = False):
     """A copy of ``x`` with ``value`` added at ``index`` (full slices and integer arrays, NumPy
-    indexing rules); entries that an index names several times receive every addition. On torch,
+    indexing rules); entries that an index names several times receive every addition. ``into`` (torch only):
+    added into ``x`` itself, which is returned (a buffer that dies here: ``runtime.plan.buffer_reuse``). On torch,
     ``sequential`` in float16/bfloat16: ATen's ``index_put`` with ``accumulate``, which rounds after each addition
     in index order (eager's embedding and indexing backward), not ``index_add`` (which sums in float32). In float32
     ``index_add`` is eager's embedding backward bit for bit, and 16x faster than ``index_put`` (a BERT's three
@@ -267,8 +268,10 @@ def add_at(x, index: tuple, value, sequential: bool = False):
     if hasattr(x, "index_put"):  # torch
         along = None if sequential and x.element_size() == 2 and x.is_floating_point() else _one_axis(x, index, value)
         if along is not None:  # ATen's index_add: 5.5 -> 0.4 ms for a (16, 16, 16, 96) roll's gradient (Swin)
-            return x.index_add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
-        return x.index_put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
+            add = x.index_add_ if into else x.index_add
+            return add(along, index[along], value.expand(x.shape[:along] + index[along].shape + x.shape[along + 1:]))
+        put = x.index_put_ if into else x.index_put
+        return put(_tensor_index(x, index), value, accumulate=True)  # index tensors only
     out = x.copy()
     axis = _lone_axis(index)
     if axis is not None and numba_kernels.add_rows(out, axis, np.asarray(index[axis]), np.asarray(value)):
