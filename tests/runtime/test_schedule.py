@@ -140,3 +140,38 @@ def test_the_built_backward_frees_each_activation_gradient_before_the_next_layer
     for (p, slot), (q, _) in zip(made, made[1:] + [(len(code), None)]):
         freed = next(k for k in range(p, len(code)) if slot in code[k][-2])
         assert freed < q, (p, slot, freed, q)
+
+
+def test_a_value_made_of_constants_alone_runs_just_before_its_reader():
+    """An embedding's gradient, ``index_add(zeros, ids, g)``, is a backward's first result, so the post-order makes
+    its ``zeros`` (a vocabulary's worth of memory) before the whole chain that computes ``g``, holding it to the
+    end; it runs just before the ``index_add`` instead (as eager makes it in the embedding's backward, last)."""
+    vocab, rows = 512, 16
+    ids, x = var("ids", shape=(rows,), dtype="int64"), var("x", shape=(rows, WIDTH), dtype="float64")
+    ws = [var(f"w{i}", shape=(WIDTH, WIDTH), dtype="float64") for i in range(LAYERS)]
+    g = x
+    for w in ws:
+        g = op.tanh(op.nn.dense(g, w))
+    table = op.zeros((vocab, WIDTH), "float64")
+    grad = op.index_add(table, ids, g, axis=0)
+    body = pb.Tuple([grad, op.sum(g)])
+    body.checked_type  # noqa: B018
+    before = post_order(body)
+    assert before.index(table) < before.index(ws[0])  # the post-order's first computed value
+    after = memory_order(before, body)
+    assert sorted(map(id, after)) == sorted(map(id, before))
+    assert after.index(table) == after.index(grad) - 1
+    assert all(after.index(n) < after.index(table) for n in after if isinstance(n, pb.Call) and n.op.name == "nn.dense")
+    f = Function([ids, x, *ws], body)
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(0, vocab, rows), *(rng.standard_normal(s) for s in [(rows, WIDTH)] + [(WIDTH, WIDTH)] * LAYERS)]
+    for target in ("numpy", "torch"):
+        pytest.importorskip(target)
+        table_grad, total = pb.build(IRModule.from_expr(f), target=target)["main"](*inputs)
+        want = np.zeros((vocab, WIDTH))
+        h = inputs[1]
+        for w in inputs[2:]:
+            h = np.tanh(h @ w.T)
+        np.add.at(want, inputs[0], h)
+        np.testing.assert_allclose(np.asarray(table_grad), want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(float(np.asarray(total)), h.sum(), rtol=1e-12)

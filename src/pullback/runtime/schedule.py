@@ -15,6 +15,11 @@ order of the same nodes (any is correct), whose values die sooner. The reader ma
 same-size nodes (a weight gradient reads ``transpose(reshape(g))``): each hoisted node makes its operand's last
 readers the next candidates. A weight gradient larger than the activation gradient it reads (a wide layer on few
 rows) stays where the post-order puts it: run early, it would hold its memory longer than the value it frees.
+
+A value computed from constants alone (``sources``) runs just before its first reader instead:
+the post-order runs it where it meets it, the embedding gradient's ``zeros`` (Llama's 32,000-token vocabulary:
+94 MiB) first of the whole backward, since the gradient it adds into is the program's first result, and holds it
+to the end (eager makes it in the embedding's backward, last).
 """
 
 from __future__ import annotations
@@ -74,13 +79,26 @@ def _bytes(t, memo: dict) -> Optional[int]:
 MAX_LAST_READERS = 2
 
 
+def sources(order: list, body: Expr) -> set:
+    """The nodes of ``order`` computed from constants alone (calls, tuples and projections whose operands are
+    ``Constant``s or such nodes, if any: ``zeros``), but ``body``."""
+    found: set = set()
+    for n in order:
+        if type(n) in (Call, Tuple, TupleGetItem) and n is not body and all(
+                type(a) is Constant or a in found for a in operands(n)):
+            found.add(n)
+    return found
+
+
 def memory_order(order: list, body: Expr) -> list:
-    """``order`` (a post-order of ``body``, without ``If``) with last readers hoisted (module docstring)."""
+    """``order`` (a post-order of ``body``, without ``If``) with last readers hoisted and values computed from
+    constants alone run just before their first reader (module docstring)."""
     users: dict = {}
     for n in order:
         for a in dict.fromkeys(operands(n)):
             users.setdefault(a, []).append(n)
-    if not any(len(u) > 1 for u in users.values()):
+    late = sources(order, body)
+    if not late and not any(len(u) > 1 for u in users.values()):
         return order  # a chain or a tree: nothing to hoist
     remaining = {a: len(u) for a, u in users.items()}
     waiting = {n: len(dict.fromkeys(operands(n))) for n in order}
@@ -91,17 +109,35 @@ def memory_order(order: list, body: Expr) -> list:
 
     out = [n for n in order if type(n) in (Var, Constant)]  # parameters and constants: there from the start
     done: set = set(out)
-    for n in out:
+    for n in (*out, *late):  # a late value is ready whenever a reader wants it
         for u in users.get(n, ()):
             waiting[u] -= 1
+
+    def run_late(m) -> None:
+        """Run the late values ``m`` reads that have not run yet (operands first)."""
+        stack = [(a, False) for a in operands(m) if a in late and a not in done]
+        while stack:
+            a, ready = stack.pop()
+            if a in done:
+                continue
+            if not ready:
+                stack.append((a, True))
+                stack.extend((b, False) for b in operands(a) if b in late and b not in done)
+                continue
+            done.add(a)
+            out.append(a)
+            for b in dict.fromkeys(operands(a)):
+                remaining[b] -= 1
+
     for n in order:
-        if n in done:
+        if n in done or n in late:
             continue
         stack = [n]
         while stack:
             m = stack.pop()
             if m in done:
                 continue
+            run_late(m)
             done.add(m)
             out.append(m)
             for u in users.get(m, ()):
@@ -148,4 +184,4 @@ def reads_before_writes(order: list) -> list:
     return out
 
 
-__all__ = ["memory_order", "operands", "reads_before_writes"]
+__all__ = ["memory_order", "operands", "reads_before_writes", "sources"]
