@@ -37,7 +37,7 @@ median over the rounds. Columns:
 - ``saved MB``: bytes saved for the backward, parameters and inputs included, counted the same way for every
   row: the distinct memory kept for the backward after a forward (a weight saved as ``w.t()`` counts once, as
   does an input batch), eager and Inductor through ``torch.autograd.graph.saved_tensors_hooks``, pullback
-  the residuals its autograd Function keeps (``save_for_backward`` tensors on the torch target, the target's
+  the residuals its autograd Function keeps (``ctx.residuals``: tensors on the torch target, the target's
   arrays elsewhere, each by the storage that owns its memory: ``_saved_bytes_pullback``);
   ``act MB``: the same without the storages of the parameters, buffers and inputs: the memory that saving
   for the backward adds. (The JSON rows also hold ``ir_saved_mb`` / ``ir_act_mb``, ``analysis.saved_bytes``
@@ -217,14 +217,14 @@ def _memory_key(value, torch) -> tuple:
 
 def _saved_bytes_pullback(m, inputs, held) -> tuple[int, int]:
     """(all, activations) as ``_saved_bytes_eager`` counts them, for a compiled module: the distinct memory its
-    autograd Function keeps for the backward after a forward (``save_for_backward`` tensors on the torch target,
-    the residual arrays elsewhere), by what owns it (``_memory_key``), without the storages of ``held``."""
+    autograd Function keeps for the backward after a forward (``ctx.residuals``: tensors on the torch target,
+    the target's arrays elsewhere), by what owns it (``_memory_key``), without the storages of ``held``."""
     import torch
 
     out = m(*inputs)
     ctx = out.grad_fn
-    residuals = getattr(ctx, "residuals", None)  # the target's arrays (numpy, jax); torch: save_for_backward
-    saved = ctx.saved_tensors if residuals is None else residuals
+    residuals = getattr(ctx, "residuals", None)  # a list: save_for_backward only under saved-tensor hooks
+    saved = residuals if isinstance(residuals, list) else ctx.saved_tensors
     owners = dict(_memory_key(v, torch) for v in saved)
     kept = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
     out.backward()
@@ -296,7 +296,7 @@ class KernelClock:
             holder.fn = timed
             return lambda: setattr(holder, "fn", jitted)
         exe = fn._exe
-        exe.execute = lambda plan, args, prof=None: type(exe).execute(exe, plan, args, self)
+        exe.execute = lambda plan, args, prof=None, consume=False: type(exe).execute(exe, plan, args, self, consume)
         return lambda: exe.__dict__.pop("execute", None)
 
 

@@ -48,7 +48,7 @@ def _activation_bytes(tensors, held: set) -> int:
 @pytest.mark.parametrize("name", ["transformer", "bert", "cnn", "resnet", "gpt2"])
 def test_min_cut_keeps_less_memory_for_the_backward_than_eager(name):
     """Counted as the bench counts them: eager's saved tensors (autograd's hooks) against the tensors the torch
-    target's autograd Function saves, by storage, parameters, buffers and inputs left out. Layer and batch norm
+    target's autograd Function keeps for its backward (``ctx.residuals``), by storage, parameters, buffers and inputs left out. Layer and batch norm
     outputs are rebuilt from their statistics, not saved; ``save_all`` keeps no more than eager either (a
     ResNet's centre taps, copies of its weights, are rebuilt in the backward)."""
     wl = make_workload(name, small=True)
@@ -61,7 +61,7 @@ def test_min_cut_keeps_less_memory_for_the_backward_than_eager(name):
     saved = {}
     for policy in ("save_all", "min_cut"):
         out = pb_compile(wl.model, inputs, target="torch", policy=policy)(*inputs)
-        saved[policy] = _activation_bytes(out.grad_fn.saved_tensors, held)
+        saved[policy] = _activation_bytes(out.grad_fn.residuals, held)
         out.backward()
     assert saved["min_cut"] < min(eager, saved["save_all"]), (saved, eager)
     assert saved["save_all"] <= eager, (saved, eager)  # the default keeps no more than eager either

@@ -4,8 +4,11 @@ A ``Bridge`` takes the autograd Function's tensors to the target, runs the execu
 tensors back; the residuals stay the target's own arrays between forward and backward:
 
 - ``torch``: no conversion at all: the kernels run on the tensors themselves (ATen, oneDNN); the residuals
-  are the tensors the forward produced, saved with ``ctx.save_for_backward`` (so PyTorch's version
-  counters catch an in-place change of a saved tensor, and ``saved_tensors_hooks`` see them);
+  are the tensors the forward produced, handed to the backward's plan, which frees each after its last reader
+  (eager frees each autograd node's saved tensors after it runs; kept to the end, BERT-base's residuals and its
+  weight gradients made the backward's peak 1.6x eager's), their versions checked as autograd checks saved
+  tensors; under a ``saved_tensors_hooks`` context (``save_on_cpu``) they go through ``ctx.save_for_backward``
+  so that the hooks see each;
 - ``numpy``: zero-copy views both ways (``Tensor.numpy()`` / ``torch.from_numpy``; a read-only or
   non-contiguous result is copied once, a tensor cannot be read-only); built with ``aten=True``: GEMMs,
   convolutions, pooling and batch norm run ATen's kernels on the arrays (``runtime.aten_on_numpy``);
@@ -92,24 +95,31 @@ class Bridge:
     def outputs(self, out) -> list:
         return [self.to_torch(o) for o in ([out] if self.single else out)]
 
-    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
+    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence, consume: bool = False) -> list:
         """The gradients (torch tensors, one per ``wrt``) from the residuals and the outputs' gradients
         (None for an output that got none, and past the end of ``grads`` for the written-back values: zeros of
-        its ``shapes`` entry)."""
+        its ``shapes`` entry). ``consume``: ``residuals`` is a list the caller gives up, emptied once the plan holds
+        its values, so that each is freed after its last reader (``CompiledFunction.call_native``)."""
         grads = (*grads, *[None] * (len(shapes) - len(grads)))
         cts = [self.cotangent(g, i, s) if g is not None or i not in self.inert else self.inert_zero(i, s)
                for i, (g, s) in enumerate(zip(grads, shapes))]
-        gs = self.run(self.bwd, [*residuals, cts[0] if self.single else tuple(cts)], check=False)
+        ct = cts[0] if self.single else tuple(cts)
+        if consume:
+            residuals.append(ct)
+            args = residuals
+        else:
+            args = [*residuals, ct]
+        gs = self.run(self.bwd, args, check=False, consume=consume)
         return [self.to_torch(g) for g in gs]
 
-    def run(self, fn, args: Sequence, check: bool):
-        """``fn.call_native(args, check)``, the cores handed over before and after."""
+    def run(self, fn, args: Sequence, check: bool, consume: bool = False):
+        """``fn.call_native(args, check, consume)``, the cores handed over before and after."""
         h = self.handover
         if h is None:
-            return fn.call_native(args, check=check)
+            return fn.call_native(args, check=check, consume=consume)
         h.enter()
         try:
-            return fn.call_native(args, check=check)
+            return fn.call_native(args, check=check, consume=consume)
         finally:
             h.leave()
 
@@ -198,6 +208,11 @@ class TorchBridge(Bridge):
         return value
 
     @staticmethod
+    def viewed(residuals: Sequence) -> tuple:
+        # kept out of autograd (``ctx.residuals``), every residual is checked as autograd checks saved tensors
+        return tuple((r, v) for r in residuals if (v := version(r)) is not None)
+
+    @staticmethod
     def addresses(residuals: Sequence) -> list:
         return [r.data_ptr() for r in residuals]  # an empty one inside a span is copied: harmless
 
@@ -263,9 +278,9 @@ class JaxBridge(Bridge):
         with self.jax.enable_x64(self.x64):  # int64 inputs stay int64
             return super().call(tensors)
 
-    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence) -> list:
+    def backward(self, residuals: Sequence, grads: Sequence, shapes: Sequence, consume: bool = False) -> list:
         with self.jax.enable_x64(self.x64):
-            return super().backward(residuals, grads, shapes)
+            return super().backward(residuals, grads, shapes, consume)
 
     def cotangent(self, g, i: int, shape):
         import jax.numpy as jnp

@@ -218,10 +218,11 @@ def _function():
             # which never reads them (eager saves only what its backward reads); their versions are checked when
             # a differentiable backward does read them
             ctx.inputs = None if mutated or tp.prog.mutations else _Versioned(tensors)
-            if bridge.saves_tensors:
+            if bridge.saves_tensors and _saved_tensor_hooks():  # the user's hooks (offloading) see each one
                 ctx.save_for_backward(*residuals)
-            else:
-                ctx.residuals = residuals
+                ctx.residuals = _SAVED
+            else:  # let go of one by one as the backward reads them last, as autograd frees each node's
+                ctx.residuals = list(residuals)
                 ctx.viewed = bridge.viewed(residuals)
             nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
             if nondiff:
@@ -247,18 +248,16 @@ def _function():
                 return (None, None, *full)
             if not _keeps_graph():  # as autograd frees what it saved
                 ctx.inputs = _RELEASED
-            if tp.bridge.saves_tensors:
+            residuals, consume = ctx.residuals, False
+            if residuals is _SAVED:
                 residuals = saved
-            else:  # the target's own arrays: freed after the backward, as autograd frees saved tensors,
-                residuals = ctx.residuals  # unless the graph is retained (retain_graph=True)
-                if residuals is None:
+            else:  # handed to the backward's plan, which drops each one after its last reader (as autograd frees
+                if residuals is None:  # a node's saved tensors once it ran), unless the graph is retained
                     raise PullbackError(BACKWARD_TWICE)
-                for t, v in ctx.viewed:
-                    if t._version != v:
-                        raise SavedTensorModifiedError(t, v)
+                _check_versions(ctx.viewed)
                 if not _keeps_graph():
-                    ctx.residuals = None
-            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes)  # the written-back values' cotangents: zeros
+                    ctx.residuals, ctx.viewed, consume = None, (), True
+            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes, consume)  # written-back values' cotangents: zeros
             for k in wrt:
                 full[k] = gs[k]
             return (None, None, *full)
@@ -277,6 +276,22 @@ class SavedTensorModifiedError(PullbackError, RuntimeError):
 
 
 _RELEASED = object()  # ``ctx.inputs`` after a backward that did not keep the graph
+_SAVED = object()  # ``ctx.residuals`` when they went through ``save_for_backward``
+
+
+def _check_versions(viewed) -> None:
+    """Raise as autograd does for a saved tensor if one of the ``(tensor, version)`` pairs was written in place."""
+    for t, v in viewed:
+        if t._version != v:
+            raise SavedTensorModifiedError(t, v)
+
+
+def _saved_tensor_hooks() -> bool:
+    """Is a ``torch.autograd.graph.saved_tensors_hooks`` context open (``save_on_cpu``, a user's packing)?"""
+    import torch
+
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None  # not knowing, save through autograd
 
 
 class _Versioned:

@@ -169,15 +169,18 @@ def _depth_error(callee: FunctionPlan, max_depth: int) -> ExecutionError:
 
 
 def run(plan: FunctionPlan, args: list, check: bool = False, prof: Optional[Profiler] = None,
-        cond: Optional[Callable] = None, max_depth: int = DEFAULT_MAX_CALL_DEPTH):
+        cond: Optional[Callable] = None, max_depth: int = DEFAULT_MAX_CALL_DEPTH, consume: bool = False):
     """Run ``plan`` on already converted ``args``; returns the raw result value.
 
     ``cond``: None to run ``If`` by jumping on the concrete condition, else
     ``cond(pred, then_fn, else_fn)`` (traced targets), each branch function
-    running the loop over its branch's range of the plan."""
+    running the loop over its branch's range of the plan. ``consume``: ``args`` is emptied once the slots
+    hold its values, so that the plan's frees drop the last reference to each."""
     plan.ensure()
     slots = plan.template.copy()
     slots[: len(args)] = args
+    if consume:
+        args.clear()
     return _loop(plan, slots, 0, check, prof, cond, max_depth)
 
 
@@ -318,12 +321,16 @@ class CompiledFunction:
     def __call__(self, *inputs):
         return self._exe.execute(self.plan, self.convert_inputs(inputs))
 
-    def call_native(self, args: Sequence, check: bool = True):
+    def call_native(self, args: Sequence, check: bool = True, consume: bool = False):
         """Run on ``args`` and return the target's own arrays (jax arrays on the jax target; as ``__call__``
         elsewhere). ``check=False`` skips the input checks and conversions: ``args`` must then be values
         this target made (results of the executable's functions, or of ``target.take``), as an embedding
-        that passes one function's results to another does (e.g. residuals from ``@main_fwd`` to ``@main_bwd``)."""
-        return self._exe.execute(self.plan, self.convert_inputs(tuple(args)) if check else list(args))
+        that passes one function's results to another does (e.g. residuals from ``@main_fwd`` to ``@main_bwd``).
+        ``consume`` (with ``check=False``): ``args`` is a list the caller gives up; it is emptied once the plan
+        holds the values, so that each is freed after its last reader rather than at the end."""
+        if check:
+            return self._exe.execute(self.plan, self.convert_inputs(tuple(args)))
+        return self._exe.execute(self.plan, args if consume and type(args) is list else list(args), consume=consume)
 
     def __repr__(self) -> str:
         return f"<CompiledFunction @{self.name}>"
@@ -395,15 +402,16 @@ class Executable:
     def __contains__(self, name: str) -> bool:
         return name in self.mod
 
-    def execute(self, plan: FunctionPlan, args: list, prof: Optional[Profiler] = None):
-        """Run ``plan`` on converted ``args``; the result as returned to the caller."""
+    def execute(self, plan: FunctionPlan, args: list, prof: Optional[Profiler] = None, consume: bool = False):
+        """Run ``plan`` on converted ``args``; the result as returned to the caller. ``consume``: empty ``args``
+        once the plan holds its values (``run``)."""
         target = self.target
         ctx = target.run_context()
         if ctx is None:
-            value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth)
+            value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth, consume)
         else:
             with ctx:
-                value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth)
+                value = run(plan, args, self.check_outputs, prof, target.cond, self.max_call_depth, consume)
         leaf = target.output
         if plan.returned_constants:  # a result that is a constant: a copy the caller may write into
             leaf = _fresh_constants(plan.returned_constants, target.fresh, leaf)

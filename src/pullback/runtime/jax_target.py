@@ -231,10 +231,11 @@ class JaxFunction(CompiledFunction):
     def __call__(self, *inputs):
         return to_output(self.call_native(inputs), np.asarray)
 
-    def call_native(self, args: Sequence, check: bool = True):
+    def call_native(self, args: Sequence, check: bool = True, consume: bool = False):
         """The jitted function on ``args``; results stay jax arrays. Torch tensors are taken by DLPack
         (inside the module's 64-bit scope, so int64 stays int64). A failed run-time check (out-of-range
-        index, integer division by zero) is an ExecutionError, as on every target."""
+        index, integer division by zero) is an ExecutionError, as on every target. ``consume`` changes nothing
+        here: XLA holds its arguments to the end of the call."""
         with jax.enable_x64(self._exe.x64):
             if check:
                 args = self.convert_inputs(tuple(args))
