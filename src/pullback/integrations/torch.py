@@ -221,7 +221,7 @@ def _function():
             if bridge.saves_tensors and _saved_tensor_hooks():  # the user's hooks (offloading) see each one
                 ctx.save_for_backward(*residuals)
                 ctx.residuals = _SAVED
-            else:  # let go of one by one as the backward reads them last, as autograd frees each node's
+            else:  # the backward's plan frees each after its last reader (autograd: each node's after it ran)
                 ctx.residuals = list(residuals)
                 ctx.viewed = bridge.viewed(residuals)
             nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
@@ -251,8 +251,8 @@ def _function():
             residuals, consume = ctx.residuals, False
             if residuals is _SAVED:
                 residuals = saved
-            else:  # handed to the backward's plan, which drops each one after its last reader (as autograd frees
-                if residuals is None:  # a node's saved tensors once it ran), unless the graph is retained
+            else:  # given up to the backward's plan (``consume``), unless the graph is retained
+                if residuals is None:
                     raise PullbackError(BACKWARD_TWICE)
                 _check_versions(ctx.viewed)
                 if not _keeps_graph():

@@ -434,10 +434,10 @@ def _nll_loss_grad(call: Call):
 
 def _softmax_backward(aten: str, out: str):
     """ATen's ``_softmax_backward_data`` / ``_log_softmax_backward_data`` on float32 and float64 rows (``out``: the
-    name of its ``.out`` overload's output argument); ``into``:
-    written into the output gradient's tensor (``out=``), which ATen reads row by row before writing it (a
-    cross-entropy's gradient, ``log_softmax_grad(nll_loss_grad(...))``, then holds two of the logits' size where
-    eager holds three: GPT-2's 50,257-token vocabulary at 1024 tokens, 393 against 589 MiB), with eager's bits."""
+    name of its ``.out`` overload's output argument). ``into``: written into the output gradient's tensor, which
+    ATen reads row by row before writing it, with eager's bits (a cross-entropy's gradient,
+    ``log_softmax_grad(nll_loss_grad(...))``, then holds two tensors of the logits' size where eager holds three:
+    at GPT-2's 50,257-token vocabulary and 1024 tokens, 393 against 589 MiB)."""
 
     def make(call: Call, into: bool = False):
         if _float_args(call) not in ("float32", "float64") or not _static(call.checked_type):
