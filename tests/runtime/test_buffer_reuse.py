@@ -145,27 +145,33 @@ def test_slice_assignments_into_a_dying_buffer_run_in_place_on_torch():
         _same_with_and_without_reuse(g, [_x(), vv], "torch")
 
 
-def _copies_on_torch(f, inputs) -> list:
-    """The shapes of the tensors ATen clones while the torch target runs ``f``; and checks its results are those
-    of the torch target without buffer reuse."""
+def _aten_calls_on_torch(f, inputs, names: tuple, record) -> list:
+    """``record(func, args)`` of each call of the ATen operators ``names`` while the torch target runs ``f``; and
+    checks its results are those of the torch target without buffer reuse."""
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    shapes = []
+    packets = tuple(getattr(torch.ops.aten, n) for n in names)
+    calls = []
 
-    class Clones(TorchDispatchMode):
+    class Calls(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket is torch.ops.aten.clone:
-                shapes.append(tuple(args[0].shape))
+            if func.overloadpacket in packets:
+                calls.append(record(func, args))
             return func(*args, **(kwargs or {}))
 
     exe = _build(f, "torch", True)
-    with Clones():
+    with Calls():
         got = _numpy(exe["main"](*inputs))
     want = _numpy(_build(f, "torch", False)["main"](*inputs))
     for g, w in zip(leaves(got), leaves(want)):
         np.testing.assert_array_equal(g, w)
-    return shapes
+    return calls
+
+
+def _copies_on_torch(f, inputs) -> list:
+    """The shapes of the tensors ATen clones while the torch target runs ``f`` (``_aten_calls_on_torch``)."""
+    return _aten_calls_on_torch(f, inputs, ("clone",), lambda func, args: tuple(args[0].shape))
 
 
 def _forward_substitution(keep: str) -> Function:
@@ -271,25 +277,8 @@ def test_a_relu_after_a_batch_norm_runs_in_its_output_on_torch(training):
 
 def _index_adds_on_torch(f, inputs) -> list:
     """The ATen ``index_add`` overloads (``index_add`` copies its data operand, ``index_add_`` adds into it) the torch
-    target calls running ``f``; and checks its results are those without buffer reuse."""
-    torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names = []
-
-    class Calls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket in (torch.ops.aten.index_add, torch.ops.aten.index_add_):
-                names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
-    exe = _build(f, "torch", True)
-    with Calls():
-        got = _numpy(exe["main"](*inputs))
-    want = _numpy(_build(f, "torch", False)["main"](*inputs))
-    for g, w in zip(leaves(got), leaves(want)):
-        np.testing.assert_array_equal(g, w)
-    return names
+    target calls running ``f`` (``_aten_calls_on_torch``)."""
+    return _aten_calls_on_torch(f, inputs, ("index_add", "index_add_"), lambda func, args: func.overloadpacket.__name__)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
