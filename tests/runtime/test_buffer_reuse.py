@@ -359,3 +359,20 @@ def test_a_softmax_gradient_runs_in_a_dying_output_gradient_along_the_last_axis_
     read_again = Function([x, a], op.add(backward(dy, y, axis=-1), dy))
     assert f"nn.{name}_grad" not in _reused(read_again, "torch")
     _same_with_and_without_reuse(read_again, inputs, "torch")
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_a_softmax_gradient_of_a_strided_output_gradient_gets_a_new_tensor_on_torch(name):
+    """An output gradient that owns its memory but is not row-major (a product of transposed views keeps their
+    order: Longformer's chunked attention) cannot be written in place: ATen writes its output as a dense array.
+    Its gradient is a new tensor, equal to the one without buffer reuse."""
+    pytest.importorskip("torch")
+    x, a = var("x", shape=(4, 5, 6)), var("a", shape=(6, 5, 4))
+    t = op.transpose(a, (2, 1, 0))
+    dy = op.multiply(t, t)  # owned, dies at the gradient, strided like the transposed view
+    forward, backward = getattr(op.nn, name), getattr(op.nn, name + "_grad")
+    f = Function([x, a], backward(dy, forward(x, axis=-1), axis=-1))
+    assert _reused(f, "torch").get(f"nn.{name}_grad") == 0
+    rng = np.random.default_rng(1)
+    _same_with_and_without_reuse(f, [rng.standard_normal((4, 5, 6)).astype("float32"),
+                                     rng.standard_normal((6, 5, 4)).astype("float32")], "torch")

@@ -434,8 +434,8 @@ def _nll_loss_grad(call: Call):
 
 def _softmax_backward(aten: str, out: str):
     """ATen's ``_softmax_backward_data`` / ``_log_softmax_backward_data`` on float32 and float64 rows (``out``: the
-    name of its ``.out`` overload's output argument). ``into``: written into the output gradient's tensor, which
-    ATen reads row by row before writing it, with eager's bits (a cross-entropy's gradient,
+    name of its ``.out`` overload's output argument). ``into``: written into the output gradient's tensor where it
+    and the forward output are dense (row-major), which ATen reads row by row before writing it, with eager's bits (a cross-entropy's gradient,
     ``log_softmax_grad(nll_loss_grad(...))``, then holds two tensors of the logits' size where eager holds three:
     at GPT-2's 50,257-token vocabulary and 1024 tokens, 393 against 589 MiB)."""
 
@@ -453,8 +453,14 @@ def _softmax_backward(aten: str, out: str):
             return lambda g, y, attrs=None: f(g, y, axis, dtype)
         if axis != ndim - 1:  # rows along the innermost axis only
             return None
-        f = getattr(torch.ops.aten, aten).out
-        return lambda g, y, attrs=None: f(g, y, axis, dtype, **{out: g})
+        f, new = getattr(torch.ops.aten, aten).out, getattr(torch, aten)
+
+        def into_g(g, y, attrs=None):  # ATen's kernel writes its output as a dense array: a strided one gets a new one
+            if g.is_contiguous() and y.is_contiguous():
+                return f(g, y, axis, dtype, **{out: g})
+            return new(g, y, axis, dtype)
+
+        return into_g
 
     return make
 
