@@ -423,42 +423,45 @@ def _index_add(call: Call, into: bool = False):
     return lambda x, idx, u, attrs: kernel(xp, x, idx, u, attrs, True)
 
 
-def _nll_loss_grad(call: Call):
-    """``nll_loss_grad``'s own torch kernel (ATen's ``nll_loss_backward``) in float32 and float64: a new tensor, so a
-    ``log_softmax_grad`` reading it last may run into it (``_softmax_backward``)."""
+def _own_kernel(call: Call, *operands: int) -> Optional[Callable]:
+    """The op's own torch kernel (one ATen call, new memory) where the result and the arguments at ``operands`` share
+    one static float32 or float64 type, else None: listed so (``ALLOCATING``), the result may take the place of a
+    dying buffer read last by an in-place kernel."""
     out = call._checked_type
-    if not _static(out) or out.dtype not in ("float32", "float64") or not _same_type(call.args[1].checked_type, out):
+    if not _static(out) or out.dtype not in ("float32", "float64") or \
+            not all(_same_type(call.args[i].checked_type, out) for i in operands):
         return None
     return call.op.impl("torch")
 
 
+def _nll_loss_grad(call: Call):
+    """ATen's ``nll_loss_backward`` (the op's kernel): a new tensor, which a ``log_softmax_grad`` reading it last may
+    write into (``_softmax_backward``)."""
+    return _own_kernel(call, 1)
+
+
 def _softmax_backward(aten: str, out: str):
-    """ATen's ``_softmax_backward_data`` / ``_log_softmax_backward_data`` on float32 and float64 rows (``out``: the
-    name of its ``.out`` overload's output argument). ``into``: written into the output gradient's tensor where it
-    and the forward output are dense (row-major), which ATen reads row by row before writing it, with eager's bits (a cross-entropy's gradient,
-    ``log_softmax_grad(nll_loss_grad(...))``, then holds two tensors of the logits' size where eager holds three:
-    at GPT-2's 50,257-token vocabulary and 1024 tokens, 393 against 589 MiB)."""
+    """ATen's ``_softmax_backward_data`` / ``_log_softmax_backward_data`` (the op's kernel) on float32 and float64
+    rows. ``into``: written into the output gradient's tensor (``out``: the name of the ``.out`` overload's output
+    argument) where it and the forward output are dense (row-major) and the rows lie along the last axis: ATen reads
+    each row before writing it, with eager's bits (a cross-entropy's gradient, ``log_softmax_grad(nll_loss_grad(...))``,
+    then holds two tensors of the logits' size where eager holds three: at GPT-2's 50,257-token vocabulary and 1024
+    tokens, 393 against 589 MiB)."""
 
     def make(call: Call, into: bool = False):
-        if _float_args(call) not in ("float32", "float64") or not _static(call.checked_type):
-            return None
-        g, y = (a.checked_type for a in call.args)
-        if not (_same_type(g, call.checked_type) and _same_type(y, call.checked_type)):
+        own = _own_kernel(call, 0, 1)
+        if own is None or not into:
+            return own
+        ndim = len(call.checked_type.shape)
+        if call.attrs.axis % ndim != ndim - 1:
             return None
         _load()
-        ndim = len(call.checked_type.shape)
-        axis, dtype = call.attrs.axis % ndim, getattr(torch, call.checked_type.dtype)
-        if not into:
-            f = getattr(torch, aten)
-            return lambda g, y, attrs=None: f(g, y, axis, dtype)
-        if axis != ndim - 1:  # rows along the innermost axis only
-            return None
-        f, new = getattr(torch.ops.aten, aten).out, getattr(torch, aten)
+        f, axis, dtype = getattr(torch.ops.aten, aten).out, ndim - 1, getattr(torch, call.checked_type.dtype)
 
         def into_g(g, y, attrs=None):  # ATen's kernel writes its output as a dense array: a strided one gets a new one
             if g.is_contiguous() and y.is_contiguous():
                 return f(g, y, axis, dtype, **{out: g})
-            return new(g, y, axis, dtype)
+            return own(g, y, attrs)
 
         return into_g
 
