@@ -83,3 +83,27 @@ def test_gradient_of_if_joining_static_and_dynamic_dims():
     xs = np.array(False), np.full((4, 3), 0.5, "float32")
     _, (dx,) = pb.build(g)["main_grad"](*xs)
     np.testing.assert_allclose(dx, 1 - np.tanh(xs[1]) ** 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("constant_operand", [0, 1])
+def test_gradient_whose_constant_side_reads_a_value_twice(constant_operand):
+    """runtime/schedule.py ``memory_order``: a value computed from constants alone that was also a hoisted last
+    reader ran twice in the bookkeeping, so a reader of it was counted ready before its other operand ran: the
+    plan read a value not yet computed (KeyError in buffer reuse) or freed (an add of None)."""
+    c = np.array([-0.35, -0.95, -0.89, 0.98])
+    p = pb.var("p", shape=(4,), dtype="float64")
+    k = pb.const(c)
+    inner = (p, k)[constant_operand]  # the chain of tanh and exp runs on the parameter or on the constant
+    e = op.exp(op.tanh(inner))
+    a = op.abs(op.atan2(k, e) if constant_operand == 0 else op.atan2(p, e))
+    g = T.FirstOrderGradient()(pb.IRModule.from_expr(pb.Function([p], pb.Tuple([a, a]))))
+    x = np.array([0.3, -0.2, 0.7, 1.1])
+
+    def f(x):
+        e = np.exp(np.tanh((x, c)[constant_operand]))
+        return 2 * np.abs(np.arctan2(c, e) if constant_operand == 0 else np.arctan2(x, e)).sum()
+
+    h = 1e-6
+    want = [(f(x + h * d) - f(x - h * d)) / (2 * h) for d in np.eye(4)]
+    (out, _), (grad,) = pb.build(g)["main_grad"](x)
+    np.testing.assert_allclose(grad, want, rtol=1e-7, atol=1e-9)

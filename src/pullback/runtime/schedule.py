@@ -135,7 +135,7 @@ def memory_order(order: list, body: Expr) -> list:
         stack = [n]
         while stack:
             m = stack.pop()
-            if m in done:
+            if m in done or m in late:  # a late value hoisted as a last reader runs with its own reader
                 continue
             run_late(m)
             done.add(m)
