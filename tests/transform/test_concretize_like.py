@@ -1,5 +1,6 @@
 """ConcretizeLike: the TVM test cases (issue 5), dynamic shapes, identity, deep chains."""
 
+import numpy as np
 import pytest
 
 import pullback as pb
@@ -114,6 +115,22 @@ def test_cast_like_with_any_dim():
         return mod_of([d, like], op.cast(d, "int32"))
 
     _check(before(), expected(), run=False)  # Any dims: not executed with random shapes here
+
+
+def test_reshape_like_with_one_any_dim_infers_it():
+    """A gradient over a dynamic sequence length reshapes back to its input's shape: with one dynamic dimension,
+    ``reshape`` infers it (-1) and the backward stops reading the forward value for its shape; two stay."""
+
+    def before(like_shape):
+        d, like = pb.var("data", shape=(Any, 8)), pb.var("like", shape=like_shape)
+        return mod_of([d, like], op.reshape_like(d, like))
+
+    d, like = pb.var("data", shape=(Any, 8)), pb.var("like", shape=(2, Any, 4))
+    after = _check(before((2, Any, 4)), mod_of([d, like], op.reshape(d, (2, -1, 4))), run=False)
+    x, y = np.arange(96, dtype="float32").reshape(12, 8), np.zeros((2, 12, 4), "float32")
+    np.testing.assert_array_equal(pb.build(after)["main"](x, y), x.reshape(2, 12, 4))
+    two = before((Any, Any))
+    assert ConcretizeLike()(two) is two
 
 
 def test_zeros_like_with_any_dim_stays():

@@ -476,3 +476,31 @@ def test_half_precision_norm_output_is_saved_not_rebuilt():
     pm = transform.PartitionForwardBackward(policy="min_cut")(mod)
     assert any(map(_reads_norm_output, pm["main_fwd"].body.fields[1].fields))
     assert not count_calls(pm["main_bwd"].body, ["subtract"])
+
+
+def test_a_value_the_backward_reads_for_its_dynamic_shape_is_saved_as_a_view_of_nothing():
+    """``mean``'s gradient broadcasts to its operand's shape (``broadcast_to_like``): over a dynamic batch no
+    ConcretizeLike writes it out, and the backward read the whole operand for its shape. The forward saves a
+    zero broadcast to it instead (a view holding no memory on NumPy and torch), and lets the operand go."""
+    x, w = pullback.var("x", shape=(pullback.Any, 6)), pullback.var("w", shape=(8, 6))
+    y = op.tanh(op.nn.dense(x, w)) * pullback.const(2.0)
+    mod = grad_module(pullback.IRModule.from_expr(pullback.Function([x, w], op.mean(y))))
+    pm = transform.PartitionForwardBackward()(mod)
+    residuals = pm["main_fwd"].body.fields[1].fields
+    carriers = [r for r in residuals if isinstance(r, pullback.Call) and r.op.name == "broadcast_to_like"]
+    assert len(carriers) == 1 and carriers[0].args[1].op.name == "multiply"
+    rng = np.random.default_rng(0)
+    for target in ("numpy", "torch"):
+        pytest.importorskip(target)
+        exe = pullback.build(pm, target=target)
+        for rows in (3, 5):
+            inputs = [rng.standard_normal(s).astype("float32") for s in ((rows, 6), (8, 6))]
+            _, saved = exe["main_fwd"](*inputs)
+            held = saved[residuals.index(carriers[0])]
+            assert tuple(held.shape) == (rows, 8)
+            assert set(held.stride() if target == "torch" else held.strides) == {0}
+            ct = np.float32(rng.standard_normal())
+            grads = exe["main_bwd"](*saved, ct)
+            _, want = exe["main_grad"](*inputs, ct)
+            for a, b in zip(flat(grads), flat(want), strict=True):
+                np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7)

@@ -248,6 +248,25 @@ def test_slices_summed_into_zeros_become_one_concatenate(order):
     _check(SimplifyExpr(), mod_of(params, body), expected)
 
 
+def test_slices_of_a_static_axis_of_a_dynamic_tensor_become_one_concatenate():
+    """Attention's q, k, v split off the last axis of a (B, T, 3E) projection over a dynamic length T: the
+    gradient's pieces write into ``zeros_like`` of the projection (ConcretizeLike cannot write out its shape) and
+    join as one concatenation; an axis of dynamic size stays a sum."""
+
+    def pieces(axis):
+        shape = [2, Any, 12]
+        x = pb.var("x", shape=tuple(shape))
+        vs = [pb.var(f"v{i}", shape=tuple(4 if k == axis else d for k, d in enumerate(shape))) for i in range(3)]
+        sets = [op.strided_set(op.zeros_like(x), v, (4 * i,), (4 * i + 4,), None, (axis,)) for i, v in enumerate(vs)]
+        return [x] + vs, op.tanh(op.add(op.add(sets[0], sets[1]), sets[2]))
+
+    params, body = pieces(2)
+    expected = mod_of(params, op.tanh(op.concatenate(params[1:], 2)))
+    pb.assert_structural_equal(SimplifyExpr()(mod_of(params, body)), expected)
+    params, body = pieces(1)
+    assert "concatenate" not in pb.astext(SimplifyExpr()(mod_of(params, body)))
+
+
 def test_adjacent_slices_short_of_the_axis_become_one_strided_set():
     params, body = _pieces((2, 1), rows=(3, 1, 2), total=8)
     x, v0, v1, v2 = params

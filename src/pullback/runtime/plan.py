@@ -537,20 +537,28 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
                     break
     if not found:
         return body
-    uses = dict.fromkeys([d for _, d, _ in found], 0)  # the GEMMs' uses: fused only where the add is the one
+    # the GEMMs' uses: fused only where the add is the one (reads of its type alone, a ``*_like``'s shape over a
+    # dynamic size, read the fused result instead)
+    uses = dict.fromkeys([d for _, d, _ in found], 0)
     if body in uses:
         uses[body] += 1
     for n in order:
-        for c in _operands(n):
+        for c in _value_operands(n):
             if c in uses:
                 uses[c] += 1
     fused = {id(n): (d, b) for n, d, b in found if uses[d] == 1}  # id(add) -> (dense, bias)
     if not fused:
         return body
     linear, conv_bias = get_op("nn.linear"), get_op("nn.conv2d_bias")
+    sum_of = {id(fused[k][0]): k for k in fused}  # id(dense) -> id(add)
 
     def fuse(old: Expr, memo: dict) -> Optional[Expr]:
         if id(old) not in fused:
+            if type(old) is Call and isinstance(old.op, OpDef) and old.op.type_only and \
+                    any(id(old.args[i]) in sum_of for i in old.op.type_only):
+                args = [memo.get(sum_of.get(id(a)) if i in old.op.type_only else None, memo.get(id(a), a))
+                        for i, a in enumerate(old.args)]
+                return Call(old.op, args, old.attrs)
             return None
         d, b = fused[id(old)]
         args = [memo.get(id(a), a) for a in d.args]
@@ -559,10 +567,21 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
         x, w = _linear_args(d, *args)
         return Call(linear, [x, w, memo.get(id(b), b)])
 
-    return _rewrite(body, fuse)
+    memo: dict = {}
+    for n in order:  # the fused results first: the reads of a GEMM's type take them (where they come later)
+        if id(n) in fused:
+            _rewrite(n, fuse, memo)
+    return _rewrite(body, fuse, memo)
 
 
-def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Expr:
+def _value_operands(n: Expr) -> tuple:
+    """The operands whose values ``n`` reads (not those of ``OpDef.type_only`` positions, read for their type)."""
+    if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
+        return tuple(a for i, a in enumerate(n.args) if i not in n.op.type_only)
+    return _operands(n)
+
+
+def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]], memo: Optional[dict] = None) -> Expr:
     """``body`` rebuilt bottom-up with ``replace(old, memo)`` (a node computing the same value, or None) for
     each node; every new node, replaced or rebuilt over new operands, gets the type and source span of the
     node it stands for (a lowering changes how values are computed, not what they are: no inference, which a
@@ -577,7 +596,7 @@ def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Exp
             set_span(out, old.span)
         return out
 
-    memo: dict = {}
+    memo = {} if memo is None else memo
     return transform(body, fn, memo=memo)
 
 

@@ -5,9 +5,9 @@ known and static, ``zeros(shape, dtype)`` says the same without keeping ``x``
 alive or tying the backward pass to a forward value. The shape and dtype are
 taken from the call's *result* type (so ``reshape_like`` with
 ``lhs_begin``/``rhs_begin`` is right), and each entry of ``LIKE_OPS`` carries its
-own applicability check: every entry but ``cast_like`` needs a fully static
-result shape (``reshape_like`` also a non-empty one: ``reshape``'s 0 copies a
-dim); ``cast_like -> cast`` only needs the dtype.
+own applicability check: every entry but ``cast_like`` and ``reshape_like`` needs a fully static
+result shape; ``reshape_like`` a non-empty one (``reshape``'s 0 copies a dim) with at most one dynamic
+dimension (``reshape``'s -1); ``cast_like -> cast`` only needs the dtype.
 """
 
 from __future__ import annotations
@@ -27,10 +27,14 @@ def static_result(t) -> bool:
     return isinstance(t, TensorType) and t.is_static
 
 
-def static_nonempty_result(t) -> bool:
-    """A static result without a 0 size: ``reshape``'s newshape reads 0 as "copy the input's dim" (Relay), so an
-    empty target shape stays a ``reshape_like``."""
-    return static_result(t) and 0 not in t.shape
+def one_unknown_nonempty_result(t) -> bool:
+    """A result with at most one dynamic dimension and no 0 size: ``reshape`` infers that dimension (-1) at run
+    time, so a reshape's gradient over a dynamic sequence length stops reading the forward value for its shape."""
+    return isinstance(t, TensorType) and sum(not isinstance(d, int) for d in t.shape) <= 1 and 0 not in t.shape
+
+
+def _inferred_shape(t: TensorType) -> tuple:
+    return (tuple(d if isinstance(d, int) else -1 for d in t.shape),)
 
 
 def tensor_result(t) -> bool:
@@ -72,7 +76,7 @@ LIKE_OPS: tuple[LikeRule, ...] = (
     LikeRule("zeros_like", "zeros", (), _shape_dtype),
     LikeRule("ones_like", "ones", (), _shape_dtype),
     LikeRule("full_like", "full", (1,), _shape_dtype),
-    LikeRule("reshape_like", "reshape", (0,), _shape, static_nonempty_result),
+    LikeRule("reshape_like", "reshape", (0,), _inferred_shape, one_unknown_nonempty_result),
     LikeRule("collapse_sum_like", "collapse_sum_to", (0,), _shape),
     LikeRule("broadcast_to_like", "broadcast_to", (0,), _shape),
     LikeRule("cast_like", "cast", (0,), _dtype, tensor_result),

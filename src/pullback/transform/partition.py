@@ -54,11 +54,12 @@ from typing import Optional
 from ..analysis.liveness import type_bytes
 from ..analysis.type_infer import infer_module
 from ..ir.errors import PassError
-from ..ir.expr import Call, Constant, Expr, Function, If, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Expr, Function, If, Tuple, TupleGetItem, Var, const
 from ..ir.module import IRModule
 from ..ir.scope import ScopeInfo
 from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TensorType, TupleType
+from ..ops.layout import broadcast_to_like
 from ..ops.norm import output_from_statistics
 from ..ops.registry import FusionKind, OpDef, Recompute
 from .pass_infra import ModulePass, PassContext
@@ -329,10 +330,33 @@ def partition(fn: Function, name: str = "main_grad", policy: str = "save_all", t
     keep = [i for i, v in enumerate(res_vars) if id(v) in used]  # a cut may list a free parameter nothing reads
     saved = [saved[i] for i in keep]
     res_vars = [res_vars[i] for i in keep]
+    typed = _read_for_their_type(bwd_body, res_vars)
     fwd_ret = TupleType((split.out.checked_type, TupleType(tuple(n.checked_type for n in saved))))
-    fwd = Function(list(fn.params[:-1]), Tuple([split.out, Tuple([origin.get(id(n), n) for n in saved])]), fwd_ret)
+    residuals = [origin.get(id(n), n) for n in saved]
+    residuals = [_type_carrier(r) if id(v) in typed and not isinstance(r, Var) else r for r, v in zip(residuals, res_vars)]
+    fwd = Function(list(fn.params[:-1]), Tuple([split.out, Tuple(residuals)]), fwd_ret)
     bwd = Function(res_vars + [new_ct], bwd_body, grads.checked_type)
     return fwd, bwd
+
+
+def _read_for_their_type(body: Expr, res_vars: list) -> set:
+    """The ids of the residuals ``body`` reads only for their type (the shape operands of ``*_like`` operators:
+    ``OpDef.type_only``), where the shape is dynamic and ConcretizeLike could not write it out."""
+    data = set()
+    for n in post_order(body):
+        if isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.type_only:
+            data.update(id(a) for i, a in enumerate(n.args) if i not in n.op.type_only)
+        elif not isinstance(n, Var):
+            data.update(id(c) for c in n.children())
+    if isinstance(body, Var):
+        data.add(id(body))
+    return {id(v) for v in res_vars if id(v) not in data and isinstance(v.type_annotation, TensorType)}
+
+
+def _type_carrier(value: Expr) -> Expr:
+    """A residual of ``value``'s type that holds no memory: a zero broadcast to it (a view of one element on
+    NumPy and torch), so the forward lets ``value`` go when the backward only needs its (dynamic) shape."""
+    return broadcast_to_like(const(0, value.checked_type.dtype), value)
 
 
 def _parameters_for_their_moves(forward: list, saved: list, params) -> list:

@@ -121,15 +121,18 @@ def _reshape_reshape(node: Expr, c: dict) -> Optional[Expr]:
 
 def _zero_ranges(call: Call) -> Optional[dict]:
     """``{axis: range}``: the non-empty, positive-step indices of the static axes that ``strided_set(zeros, v)``
-    writes, or None (another base, a negative step, an empty range, a dynamic shape)."""
+    writes, or None (another base, a negative step, an empty range, a dynamic axis written; the other axes may
+    be dynamic)."""
     t = call._checked_type
-    if not (isinstance(t, TensorType) and t.is_static):
+    if not isinstance(t, TensorType):
         return None
     u = uniform_value(call.args[0])
     if u is None or u != 0:
         return None
     out = {}
     for ax, r in call.attrs.slices("strided_set", (), t.ndim).items():
+        if not isinstance(t.shape[ax], int):
+            return None
         out[ax] = range(*slice(*r).indices(t.shape[ax]))
         if not out[ax] or out[ax].step < 0:
             return None
@@ -178,6 +181,8 @@ def _interleaved(node: Expr, c: dict) -> Optional[Expr]:
     (GPT-OSS's gate and up halves, interleaved rotary embeddings): one pass writing it instead of a zero copy, two
     strided writes and a sum."""
     t = node._checked_type
+    if not (isinstance(t, TensorType) and t.is_static):
+        return None
     rx, ry = (_zero_ranges(e) if e._checked_type == t else None for e in node.args)
     if rx is None or ry is None:
         return None
