@@ -95,6 +95,38 @@ def test_dynamic_batch_of_a_model_branching_on_the_batch_size_exports_once_per_r
     assert sorted(e.batches for e in cm._imports.values()) == [(1, 1), (2, 63), (64, None)]
 
 
+class SlicedTable(nn.Module):
+    """A learnt table sliced to the batch size (``table[:b]``, ``table[1:b + 1]``): slices whose ends are symbolic."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(64, 3, dtype=torch.float64))
+        self.lin = nn.Linear(3, 3).double()
+
+    def forward(self, x):
+        b = x.shape[0]
+        return self.lin(x * self.table[:b] + self.table[1:b + 1].tanh()).square().mean()
+
+
+def test_slices_to_the_batch_size_keep_the_batch_dynamic(target):
+    """A slice's end of the batch size was compared or turned into an int while importing, which fixed the batch
+    at the example's (an import error: shapes (6, 3) and (63, 3)); it stays symbolic: one program for every batch
+    size, the table's gradient eager's."""
+    torch.manual_seed(0)
+    model = SlicedTable()
+    eager = copy.deepcopy(model)
+    cm = pb_compile(model, (torch.randn(6, 3, dtype=torch.float64),), dynamic_batch=True, target=target)
+    for b in (6, 9, 2, 63):
+        x = torch.randn(b, 3, dtype=torch.float64)
+        got, want = cm(x), eager(x)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+        got.backward()
+        want.backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-15)
+    assert len(cm._programs) == 1
+
+
 def test_torch_compile_dynamic_true_works():
     import torch._dynamo
 

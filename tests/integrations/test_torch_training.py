@@ -745,19 +745,23 @@ def test_torch_func_transforms_are_refused_with_what_to_use_instead():
 
 
 def test_exporting_for_many_shapes_warns_once_with_what_to_do(recwarn):
-    """Each new input shape exports the module again (seconds each): the fourth shape warns, once, naming the
-    shapes and ``dynamic_batch=True``; a module compiled with it exports once for every batch size."""
+    """Without dynamic sizes (``dynamic=False``) each new input shape exports the module again (seconds each): the
+    fourth shape warns, once, naming the shapes and ``dynamic_batch=True``; a module compiled with it exports once
+    for every batch size, and by default (automatic dynamic sizes) the second shape's export serves every later
+    batch size."""
     model = nn.Linear(3, 2)
-    cm = pb_compile(model, (torch.randn(2, 3),))
+    cm = pb_compile(model, (torch.randn(2, 3),), dynamic=False)
     for b in (3, 4, 5, 6, 7):
         cm(torch.randn(b, 3))
     (w,) = [w for w in recwarn if "exported" in str(w.message)]
     assert "4th time" in str(w.message) and "(5, 3)" in str(w.message) and "dynamic_batch=True" in str(w.message)
+    assert "dynamic=False" in str(w.message)
     assert w.filename == __file__
-    dyn = pb_compile(model, (torch.randn(2, 3),), dynamic_batch=True)
-    for b in (3, 4, 5, 6, 7):
-        assert dyn(torch.randn(b, 3)).shape == (b, 2)
-    assert len(dyn._imports) == 1
+    for options, exports in ((dict(dynamic_batch=True), 1), ({}, 2)):
+        dyn = pb_compile(model, (torch.randn(2, 3),), **options)
+        for b in (3, 4, 5, 6, 7):
+            assert dyn(torch.randn(b, 3)).shape == (b, 2)
+        assert len(dyn._imports) == exports
 
 
 def test_results_may_be_written_in_place_after_the_call(target):

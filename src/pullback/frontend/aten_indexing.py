@@ -94,16 +94,21 @@ def _linearized(cx, x, indices: list) -> tuple:
         flat_x = _op("reshape")(xt, newshape(cx, "advanced indexing", (merged,) + rest))
     else:
         flat_x = xt
-    flat = None
-    stride = 1
+    def tensor(v):
+        return scalar(v, "int64") if isinstance(v, int) else v
+
+    flat, stride = None, 1  # an int, or a rank-0 tensor once past a dynamic dimension (its size read off an input)
+    sizes = cx.arg_val(0).shape
     for k, (t, d) in enumerate(zip(reversed(tensors), reversed(dims))):
-        if d is Any and k < len(dims) - 1:
-            raise PullbackError("advanced indexing: only the first indexed dimension may be dynamic")
         if d and d is not Any:  # negative indices count from the end (of a dynamic dim: not wrapped)
             t = _op("remainder")(t, scalar(d, "int64"))
-        term = t if stride == 1 else _op("multiply")(t, scalar(stride, "int64"))
+        term = t if stride == 1 else _op("multiply")(t, tensor(stride))
         flat = term if flat is None else _op("add")(term, flat)
-        stride = stride * d if d is not Any else stride
+        if k == len(dims) - 1:
+            break
+        size = d if d is not Any else cx.size_scalar(sizes[pos[len(dims) - 1 - k]], "int64")
+        stride = stride * size if isinstance(stride, int) and isinstance(size, int) else _op("multiply")(
+            tensor(stride), tensor(size))
     if tuple(cx.shape_of(flat)) != batch:
         flat = expand_to(cx, flat, batch)
     return flat_x, flat, pos, batch, rest, shape

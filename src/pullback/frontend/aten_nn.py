@@ -19,29 +19,31 @@ from ..ops.conv import single_tap
 from ..ops.math import scaled
 from ..ops.registry import is_call_to
 from ..transform.recognize_ops import beside_causal, causal_mask, keeps_every_key
-from .aten_table import _isinf, _op, aten, by_number, cast, expand_to, newshape, safe_softmax, scalar, static
+from .aten_table import (_isinf, _op, aten, by_number, cast, dynamic_range, expand_to, newshape, reshape_to, safe_softmax,
+                         scalar, static)
 from .context import static_dim
 
 # ------------------------------------------------------------------ dropout and random draws
 
 
 def _stride(cx, i: int = 0):
+    """The strides of argument ``i``, or None when symbolic (contiguous; turned into ints they would be fixed)."""
     v = cx.arg_val(i)
     try:
-        return tuple(int(s) for s in v.stride())
-    except Exception:  # noqa: BLE001 - symbolic strides: contiguous
+        strides = v.stride()
+    except Exception:  # noqa: BLE001 - no strides
         return None
+    return None if any(static_dim(s) is Any for s in strides) else tuple(int(static_dim(s)) for s in strides)
 
 
 @aten("aten.native_dropout.default")
 def _native_dropout(cx, x, p, train=None):
     """``(out, mask)``: in training, ``out = nn.dropout(x, %dropout_mask_K, rate=p)``; ``train=None`` means training."""
-    shape = cx.shape_of(x)
     if train is False or p == 0.0:
         return [x, _op("ones_like")(_op("cast")(x, "bool"))]
     if p >= 1.0:
         return [_op("zeros_like")(x), _op("zeros_like")(_op("cast")(x, "bool"))]
-    mask = cx.dropout_mask(shape, p, _stride(cx))
+    mask = cx.dropout_mask(cx.arg_val(0).shape, p, _stride(cx))
     return [_op("nn.dropout")(x, mask, rate=float(p)), _op("cast")(mask, "bool")]
 
 
@@ -53,7 +55,7 @@ def _dropout(cx, x, p, train):
 @aten("aten.bernoulli.p")
 def _bernoulli_p(cx, x, p=0.5, generator=None):
     """``torch.empty_like(x).bernoulli_(p)`` (values of ``x`` unused): a random input drawn the same way."""
-    return cx.random_input("bernoulli", cx.out_shape, cx.out_dtype, 1.0 - float(p), _stride(cx))
+    return cx.random_input("bernoulli", cx.val.shape, cx.out_dtype, 1.0 - float(p), _stride(cx))
 
 
 @aten("aten.bernoulli.default")
@@ -173,24 +175,25 @@ def _matmul(cx, a, b):
         return _op("squeeze")(_matmul(cx, a, _op("expand_dims")(b, 1)), (len(sa) - 1,))
     if len(sa) == 2 and len(sb) == 2:
         return _op("nn.matmul")(a, b)
+    ta, tb = (v.shape if len(v.shape) == len(s) else s for v, s in ((cx.arg_val(0), sa), (cx.arg_val(1), sb)))
     if len(sb) == 2:  # (..., m, k) @ (k, n): fold the leading dims
-        m, k = static(cx, "matmul", sa[-2:])
-        flat = _op("reshape")(a, (-1, k))
-        return _op("reshape")(_op("nn.matmul")(flat, b), tuple(sa[:-1]) + (static(cx, "matmul", sb)[1],))
+        k = static(cx, "matmul", sa[-1:])[0]
+        out = _op("nn.matmul")(_op("reshape")(a, (-1, k)), b)
+        return reshape_to(cx, "matmul", out, (-1, tb[1]), (*ta[:-1], tb[1]))
     batch = tuple(np.broadcast_shapes(static(cx, "matmul", sa[:-2]), static(cx, "matmul", sb[:-2])))
-    a3 = _batched(cx, a, batch)
-    b3 = _batched(cx, b, batch)
+    a3 = _batched(cx, a, batch, ta)
+    b3 = _batched(cx, b, batch, tb)
     out = _op("nn.batch_matmul")(a3, b3, transpose_b=False)
-    return _op("reshape")(out, batch + (sa[-2], sb[-1]))
+    return reshape_to(cx, "matmul", out, (math.prod(batch), ta[-2], tb[-1]), (*batch, ta[-2], tb[-1]))
 
 
-def _batched(cx, x, batch: tuple) -> Expr:
-    """``x`` broadcast to ``batch + x.shape[-2:]`` and flattened to rank 3."""
+def _batched(cx, x, batch: tuple, sizes: tuple) -> Expr:
+    """``x`` (torch sizes ``sizes``) broadcast to ``batch + x.shape[-2:]`` and flattened to rank 3."""
     s = cx.shape_of(x)
     full = batch + tuple(s[-2:])
     if tuple(s) != full:
-        x = _op("broadcast_to")(x, full)
-    return _op("reshape")(x, (-1,) + tuple(s[-2:])) if len(full) != 3 else x
+        x = expand_to(cx, x, full, batch + tuple(sizes[-2:]))
+    return reshape_to(cx, "matmul", x, (*batch, *sizes[-2:]), (math.prod(batch), *sizes[-2:])) if len(full) != 3 else x
 
 
 # ------------------------------------------------------------------ normalisation
@@ -230,8 +233,8 @@ def _layer_norm_stats(cx, x, normalized_shape, weight, bias, eps) -> tuple:
     shape, dt = cx.shape_of(x), cx.dtype_of(x)
     k = len(normalized_shape)
     n = int(np.prod(normalized_shape))
-    lead = tuple(static(cx, "layer_norm", shape[:-k]))
-    flat = x if k == 1 else _op("reshape")(x, lead + (n,))
+    lead = tuple(shape[:-k])
+    flat = x if k == 1 else _op("reshape")(x, newshape(cx, "layer_norm", lead + (n,)))
     w = _vec_or(weight, n, 1.0, dt) if k == 1 or weight is None else _op("reshape")(weight, (n,))
     b = _vec_or(bias, n, 0.0, dt) if k == 1 or bias is None else _op("reshape")(bias, (n,))
     ln = _op("nn.native_layer_norm")(flat, w, b, axis=-1, epsilon=float(eps), scale=weight is not None,
@@ -239,7 +242,8 @@ def _layer_norm_stats(cx, x, normalized_shape, weight, bias, eps) -> tuple:
     out, mean, rstd = ln[0], ln[1], ln[2]
     if k == 1:
         return out, mean, rstd
-    return (_op("reshape")(out, tuple(shape)),) + tuple(_op("reshape")(s, lead + (1,) * k) for s in (mean, rstd))
+    return (_op("reshape")(out, newshape(cx, "layer_norm", shape)),) + tuple(
+        _op("reshape")(s, newshape(cx, "layer_norm", lead + (1,) * k)) for s in (mean, rstd))
 
 
 @aten("aten.layer_norm.default")
@@ -744,8 +748,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dt not in FLOAT_DTYPES or attn_mask is not None and cx.learnable(attn_mask):
         return None  # a learnable bias (T5's position bias): eager's math kernel (in float32 for half precision)
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
-    if any(len(s) != 4 or Any in s[2:] for s in (sq, sk, sv)):
-        return None
+    if any(len(s) != 4 or s[3] is Any for s in (sq, sk, sv)) or attn_mask is not None and Any in sq[2:3] + sk[2:3]:
+        return None  # a mask over dynamic lengths: the math below (the kernel's bias needs static lengths)
     # Heads repeated by the model (repeat_kv) are shared inside instead, except in half precision under an input
     # mask, where eager's kernel runs on the repeated heads and its bits are the reference: Hugging Face calls
     # sdpa with enable_gqa without a mask and repeats the heads itself with one (a padded batch); under export it
@@ -806,24 +810,31 @@ def _attention_bias(cx, mask, dt: str, full: tuple) -> Optional[tuple]:
 
 
 def _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """The math of attention; over a static batch, the lengths may be dynamic (torch sizes ``L``, ``S``)."""
     what = "scaled_dot_product_attention"
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
-    static(cx, what, sq[-2:] + sk[-2:] + sv[-2:])  # a dynamic batch only
+    static(cx, what, (sq[-1], sv[-1]))
     dt = cx.dtype_of(q)
     if enable_gqa and len(sq) >= 3:
         k, v, sk, sv = _repeated_heads(cx, k, v, sq, sk, sv)
-    L, S, E, Ev = sq[-2], sk[-2], sq[-1], sv[-1]
+    L, S, E, Ev = cx.arg_val(0).shape[-2], cx.arg_val(1).shape[-2], sq[-1], sv[-1]
     mshape = () if attn_mask is None else tuple(cx.shape_of(attn_mask))
     batch = broadcast_shapes(what, (), sq[:-2], sk[:-2], sv[:-2], mshape[:-2])
+    if Any in batch:
+        static(cx, what, (sq[-2], sk[-2]))  # a dynamic batch, static lengths
+    n = -1 if Any in batch else math.prod(batch)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    q3 = _op("reshape")(expand_to(cx, q, batch + (L, E)), (-1, L, E))
-    k3 = _op("reshape")(expand_to(cx, k, batch + (S, E)), (-1, S, E))
-    v3 = _op("reshape")(expand_to(cx, v, batch + (S, Ev)), (-1, S, Ev))
+
+    def rows(x, m, e):
+        """``x`` broadcast to the batch, as (batch, m, e) rows of torch sizes ``m``, ``e``."""
+        return reshape_to(cx, what, expand_to(cx, x, batch + (static_dim(m), e), batch + (m, e)), batch + (m, e), (n, m, e))
+
+    q3, k3, v3 = rows(q, L, E), rows(k, S, E), rows(v, S, Ev)
     s = _op("nn.batch_matmul")(_op("multiply")(q3, scalar(scale, dt)), k3, transpose_b=True)
-    s = _op("reshape")(s, newshape(cx, what, batch + (L, S)))
+    s = reshape_to(cx, what, s, (n, L, S), batch + (L, S))
     keep = None
     if is_causal:
-        keep = const(np.tril(np.ones((L, S), dtype=bool)))
+        keep = _lower_triangle(cx, L, S)
     if attn_mask is not None:
         if cx.dtype_of(attn_mask) == "bool":
             keep = attn_mask if keep is None else _op("logical_and")(keep, attn_mask)
@@ -835,8 +846,17 @@ def _sdpa_in(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     p = safe_softmax(cx, s, -1) if attn_mask is not None else _op("nn.softmax")(s, axis=-1)
     if dropout_p > 0.0:
         p = _op("nn.dropout")(p, cx.dropout_mask(batch + (L, S), dropout_p), rate=float(dropout_p))
-    out = _op("nn.batch_matmul")(_op("reshape")(p, (-1, L, S)), v3, transpose_b=False)
-    return _op("reshape")(out, newshape(cx, what, batch + (L, Ev)))
+    out = _op("nn.batch_matmul")(reshape_to(cx, what, p, batch + (L, S), (n, L, S)), v3, transpose_b=False)
+    return reshape_to(cx, what, out, (n, L, Ev), batch + (L, Ev))
+
+
+def _lower_triangle(cx, L, S) -> Expr:
+    """``tril(ones(L, S))`` as booleans (key ``j`` kept for query ``i`` when ``j <= i``); of torch sizes that may be
+    symbolic (read off the inputs that carry them)."""
+    if static_dim(L) is not Any and static_dim(S) is not Any:
+        return const(np.tril(np.ones((static_dim(L), static_dim(S)), dtype=bool)))
+    i, j = (dynamic_range(cx, n, 0, 1, "int64") if static_dim(n) is Any else const(np.arange(n)) for n in (L, S))
+    return _op("greater_equal")(_op("expand_dims")(i, 1), j)
 
 
 # ------------------------------------------------------------------ losses and embeddings

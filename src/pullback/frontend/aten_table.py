@@ -30,7 +30,7 @@ from ..ir.expr import Expr, const
 from ..ir.types import Any, FLOAT_DTYPES, HALF_DTYPES, is_complex
 from ..ops.math import scaled
 from ..ops.registry import get_op
-from .context import static_dim
+from .context import size_key, static_dim, torch_shape
 
 ATEN_TABLE: dict[str, Callable] = {}
 
@@ -60,15 +60,18 @@ def cast(cx, x: Expr, dtype: str) -> Expr:
 
 
 def as_dtype(cx, v, dtype: str) -> Expr:
-    """A tensor operand or a Python number as an expression of ``dtype``."""
+    """A tensor operand or a Python number as an expression of ``dtype`` (a symbolic size: counted off the
+    input that carries it, ``ConvertContext.size_scalar``)."""
     if isinstance(v, Expr):
         return cast(cx, v, dtype)
+    if hasattr(v, "node") and static_dim(v) is Any:
+        return cx.size_scalar(v, dtype)
     return scalar(v, dtype)
 
 
 def operand(cx, v, like: Expr) -> Expr:
     """``v`` as an expression; Python numbers take the dtype of ``like`` (weak typing, as in PyTorch)."""
-    return v if isinstance(v, Expr) else scalar(v, cx.dtype_of(like))
+    return v if isinstance(v, Expr) else as_dtype(cx, v, cx.dtype_of(like))
 
 
 def result_dtype(cx, *positions: int) -> str:
@@ -123,6 +126,36 @@ def newshape(cx, what: str, shape: Sequence) -> tuple:
     if sum(d is Any for d in shape) == 1:
         return tuple(-1 if d is Any else d for d in shape)
     return static(cx, what, shape)
+
+
+def reshape_to(cx, what: str, x: Expr, have: Sequence, want: Sequence) -> Expr:
+    """``x`` (torch sizes ``have``) reshaped to the torch sizes ``want``. With more than one dynamic dimension,
+    each dynamic size must pass through (the same sizes, in order) and the static dimensions between them regroup
+    among themselves (``(B*H, S, S)`` to ``(B, H, S, S)``): a ``reshape_like`` of each such run of dimensions onto
+    a constant of the static shape it becomes."""
+    shape = torch_shape(want)
+    if sum(d is Any for d in shape) <= 1:
+        return _op("reshape")(x, newshape(cx, what, shape))
+
+    def runs(sizes):
+        """The static runs between dynamic sizes (as start, dims), and the dynamic sizes' keys."""
+        out, keys, start = [], [], 0
+        for i, d in enumerate((*sizes, None)):
+            if d is None or static_dim(d) is Any:
+                out.append((start, tuple(int(static_dim(v)) for v in sizes[start:i])))
+                keys.append(size_key(d) if d is not None else None)
+                start = i + 1
+        return out, keys
+
+    (have_runs, have_keys), (want_runs, want_keys) = runs(tuple(have)), runs(tuple(want))
+    if have_keys != want_keys or any(math.prod(a) != math.prod(b) for (_, a), (_, b) in zip(have_runs, want_runs)):
+        shown = tuple("?" if d is Any else d for d in shape)
+        raise PullbackError(f"{what} to {shown} needs static shapes: its dynamic sizes do not pass through unchanged")
+    for (start, a), (_, b) in reversed(list(zip(have_runs, want_runs))):  # right to left: the starts stay valid
+        if a != b:
+            like = const(np.zeros(b, cx.dtype_of(x)))
+            x = _op("reshape_like")(x, like, lhs_begin=start, lhs_end=start + len(a), rhs_begin=0, rhs_end=None)
+    return x
 
 
 def expand_to(cx, x: Expr, shape: tuple, sizes: Optional[Sequence] = None) -> Expr:
@@ -557,7 +590,12 @@ def _arange(cx, *args, **kwargs):
         return _op("arange")(start, int(stop) if hasattr(stop, "node") else stop, step, cx.out_dtype)
     if hasattr(start, "node") or hasattr(step, "node"):
         raise PullbackError("arange with a dynamic start or step is not supported (a dynamic end is)")
-    dt = cx.out_dtype
+    return dynamic_range(cx, length, start, step, cx.out_dtype)
+
+
+def dynamic_range(cx, length, start, step, dt: str) -> Expr:
+    """``start + step * arange(length)`` for a symbolic ``length`` (a ``SymInt`` an input carries):
+    ``start + step * (cumsum(ones) - 1)`` over the input axis that carries it."""
     count = _op("cumsum")(_op("add")(cx.size_zeros(length, dt), scalar(1, dt)), axis=0)
     return _op("add")(_op("multiply")(_op("subtract")(count, scalar(1, dt)), scalar(step, dt)), scalar(start, dt))
 
@@ -568,13 +606,15 @@ for _name in ("aten._assert_tensor_metadata.default", "aten._assert_scalar.defau
 
 
 def _python_scalar(fn):
-    """``operator.*`` on shape values: computed when they are numbers; symbolic ones (data-dependent sizes) only
-    feed PyTorch's runtime assertions, which the importer drops."""
+    """``operator.*`` on shape values: computed when they are numbers; on symbolic sizes, the symbolic value the
+    export recorded (``seq + 1``: a slice's end; computing it here could fix the size); on values the data
+    decides, nothing (they only feed PyTorch's runtime assertions, which the importer drops)."""
 
     def conv(cx, *args):
         if all(isinstance(a, (bool, int, float)) for a in args):
             return fn(*args)
-        return None
+        return cx.val if hasattr(cx.val, "node") and all(isinstance(a, (bool, int, float)) or hasattr(a, "node")
+                                                          for a in args) else None
 
     return conv
 
@@ -627,7 +667,7 @@ def _reshape(cx, x, *args):
         return x
     if 0 in shape:  # an empty result (reshape's 0 would mean "copy this dim")
         return _op("zeros")(static(cx, "reshape", shape), cx.out_dtype)
-    return _op("reshape")(x, newshape(cx, "reshape", shape))
+    return reshape_to(cx, "reshape", x, cx.arg_val(0).shape, cx.val.shape)
 
 
 @aten("aten.permute.default", "aten.permute_copy.default")
@@ -696,10 +736,24 @@ def slice_bounds(size, start, end, step) -> tuple:
 def _slice(cx, x, dim=0, start=None, end=None, step=1):
     dim = norm_axis(dim, cx.ndim_of(x))
     size = cx.shape_of(x)[dim]
+    if any(static_dim(b) is Any for b in (start, end) if hasattr(b, "node")):  # a bound of a dynamic size
+        return _dynamic_slice(cx, x, dim, start, step)
     start, end, step = slice_bounds(size, start, end, step)
     if start == 0 and end >= (size if size is not Any else 2 ** 62) and step == 1:
         return x
     return _op("strided_slice")(x, (start,), (end,), (step,), (dim,))
+
+
+def _dynamic_slice(cx, x, dim: int, start, step) -> Expr:
+    """A slice whose bounds are symbolic sizes (``mask[:, :seq]``; comparing them in Python would fix the
+    size): the whole axis when the result keeps it (the same size), else the rows ``start + step * k`` taken."""
+    length, have = cx.val.shape[dim], cx.arg_val(0).shape[dim]
+    if hasattr(start, "node") and static_dim(start) is Any:
+        raise PullbackError(f"slice: a dynamic start ({start}) is not supported (a dynamic end is)")
+    if size_key(length) == size_key(have):
+        return x
+    index = dynamic_range(cx, length, start or 0, step, "int64")
+    return _op("take")(x, index, axis=dim, mode="fast")
 
 
 @aten("aten.narrow_copy.default", "aten.narrow.default")
@@ -958,6 +1012,6 @@ def _log_softmax(cx, x, dim, *rest):
 
 
 __all__ = ["ATEN_TABLE", "aten", "scalar", "cast", "as_dtype", "operand", "result_dtype", "norm_axis", "axes_of", "static",
-           "newshape", "expand_to", "safe_softmax"]
+           "newshape", "reshape_to", "expand_to", "safe_softmax", "dynamic_range"]
 
 from . import aten_complex, aten_indexing, aten_linalg, aten_nn, library_ops  # noqa: E402,F401  (registration)

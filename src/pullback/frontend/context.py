@@ -10,9 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
-from ..ir.expr import Expr, Var
+from ..ir.expr import Expr, Var, const
 from ..ir.types import ALL_DTYPES, Any, TensorType
 
 RANDOM_KINDS = ("bernoulli", "uniform", "normal", "randperm", "randint", "exponential", "cauchy", "geometric",
@@ -29,6 +31,8 @@ class RandomInput:
     ``[low, high)``), or one of Tensor's in-place samplers called with ``params``:
     ``exponential`` (``F.gumbel_softmax``'s noise), ``cauchy``, ``geometric``, ``log_normal``. ``stride``: the
     strides eager fills the tensor in (``empty_like`` of a permuted input is permuted too), or None for contiguous.
+    ``shape``: sizes, None for the batch (``dynamic_batch``), or ``(k, axis)`` for a dynamic size that user input
+    ``k`` carries at ``axis`` (a sequence length).
     """
 
     name: str
@@ -39,13 +43,13 @@ class RandomInput:
     stride: Optional[tuple] = None
     params: tuple = ()
 
-    def draw(self, batch: Optional[int] = None):
+    def draw(self, batch: Optional[int] = None, inputs: Sequence = ()):
         """A fresh value (a torch tensor, contiguous) consuming PyTorch's RNG as eager does; ``batch`` gives the
-        size of a dynamic (None) dimension."""
+        size of a dynamic (None) dimension, ``inputs`` (the user inputs) those of the sizes they carry."""
         import torch
 
         dtype = getattr(torch, self.dtype)
-        shape = tuple(batch if d is None else d for d in self.shape)
+        shape = tuple(batch if d is None else inputs[d[0]].shape[d[1]] if isinstance(d, tuple) else d for d in self.shape)
         if None in shape:
             raise PullbackError(f"random input %{self.name} has a dynamic dimension: draw it with the batch size")
         if self.kind == "randperm":
@@ -77,6 +81,23 @@ def static_dim(d):
     node = getattr(d, "node", None)
     value = node.maybe_as_int() if node is not None and hasattr(node, "maybe_as_int") else None
     return int(value) if value is not None else Any
+
+
+def size_key(d):
+    """A torch size as a key that does not fix it: an int, or a symbolic size's expression as text."""
+    node = getattr(d, "node", None)
+    return d if node is None else str(node.expr)
+
+
+@dataclass(frozen=True)
+class _SymbolSize:
+    """A size of one sympy symbol, as ``size_key`` reads a ``SymInt`` (``node.expr``)."""
+
+    expr: object
+
+    @property
+    def node(self):
+        return self
 
 
 def torch_shape(shape) -> tuple:
@@ -163,6 +184,8 @@ class ConvertContext:
         self.masks: list[RandomInput] = []
         self.mask_vars: list[Var] = []
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
+        self.symbolic_inputs: list = []  # (user input's name, axis, torch size) of each dynamic input size
+        self.user_inputs: list[Var] = []  # the program's user inputs, in order
         self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
         self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
         self.trainable: set[int] = set()  # ids of the Vars of parameters (and inputs) that require grad
@@ -174,14 +197,14 @@ class ConvertContext:
         ``unique``'s; torch value ``val``) carries each symbolic size."""
         for axis, d in enumerate(val.shape):
             if static_dim(d) is Any and hasattr(d, "node"):  # a torch SymInt (not a random input's Any)
-                self._sizes.setdefault(str(d.node.expr), (v, axis))
+                self._sizes.setdefault(size_key(d), (v, axis))
 
     def size_zeros(self, size, dtype: str) -> Expr:
         """A 1-D tensor of zeros of the symbolic length ``size`` (a ``SymInt``), read off the user input or the
         result that carries it: what broadcasts a tensor to a dynamic size it does not have."""
         from ..ops.registry import get_op
 
-        src = self._sizes.get(str(getattr(getattr(size, "node", None), "expr", size)))
+        src = self._sizes.get(size_key(size))
         if src is None:
             raise PullbackError(f"a dynamic size {size} that no input carries (only input sizes can be dynamic)")
         v, axis = src
@@ -189,6 +212,47 @@ class ConvertContext:
         others = tuple(i for i in range(self.ndim_of(v)) if i != axis)
         z = get_op("sum")(z, others, False) if others else z
         return z if self.dtype_of(v) == dtype else get_op("cast")(z, dtype)
+
+    def size_scalar(self, size, dtype: str) -> Expr:
+        """The symbolic size ``size`` (a ``SymInt``) as a rank-0 tensor: counted off the input that carries it, or
+        computed from such sizes (torch's formula over them: ``Mod(s0 + 1, s0)``, a roll's start)."""
+        from ..ops.registry import get_op
+
+        expr = getattr(getattr(size, "node", None), "expr", None)
+        if expr is not None and size_key(size) not in self._sizes and not expr.is_Symbol:
+            return self._size_formula(expr, dtype)
+        ones = get_op("add")(self.size_zeros(size, dtype), const(np.ones((), dtype)))
+        return get_op("sum")(ones, (0,), False)
+
+    def _size_formula(self, expr, dtype: str) -> Expr:
+        """A sympy formula of symbolic sizes as a rank-0 tensor of ``dtype`` (sums, products, Python's ``%`` and
+        ``//``, max and min of integers; iteratively, operands first)."""
+        from ..ops.registry import get_op
+
+        ops = {"Add": "add", "Mul": "multiply", "Mod": "remainder", "PythonMod": "remainder", "FloorDiv": "floor_divide",
+               "Max": "maximum", "Min": "minimum"}
+        done: dict = {}
+        stack = [(expr, False)]
+        while stack:
+            e, ready = stack.pop()
+            if e in done:
+                continue
+            name = type(e).__name__
+            if e.is_Integer:
+                done[e] = const(np.asarray(int(e), dtype))
+            elif e.is_Symbol:
+                done[e] = self.size_scalar(_SymbolSize(e), dtype)
+            elif name not in ops:
+                raise PullbackError(f"a dynamic size {expr} ({name} of sizes) cannot be computed by the program")
+            elif not ready:
+                stack.append((e, True))
+                stack.extend((a, False) for a in e.args)
+            else:
+                out = done[e.args[0]]
+                for a in e.args[1:]:
+                    out = get_op(ops[name])(out, done[a])
+                done[e] = out
+        return done[expr]
 
     def learnable(self, e: Expr) -> bool:
         """Does ``e`` depend on a parameter that requires grad (would eager's autograd differentiate it)?"""
@@ -255,15 +319,23 @@ class ConvertContext:
         """A new random input parameter (see ``RandomInput``); ``bernoulli`` ones are named ``%dropout_mask_K``."""
         prefix = "dropout_mask" if kind == "bernoulli" else kind
         name = self._names.fresh(f"{prefix}_{len(self.masks)}")
-        shape = tuple(Any if d is Any else int(d) for d in shape)
+        drawn = tuple(None if d is Any else self._carrier(d) if static_dim(d) is Any else int(static_dim(d)) for d in shape)
+        shape = tuple(d if isinstance(d, int) else Any for d in drawn)
         static = Any not in shape
         stride = tuple(int(s) for s in stride) if static and stride is not None and _dense_permuted(shape, stride) else None
         v = Var(name, TensorType(shape, dtype))
-        self.masks.append(RandomInput(name, tuple(None if d is Any else d for d in shape), dtype, float(rate), kind, stride,
-                                      tuple(float(p) for p in params)))
+        self.masks.append(RandomInput(name, drawn, dtype, float(rate), kind, stride, tuple(float(p) for p in params)))
         self.mask_vars.append(v)
         self.record(v, Shaped(shape, dtype))
         return v
+
+    def _carrier(self, size) -> tuple:
+        """``(k, axis)``: the user input ``k`` whose dimension ``axis`` carries the symbolic size ``size``."""
+        v, axis = self._sizes.get(size_key(size), (None, None))
+        k = next((k for k, u in enumerate(self.user_inputs) if u is v), None)
+        if k is None:
+            raise PullbackError(f"a random draw of the dynamic size {size}, which no input carries")
+        return k, axis
 
     def dropout_mask(self, shape: Sequence[int], rate: float, stride=None) -> Var:
         """A dropout mask parameter ``%dropout_mask_K``: 0/1 values in the data's dtype, 1 with probability

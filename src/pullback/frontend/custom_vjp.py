@@ -228,7 +228,8 @@ def convert(cx, name: str, tensors: list):
         pair = cx.function_keys[key] = _pair(cx, route, examples, batched, outs)
     fwd_name, draws = pair
     # the forward's random draws are the program's, drawn here in eager's order, and passed to @F and its vjp
-    drawn = [cx.random_input(m.kind, tuple(Any if d is None else d for d in m.shape), m.dtype, m.rate, m.stride, m.params)
+    drawn = [cx.random_input(m.kind, tuple(d if isinstance(d, int) else Any for d in m.shape), m.dtype, m.rate, m.stride,
+                             m.params)
              for m in draws]
     call = Call(GlobalVar(fwd_name), list(tensors) + drawn)
     try:  # typed now: the converters after it ask

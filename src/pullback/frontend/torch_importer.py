@@ -47,14 +47,14 @@ from ..analysis.type_infer import infer_expr, infer_module
 from ..ir.errors import DiagnosticError, PullbackError
 from ..ir.expr import Constant, Expr, Function, Tuple, Var
 from ..ir.module import IRModule
-from ..ir.types import TensorType
+from ..ir.types import Any, TensorType
 from ..runtime.values import tensor_numpy
 from ..transform.recognize_ops import RecognizeOps
 from . import custom_functions, custom_vjp, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
-from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, torch_dtype_name, torch_shape
+from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, static_dim, torch_dtype_name, torch_shape
 from .decompositions import own_decompositions
 from .torch_checks import (check_inputs, check_module_state, keyword_arguments, keyword_labels, quiet_torch_logs,
                            tensor_hooks_refused)
@@ -177,17 +177,25 @@ def _overload(name: str):
     return getattr(getattr(torch.ops.aten, parts[0]), parts[1] if len(parts) > 1 else "default")
 
 
-def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None, batch=None):
-    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input (of those ``batched`` flags)
-    is one symbolic batch size (a ``ShapesCollection``: keyed by the tensors, so it fits any ``forward``
-    signature, ``*args`` included); ``batch``: the ``Dim`` (default one named ``batch``, any size from 2)."""
+def batch_dynamic_shapes(example_inputs: Sequence, batched: Optional[Sequence[bool]] = None, batch=None,
+                         dims: Optional[Sequence] = None):
+    """``dynamic_shapes`` for ``torch.export``: dimension 0 of every tensor input (of those ``batched`` flags;
+    none with ``batched=False``) is one symbolic batch size (a ``ShapesCollection``: keyed by the tensors, so it
+    fits any ``forward`` signature, ``*args`` included); ``batch``: the ``Dim`` (default one named ``batch``, any
+    size from 2). ``dims``: per input, more dimensions whose sizes may vary (``Dim.AUTO``: torch.export relates
+    them, bounds them, or fixes those the model fixes), or None."""
     import torch
 
     batch = torch.export.Dim("batch") if batch is None else batch
     shapes = torch.export.ShapesCollection()
     for k, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor) and x.ndim and (batched is None or batched[k]):
-            shapes[x] = {0: batch}
+        if not isinstance(x, torch.Tensor):
+            continue
+        spec = {d: torch.export.Dim.AUTO for d in (dims[k] if dims is not None and k < len(dims) else ())}
+        if x.ndim and batched is not False and (batched is None or batched is True or batched[k]):
+            spec[0] = batch
+        if spec:
+            shapes[x] = spec
     return shapes
 
 
@@ -205,7 +213,8 @@ def _unaliased(example_inputs: Sequence) -> list:
 
 
 def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_batch=False, keywords: Sequence[str] = (),
-           settings: Optional[dict] = None, autocast=None, batch_ranges: bool = False):
+           settings: Optional[dict] = None, autocast=None, batch_ranges: bool = False,
+           dynamic_dims: Optional[Sequence] = None):
     """``torch.export.export`` of ``module`` on ``example_inputs`` (+ Core ATen decompositions); with
     ``dynamic_batch``, dimension 0 of every input (or of those a sequence of flags selects) is symbolic (the
     example's batch must be at least 2). ``keywords``: the names the last ``len(keywords)`` inputs are passed
@@ -214,18 +223,24 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
     ``settings``: keyword arguments that are not tensors (``use_cache=False``), constants of the program.
     ``autocast``: ``(device_type, dtype)`` of a ``torch.autocast`` region ``forward`` runs in (its casts become
     the program's), or None. ``batch_ranges``: where torch.export cannot give the batch every size (the model
-    branches on it), a batch dimension of the range it infers (``batch_range``), or this batch size alone."""
+    branches on it), a batch dimension of the range it infers (``batch_range``), or this batch size alone.
+    ``dynamic_dims``: per input, the dimensions (other than the batch) whose sizes may vary (a sequence length:
+    ``[(1,), (1,)]`` for token ids and labels); torch.export keeps each symbolic, or fixes it where the model
+    does."""
     import torch
 
     if autocast is not None:
         with export_repairs.forward_in_autocast(module, *autocast):
-            return export(module, example_inputs, decompose, dynamic_batch, keywords, settings, None, batch_ranges)
+            return export(module, example_inputs, decompose, dynamic_batch, keywords, settings, None, batch_ranges,
+                          dynamic_dims)
 
     check_module_state(module, "from_torch")
     check_inputs(example_inputs, "from_torch", keywords=keywords)
     example_inputs = _unaliased(example_inputs)
-    flags = None if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
-    dynamic = batch_dynamic_shapes(example_inputs, flags) if (flags is not None and any(flags)) or dynamic_batch is True else None
+    flags = bool(dynamic_batch) if isinstance(dynamic_batch, bool) else tuple(dynamic_batch)
+    dims = None if dynamic_dims is None else [tuple(d) for d in dynamic_dims]
+    varies = flags is True or flags is not False and any(flags) or dims is not None and any(dims)
+    dynamic = batch_dynamic_shapes(example_inputs, flags, dims=dims) if varies else None
     # torch.export's internal notices are not the user's to act on
     with warnings.catch_warnings(), quiet_torch_logs(), export_repairs.memoised_callable_aliases(), \
             export_repairs.composite_ops_materialised_once(), export_repairs.graph_code_made_lazily():
@@ -251,11 +266,11 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
                         # the model branches on the batch size (diffusers' Upsample2D: `if x.shape[0] >= 64`): a
                         # batch dimension of the range torch infers (batch_range), another export outside it; a
                         # batch torch specialises (1, or one the model fixes): this size only
-                        dynamic = batch_dynamic_shapes(example_inputs, flags, torch.export.Dim.DYNAMIC)
+                        dynamic = batch_dynamic_shapes(example_inputs, flags, torch.export.Dim.DYNAMIC, dims)
                         try:
                             ep = trace()
                         except Exception:  # noqa: BLE001
-                            dynamic = None
+                            dynamic = batch_dynamic_shapes(example_inputs, False, dims=dims) if dims else None
                             ep = trace()
                 # custom Functions whose backward is not their forward's derivative: exported again as opaque
                 # operators, imported with their own backward (custom_vjp)
@@ -306,6 +321,54 @@ def batch_range(ep) -> tuple:
             a, b = int(r.lower), (None if r.upper in (int_oo, sympy.oo) else int(r.upper))
         lo, hi = max(lo, a), b if hi is None else hi if b is None else min(hi, b)
     return lo, hi
+
+
+def input_sizes(ep) -> tuple:
+    """Per tensor user input of ``ep``, per dimension: its size (an int), or ``(symbol, lo, hi)`` for a size the
+    program takes symbolic (torch.export's range for it; ``hi`` None: no bound). A size torch relates to others
+    by a formula (not a plain symbol) stands for its example's size."""
+    import sympy
+    import torch
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.numbers import int_oo
+
+    kinds = {s.arg.name: s.kind for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
+    out = []
+    for node in ep.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if kinds.get(node.name) != InputKind.USER_INPUT or not isinstance(val, torch.Tensor):
+            continue
+        dims = []
+        for d in val.shape:
+            expr = None if static_dim(d) is not Any else d.node.expr
+            if expr is None or not expr.is_Symbol:
+                dims.append(int(static_dim(d)) if expr is None else int(d.node.hint))
+                continue
+            r = ep.range_constraints.get(expr)
+            lo, hi = (0, None) if r is None else (int(r.lower), None if r.upper in (int_oo, sympy.oo) else int(r.upper))
+            dims.append((str(expr), lo, hi))
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def sizes_hold(sizes: tuple, shapes) -> bool:
+    """Do tensors of ``shapes`` fit a program of ``input_sizes`` ``sizes`` (equal sizes where static, each
+    symbol one size within its range)?"""
+    bound: dict = {}
+    if len(sizes) != len(shapes):
+        return False
+    for want, shape in zip(sizes, shapes):
+        if len(want) != len(shape):
+            return False
+        for w, n in zip(want, shape):
+            if isinstance(w, int):
+                if w != n:
+                    return False
+                continue
+            name, lo, hi = w
+            if bound.setdefault(name, n) != n or n < lo or hi is not None and n > hi:
+                return False
+    return True
 
 
 def _seeded_ops() -> tuple:
@@ -389,6 +452,17 @@ def _from_data_of(e: Expr, leaf: Var, cx) -> bool:
     return reads
 
 
+def _check_sizes_kept(cx, node, problems) -> None:
+    """A problem for ``node`` if converting it fixed a dynamic input size (a converter that compared the size or
+    made an int of it: torch then specialises it to the example's size; the program would hold for that size
+    alone)."""
+    fixed = [(name, axis, static_dim(d)) for name, axis, d in cx.symbolic_inputs if static_dim(d) is not Any]
+    if fixed:
+        cx.symbolic_inputs = [t for t in cx.symbolic_inputs if static_dim(t[2]) is Any]
+        sizes = ", ".join(f"dimension {axis} of {name} at {n}" for name, axis, n in fixed)
+        problems.add(f"{node.target}", node, f"converting it fixed a dynamic size ({sizes})")
+
+
 def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
                     copy_params: bool = True, grad_inputs: Optional[Sequence[bool]] = None) -> TorchProgram:
     """Convert an ``ExportedProgram`` (see the module docstring for the signature of ``@main``).
@@ -433,7 +507,9 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
                 if grad_inputs is not None and len(user_vars) < len(grad_inputs) and grad_inputs[len(user_vars)]:
                     cx.trainable.add(id(v))
                 user_vars.append(v)
+                cx.user_inputs.append(v)
                 cx.note_sizes(v, val)
+                cx.symbolic_inputs += [(v.name_hint, axis, d) for axis, d in enumerate(val.shape) if ty.shape[axis] is Any]
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
                 if params_as == "constants" or spec.kind == InputKind.CONSTANT_TENSOR:
@@ -460,6 +536,8 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
             cx.record(v, val)
         elif node.op == "call_function":
             env[node] = _convert(cx, node, env, problems)
+            if cx.symbolic_inputs:
+                _check_sizes_kept(cx, node, problems)
             written = node.name if node.name in rewritten else export_repairs.no_grad_read_of(node)
             if written in rewritten:
                 raw[node] = env[node]  # what is written back: the value itself, bit for bit
@@ -661,26 +739,30 @@ def tied_keys(module) -> dict:
 
 
 def import_torch(module, example_inputs: Sequence, params_as: str = "inputs", decompose: bool = True,
-                 dynamic_batch: bool = False) -> TorchProgram:
+                 dynamic_batch: bool = False, dynamic_dims: Optional[Sequence] = None) -> TorchProgram:
     """Export ``module`` (in its current train/eval mode) and convert it; see ``TorchProgram``. With
-    ``dynamic_batch``, ``@main``'s inputs have a ``?`` batch dimension (one program for every batch size)."""
+    ``dynamic_batch``, ``@main``'s inputs have a ``?`` batch dimension (one program for every batch size);
+    ``dynamic_dims``: per input, more dimensions that may vary (``export``), ``?`` where torch keeps them so."""
     if params_as not in PARAMS_AS:
         raise PullbackError(f"from_torch: params_as must be one of {', '.join(map(repr, PARAMS_AS))}, got {params_as!r}")
     if not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
-    return import_exported(export(module, example_inputs, decompose, dynamic_batch), params_as, tied_keys(module))
+    ep = export(module, example_inputs, decompose, dynamic_batch, dynamic_dims=dynamic_dims)
+    return import_exported(ep, params_as, tied_keys(module))
 
 
-def from_torch(module, example_inputs: Sequence, params_as: str = "inputs", dynamic_batch: bool = False) -> tuple[IRModule, dict]:
+def from_torch(module, example_inputs: Sequence, params_as: str = "inputs", dynamic_batch: bool = False,
+               dynamic_dims: Optional[Sequence] = None) -> tuple[IRModule, dict]:
     """``(IRModule, params)`` for a ``torch.nn.Module`` traced with ``torch.export`` on ``example_inputs``.
 
     ``params`` maps each parameter/buffer parameter name of ``@main`` to its NumPy
     value (empty with ``params_as="constants"``, where they become Constants).
-    ``dynamic_batch=True`` gives the inputs of ``@main`` a ``?`` batch dimension.
+    ``dynamic_batch=True`` gives the inputs of ``@main`` a ``?`` batch dimension; ``dynamic_dims`` (per input,
+    a sequence of dimensions: ``[(1,), (1,)]``) a ``?`` to those that may vary (a sequence length).
     Unsupported ATen operators raise one ``UnsupportedOperatorError`` listing
     each once with its count and source lines.
     """
-    prog = import_torch(module, example_inputs, params_as, dynamic_batch=dynamic_batch)
+    prog = import_torch(module, example_inputs, params_as, dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims)
     return prog.mod, prog.params
 
 

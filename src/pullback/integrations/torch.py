@@ -36,7 +36,7 @@ from time import perf_counter
 from typing import Optional, Sequence
 
 from ..frontend.torch_checks import check_inputs
-from ..frontend.torch_importer import TorchProgram, batch_range, export, import_exported, tied_keys
+from ..frontend.torch_importer import TorchProgram, batch_range, export, import_exported, input_sizes, sizes_hold, tied_keys
 from ..ir.errors import PullbackError
 from ..ir.expr import Call, Expr, Tuple
 from ..ir.types import flatten_type, is_inexact
@@ -331,12 +331,13 @@ DOUBLE_BACKWARD = (
     "eval mode, or apply transform.FirstOrderGradient to the gradient program itself")
 
 
-def draw_masks(prog: TorchProgram, inputs: Sequence = ()) -> list:
+def draw_masks(prog: TorchProgram, inputs: Sequence = (), batched: Optional[Sequence] = None) -> list:
     """Fresh random inputs for ``prog`` in execution order, drawn as eager draws them (``RandomInput.draw``:
     dropout masks are ``empty_like(x).bernoulli_(1 - rate)``, like PyTorch's CPU dropout); a dynamic batch
-    dimension takes the batch size of ``inputs``."""
-    batch = next((x.shape[0] for x in inputs if getattr(x, "ndim", 0)), None)
-    return [m.draw(batch) for m in prog.masks]
+    dimension takes the batch size of ``batched`` (default ``inputs``), another dynamic size that of the user
+    input (of ``inputs``) that carries it."""
+    batch = next((x.shape[0] for x in (inputs if batched is None else batched) if getattr(x, "ndim", 0)), None)
+    return [m.draw(batch, inputs) for m in prog.masks]
 
 
 def run(tp: TrainingProgram, tensors: Sequence, mutated: Sequence = ()) -> tuple:
@@ -373,7 +374,7 @@ def call(tp: TrainingProgram, inputs: Sequence, state, batched: Optional[Sequenc
     prog = tp.prog
     if state_tensors is None:
         state_tensors = [state[k] for k in tp.state_keys]
-    tensors = [*inputs, *state_tensors, *draw_masks(prog, inputs if batched is None else batched)]
+    tensors = [*inputs, *state_tensors, *draw_masks(prog, inputs, batched)]
     if not prog.mutations:
         return run(tp, tensors)
     by_input = dict(zip(prog.inputs, inputs))
@@ -483,6 +484,8 @@ class _Import:
         self.seen: list = []  # the ids of the tensors ``read`` last found as exported (no reference kept)
         self.phases = phases
         self.batches = None  # with dynamic_batch: (lo, hi) of the batch sizes the export holds for (hi None: any)
+        self.sizes = None  # exported with sizes that vary: the inputs' sizes it holds for (``input_sizes``)
+        self.family = None  # then: the key of the inputs' ranks and dtypes whose varying sizes it was exported for
         self.owners: Optional[list] = None  # ``ModuleState.owner`` of each state key, found under ``watch``
         self.watch = None
 
@@ -542,9 +545,22 @@ def _state_signature(module) -> tuple:
     return tuple((k, tuple(t.shape), t.dtype) for k, t in module_state(module).items())
 
 
-def _recompiled(module, target: str, policy: str, dynamic_batch: bool):
+def _recompiled(module, target: str, policy: str, dynamic_batch: bool, dynamic: Optional[bool] = None):
     """A compiled module of ``module`` that exports at its first call (how a compiled module is pickled)."""
-    return _module_class()(module, None, target, policy, dynamic_batch)
+    return _module_class()(module, None, target, policy, dynamic_batch, dynamic=dynamic)
+
+
+def _varying(first: tuple, now: tuple, dims: tuple, skip_batch: bool) -> tuple:
+    """``dims`` (per input, the dimensions whose sizes vary) with those where ``now``'s shapes differ from
+    ``first``'s added (dimension 0 left to ``dynamic_batch`` when ``skip_batch``)."""
+    return tuple(frozenset(d) | {k for k, (a, b) in enumerate(zip(f, n)) if a != b and not (skip_batch and k == 0)}
+                 for d, f, n in zip(dims, first, now))
+
+
+def _masked(shape: tuple, dims: frozenset, skip_batch: bool) -> tuple:
+    """``shape`` with the sizes that vary (``dims``) as None and, with ``dynamic_batch``, without dimension 0."""
+    out = tuple(None if k in dims else n for k, n in enumerate(shape))
+    return out[1:] if skip_batch else out
 
 
 def _named(args: tuple, kwargs: dict, order: Sequence) -> tuple:
@@ -616,8 +632,9 @@ def _takes_use_cache(module, params) -> bool:
 EXPORTS_BEFORE_WARNING = 4
 MANY_SHAPES = ("pullback.integrations.torch: the module is being exported for the {n}th time, for inputs of other "
                "shapes ({shapes}); each export takes seconds. With batch sizes that vary, compile with "
-               "dynamic_batch=True (one program for every batch size); with sequence lengths that vary, pad them to "
-               "a few fixed lengths")
+               "dynamic_batch=True (one program for every batch size); sizes that vary other than the batch (sequence "
+               "lengths) are made dynamic by the second export unless that fails ({why}): then pad them to a few "
+               "fixed lengths")
 MANY_STRUCTURES = ("pullback.integrations.torch: the module has changed since its last call for the {n}th time "
                    "({what}); each change exports it again (seconds). A value that changes at every step should be "
                    "a tensor (a buffer or an input), not a module attribute")
@@ -642,12 +659,16 @@ def _module_class():
         """``module`` trained through pullback; ``.module`` is the original (parameters shared)."""
 
         def __init__(self, module, example_inputs: Sequence, target: str, policy: str, dynamic_batch: bool = False,
-                     example_kwargs: Optional[dict] = None):
+                     example_kwargs: Optional[dict] = None, dynamic: Optional[bool] = None):
             super().__init__()
             self.module = module
             self.target = target
             self.policy = policy
             self.dynamic_batch = dynamic_batch
+            self.dynamic = dynamic
+            self._dims: dict = {}  # (mode, keywords, settings, inputs' ranks and dtypes) -> per input, dims that vary
+            self._first: dict = {}  # that key -> the shapes of the first inputs seen
+            self._fixed: dict = {}  # that key -> why sizes that vary could not be dynamic (each shape exported)
             self._imports: dict = {}  # (mode, keywords, settings, input shapes) -> _Import
             self._programs: dict = {}  # that key + which inputs require grad + the frozen parameters -> TrainingProgram
             self._params = None  # forward's parameters, their positions and order, whether it takes use_cache: read at the first call
@@ -656,24 +677,23 @@ def _module_class():
             self._stale_exports = 0  # exports again because a tensor attribute baked into a program changed
             self._watch = StructureWatch(module)  # has it changed since?
             if example_inputs is not None:
-                inputs, *named = self._flat(tuple(example_inputs), dict(example_kwargs or {}))
-                key, _, tensors = self._state(inputs, *named)
-                self._program(inputs, key, tensors)
+                self._prepared(*self._flat(tuple(example_inputs), dict(example_kwargs or {})))
 
         def __reduce__(self):  # pickling (torch.save): the module and the options; programs are made again
-            return _recompiled, (self.module, self.target, self.policy, self.dynamic_batch)
+            return _recompiled, (self.module, self.target, self.policy, self.dynamic_batch, self.dynamic)
 
         def __deepcopy__(self, memo):
             """A compiled module of a deep copy of ``module`` sharing the programs (they read the parameters
             at each call), so a copy (an EMA of the weights) does not export again: those of the module's
             structure now (``module_structure``; the copy's only one so far), if its last call had it."""
-            new = _recompiled(copy.deepcopy(self.module, memo), self.target, self.policy, self.dynamic_batch)
+            new = _recompiled(copy.deepcopy(self.module, memo), self.target, self.policy, self.dynamic_batch, self.dynamic)
             sid = self._structure
             if self._structures[sid] == module_structure(self.module):
                 def ours(table: dict) -> dict:
                     return {(0, *k[1:]): v for k, v in table.items() if k[0] == sid}
 
                 new._imports, new._programs = ours(self._imports), ours(self._programs)
+                new._dims, new._first, new._fixed = ours(self._dims), ours(self._first), ours(self._fixed)
             return new
 
         def _flat(self, args: tuple, kwargs: dict) -> tuple:
@@ -713,15 +733,25 @@ def _module_class():
         def _state(self, inputs: tuple, keywords: tuple = (), settings: tuple = ()) -> tuple:
             """``(import key, state, state tensors)``: the module imported for ``inputs``' mode, shapes,
             keywords, settings and ``torch.autocast`` region (exported once), its ``ModuleState`` and its
-            parameters and buffers read now, in the program's order."""
+            parameters and buffers read now, in the program's order. Sizes that vary between calls (other than
+            the batch, ``dynamic_batch``'s) are dynamic from the second export on (``dynamic``), as
+            ``torch.compile``'s automatic dynamic shapes: one program for every sequence length."""
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
-            shapes = tuple((tuple(x.shape)[1:] if self.dynamic_batch else tuple(x.shape), x.dtype) for x in inputs)
             autocast = autocast_region()
-            key = (self._structure_id(), keywords, settings, autocast) + shapes  # the structure holds each mode
-            if self.dynamic_batch:
-                key += (self._batch_bucket(key, inputs),)
+            base = (self._structure_id(), keywords, settings, autocast)  # the structure holds each mode
+            family = base + (tuple((x.ndim, x.dtype) for x in inputs),)
+            dims = self._dims.get(family)
+            key = self._key(base, inputs, dims)
             state = ModuleState(self.module)
             entry = self._imports.get(key)
+            if entry is None and self.dynamic is not False and family not in self._fixed:
+                full = tuple(tuple(x.shape) for x in inputs)
+                grown = _varying(self._first.setdefault(family, full), full,
+                                 dims or (frozenset(),) * len(inputs), self.dynamic_batch)
+                if any(grown) and grown != dims:
+                    dims = self._dims[family] = grown
+                    key = self._key(base, inputs, dims)
+                    entry = self._imports.get(key)
             tensors = None if entry is None else entry.read(state, self._watch)
             if tensors is STALE:  # a tensor attribute baked in as a constant changed: export again
                 self._forget(key, entry)
@@ -731,29 +761,66 @@ def _module_class():
                 entry = self._imports.get(key)
                 tensors = None if entry is None else entry.read(state, self._watch)
             if entry is None:
-                self._warn_if_exporting_often(key, shapes)
+                self._warn_if_exporting_often(key, key[4: 4 + len(inputs)], family)
                 lap = Phases()
-                ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
-                                          settings={n: getattr(v, "value", v) for n, v in settings},
-                                          autocast=autocast, batch_ranges=True))
-                prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
+                try:
+                    ep = lap("export", export(self.module, inputs, dynamic_batch=self.dynamic_batch, keywords=keywords,
+                                              settings={n: getattr(v, "value", v) for n, v in settings},
+                                              autocast=autocast, batch_ranges=True,
+                                              dynamic_dims=None if dims is None else [sorted(d) for d in dims]))
+                    prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
+                except PullbackError as e:
+                    if not self._static_from_now(family, dims, e):
+                        raise
+                    return self._state(inputs, keywords, settings)
                 entry = self._imports[key] = _Import(prog, lap, self.module)
                 if self.dynamic_batch:
                     entry.batches = batch_range(ep)
+                if dims is not None:
+                    entry.sizes, entry.family = input_sizes(ep), family
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
 
-        def _batch_bucket(self, base: tuple, inputs: tuple) -> int:
-            """With ``dynamic_batch``: the index of the export whose batch range holds the batch of ``inputs``
-            (a model branching on the batch size, diffusers' ``if x.shape[0] >= 64``, holds for a range: each
-            range is an export of its own), or a new index."""
+        def _key(self, base: tuple, inputs: tuple, dims: Optional[tuple]) -> tuple:
+            """The import key of ``inputs``: ``base``, their shapes but the sizes that vary (``dims``; with
+            ``dynamic_batch``, dimension 0) and dtypes, and the index of the export that holds their sizes."""
+            skip = self.dynamic_batch
+            if dims is None:
+                key = base + tuple(((tuple(x.shape)[1:] if skip else tuple(x.shape)), x.dtype) for x in inputs)
+            else:
+                key = base + tuple((_masked(tuple(x.shape), d, skip), x.dtype) for x, d in zip(inputs, dims))
+            return key + (self._bucket(key, inputs),) if skip or dims is not None else key
+
+        def _static_from_now(self, family: tuple, dims: Optional[tuple], error: Exception) -> bool:
+            """After ``error`` in importing or compiling an export whose sizes vary (``dims``), export each shape
+            from now on (``dynamic=None``; the error is the user's with ``dynamic=True``, or without such
+            sizes): whether to export again."""
+            if dims is None or self.dynamic is True:
+                return False
+            self._fixed[family] = f"{type(error).__name__}: {error}"
+            self._dims.pop(family, None)
+            for k in [k for k, e in self._imports.items() if e.family == family]:
+                del self._imports[k]
+                for p in [p for p in self._programs if p[:len(k)] == k]:
+                    del self._programs[p]
+            return True
+
+        def _bucket(self, base: tuple, inputs: tuple) -> int:
+            """The index of the export under ``base`` whose sizes hold those of ``inputs``, or a new index. With
+            ``dynamic_batch``, an export holds for a range of batch sizes (a model branching on the batch size,
+            diffusers' ``if x.shape[0] >= 64``, holds for a range: each range is an export of its own); exported
+            with other sizes that vary, for the sizes torch.export bounds them to (``input_sizes``)."""
             batch = next((x.shape[0] for x in inputs if x.ndim), None)
-            n, last = len(base), -1
+            n, last, shapes = len(base), -1, None
             for k, entry in self._imports.items():
                 if k[:n] == base and len(k) > n:
                     lo, hi = entry.batches or (0, None)
                     if batch is None or lo <= batch and (hi is None or batch <= hi):
-                        return k[n]
+                        if entry.sizes is None:
+                            return k[n]
+                        shapes = shapes or tuple(tuple(x.shape) for x in inputs)
+                        if sizes_hold(entry.sizes, shapes):
+                            return k[n]
                     last = max(last, k[n])
             return last + 1
 
@@ -785,14 +852,16 @@ def _module_class():
                                       UserWarning, stacklevel=6)
             return self._structure
 
-        def _warn_if_exporting_often(self, key: tuple, shapes: tuple) -> None:
+        def _warn_if_exporting_often(self, key: tuple, shapes: tuple, family: tuple) -> None:
             """Warn once when the module in one mode is about to be exported ``EXPORTS_BEFORE_WARNING`` times for
-            inputs of different shapes (each export takes seconds: varying batch sizes or sequence lengths)."""
+            inputs of different shapes (each export takes seconds: varying batch sizes, or sizes that could not be
+            dynamic)."""
             seen = [k[4: 4 + len(shapes)] for k in self._imports if k[:4] == key[:4]] + [shapes]
             if len(seen) == EXPORTS_BEFORE_WARNING and not self.dynamic_batch:
                 listed = "; ".join(", ".join(str(tuple(s)) for s, _ in inputs) for inputs in seen)
-                # the caller's line: past _state, forward and torch's Module.__call__ (two frames)
-                warnings.warn(MANY_SHAPES.format(n=len(seen), shapes=listed), UserWarning, stacklevel=6)
+                why = self._fixed.get(family, "dynamic=False" if self.dynamic is False else "they vary in new dimensions")
+                # the caller's line: past _state, _prepared, forward and torch's Module.__call__ (two frames)
+                warnings.warn(MANY_SHAPES.format(n=len(seen), shapes=listed, why=why), UserWarning, stacklevel=7)
 
         def _program(self, inputs: tuple, key: tuple, tensors: list) -> TrainingProgram:
             """The program for ``inputs`` and the state ``tensors``: specialised on which inputs require grad,
@@ -811,10 +880,22 @@ def _module_class():
                 self._programs[full] = tp
             return tp
 
+        def _prepared(self, inputs: tuple, keywords: tuple = (), settings: tuple = ()) -> tuple:
+            """``(import key, state, state tensors, program)`` for ``inputs`` (``_state``, ``_program``); a program
+            of sizes that vary which cannot be differentiated or compiled is exported again for these sizes."""
+            key, state, tensors = self._state(inputs, keywords, settings)
+            try:
+                return key, state, tensors, self._program(inputs, key, tensors)
+            except PullbackError as e:
+                entry = self._imports.get(key)
+                if entry is None or entry.family is None or not self._static_from_now(entry.family, (), e):
+                    raise
+            key, state, tensors = self._state(inputs, keywords, settings)
+            return key, state, tensors, self._program(inputs, key, tensors)
+
         def forward(self, *args, **kwargs):
             inputs, *named = self._flat(args, kwargs)
-            key, state, tensors = self._state(inputs, *named)
-            tp = self._program(inputs, key, tensors)
+            key, state, tensors, tp = self._prepared(inputs, *named)
             prog = tp.prog
             outs = call(tp, inputs, state, state_tensors=tensors)
             if prog.resized:  # buffers changed shape: the next call checks them again (and exports for them)
@@ -825,7 +906,7 @@ def _module_class():
 
 
 def compile(module, example_inputs, target: str = DEFAULT_TARGET, policy: str = "save_all",
-            dynamic_batch: bool = False, example_kwargs: Optional[dict] = None):
+            dynamic_batch: bool = False, example_kwargs: Optional[dict] = None, dynamic: Optional[bool] = None):
     """A ``torch.nn.Module`` that runs ``module`` through pullback (see the module docstring).
 
     ``example_inputs``: a tensor, a sequence of tensors (positional arguments of ``forward``) or a dict of
@@ -841,14 +922,19 @@ def compile(module, example_inputs, target: str = DEFAULT_TARGET, policy: str = 
     ``policy``: what the forward saves for the backward (``PartitionForwardBackward``: ``"save_all"``, or
     ``"min_cut"`` to recompute cheap ops in the backward and save fewer bytes, priced for ``target``);
     ``dynamic_batch``: import with a ``?`` batch dimension and compile one program for every batch size
-    (else one per input shape).
+    (else one per batch size);
+    ``dynamic``: sizes other than the batch that vary between calls (a sequence length), as ``torch.compile``'s:
+    None (automatic) exports once for the first shape, and when an input's size changes, once more with that
+    dimension dynamic (``?``: one program for every length torch.export allows), or for each shape where the
+    program cannot take it dynamic (a converter, gradient rule or kernel that needs it static); False exports
+    each shape; True is automatic too, but an error with a dynamic size is raised instead of exporting each shape.
     """
     check_target(target, "pullback.integrations.torch.compile")
     if isinstance(example_inputs, dict):
         example_inputs, example_kwargs = (), {**example_inputs, **(example_kwargs or {})}
     elif not isinstance(example_inputs, (list, tuple)):
         example_inputs = (example_inputs,)
-    return _module_class()(module, example_inputs, target, policy, dynamic_batch, example_kwargs)
+    return _module_class()(module, example_inputs, target, policy, dynamic_batch, example_kwargs, dynamic)
 
 
 def train_side_by_side(model, batches: Sequence, loss_fn, lr: float = 0.1, target: str = DEFAULT_TARGET,
