@@ -88,13 +88,17 @@ def _train(model, lengths, seed_base=0, **options):
 
 def test_a_length_that_varies_is_dynamic_from_the_second_export(target):
     """The first shape is exported as it is; the second, of another length, with the length dynamic, and every
-    later length runs that program: two exports, training like eager (dropout masks drawn as eager draws them)."""
+    later length runs that program (the first shape its own): two exports, training like eager (dropout masks
+    drawn as eager draws them)."""
     torch.manual_seed(0)
     compiled, diff = _train(Decoder().double(), [5, 7, 3, 16, 2, 5], target=target)
     assert diff < 1e-12
     assert len(compiled._imports) == 2 and not compiled._fixed
     dynamic = [e for e in compiled._imports.values() if e.sizes is not None]
     assert [tuple(p.type_annotation.shape) for p in dynamic[0].prog.main.params[:2]] == [(3, pb.Any)] * 2
+    for t, static in ((5, True), (6, False)):  # the first shape keeps its static program
+        key, *_ = compiled._prepared(*compiled._flat(_batch(t), {}))
+        assert (None not in key[4][0]) == static
 
 
 def test_without_dynamic_sizes_each_length_is_exported():

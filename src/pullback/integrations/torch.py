@@ -744,6 +744,9 @@ def _module_class():
             key = self._key(base, inputs, dims)
             state = ModuleState(self.module)
             entry = self._imports.get(key)
+            if dims is not None:  # an export of exactly these shapes (the first one) runs its static program
+                exact = self._key(base, inputs, None)
+                entry, key = (self._imports[exact], exact) if exact in self._imports else (entry, key)
             if entry is None and self.dynamic is not False and family not in self._fixed:
                 full = tuple(tuple(x.shape) for x in inputs)
                 grown = _varying(self._first.setdefault(family, full), full,
