@@ -107,3 +107,19 @@ def test_gradient_whose_constant_side_reads_a_value_twice(constant_operand):
     want = [(f(x + h * d) - f(x - h * d)) / (2 * h) for d in np.eye(4)]
     (out, _), (grad,) = pb.build(g)["main_grad"](x)
     np.testing.assert_allclose(grad, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["hardswish", "hardsigmoid"])
+def test_hard_activation_gradients_are_zero_where_flat_even_for_nan_output_gradients(name):
+    """ops/activation.py: the NumPy kernels wrote ``0 * g`` where the activation is flat, NaN for a NaN or
+    infinite ``g``; ATen's ``hardswish_backward``/``hardsigmoid_backward`` select a zero there (found by the
+    targets' agreement on edge values: a NaN met a ``where`` and then a hardsigmoid). And hardswish's at the
+    kinks: ATen's is 0 at -3 and ``g`` at 3, the kernel's was ``-g / 2`` and ``3 g / 2``."""
+    torch = pytest.importorskip("torch")
+    x = np.array([-5.0, -3.0, -1.0, 0.0, 2.0, 3.0, 4.0, np.nan], "float32")
+    g = np.array([np.nan, np.inf, -np.inf, np.nan, 1.0, np.nan, np.inf, 1.0], "float32")
+    xv, gv = pb.var("x", shape=(8,)), pb.var("g", shape=(8,))
+    mod = pb.IRModule.from_expr(pb.Function([gv, xv], getattr(op.nn, f"{name}_grad")(gv, xv)))
+    want = getattr(torch.ops.aten, f"{name}_backward")(torch.from_numpy(g), torch.from_numpy(x)).numpy()
+    for target in ("numpy", "torch"):
+        np.testing.assert_array_equal(np.asarray(pb.build(mod, target=target)["main"](g, x)), want)

@@ -318,16 +318,17 @@ def _torch_activation(name: str):
 
 
 def _hardswish_grad_kernel(xp, g, x, attrs=None):
-    """ATen's ``hardswish_backward``: 0 below -3, ``g * (x / 3 + 1/2)`` up to 3, ``g`` above."""
+    """ATen's ``hardswish_backward``: 0 up to -3 (a zero, also where ``g`` is NaN or infinite), ``g * (x / 3 + 1/2)``
+    strictly between -3 and 3, ``g`` from 3."""
     w, gw = widen16(xp, x), widen16(xp, g)
-    return as_dtype(xp, xp.where(w < -3.0, 0.0 * gw, xp.where(w <= 3.0, gw * (w / 3.0 + 0.5), gw)), x.dtype)
+    return as_dtype(xp, xp.where(w <= -3.0, xp.zeros_like(gw), xp.where(w < 3.0, gw * (w / 3.0 + 0.5), gw)), x.dtype)
 
 
 def _hardsigmoid_grad_kernel(xp, g, x, attrs=None):
     """ATen's ``hardsigmoid_backward``: ``g / 6`` strictly between -3 and 3, else 0 (its float64 kernel multiplies by
     1/6 rounded to float32, 3e-8 off: ours is exact there)."""
-    w, gw = widen16(xp, x), widen16(xp, g)
-    return as_dtype(xp, xp.where((w > -3.0) & (w < 3.0), gw * (1.0 / 6.0), 0.0 * gw), x.dtype)
+    w, gw = widen16(xp, x), widen16(xp, g)  # else a zero, also where g is NaN or infinite (ATen's)
+    return as_dtype(xp, xp.where((w > -3.0) & (w < 3.0), gw * (1.0 / 6.0), xp.zeros_like(gw)), x.dtype)
 
 
 def _inside(x: Expr) -> Expr:
