@@ -65,6 +65,42 @@ def test_import_with_a_dynamic_sequence_length_runs_every_length():
         np.testing.assert_allclose(exe(*main_inputs(prog, data)), model(*data).item(), rtol=1e-12)
 
 
+class HFCausal(nn.Module):
+    """Attention under the causal mask as Hugging Face builds it over a dynamic length: ``kv_idx <= q_idx`` of two
+    aranges (the queries' cache positions: the range plus 0 tokens seen), or'ed with a batch of False."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.heads, self.qkv = heads, nn.Linear(d, 3 * d)
+        self.tok = nn.Embedding(11, d)
+
+    def forward(self, ids, keep):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.tok(ids)).view(b, t, 3 * self.heads, -1).transpose(1, 2).chunk(3, dim=1)
+        cache_position = torch.arange(t) + 0
+        kv_idx = torch.arange(t)
+        mask = (kv_idx[None, None, None, :] <= cache_position[None, None, :, None]) | torch.zeros(b, 1, 1, 1, dtype=torch.bool)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).square().mean()
+
+
+def test_a_causal_mask_over_a_dynamic_length_is_flash_attentions_is_causal():
+    """The causal mask of a dynamic length cannot be evaluated to see what it keeps (``causal_mask`` folds
+    constants); its two aranges are recognised instead: one ``nn.attention`` with ``is_causal`` and no bias (flash
+    attention on torch), eager's values at every length."""
+    torch.manual_seed(0)
+    model = HFCausal().double()
+    prog = import_torch(model, _batch(5), dynamic_dims=[(1,), (1,)])
+    calls = [n for n in pb.ir.traversal.post_order(prog.main.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
+    (attention,) = [n for n in calls if n.op.name == "nn.attention"]
+    assert attention.attrs.is_causal and len(attention.args) == 3
+    assert not [n for n in calls if n.op.name in ("nn.softmax", "nn.batch_matmul")]
+    for target in ("numpy", "torch"):
+        exe = pb.build(prog.mod, target=target)["main"]
+        for t in (1, 4, 9):
+            data = _batch(t)
+            np.testing.assert_allclose(np.asarray(exe(*main_inputs(prog, data))), model(*data).item(), rtol=1e-12)
+
+
 def _train(model, lengths, seed_base=0, **options):
     """Train ``model`` compiled with ``options`` and a copy eagerly (SGD) on batches of the ``lengths``; the
     compiled module and the largest weight difference."""

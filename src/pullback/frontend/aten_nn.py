@@ -12,7 +12,7 @@ import numpy as np
 
 from ..analysis.type_infer import infer_expr
 from ..ir.errors import PullbackError
-from ..ir.expr import Expr, TupleGetItem, const
+from ..ir.expr import Constant, Expr, TupleGetItem, const
 from ..ir.types import FLOAT_DTYPES, HALF_DTYPES, Any
 from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
@@ -21,7 +21,7 @@ from ..ops.registry import is_call_to
 from ..transform.recognize_ops import beside_causal, causal_mask, keeps_every_key
 from .aten_table import (_isinf, _op, aten, by_number, cast, dynamic_range, expand_to, newshape, reshape_to, safe_softmax,
                          scalar, static)
-from .context import static_dim
+from .context import size_key, static_dim
 
 # ------------------------------------------------------------------ dropout and random draws
 
@@ -748,8 +748,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dt not in FLOAT_DTYPES or attn_mask is not None and cx.learnable(attn_mask):
         return None  # a learnable bias (T5's position bias): eager's math kernel (in float32 for half precision)
     sq, sk, sv = (tuple(cx.shape_of(t)) for t in (q, k, v))
-    if any(len(s) != 4 or s[3] is Any for s in (sq, sk, sv)) or attn_mask is not None and Any in sq[2:3] + sk[2:3]:
-        return None  # a mask over dynamic lengths: the math below (the kernel's bias needs static lengths)
+    if any(len(s) != 4 or s[3] is Any for s in (sq, sk, sv)):
+        return None
     # Heads repeated by the model (repeat_kv) are shared inside instead, except in half precision under an input
     # mask, where eager's kernel runs on the repeated heads and its bits are the reference: Hugging Face calls
     # sdpa with enable_gqa without a mask and repeats the heads itself with one (a padded batch); under export it
@@ -763,8 +763,13 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     grouped = enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0  # nn.attention shares the heads itself
     if sk != sv or sq[0] != sk[0] or sq[1] != sk[1] and not grouped or sq[3] != sk[3]:
         return None
+    if attn_mask is not None and not is_causal and causal_over(cx, attn_mask) == (size_key(cx.arg_val(0).shape[2]),
+                                                                               size_key(cx.arg_val(1).shape[2])):
+        attn_mask, is_causal = None, True  # the causal triangle over a dynamic length (built from two aranges)
     if attn_mask is not None and keeps_every_key(attn_mask):  # no mask: flash attention reads none
         attn_mask = None
+    if attn_mask is not None and Any in sq[2:3] + sk[2:3]:
+        return None  # another mask over dynamic lengths: the math (the kernel's bias needs static lengths)
     if attn_mask is not None and not is_causal:  # the causal triangle as is_causal: flash attention skips blocks
         if causal_mask(attn_mask, sq[2], sk[2]):
             attn_mask, is_causal = None, True
@@ -775,6 +780,64 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         return None
     scale = 1.0 / math.sqrt(sq[3]) if scale is None else float(scale)
     return TupleGetItem(_op("nn.attention")(q, k, v, *bias, scale=scale, is_causal=bool(is_causal)), 0)
+
+
+def causal_over(cx, mask: Expr) -> Optional[tuple]:
+    """``(query length, key length)`` (the keys of dynamic sizes) when ``mask`` is ``kv <= q`` over two aranges of
+    dynamic lengths (``cx.ranges``), the keys' along the last axis and the queries' along the one before, as
+    Hugging Face builds its causal mask (``kv_idx <= q_idx``), through unit axes added, broadcasts and an ``or``
+    with all-False (an ``and`` with all-True); else None."""
+    while True:
+        if is_call_to(mask, "broadcast_to"):
+            mask = mask.args[0]
+        elif (is_call_to(mask, "add") or is_call_to(mask, "logical_or") or is_call_to(mask, "bitwise_or")) and \
+                cx.dtype_of(mask) == "bool" and _filled_with(mask.args[1], False):
+            mask = mask.args[0]
+        elif (is_call_to(mask, "logical_and") or is_call_to(mask, "bitwise_and")) and _filled_with(mask.args[1], True):
+            mask = mask.args[0]
+        else:
+            break
+    if is_call_to(mask, "less_equal"):
+        keys, queries = mask.args
+    elif is_call_to(mask, "greater_equal"):
+        queries, keys = mask.args
+    else:
+        return None
+    kv, q = _range_axis(cx, keys), _range_axis(cx, queries)
+    if kv is None or q is None or kv[1] != -1 or q[1] != -2:
+        return None
+    return q[0], kv[0]
+
+
+def _filled_with(e: Expr, value: bool) -> bool:
+    """``e`` is a boolean constant holding ``value`` everywhere."""
+    return isinstance(e, Constant) and e.data.dtype == np.bool_ and bool(np.all(e.data == value))
+
+
+def _range_axis(cx, e: Expr) -> Optional[tuple]:
+    """``(size key, axis from the end)``: ``e`` is an arange over a dynamic size (``cx.ranges``), plus 0 or times 1,
+    with unit axes added around it, along that axis; else None."""
+    added = []
+    while is_call_to(e, "expand_dims"):
+        added.append(e.attrs)
+        e = e.args[0]
+    while e not in cx.ranges and (is_call_to(e, "add") and _constant_of(e.args[1], 0) or
+                                  is_call_to(e, "multiply") and _constant_of(e.args[1], 1)):
+        e = e.args[0]  # cache positions: the range plus the 0 tokens seen before
+    key = cx.ranges.get(e)
+    if key is None:
+        return None
+    at, ndim = 0, 1
+    for a in reversed(added):  # innermost first: where the range's axis moves as unit axes are inserted
+        where = a.axis if a.axis >= 0 else a.axis + ndim + 1
+        at += a.num_newaxis if where <= at else 0
+        ndim += a.num_newaxis
+    return key, at - ndim
+
+
+def _constant_of(e: Expr, value) -> bool:
+    """``e`` is a constant holding ``value`` (a scalar) everywhere."""
+    return isinstance(e, Constant) and e.data.size == 1 and e.data.reshape(()) == value
 
 
 def _unrepeated(cx, x) -> Optional[Expr]:

@@ -597,7 +597,10 @@ def dynamic_range(cx, length, start, step, dt: str) -> Expr:
     """``start + step * arange(length)`` for a symbolic ``length`` (a ``SymInt`` an input carries):
     ``start + step * (cumsum(ones) - 1)`` over the input axis that carries it."""
     count = _op("cumsum")(_op("add")(cx.size_zeros(length, dt), scalar(1, dt)), axis=0)
-    return _op("add")(_op("multiply")(_op("subtract")(count, scalar(1, dt)), scalar(step, dt)), scalar(start, dt))
+    out = _op("add")(_op("multiply")(_op("subtract")(count, scalar(1, dt)), scalar(step, dt)), scalar(start, dt))
+    if start == 0 and step == 1:
+        cx.ranges[out] = size_key(length)  # 0, 1, ..., length - 1: what a causal mask compares (``causal_over``)
+    return out
 
 
 for _name in ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",

@@ -186,6 +186,7 @@ class ConvertContext:
         self._sizes: dict[str, tuple] = {}  # symbolic size -> (expression, axis) that carries it first
         self.symbolic_inputs: list = []  # (user input's name, axis, torch size) of each dynamic input size
         self.user_inputs: list[Var] = []  # the program's user inputs, in order
+        self.ranges: dict = {}  # arange(n) over a dynamic size n -> the size's key (``aten_table.dynamic_range``)
         self.functions: dict = {}  # module functions the conversion adds (custom Functions' forward and backward)
         self.function_keys: dict = {}  # what they were made for -> name (frontend.custom_vjp)
         self.trainable: set[int] = set()  # ids of the Vars of parameters (and inputs) that require grad
