@@ -181,6 +181,41 @@ def test_a_converter_that_fixes_a_dynamic_size_is_reported(monkeypatch):
         import_torch(Decoder().eval(), _batch(5), dynamic_dims=[(1,), (1,)])
 
 
+class Merged(nn.Module):
+    """Rows of the batch and the sequence merged, then split again: not both of them can be dynamic (a reshape to
+    two dynamic sizes from their product)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(11, 4).double(), nn.Linear(4, 4).double()
+
+    def forward(self, ids, keep):
+        b, t = ids.shape
+        h = self.lin(self.emb(ids).flatten(0, 1)).view(b, t, -1)
+        return (h * keep[..., None]).square().mean()
+
+
+def test_a_size_that_cannot_also_vary_keeps_the_others_dynamic():
+    """Lengths vary (the second export makes the length dynamic); then the batch size changes, which this model
+    cannot take dynamic with the length: the length stays dynamic, exported for the new batch size (two exports
+    of dynamic lengths, one per batch size), every step eager's."""
+    torch.manual_seed(0)
+    model = Merged()
+    eager = copy.deepcopy(model)
+    compiled = pb_compile(model, _batch(5))
+    for b, t in ((3, 5), (3, 7), (2, 6), (2, 9), (3, 4), (2, 3)):
+        data = _batch(t, b)
+        got, want = compiled(*data), eager(*data)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+        got.backward()
+        want.backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-15)
+    (why,) = compiled._fixed.values()
+    assert "needs static shapes" in why
+    assert sorted(e.sizes is not None for e in compiled._imports.values()) == [False, True, True]
+
+
 def test_a_program_that_cannot_take_the_length_dynamic_exports_each_length(monkeypatch):
     """With ``dynamic=None`` a dynamic export that fails is given up: each length is exported as before (and
     trains like eager); with ``dynamic=True`` the error is the user's."""

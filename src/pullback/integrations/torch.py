@@ -486,6 +486,7 @@ class _Import:
         self.batches = None  # with dynamic_batch: (lo, hi) of the batch sizes the export holds for (hi None: any)
         self.sizes = None  # exported with sizes that vary: the inputs' sizes it holds for (``input_sizes``)
         self.family = None  # then: the key of the inputs' ranks and dtypes whose varying sizes it was exported for
+        self.dims = None  # and (the dimensions exported dynamic, those that were before: ``CompiledModule._fix_sizes``)
         self.owners: Optional[list] = None  # ``ModuleState.owner`` of each state key, found under ``watch``
         self.watch = None
 
@@ -740,7 +741,7 @@ def _module_class():
             autocast = autocast_region()
             base = (self._structure_id(), keywords, settings, autocast)  # the structure holds each mode
             family = base + (tuple((x.ndim, x.dtype) for x in inputs),)
-            dims = self._dims.get(family)
+            dims = previous = self._dims.get(family)
             key = self._key(base, inputs, dims)
             state = ModuleState(self.module)
             entry = self._imports.get(key)
@@ -773,14 +774,14 @@ def _module_class():
                                               dynamic_dims=None if dims is None else [sorted(d) for d in dims]))
                     prog = lap("import", import_exported(ep, tied=tied_keys(self.module), copy_params=False))
                 except PullbackError as e:
-                    if not self._static_from_now(family, dims, e):
+                    if not self._fix_sizes(family, dims, previous, e):
                         raise
                     return self._state(inputs, keywords, settings)
                 entry = self._imports[key] = _Import(prog, lap, self.module)
                 if self.dynamic_batch:
                     entry.batches = batch_range(ep)
                 if dims is not None:
-                    entry.sizes, entry.family = input_sizes(ep), family
+                    entry.sizes, entry.family, entry.dims = input_sizes(ep), family, (dims, previous)
                 tensors = [state[k] for k in entry.state_keys]
             return key, state, tensors
 
@@ -794,15 +795,19 @@ def _module_class():
                 key = base + tuple((_masked(tuple(x.shape), d, skip), x.dtype) for x, d in zip(inputs, dims))
             return key + (self._bucket(key, inputs),) if skip or dims is not None else key
 
-        def _static_from_now(self, family: tuple, dims: Optional[tuple], error: Exception) -> bool:
-            """After ``error`` in importing or compiling an export whose sizes vary (``dims``), export each shape
-            from now on (``dynamic=None``; the error is the user's with ``dynamic=True``, or without such
-            sizes): whether to export again."""
+        def _fix_sizes(self, family: tuple, dims: Optional[tuple], previous: Optional[tuple], error: Exception) -> bool:
+            """After ``error`` in importing or compiling an export whose sizes vary (``dims``), keep the sizes that
+            varied before (``previous``: their exports stay, and serve sizes they hold) and export the others for
+            each shape from now on (``dynamic=None``; the error is the user's with ``dynamic=True``, or without
+            such sizes): whether to export again."""
             if dims is None or self.dynamic is True:
                 return False
             self._fixed[family] = f"{type(error).__name__}: {error}"
-            self._dims.pop(family, None)
-            for k in [k for k, e in self._imports.items() if e.family == family]:
+            if previous is None:
+                self._dims.pop(family, None)
+            else:
+                self._dims[family] = previous
+            for k in [k for k, e in self._imports.items() if e.family == family and e.dims[0] == dims]:
                 del self._imports[k]
                 for p in [p for p in self._programs if p[:len(k)] == k]:
                     del self._programs[p]
@@ -891,7 +896,7 @@ def _module_class():
                 return key, state, tensors, self._program(inputs, key, tensors)
             except PullbackError as e:
                 entry = self._imports.get(key)
-                if entry is None or entry.family is None or not self._static_from_now(entry.family, (), e):
+                if entry is None or entry.family is None or not self._fix_sizes(entry.family, *entry.dims, e):
                     raise
             key, state, tensors = self._state(inputs, keywords, settings)
             return key, state, tensors, self._program(inputs, key, tensors)
