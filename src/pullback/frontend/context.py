@@ -89,17 +89,6 @@ def size_key(d):
     return d if node is None else str(node.expr)
 
 
-@dataclass(frozen=True)
-class _SymbolSize:
-    """A size of one sympy symbol, as ``size_key`` reads a ``SymInt`` (``node.expr``)."""
-
-    expr: object
-
-    @property
-    def node(self):
-        return self
-
-
 def torch_shape(shape) -> tuple:
     """A pullback shape from a torch size: ints, ``Any`` where symbolic."""
     return tuple(static_dim(d) for d in shape)
@@ -203,9 +192,12 @@ class ConvertContext:
     def size_zeros(self, size, dtype: str) -> Expr:
         """A 1-D tensor of zeros of the symbolic length ``size`` (a ``SymInt``), read off the user input or the
         result that carries it: what broadcasts a tensor to a dynamic size it does not have."""
+        return self._zeros_of(size_key(size), size, dtype)
+
+    def _zeros_of(self, key, size, dtype: str) -> Expr:
         from ..ops.registry import get_op
 
-        src = self._sizes.get(size_key(size))
+        src = self._sizes.get(key)
         if src is None:
             raise PullbackError(f"a dynamic size {size} that no input carries (only input sizes can be dynamic)")
         v, axis = src
@@ -217,12 +209,16 @@ class ConvertContext:
     def size_scalar(self, size, dtype: str) -> Expr:
         """The symbolic size ``size`` (a ``SymInt``) as a rank-0 tensor: counted off the input that carries it, or
         computed from such sizes (torch's formula over them: ``Mod(s0 + 1, s0)``, a roll's start)."""
-        from ..ops.registry import get_op
-
         expr = getattr(getattr(size, "node", None), "expr", None)
         if expr is not None and size_key(size) not in self._sizes and not expr.is_Symbol:
             return self._size_formula(expr, dtype)
-        ones = get_op("add")(self.size_zeros(size, dtype), const(np.ones((), dtype)))
+        return self._counted(size_key(size), size, dtype)
+
+    def _counted(self, key, size, dtype: str) -> Expr:
+        """The size of key ``key`` (``size_key``) as a rank-0 tensor: the ones along the axis that carries it."""
+        from ..ops.registry import get_op
+
+        ones = get_op("add")(self._zeros_of(key, size, dtype), const(np.ones((), dtype)))
         return get_op("sum")(ones, (0,), False)
 
     def _size_formula(self, expr, dtype: str) -> Expr:
@@ -242,7 +238,7 @@ class ConvertContext:
             if e.is_Integer:
                 done[e] = const(np.asarray(int(e), dtype))
             elif e.is_Symbol:
-                done[e] = self.size_scalar(_SymbolSize(e), dtype)
+                done[e] = self._counted(str(e), e, dtype)
             elif name not in ops:
                 raise PullbackError(f"a dynamic size {expr} ({name} of sizes) cannot be computed by the program")
             elif not ready:
