@@ -768,8 +768,6 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         attn_mask, is_causal = None, True  # the causal triangle over a dynamic length (built from two aranges)
     if attn_mask is not None and keeps_every_key(attn_mask):  # no mask: flash attention reads none
         attn_mask = None
-    if attn_mask is not None and Any in sq[2:3] + sk[2:3]:
-        return None  # another mask over dynamic lengths: the math (the kernel's bias needs static lengths)
     if attn_mask is not None and not is_causal:  # the causal triangle as is_causal: flash attention skips blocks
         if causal_mask(attn_mask, sq[2], sk[2]):
             attn_mask, is_causal = None, True
@@ -868,7 +866,7 @@ def _attention_bias(cx, mask, dt: str, full: tuple) -> Optional[tuple]:
     elif mdt not in (dt, "float32"):
         return None
     if len(shape) < 4:
-        mask = _op("reshape")(mask, (1,) * (4 - len(shape)) + shape)
+        mask = _op("expand_dims")(mask, 0, 4 - len(shape))
     return (mask,)
 
 

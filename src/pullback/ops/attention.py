@@ -65,8 +65,8 @@ def _check_bias(name: str, arg_types, i: int, q: TensorType, k: TensorType) -> N
     if bias.dtype not in (q.dtype, "float32"):
         raise type_error(name, arg_types, f"expects a bias in the queries' dtype {q.dtype} or float32, got {bias.dtype}")
     heads, length, keys = q.shape[1], q.shape[2], k.shape[2]
-    if Any in (heads, length, keys):
-        raise type_error(name, arg_types, "with a bias, expects static heads, query and key lengths")
+    if heads is Any:
+        raise type_error(name, arg_types, "with a bias, expects a static number of heads")
     full = (q.shape[0], heads, length, keys)
     if bias.ndim != 4 or any(d != 1 and _differ(d, f) for d, f in zip(bias.shape, full)):
         raise type_error(name, arg_types, f"bias of shape {bias.shape} does not broadcast to (B, H, L, S) = {full}")
@@ -222,7 +222,10 @@ def _grad(call: Call, g: Expr, wanted: Optional[tuple] = None):
     out, lse = TupleGetItem(call, 0), TupleGetItem(call, 1)
     go, glse = nonzero(field(g, 0)), nonzero(field(g, 1))
     grads = [None] * len(call.args)
-    h = _Heads(q, k, lse, a, bias) if glse is not None or bias is not None else None
+    bias_wanted = bias is not None and (wanted is None or wanted[3])
+    # (the bias's gradient and the log-sum-exp's need the probabilities as rows of static lengths; a mask's gradient
+    # AD does not want does not: attention under a padded batch's mask over dynamic lengths)
+    h = _Heads(q, k, lse, a, bias) if glse is not None or bias_wanted else None
     if go is not None and bias is not None and wanted is not None and wanted[3]:
         g3 = h.rows(go)
         ds = E.multiply(h.p, h.centred(g3, h.rows(h.shared(v)), h.rows(out)))
@@ -231,7 +234,7 @@ def _grad(call: Call, g: Expr, wanted: Optional[tuple] = None):
     elif go is not None:
         d = attention_grad(go, q, k, v, out, lse, *call.args[3:], scale=a.scale, is_causal=a.is_causal)
         grads[:3] = [TupleGetItem(d, i) for i in range(3)]
-        if bias is not None:
+        if bias_wanted:
             grads[3] = h.to_bias(E.multiply(h.p, h.centred(h.rows(go), h.rows(h.shared(v)), h.rows(out))), bias)
     if glse is not None:
         ds = E.multiply(h.p, T.reshape(T.cast(glse, "float32") if h.wide else glse, (-1, h.length, 1)))
