@@ -59,6 +59,9 @@ def test_import_with_a_dynamic_sequence_length_runs_every_length():
     model = Decoder().double().eval()
     prog = import_torch(model, _batch(5), dynamic_dims=[(1,), (1,)])
     assert [tuple(p.type_annotation.shape) for p in prog.main.params[:2]] == [(3, pb.Any)] * 2
+    attention = [n for n in pb.ir.traversal.post_order(prog.main.body)
+                 if isinstance(n, pb.Call) and getattr(n.op, "name", None) == "nn.attention"]
+    assert sorted(len(n.args) for n in attention) == [3, 4]  # causal; the padding mask as the kernel's bias
     exe = pb.build(prog.mod)["main"]
     for t in (2, 5, 9, 16):
         data = _batch(t)
