@@ -70,11 +70,12 @@ def test_import_with_a_dynamic_sequence_length_runs_every_length():
 
 class HFCausal(nn.Module):
     """Attention under the causal mask as Hugging Face builds it over a dynamic length: ``kv_idx <= q_idx`` of two
-    aranges (the queries' cache positions: the range plus 0 tokens seen), or'ed with a batch of False."""
+    aranges (the queries' cache positions: the range plus 0 tokens seen), or'ed with a batch of False; ``padded``:
+    and'ed with the keys' padding mask."""
 
-    def __init__(self, d=8, heads=2):
+    def __init__(self, d=8, heads=2, padded=False):
         super().__init__()
-        self.heads, self.qkv = heads, nn.Linear(d, 3 * d)
+        self.heads, self.qkv, self.padded = heads, nn.Linear(d, 3 * d), padded
         self.tok = nn.Embedding(11, d)
 
     def forward(self, ids, keep):
@@ -83,19 +84,22 @@ class HFCausal(nn.Module):
         cache_position = torch.arange(t) + 0
         kv_idx = torch.arange(t)
         mask = (kv_idx[None, None, None, :] <= cache_position[None, None, :, None]) | torch.zeros(b, 1, 1, 1, dtype=torch.bool)
+        if self.padded:  # a padded batch: the keys of padding masked too
+            mask = mask & keep[:, None, None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).square().mean()
 
 
-def test_a_causal_mask_over_a_dynamic_length_is_flash_attentions_is_causal():
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_causal_mask_over_a_dynamic_length_is_flash_attentions_is_causal(padded):
     """The causal mask of a dynamic length cannot be evaluated to see what it keeps (``causal_mask`` folds
     constants); its two aranges are recognised instead: one ``nn.attention`` with ``is_causal`` and no bias (flash
-    attention on torch), eager's values at every length."""
+    attention on torch), or the padding mask beside it as the bias, eager's values at every length."""
     torch.manual_seed(0)
-    model = HFCausal().double()
+    model = HFCausal(padded=padded).double()
     prog = import_torch(model, _batch(5), dynamic_dims=[(1,), (1,)])
     calls = [n for n in pb.ir.traversal.post_order(prog.main.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
     (attention,) = [n for n in calls if n.op.name == "nn.attention"]
-    assert attention.attrs.is_causal and len(attention.args) == 3
+    assert attention.attrs.is_causal and len(attention.args) == (4 if padded else 3)
     assert not [n for n in calls if n.op.name in ("nn.softmax", "nn.batch_matmul")]
     for target in ("numpy", "torch"):
         exe = pb.build(prog.mod, target=target)["main"]

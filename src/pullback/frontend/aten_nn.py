@@ -763,9 +763,11 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     grouped = enable_gqa and Any not in (sq[1], sk[1]) and sq[1] % sk[1] == 0  # nn.attention shares the heads itself
     if sk != sv or sq[0] != sk[0] or sq[1] != sk[1] and not grouped or sq[3] != sk[3]:
         return None
-    if attn_mask is not None and not is_causal and causal_over(cx, attn_mask) == (size_key(cx.arg_val(0).shape[2]),
-                                                                               size_key(cx.arg_val(1).shape[2])):
+    lengths = (size_key(cx.arg_val(0).shape[2]), size_key(cx.arg_val(1).shape[2]))
+    if attn_mask is not None and not is_causal and causal_over(cx, attn_mask) == lengths:
         attn_mask, is_causal = None, True  # the causal triangle over a dynamic length (built from two aranges)
+    if attn_mask is not None and not is_causal and (rest := _beside_causal_over(cx, attn_mask, lengths)) is not None:
+        attn_mask, is_causal = rest, True  # and a padding mask beside it: flash attention skips the upper blocks
     if attn_mask is not None and keeps_every_key(attn_mask):  # no mask: flash attention reads none
         attn_mask = None
     if attn_mask is not None and not is_causal:  # the causal triangle as is_causal: flash attention skips blocks
@@ -810,6 +812,16 @@ def causal_over(cx, mask: Expr) -> Optional[tuple]:
 def _filled_with(e: Expr, value: bool) -> bool:
     """``e`` is a boolean constant holding ``value`` everywhere."""
     return isinstance(e, Constant) and e.data.dtype == np.bool_ and bool(np.all(e.data == value))
+
+
+def _beside_causal_over(cx, mask: Expr, lengths: tuple) -> Optional[Expr]:
+    """The boolean mask ``rest`` when ``mask`` is ``causal & rest`` with ``causal`` the triangle over the dynamic
+    ``lengths`` (``causal_over``; a padded decoder batch's mask), or None (``recognize_ops.beside_causal``'s split
+    over dynamic lengths)."""
+    if cx.dtype_of(mask) != "bool" or not (is_call_to(mask, "logical_and") or is_call_to(mask, "bitwise_and")):
+        return None
+    a, b = mask.args
+    return b if causal_over(cx, a) == lengths else a if causal_over(cx, b) == lengths else None
 
 
 def _range_axis(cx, e: Expr) -> Optional[tuple]:
