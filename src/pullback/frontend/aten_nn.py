@@ -18,6 +18,7 @@ from ..ops.common import broadcast_shapes
 from ..ops.conv import single_tap
 from ..ops.math import scaled
 from ..ops.registry import is_call_to
+from ..transform.eliminate_identity import uniform_value
 from ..transform.recognize_ops import beside_causal, causal_mask, keeps_every_key
 from .aten_table import (_isinf, _op, aten, by_number, cast, dynamic_range, expand_to, newshape, reshape_to, safe_softmax,
                          scalar, static)
@@ -766,7 +767,8 @@ def _fused_sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     lengths = (size_key(cx.arg_val(0).shape[2]), size_key(cx.arg_val(1).shape[2]))
     if attn_mask is not None and not is_causal and causal_over(cx, attn_mask) == lengths:
         attn_mask, is_causal = None, True  # the causal triangle over a dynamic length (built from two aranges)
-    if attn_mask is not None and not is_causal and (rest := _beside_causal_over(cx, attn_mask, lengths)) is not None:
+    if attn_mask is not None and not is_causal and (rest := beside_causal(
+            attn_mask, *lengths, causal=lambda part: causal_over(cx, part) == lengths)) is not None:
         attn_mask, is_causal = rest, True  # and a padding mask beside it: flash attention skips the upper blocks
     if attn_mask is not None and keeps_every_key(attn_mask):  # no mask: flash attention reads none
         attn_mask = None
@@ -791,9 +793,9 @@ def causal_over(cx, mask: Expr) -> Optional[tuple]:
         if is_call_to(mask, "broadcast_to"):
             mask = mask.args[0]
         elif (is_call_to(mask, "add") or is_call_to(mask, "logical_or") or is_call_to(mask, "bitwise_or")) and \
-                cx.dtype_of(mask) == "bool" and _filled_with(mask.args[1], False):
+                cx.dtype_of(mask) == "bool" and _holds(mask.args[1], False):
             mask = mask.args[0]
-        elif (is_call_to(mask, "logical_and") or is_call_to(mask, "bitwise_and")) and _filled_with(mask.args[1], True):
+        elif (is_call_to(mask, "logical_and") or is_call_to(mask, "bitwise_and")) and _holds(mask.args[1], True):
             mask = mask.args[0]
         else:
             break
@@ -809,21 +811,6 @@ def causal_over(cx, mask: Expr) -> Optional[tuple]:
     return q[0], kv[0]
 
 
-def _filled_with(e: Expr, value: bool) -> bool:
-    """``e`` is a boolean constant holding ``value`` everywhere."""
-    return isinstance(e, Constant) and e.data.dtype == np.bool_ and bool(np.all(e.data == value))
-
-
-def _beside_causal_over(cx, mask: Expr, lengths: tuple) -> Optional[Expr]:
-    """The boolean mask ``rest`` when ``mask`` is ``causal & rest`` with ``causal`` the triangle over the dynamic
-    ``lengths`` (``causal_over``; a padded decoder batch's mask), or None (``recognize_ops.beside_causal``'s split
-    over dynamic lengths)."""
-    if cx.dtype_of(mask) != "bool" or not (is_call_to(mask, "logical_and") or is_call_to(mask, "bitwise_and")):
-        return None
-    a, b = mask.args
-    return b if causal_over(cx, a) == lengths else a if causal_over(cx, b) == lengths else None
-
-
 def _range_axis(cx, e: Expr) -> Optional[tuple]:
     """``(size key, axis from the end)``: ``e`` is an arange over a dynamic size (``cx.ranges``), plus 0 or times 1,
     with unit axes added around it, along that axis; else None."""
@@ -831,8 +818,8 @@ def _range_axis(cx, e: Expr) -> Optional[tuple]:
     while is_call_to(e, "expand_dims"):
         added.append(e.attrs)
         e = e.args[0]
-    while e not in cx.ranges and (is_call_to(e, "add") and _constant_of(e.args[1], 0) or
-                                  is_call_to(e, "multiply") and _constant_of(e.args[1], 1)):
+    while e not in cx.ranges and (is_call_to(e, "add") and _holds(e.args[1], 0) or
+                                  is_call_to(e, "multiply") and _holds(e.args[1], 1)):
         e = e.args[0]  # cache positions: the range plus the 0 tokens seen before
     key = cx.ranges.get(e)
     if key is None:
@@ -845,9 +832,13 @@ def _range_axis(cx, e: Expr) -> Optional[tuple]:
     return key, at - ndim
 
 
-def _constant_of(e: Expr, value) -> bool:
-    """``e`` is a constant holding ``value`` (a scalar) everywhere."""
-    return isinstance(e, Constant) and e.data.size == 1 and e.data.reshape(()) == value
+def _holds(e: Expr, value) -> bool:
+    """``e`` is a constant holding ``value`` everywhere (``uniform_value``)."""
+    if not isinstance(e, Constant):
+        return False
+    e.checked_type  # noqa: B018 - typed, as uniform_value reads it
+    u = uniform_value(e)
+    return u is not None and bool(u == value)
 
 
 def _unrepeated(cx, x) -> Optional[Expr]:

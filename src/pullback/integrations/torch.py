@@ -740,14 +740,16 @@ def _module_class():
             check_inputs(inputs, "pullback.integrations.torch", "input", keywords)
             autocast = autocast_region()
             base = (self._structure_id(), keywords, settings, autocast)  # the structure holds each mode
-            family = base + (tuple((x.ndim, x.dtype) for x in inputs),)
-            dims = previous = self._dims.get(family)
-            key = self._key(base, inputs, dims)
+            key = self._key(base, inputs, None)  # an export of exactly these shapes (the first one's) first
             state = ModuleState(self.module)
             entry = self._imports.get(key)
-            if dims is not None:  # an export of exactly these shapes (the first one) runs its static program
-                exact = self._key(base, inputs, None)
-                entry, key = (self._imports[exact], exact) if exact in self._imports else (entry, key)
+            family = dims = previous = None
+            if entry is None or self._dims:
+                family = base + (tuple((x.ndim, x.dtype) for x in inputs),)
+                dims = previous = self._dims.get(family)
+            if entry is None and dims is not None:  # else the export of dynamic sizes that holds them
+                key = self._key(base, inputs, dims)
+                entry = self._imports.get(key)
             if entry is None and self.dynamic is not False and family not in self._fixed:
                 full = tuple(tuple(x.shape) for x in inputs)
                 grown = _varying(self._first.setdefault(family, full), full,

@@ -537,16 +537,22 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
                     break
     if not found:
         return body
-    # the GEMMs' uses: fused only where the add is the one (reads of its type alone, a ``*_like``'s shape over a
-    # dynamic size, read the fused result instead)
+    # the GEMMs' uses: fused only where the add is the one. A read of its type alone (a ``*_like``'s shape over a
+    # dynamic size) is no use: it reads the fused result's instead, which must then run before it
     uses = dict.fromkeys([d for _, d, _ in found], 0)
     if body in uses:
         uses[body] += 1
-    for n in order:
+    typed_at: dict = {}  # id(GEMM) -> the positions of the nodes reading its type alone
+    for i, n in enumerate(order):
         for c in _value_operands(n):
             if c in uses:
                 uses[c] += 1
-    fused = {id(n): (d, b) for n, d, b in found if uses[d] == 1}  # id(add) -> (dense, bias)
+        if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
+            for k in n.op.type_only:
+                typed_at.setdefault(id(n.args[k]), []).append(i)
+    at = {id(n): i for i, n in enumerate(order)}
+    fused = {id(n): (d, b) for n, d, b in found  # id(add) -> (dense, bias)
+             if uses[d] == 1 and all(i > at[id(n)] for i in typed_at.get(id(d), ()))}
     if not fused:
         return body
     linear, conv_bias = get_op("nn.linear"), get_op("nn.conv2d_bias")
@@ -556,9 +562,8 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
         if id(old) not in fused:
             if type(old) is Call and isinstance(old.op, OpDef) and old.op.type_only and \
                     any(id(old.args[i]) in sum_of for i in old.op.type_only):
-                args = [memo.get(sum_of.get(id(a)) if i in old.op.type_only else None, memo.get(id(a), a))
-                        for i, a in enumerate(old.args)]
-                return Call(old.op, args, old.attrs)
+                return Call(old.op, [memo[sum_of[id(a)]] if i in old.op.type_only and id(a) in sum_of
+                                     else memo.get(id(a), a) for i, a in enumerate(old.args)], old.attrs)
             return None
         d, b = fused[id(old)]
         args = [memo.get(id(a), a) for a in d.args]
@@ -567,11 +572,7 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
         x, w = _linear_args(d, *args)
         return Call(linear, [x, w, memo.get(id(b), b)])
 
-    memo: dict = {}
-    for n in order:  # the fused results first: the reads of a GEMM's type take them (where they come later)
-        if id(n) in fused:
-            _rewrite(n, fuse, memo)
-    return _rewrite(body, fuse, memo)
+    return _rewrite(body, fuse)
 
 
 def _value_operands(n: Expr) -> tuple:
@@ -581,7 +582,7 @@ def _value_operands(n: Expr) -> tuple:
     return _operands(n)
 
 
-def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]], memo: Optional[dict] = None) -> Expr:
+def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Expr:
     """``body`` rebuilt bottom-up with ``replace(old, memo)`` (a node computing the same value, or None) for
     each node; every new node, replaced or rebuilt over new operands, gets the type and source span of the
     node it stands for (a lowering changes how values are computed, not what they are: no inference, which a
@@ -596,7 +597,7 @@ def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]], memo: 
             set_span(out, old.span)
         return out
 
-    memo = {} if memo is None else memo
+    memo: dict = {}
     return transform(body, fn, memo=memo)
 
 

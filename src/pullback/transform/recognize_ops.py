@@ -17,7 +17,7 @@ import functools
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -222,11 +222,13 @@ def _kept(mask: Expr) -> Optional[np.ndarray]:
     return None
 
 
-def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
+def beside_causal(mask: Expr, length, keys, causal: Optional[Callable[[Expr], bool]] = None) -> Optional[Expr]:
     """The boolean mask ``rest`` when ``mask`` keeps the causal triangle and ``rest`` (``causal & rest``, or
-    ``where(causal & rest, 0, -inf)``; ``causal`` as ``causal_mask`` finds it): attention under it is attention
-    with ``is_causal`` under ``rest`` alone, the same bits from ATen's flash kernel, which then skips the blocks
-    above the diagonal (Hugging Face's mask over a padded batch under torch.export); else None."""
+    ``where(causal & rest, 0, -inf)``; the triangle as ``causal_mask`` finds it, or as ``causal(part)`` says):
+    attention under it is attention with ``is_causal`` under ``rest`` alone, the same bits from ATen's flash
+    kernel, which then skips the blocks above the diagonal (Hugging Face's mask over a padded batch under
+    torch.export); else None."""
+    causal = causal or (lambda part: causal_mask(part, length, keys))
     while is_call_to(mask, "cast") and mask.args[0].checked_type.dtype in FLOAT_DTYPES:  # 0 and -inf stay
         mask = mask.args[0]
     if is_call_to(mask, "where") and uniform_value(mask.args[1]) == 0 and uniform_value(mask.args[2]) == -np.inf:
@@ -236,7 +238,7 @@ def beside_causal(mask: Expr, length, keys) -> Optional[Expr]:
     if not (is_call_to(mask, "bitwise_and") or is_call_to(mask, "logical_and")):
         return None
     a, b = mask.args
-    return b if causal_mask(a, length, keys) else a if causal_mask(b, length, keys) else None
+    return b if causal(a) else a if causal(b) else None
 
 
 def _attention(node: Call, c: dict, learnable: frozenset = frozenset()) -> Optional[Expr]:
