@@ -289,6 +289,135 @@ def mlp():
     return MLP(), (torch.randn(8, 5), torch.randn(8, 2))
 
 
+# ------------------------------------------------------------------ architectures users bring besides these families
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3's block: pointwise expansion (ReLU6), a depthwise 3x3 (hardswish), squeeze-and-excitation (a global
+    pool gating the channels through SiLU and sigmoid), a linear projection and the residual."""
+
+    def __init__(self, c, expand=4, squeeze=4):
+        super().__init__()
+        e = c * expand
+        self.expand, self.bn1 = nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e)
+        self.depthwise, self.bn2 = nn.Conv2d(e, e, 3, padding=1, groups=e, bias=False), nn.BatchNorm2d(e)
+        self.se_down, self.se_up = nn.Conv2d(e, squeeze, 1), nn.Conv2d(squeeze, e, 1)
+        self.project, self.bn3 = nn.Conv2d(e, c, 1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        h = F.relu6(self.bn1(self.expand(x)))
+        h = F.hardswish(self.bn2(self.depthwise(h)))
+        h = h * torch.sigmoid(self.se_up(F.silu(self.se_down(F.adaptive_avg_pool2d(h, 1)))))
+        return x + self.bn3(self.project(h))
+
+
+class MobileNet(nn.Module):
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.blocks = nn.Sequential(InvertedResidual(8), InvertedResidual(8))
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(self.blocks(self.stem(x)).mean((2, 3))), y, label_smoothing=0.1)
+
+
+def mobilenet():
+    return MobileNet(), (torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 4]))
+
+
+class PaddedSelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` (batch first, dropout) over a padded batch: ``key_padding_mask`` from the ids, the
+    averaged attention weights returned and used; targets of the padding ignored (``ignore_index``)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d, padding_idx=0)
+        self.attn = nn.MultiheadAttention(d, 2, dropout=0.1, batch_first=True)
+        self.ln = nn.LayerNorm(d)
+        self.out = nn.Linear(d, VOCAB)
+
+    def forward(self, ids, targets):
+        h = self.emb(ids)
+        a, weights = self.attn(h, h, h, key_padding_mask=ids == 0, need_weights=True)
+        logits = self.out(self.ln(h + a))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=0) + weights.pow(2).mean()
+
+
+def padded_mha():
+    ids = _ids(BATCH, SEQ)
+    ids[0, 4:] = 0
+    ids[1, 5:] = 0
+    targets = torch.roll(ids, -1, 1)
+    return PaddedSelfAttention(), (ids, targets)
+
+
+class AudioClassifier(nn.Module):
+    """Strided and dilated 1-D convolutions with GroupNorm, then a bidirectional GRU pooled by its maximum."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.conv1, self.norm = nn.Conv1d(1, 8, 9, stride=2, padding=4), nn.GroupNorm(2, 8)
+        self.conv2 = nn.Conv1d(8, 8, 5, dilation=2, padding=4)
+        self.gru = nn.GRU(8, 6, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(12, classes)
+
+    def forward(self, wave, y):
+        h = F.elu(self.conv2(F.gelu(self.norm(self.conv1(wave)))))
+        out, _ = self.gru(h.transpose(1, 2))
+        return F.nll_loss(F.log_softmax(self.fc(out.amax(1)), -1), y)
+
+
+def audio():
+    return AudioClassifier(), (torch.randn(3, 1, 32), torch.tensor([0, 2, 1]))
+
+
+class ImageToImage(nn.Module):
+    """Image-to-image operators: InstanceNorm, a learned affine warp (``affine_grid`` + ``grid_sample``), bilinear
+    upsampling, ``pixel_shuffle`` / ``pixel_unshuffle``; smooth-L1 and L1 losses."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+        self.theta = nn.Parameter(torch.tensor([[1.0, 0.1, 0.0], [0.05, 0.9, 0.1]]))
+        self.up = nn.Conv2d(8, 3, 3, padding=1)
+
+    def forward(self, x, target):
+        h = F.leaky_relu(self.norm(self.down(x)), 0.2)
+        grid = F.affine_grid(self.theta.expand(x.shape[0], 2, 3), h.shape, align_corners=False)
+        h = F.grid_sample(h, grid, padding_mode="border", align_corners=False)
+        coarse = F.interpolate(F.avg_pool2d(h, 2), scale_factor=2, mode="bilinear", align_corners=False)
+        fine = F.pixel_shuffle(torch.cat([h, coarse], 1), 2)  # 16 channels -> 4 at twice the size
+        out = self.up(F.pixel_unshuffle(fine, 2)[:, :8])
+        return F.smooth_l1_loss(out, target) + F.l1_loss(fine.mean(), target.mean())
+
+
+def image_to_image():
+    return ImageToImage(), (torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8))
+
+
+class CheckpointedBlock(nn.Module):
+    """Activation checkpointing (``torch.utils.checkpoint``, non-reentrant) around a weight-normalised MLP
+    (``parametrizations.weight_norm``), RMSNorm, and a KL-divergence term."""
+
+    def __init__(self, d=10):
+        super().__init__()
+        self.l1 = nn.utils.parametrizations.weight_norm(nn.Linear(d, 2 * d))
+        self.l2 = nn.Linear(2 * d, d)
+        self.norm = nn.RMSNorm(d)
+
+    def mlp(self, x):
+        return self.l2(F.silu(self.l1(x)))
+
+    def forward(self, x, y):
+        h = torch.utils.checkpoint.checkpoint(self.mlp, x, use_reentrant=False)
+        return F.mse_loss(self.norm(h + x), y) + F.kl_div(F.log_softmax(h, -1), F.softmax(y, -1), reduction="batchmean")
+
+
+def checkpointed():
+    return CheckpointedBlock(), (torch.randn(6, 10), torch.randn(6, 10))
+
+
 ZOO = {f.__name__: f for f in (bert, gpt2, vit, t5, bart, llama, falcon, resnet, unet_transpose, unet_upsample, lstm, gru, causal_sdpa,
-                               causal_tril, mlp)}
+                               causal_tril, mlp, mobilenet, padded_mha, audio, image_to_image, checkpointed)}
 
