@@ -444,7 +444,7 @@ def test_onednn_gemms_train_like_eager(onednn_calls):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.LayerNorm(256), nn.Linear(256, 8))
     ref = copy.deepcopy(model)
-    x, y = torch.randn(2, 16, 256), torch.randn(2, 16, 8)
+    x, y = torch.randn(16, 16, 256), torch.randn(16, 16, 8)  # 256 rows: GEMMs of 2^24 multiply-adds
     cm = pb_compile(model, (x,), target="torch")
     losses = {}
     for tag, m in (("eager", ref), ("pullback", cm)):
