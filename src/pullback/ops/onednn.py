@@ -19,7 +19,8 @@ a forward or backward): with 64 MB written between calls (AMD EPYC, 2 threads, t
 takes 1.2-1.56x MKL's ``addmm`` time at 2^22-2^23 multiply-adds (128 x 128 x 512: 285 against 182 us; warm, both
 take ~120 us), 0.94-1.10x at 2^26, 0.77-0.93x from 2^27 up. In a ConvNeXt's training step (hidden 32-256,
 GEMMs of 2^23 multiply-adds) its GEMMs took 5.4 ms a step through oneDNN and 4.7-4.9 through MKL (eager's: 4.5-4.8);
-in a transformer layer's (2^26-2^28), 24.8 through oneDNN and 29.4 through MKL.
+in a transformer layer's (2^26-2^28), 24.8 through oneDNN and 29.4 through MKL. ``bench/experiments/gemm_crossover.py``
+measures the crossover on a machine.
 """
 
 from __future__ import annotations
