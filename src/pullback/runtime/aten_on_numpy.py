@@ -62,8 +62,9 @@ ATTENTION = frozenset({"nn.attention", "nn.attention_grad"})
 GROUPED = frozenset({"nn.grouped_matmul", "nn.grouped_transpose_matmul"})
 # layer norm over the last axis and its gradient (ATen's fused kernels, on both cores): NumPy's are numba's, whose
 # import and cached machine code cost the first call of a program 0.4-1.2 s (first step through the integration:
-# transformer layer 2.00 -> 0.76 s, BERT layer 0.95 -> 0.55 s); the steps took as long (1.029-1.049x eager's against
-# 1.038-1.071x for the transformer layer, 1.036 against 1.031x for BERT, in one process, steps alternating)
+# transformer layer 2.00 -> 0.76 s, BERT layer 0.95 -> 0.55 s); the steps within the noise (in one process, steps
+# alternating with eager's: transformer layer 1.029-1.049x with numba's kernels, 1.038-1.071x with ATen's; BERT 1.036
+# and 1.031x)
 NORMS = frozenset({"nn.layer_norm", "nn.native_layer_norm", "nn.layer_norm_grad", "nn.native_layer_norm_grad"})
 ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
