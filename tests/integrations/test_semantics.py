@@ -95,15 +95,27 @@ class PermutedDropout(nn.Module):
         return F.dropout(x.transpose(0, 1), 0.5, self.training) * 2 + F.dropout2d(x[None], 0.3, self.training)[0].sum()
 
 
-def test_dropout_masks_drawn_exactly_as_eager_also_for_permuted_inputs():
-    x = torch.randn(3, 5, 4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_masks_drawn_exactly_as_eager_also_for_permuted_inputs(dtype):
+    """Every element equals eager's. In float32 the two sides add dropout2d's 60 terms in other orders, so the
+    scalar sum broadcast to every element may differ in its last bits (with unseeded inputs this test failed one run
+    in eight at 1e-6): then every element differs by that one amount, which a wrong mask element would not do."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4, dtype=dtype)
     prog = import_torch(PermutedDropout(), (x,))
     assert [m.kind for m in prog.masks] == ["bernoulli", "bernoulli"] and prog.masks[0].stride is not None
     torch.manual_seed(3)
     masks = [m.numpy() for m in draw_masks(prog)]
     out = pb.build(prog.mod)["main"](*main_inputs(prog, [x], masks))
     torch.manual_seed(3)
-    np.testing.assert_allclose(out, PermutedDropout()(x).numpy(), rtol=1e-6, atol=1e-6)
+    want = PermutedDropout()(x).numpy()
+    if dtype == torch.float64:
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+        return
+    diff = out.astype("float64") - want
+    eps = float(np.finfo(np.float32).eps)
+    assert np.ptp(diff) <= 4 * eps * np.abs(want).max(), diff  # one shift for all: the masks are eager's
+    assert abs(diff.mean()) <= x.numel() * eps * float(x.abs().sum()) / 0.7  # the sum's float32 rounding
 
 
 class RandomInForward(nn.Module):
