@@ -8,7 +8,7 @@ from typing import Sequence
 from ..ir.expr import Call, Expr, Function
 from ..ir.traversal import free_vars
 from ..ir.types import TensorType, is_inexact
-from ..ops.registry import OpDef
+from ..ops.registry import OpDef, value_args
 
 
 def tracked_children(node: Expr) -> Sequence[Expr]:
@@ -24,8 +24,7 @@ def tracked_children(node: Expr) -> Sequence[Expr]:
     if isinstance(node, Call) and isinstance(node.op, OpDef):
         if node.op.name == "stop_gradient":
             return ()
-        if node.op.type_only:
-            return [c for i, c in enumerate(node.args) if i not in node.op.type_only]
+        return value_args(node)
     return node.children()
 
 

@@ -335,6 +335,15 @@ def is_call_to(expr: Expr, names) -> bool:
     return expr.op.name == names if isinstance(names, str) else expr.op.name in names
 
 
+def value_args(call: Call) -> tuple:
+    """The arguments whose values ``call`` reads: all but those its operator reads only for their type and
+    dtype (``OpDef.type_only``: the like-operators' templates)."""
+    op = call.op
+    if isinstance(op, OpDef) and op.type_only:
+        return tuple(a for i, a in enumerate(call.args) if i not in op.type_only)
+    return tuple(call.args)
+
+
 def seq_of_int(value, what: str, allow_none: bool = False, allow_negative: bool = True) -> Optional[tuple]:
     """Normalise an int or sequence of ints to a tuple (for axis/shape attrs)."""
     if value is None:

@@ -44,7 +44,7 @@ from ..ir.traversal import post_order, transform
 from ..ir.types import TensorType
 from ..ir.gc_pause import gc_paused
 from ..ops import layout as T
-from ..ops.registry import OpDef, get_op
+from ..ops.registry import OpDef, get_op, value_args
 from .fused import group_label
 from .schedule import memory_order, reads_before_writes
 from .schedule import operands as _operands
@@ -332,9 +332,7 @@ class _Aliases:
                 continue
             # a view, a tuple, a call of a function or another kernel: it may hold its operands' buffers (not those
             # of the operands a kernel reads only for their type: a like-operator's template)
-            ops = _operands(n)
-            if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
-                ops = tuple(c for i, c in enumerate(ops) if i not in n.op.type_only)
+            ops = value_args(n) if type(n) is Call else _operands(n)
             b = no_buffers if not ops else holds[ops[0]] if len(ops) == 1 else frozenset().union(*(holds[c] for c in ops))
             holds[n] = b
             for k in b:
@@ -544,7 +542,7 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
         uses[body] += 1
     typed_at: dict = {}  # id(GEMM) -> the positions of the nodes reading its type alone
     for i, n in enumerate(order):
-        for c in _value_operands(n):
+        for c in (value_args(n) if type(n) is Call else _operands(n)):
             if c in uses:
                 uses[c] += 1
         if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
@@ -573,13 +571,6 @@ def fuse_bias_adds(body: Expr, order: list) -> Expr:
         return Call(linear, [x, w, memo.get(id(b), b)])
 
     return _rewrite(body, fuse)
-
-
-def _value_operands(n: Expr) -> tuple:
-    """The operands whose values ``n`` reads (not those of ``OpDef.type_only`` positions, read for their type)."""
-    if type(n) is Call and isinstance(n.op, OpDef) and n.op.type_only:
-        return tuple(a for i, a in enumerate(n.args) if i not in n.op.type_only)
-    return _operands(n)
 
 
 def _rewrite(body: Expr, replace: Callable[[Expr, dict], Optional[Expr]]) -> Expr:

@@ -61,7 +61,7 @@ from ..ir.traversal import free_vars, post_order, transform
 from ..ir.types import TensorType, TupleType
 from ..ops.layout import broadcast_to_like
 from ..ops.norm import output_from_statistics
-from ..ops.registry import FusionKind, OpDef, Recompute
+from ..ops.registry import FusionKind, OpDef, Recompute, value_args
 from .pass_infra import ModulePass, PassContext
 
 POLICIES = ("save_all", "min_cut")
@@ -344,8 +344,8 @@ def _read_for_their_type(body: Expr, res_vars: list) -> set:
     ``OpDef.type_only``), where the shape is dynamic and ConcretizeLike could not write it out."""
     data = set()
     for n in post_order(body):
-        if isinstance(n, Call) and isinstance(n.op, OpDef) and n.op.type_only:
-            data.update(id(a) for i, a in enumerate(n.args) if i not in n.op.type_only)
+        if isinstance(n, Call) and isinstance(n.op, OpDef):
+            data.update(map(id, value_args(n)))
         elif not isinstance(n, Var):
             data.update(id(c) for c in n.children())
     if isinstance(body, Var):
