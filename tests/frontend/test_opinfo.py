@@ -104,19 +104,41 @@ def test_a_float32_gradient_passes_only_as_close_to_float64_as_eagers():
 
 
 def test_samples_are_drawn_as_seeded_by_torch_manual_seed_without_touching_it(monkeypatch):
-    """Drawing samples seeds the CPU generator alone (no call queued per uninitialised accelerator), draws the
-    values ``torch.manual_seed`` would, and leaves ``torch.manual_seed`` as it was."""
+    """Drawing samples seeds the CPU generator alone (no call queued per uninitialised accelerator) and finds no
+    test method without reading the stack's source, draws the values torch's own functions would, and leaves
+    ``torch.manual_seed`` and ``extract_test_fn`` as they were."""
     import contextlib
 
     import torch
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
 
     info = next(i for i in INFOS if opinfo.full_name(i) == "nn.functional.max_pool2d")
-    seeded = torch.manual_seed
+    seeded, found = torch.manual_seed, (common_utils.extract_test_fn, core.extract_test_fn)
     fast = opinfo.samples(info, "float64")
-    assert torch.manual_seed is seeded
-    monkeypatch.setattr(opinfo, "_cpu_seeding", contextlib.nullcontext)
+    assert torch.manual_seed is seeded and (common_utils.extract_test_fn, core.extract_test_fn) == found
+    monkeypatch.setattr(opinfo, "_quick_sampling", contextlib.nullcontext)
     slow = opinfo.samples(info, "float64")
     assert len(fast) == len(slow) > 100
     for (i, a), (j, b) in zip(fast, slow):
         la, lb = opinfo._leaves([a.input, a.args, a.kwargs]), opinfo._leaves([b.input, b.args, b.kwargs])
         assert i == j and all(torch.equal(x, y) for x, y in zip(la, lb))
+
+
+def test_the_stack_search_finds_the_test_method_torchs_finds():
+    """``_stack_test_fn`` (no source read) finds the running ``unittest.TestCase`` method as torch's
+    ``extract_test_fn`` does, and nothing outside one."""
+    import io
+    import unittest
+
+    from torch.testing._internal.common_utils import extract_test_fn
+
+    found = {}
+
+    class Case(unittest.TestCase):
+        def test_here(self):
+            found["ours"], found["torch"] = opinfo._stack_test_fn(), extract_test_fn()
+
+    assert unittest.TextTestRunner(stream=io.StringIO()).run(Case("test_here")).wasSuccessful()
+    assert found["ours"] is found["torch"] is Case.test_here
+    assert opinfo._stack_test_fn() is None and extract_test_fn() is None
