@@ -256,3 +256,36 @@ def test_index_add_on_numpy_adds_each_update_once(idx):
     got = get_op("index_add").impl("numpy")(x, np.array(idx), u, get_op("index_add").attrs_type(axis=1, mode="fast"))
     np.testing.assert_allclose(got, want, rtol=1e-15)
     assert not np.shares_memory(got, x)
+
+
+@pytest.mark.parametrize("target", ["numpy", "numpy+aten", "torch", "jax"])
+@pytest.mark.parametrize("itype", ["int8", "int16", "uint8", "int32", "int64"])
+def test_take_and_index_add_with_narrow_integer_positions(itype, target):
+    """Positions of every integer dtype, on every target: ``take`` reads and ``index_add`` adds at them as a
+    NumPy loop does, with negative ``fast`` positions counted from the end of an axis longer than int8 holds
+    (``-1 + 200`` in int8 overflowed) and a uint8 index read as positions (ATen takes it for a mask, and its
+    ``index_add`` takes int32 and int64 only: int8 failed on the torch target)."""
+    if target == "jax":
+        pytest.importorskip("jax")
+    elif target != "numpy":
+        pytest.importorskip("torch")
+    signed = itype != "uint8"
+    n, axis = 200, 1
+    pos = np.array([-1, 3, -128, 3] if signed else [199, 3, 72, 3])
+    idx = pos.astype(itype)
+    rng = np.random.default_rng(3)
+    x, u = rng.standard_normal((2, n)).astype("float32"), rng.standard_normal((2, len(idx))).astype("float32")
+    want_take, want_add = x[:, pos % n], x.astype("float64")
+    for j, p in enumerate(pos % n):
+        want_add[:, p] += u[:, j]
+    xv, iv, uv = pullback.var("x", shape=x.shape), pullback.var("i", shape=idx.shape, dtype=itype), pullback.var("u", shape=u.shape)
+    f = pullback.Function([xv, iv, uv], pullback.Tuple([op.take(xv, iv, axis=axis, mode="fast"),
+                                                        op.index_add(xv, iv, uv, axis=axis, mode="fast")]))
+    mod = pullback.IRModule.from_expr(f)
+    args = (x, idx, u)
+    if target == "torch":
+        args = tuple(torch().from_numpy(a) for a in args)
+    kw = {"aten": True} if target == "numpy+aten" else {"target": target.split("+")[0]}
+    got_take, got_add = (np.asarray(v) for v in pullback.build(mod, **kw)["main"](*args))
+    np.testing.assert_array_equal(got_take, want_take)
+    np.testing.assert_allclose(got_add, want_add, rtol=1e-6, atol=1e-6)

@@ -191,7 +191,11 @@ def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -
 
 def _positions(xp, op: str, idx, n: int, mode: str):
     """``idx`` as flat positions in ``[0, n)`` by ``mode`` (``fast``: out of range is an error where
-    the indices are concrete; jax.jit clamps them)."""
+    the indices are concrete; jax.jit clamps them). Narrow integers (int8, int16, uint8) are widened to int32
+    first: ATen indexes with int32 and int64 only (a uint8 index is a mask to it), and ``idx + n`` for a
+    negative position could overflow the index's own type."""
+    if idx.dtype.itemsize < 4:
+        idx = xp.astype(idx, xp.int32)
     if mode == "clip":
         idx = xp.clip(idx, 0, max(n - 1, 0))
     elif mode == "wrap":
