@@ -262,3 +262,26 @@ def test_grouped_gemms_run_aten_kernels_with_integer_offsets():
         assert isinstance(a, np.ndarray)
         np.testing.assert_array_equal(a, b.numpy())
     assert not got[0][33:].any() and not got[1][1].any()
+
+
+def test_an_embedding_gradient_runs_aten_index_add_with_integer_positions():
+    """An embedding's gradient (``index_add`` of rows at token ids, repeated ones included) takes ATen's kernel on
+    the numpy target (NumPy's is a numba loop, whose import cost a program's first call ~0.6 s): eager's embedding
+    backward's bits, the torch target's; an out-of-range id is the same error as on NumPy's kernel."""
+    table, ids, g = var("table", shape=(50, 16)), var("ids", shape=(2, 12), dtype="int64"), var("g", shape=(2, 12, 16))
+    fn = _typed(Function([table, ids, g], op.index_add(op.zeros_like(table), ids, g, axis=0, mode="fast")))
+    assert {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)} == {"index_add"}
+    rng = np.random.default_rng(8)
+    w, t, gs = rng.standard_normal((50, 16)).astype("float32"), rng.integers(0, 50, (2, 12)), rng.standard_normal((2, 12, 16)).astype("float32")
+    t[1, :4] = t[0, 0]  # repeated ids: their rows summed
+    got = pb.build(fn, aten=True)["main"](w, t, gs)
+    weight = torch.from_numpy(w).requires_grad_()
+    (eager,) = torch.autograd.grad(torch.nn.functional.embedding(torch.from_numpy(t), weight), [weight],
+                                   torch.from_numpy(gs))
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, eager.numpy())
+    np.testing.assert_array_equal(got, pb.build(fn, target="torch")["main"](w, t, gs).numpy())
+    t[1, 2] = 50
+    for exe in (pb.build(fn, aten=True), pb.build(fn)):
+        with pytest.raises(pb.ExecutionError, match="out of range"):
+            exe["main"](w, t, gs)

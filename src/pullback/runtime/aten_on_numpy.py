@@ -66,11 +66,15 @@ GROUPED = frozenset({"nn.grouped_matmul", "nn.grouped_transpose_matmul"})
 # alternating with eager's: transformer layer 1.029-1.049x with numba's kernels, 1.038-1.071x with ATen's; BERT 1.036
 # and 1.031x)
 NORMS = frozenset({"nn.layer_norm", "nn.native_layer_norm", "nn.layer_norm_grad", "nn.native_layer_norm_grad"})
-ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | frozenset({
+# an embedding's gradient (``index_add`` of rows at integer positions): ATen's ``index_add`` (eager's embedding
+# backward's sums, on both cores) where NumPy's is a numba loop, whose import and cached machine code cost the first
+# call of a program ~0.6 s (GPT-2's first step through the integration 2.2-2.6 -> 1.6-1.7 s)
+INDEXING = frozenset({"index_add"})
+ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | INDEXING | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
     "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"})
 # operators whose ATen kernel always returns new memory, shared with no other value
-ALLOCATING = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | GROUPED | {"nn.layer_norm"}
+ALLOCATING = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | GROUPED | INDEXING | {"nn.layer_norm"}
 
 
 def _float_tensors(t) -> bool:
@@ -80,9 +84,10 @@ def _float_tensors(t) -> bool:
 
 
 def _aten_operand(call: Call, t) -> bool:
-    """An operand ATen's kernel takes: a float32/float64 tensor, or a loss's integer targets or grouped GEMM's
-    offsets."""
-    return _float_tensors(t) or (call.op.name in LOSSES | GROUPED and isinstance(t, TensorType) and t.dtype in INT_DTYPES)
+    """An operand ATen's kernel takes: a float32/float64 tensor, or a loss's integer targets, grouped GEMM's
+    offsets or ``index_add``'s positions."""
+    return _float_tensors(t) or (call.op.name in LOSSES | GROUPED | INDEXING and isinstance(t, TensorType)
+                                 and t.dtype in INT_DTYPES)
 
 
 def takes(call: Call) -> bool:
