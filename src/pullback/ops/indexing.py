@@ -18,7 +18,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import ALL_DTYPES, Any, INT_DTYPES, TensorType, check_dtype, is_float, is_inexact
 from . import layout as T
 from .common import normalize_axis, tensor_arg
-from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at
+from .kernels import add_at, check_range, device, dtype, grid, is_traced, set_at, wide_index
 from .nn import is_torch
 from .registry import OpDef, FusionKind, defop, register, seq_of_int, type_error, zero_flops
 
@@ -191,11 +191,8 @@ def _take_layout(op: str, arg_types, data: TensorType, idx: TensorType, attrs) -
 
 def _positions(xp, op: str, idx, n: int, mode: str):
     """``idx`` as flat positions in ``[0, n)`` by ``mode`` (``fast``: out of range is an error where
-    the indices are concrete; jax.jit clamps them). Narrow integers (int8, int16, uint8) are widened to int32
-    first: ATen indexes with int32 and int64 only (a uint8 index is a mask to it), and ``idx + n`` for a
-    negative position could overflow the index's own type."""
-    if idx.dtype.itemsize < 4:
-        idx = xp.astype(idx, xp.int32)
+    the indices are concrete; jax.jit clamps them), of at least 32 bits (``wide_index``)."""
+    idx = wide_index(idx)
     if mode == "clip":
         idx = xp.clip(idx, 0, max(n - 1, 0))
     elif mode == "wrap":

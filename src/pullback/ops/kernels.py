@@ -236,6 +236,15 @@ def check_divisor(xp, op: str, b) -> None:
         check(b == 0, f"{op}: integer division by zero")
 
 
+def wide_index(idx):
+    """Positions ``idx`` (a NumPy, jax or torch array) of a narrow integer type (int8, int16, uint8) as int32,
+    others as they are: ATen indexes with int32 and int64 only (a uint8 index is a mask to it), and ``idx + n``
+    for a negative position could overflow the index's own type."""
+    if idx.dtype.itemsize >= 4:
+        return idx
+    return idx.astype("int32") if hasattr(idx, "astype") else idx.int()
+
+
 def grid(xp, idx, axis: int) -> tuple:
     """Advanced index selecting, per position of ``idx``, the entry ``idx`` names along ``axis``
     (``np.indices(idx.shape, sparse=True)`` with ``idx`` in place of axis ``axis``)."""

@@ -25,7 +25,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import DTYPES, INT_DTYPES, is_float, is_inexact
 from . import layout as T
 from .common import normalize_axis, numel, tensor_arg
-from .kernels import check_range, grid, is_integer, set_at
+from .kernels import check_range, grid, is_integer, set_at, wide_index
 from .registry import FusionKind, defop, get_op, type_error
 
 
@@ -61,7 +61,7 @@ def _kernel(xp, x, idx, u, attrs):
         return xp.reshape(u, ()) if math.prod(u.shape) else x
     axis = attrs.axis % x.ndim
     check_range("scatter", idx, 0, x.shape[axis], f"[0, {x.shape[axis]}) along axis {axis}")
-    return set_at(x, grid(xp, idx, axis), u)
+    return set_at(x, grid(xp, wide_index(idx), axis), u)
 
 
 def _grad(call: Call, g: Expr):
@@ -131,7 +131,7 @@ def _reduce_kernel(xp, x, idx, u, attrs):
     ``include_self``) and combine every update in."""
     axis = attrs.axis % x.ndim
     check_range("scatter_reduce", idx, 0, x.shape[axis], f"[0, {x.shape[axis]}) along axis {axis}")
-    where_ = grid(xp, idx, axis)
+    where_ = grid(xp, wide_index(idx), axis)
     base = x if attrs.include_self else set_at(x, where_, xp.full(u.shape, _identity(xp, x, attrs.reduce), dtype=x.dtype))
     jax_name, ufunc = _AT[attrs.reduce]
     if hasattr(base, "at"):
@@ -160,7 +160,7 @@ def _count(xp, x, where_, u, include_self: bool):
 def _reduce_torch(x, idx, u, attrs):
     axis = attrs.axis % x.ndim
     check_range("scatter_reduce", idx, 0, x.shape[axis], f"[0, {x.shape[axis]}) along axis {axis}")
-    return x.scatter_reduce(axis, idx, u, attrs.reduce, include_self=attrs.include_self)
+    return x.scatter_reduce(axis, wide_index(idx), u, attrs.reduce, include_self=attrs.include_self)
 
 
 def _cast(e: Expr, dtype: str) -> Expr:
