@@ -207,10 +207,16 @@ class PolygammaAttrs:
 
 
 def _scipy_jax(name: str):
+    """``jax.scipy.special.<name>``; float16 and bfloat16 computed in float32 and rounded once (some, as ``ndtri``
+    and ``log_ndtr``, refuse half types), as the numpy and torch targets compute them."""
     def kernel(x, attrs=None):
+        import jax.numpy as jnp
         import jax.scipy.special as jsp
 
-        return jsp.polygamma(attrs.n, x) if name == "polygamma" else getattr(jsp, name)(x)
+        fn = (lambda v: jsp.polygamma(attrs.n, v)) if name == "polygamma" else getattr(jsp, name)
+        if x.dtype in (jnp.float16, jnp.bfloat16):
+            return fn(x.astype(jnp.float32)).astype(x.dtype)
+        return fn(x)
 
     return kernel
 
