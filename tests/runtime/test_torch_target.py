@@ -39,6 +39,34 @@ def test_op_table_matches_numpy(mod, inputs):
     assert_same(pb.build(mod)["main"](*inputs), got)
 
 
+def _strided(t):
+    """``t``'s values in every other element of a buffer twice as long on the last axis (last stride 2)."""
+    if t.ndim == 0:
+        return t
+    big = t.new_zeros(t.shape[:-1] + (2 * t.shape[-1],))
+    big[..., ::2] = t
+    return big[..., ::2]
+
+
+def _transposed(t):
+    """``t``'s values in column-major memory (its last two axes' strides swapped)."""
+    return t.mT.contiguous().mT if t.ndim >= 2 else t
+
+
+@pytest.mark.parametrize("layout", [_strided, _transposed], ids=["strided", "transposed"])
+@pytest.mark.parametrize("mod, inputs", [pytest.param(m, i, id=name) for name, m, i in table_programs("torch")])
+def test_op_table_on_tensors_of_any_strides(mod, inputs, layout):
+    """Every operator on input tensors whose last axis is not contiguous gives the contiguous inputs' result (to
+    a summation order's rounding). ATen's CPU flash attention kernels read rows as contiguous memory whatever
+    the strides (attention outputs and gradients were garbage, up to 1e38), as its layer norm backward reads
+    the saved statistics."""
+    plain = [torch.from_numpy(np.array(x, copy=True)) for x in inputs]
+    run = pb.build(mod, target="torch")["main"]
+    want, got = to_numpy(run(*plain)), to_numpy(run(*[layout(t) for t in plain]))
+    for k, (w, g) in enumerate(zip(pb.runtime.values.leaves(want), pb.runtime.values.leaves(got), strict=True)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
+
+
 def test_an_operator_without_a_torch_kernel_is_refused_at_build():
     numpy_only = OpDef("numpy_only", 1, lambda ts, attrs: ts[0], compute=lambda x, attrs=None: -x)
     x = var("x", shape=(2,))

@@ -136,6 +136,14 @@ def _kernel(xp, q, k, v, *rest):
     return xp.asarray(out, dtype=q.dtype), xp.asarray(lse[..., 0], dtype=dtype(xp, lse_dtype(dtype_name(q))))
 
 
+def _unit_rows(*ts) -> list:
+    """Each tensor with its last axis contiguous (stride 1), copied where it is not: ATen's CPU flash attention
+    kernels read rows of queries, keys, values and gradients as contiguous memory whatever the strides say
+    (eager's ``scaled_dot_product_attention`` copies such operands before calling them); a transposed
+    ``(..., E, L)`` layout gave wrong outputs, silently."""
+    return [t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in ts]
+
+
 def _torch(q, k, v, *rest):
     """ATen's CPU flash attention (eager's kernel); the shared kernel elsewhere (another device, a dtype ATen's
     CPU kernel lacks)."""
@@ -145,7 +153,7 @@ def _torch(q, k, v, *rest):
     if q.device.type == "cpu":
         try:
             return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, a.is_causal, attn_mask=bias, scale=a.scale))
+                *_unit_rows(q, k, v), 0.0, a.is_causal, attn_mask=bias, scale=a.scale))
         except RuntimeError:
             pass
     return _kernel(array_namespace("torch"), q, k, v, *rest)
@@ -317,8 +325,8 @@ def _grad_torch(g, q, k, v, out, lse, *rest):
     if q.device.type == "cpu" and (lost is None or q.dtype not in (torch.float16, torch.bfloat16)):
         try:
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                g if lost is None else g.masked_fill(lost[..., None], 0), q, k, v, out, lse, 0.0, a.is_causal,
-                attn_mask=bias, scale=a.scale)
+                *_unit_rows(g if lost is None else g.masked_fill(lost[..., None], 0), q, k, v, out), lse, 0.0,
+                a.is_causal, attn_mask=bias, scale=a.scale)
         except RuntimeError:
             pass
         else:

@@ -685,6 +685,8 @@ def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
         return _on_torch(lambda xp, *t: _shared_grad(True, xp, *t), g, x, gamma, a, mean, rstd)
     if mean is None:
         _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, a.epsilon)  # var_mean: 10x slower
+    else:  # ATen reads the statistics as contiguous memory whatever their strides (a strided view: wrong gradients)
+        mean, rstd = mean.contiguous(), rstd.contiguous()
     res = torch.ops.aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, gamma if a.scale else None,
                                                     gamma if a.center else None,  # (its values are not read)
                                                     [True, a.scale, a.center])
