@@ -102,6 +102,11 @@ def test_op_gives_numpy_result_on_target(c, target, dt):
         with pytest.raises(ExecutionError, match=unsupported[0]):
             _run(target, expr, xs, inputs)
         return
+    _check_calls(target, expr, xs, inputs, calls, want, c.id)
+
+
+def _check_calls(target: str, expr, xs, inputs, calls, want, what: str) -> None:
+    """Every call's value on ``target`` (jax: 64-bit types on) against NumPy's ``want``."""
     if target == "jax":
         import jax
 
@@ -110,7 +115,7 @@ def test_op_gives_numpy_result_on_target(c, target, dt):
     else:
         got = _run(target, expr, xs, inputs)
     for n, g, w in zip(calls, got, want, strict=True):
-        _compare(g, w, f"{c.id}: {n.op.name} on {target}")
+        _compare(g, w, f"{what}: {n.op.name} on {target}")
 
 
 def _narrowed(c, itype: str):
@@ -143,16 +148,8 @@ def test_narrow_integer_inputs_give_numpy_result_on_target(c, target, itype):
     expr = c.build(*xs)
     infer_expr(expr)
     calls = [n for n in post_order(expr) if isinstance(n, Call)]
-    want = _run("numpy", expr, xs, inputs)
-    if target == "jax":
-        import jax
+    _check_calls(target, expr, xs, inputs, calls, _run("numpy", expr, xs, inputs), f"{c.id} ({itype})")
 
-        with jax.enable_x64(True):
-            got = _run(target, expr, xs, inputs)
-    else:
-        got = _run(target, expr, xs, inputs)
-    for n, g, w in zip(calls, got, want, strict=True):
-        _compare(g, w, f"{c.id} ({itype}): {n.op.name} on {target}")
 
 @pytest.mark.parametrize("o, target", [
     pytest.param(o, t, id=f"{o.name}-{t}", marks=[PENDING_MARK] if o.name in PENDING and t != "numpy" else [])
