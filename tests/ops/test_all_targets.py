@@ -151,6 +151,42 @@ def test_narrow_integer_inputs_give_numpy_result_on_target(c, target, itype):
     _check_calls(target, expr, xs, inputs, calls, _run("numpy", expr, xs, inputs), f"{c.id} ({itype})")
 
 
+# operators whose kernels met an empty batch badly: MKL's FFT (torch) refused it, ATen's batch norm backward
+# divided by zero (a floating-point exception ending the process), the shared max-pool gradient reshaped with -1
+EMPTIED = {"fft_r2c", "fft_c2r", "fft_c2c", "nn.batch_norm_grad", "nn.native_batch_norm_grad",
+           "nn.max_pool2d_with_indices_grad"}
+
+
+def _emptied(c):
+    """``c``'s inputs (floats in float32) with the leading axis of those sharing the first input's emptied (an
+    empty batch), or None when that is not a valid program or NumPy's kernels refuse it."""
+    inputs = [at_precision(x, "float32") if x.dtype.kind == "f" else x for x in c.inputs]
+    batch = inputs[0].shape[0] if inputs[0].ndim else 0
+    if batch < 2:
+        return None
+    inputs = [x[:0] if x.ndim and x.shape[0] == batch else x for x in inputs]
+    try:
+        xs = vars_for(inputs)
+        expr = c.build(*xs)
+        infer_expr(expr)
+        _run("numpy", expr, xs, inputs)
+    except Exception:  # noqa: BLE001 - an invalid program, or NumPy's kernel refuses it (an FFT over the empty axis)
+        return None
+    return inputs
+
+
+@pytest.mark.parametrize("c, target", [pytest.param(c, t, id=f"{c.id}-{t}") for _, c in case_tables()
+                                       if _ops_in(c) & EMPTIED and _emptied(c) is not None for t in TARGETS])
+def test_an_empty_batch_gives_numpy_result_on_target(c, target):
+    """A batch of no elements: the empty results (and the batch norm's zero parameter gradients) NumPy gives."""
+    pytest.importorskip(target)
+    inputs = _emptied(c)
+    xs = vars_for(inputs)
+    expr = c.build(*xs)
+    infer_expr(expr)
+    calls = [n for n in post_order(expr) if isinstance(n, Call)]
+    _check_calls(target, expr, xs, inputs, calls, _run("numpy", expr, xs, inputs), f"{c.id} (empty batch)")
+
 @pytest.mark.parametrize("o, target", [
     pytest.param(o, t, id=f"{o.name}-{t}", marks=[PENDING_MARK] if o.name in PENDING and t != "numpy" else [])
     for o in OPS for t in ("numpy",) + TARGETS])

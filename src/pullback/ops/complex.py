@@ -23,6 +23,7 @@ from ..ir.types import COMPLEX_DTYPES, Any, TensorType, complex_of, is_complex, 
 from . import layout as T
 from .common import normalize_axes, numel, tensor_arg
 from .kernels import dtype, dtype_name
+from .nn import on_device
 from .registry import FusionKind, defop, get_op, type_error
 
 # ------------------------------------------------------------------ real and imaginary parts
@@ -203,19 +204,42 @@ def _c2c_infer(arg_types, attrs):
     return x
 
 
+def _empty_batch(xp, x, axes, last: int, dtype_out):
+    """The (empty) result of a transform of ``x`` when ``x`` holds no element but its transformed axes do (an
+    empty batch), ``last`` entries along the last transformed axis; None otherwise. MKL's FFT (torch) refuses
+    such a batch where NumPy and XLA return it empty."""
+    if math.prod(x.shape) or not all(x.shape[a] for a in axes):
+        return None
+    shape = list(x.shape)
+    shape[axes[-1] % x.ndim] = last
+    return xp.zeros(tuple(shape), dtype=dtype_out, **on_device(xp, x))
+
+
 def _r2c_kernel(xp, x, attrs):
+    out_dtype = dtype(xp, complex_of(dtype_name(x)))
+    n = x.shape[attrs.axes[-1]]
+    empty = _empty_batch(xp, x, attrs.axes, n // 2 + 1 if attrs.onesided else n, out_dtype)
+    if empty is not None:
+        return empty
     norm = _FORWARD_NORM[attrs.normalization]
     out = (xp.fft.rfftn if attrs.onesided else xp.fft.fftn)(x, axes=attrs.axes, norm=norm)
-    return xp.astype(out, dtype(xp, complex_of(dtype_name(x))))
+    return xp.astype(out, out_dtype)
 
 
 def _c2r_kernel(xp, x, attrs):
+    out_dtype = dtype(xp, real_of(dtype_name(x)))
+    empty = _empty_batch(xp, x, attrs.axes, attrs.last_size, out_dtype)
+    if empty is not None:
+        return empty
     s = [x.shape[a] for a in attrs.axes[:-1]] + [attrs.last_size]
     out = xp.fft.irfftn(x, s=s, axes=attrs.axes, norm=_INVERSE_NORM[attrs.normalization])
-    return xp.astype(out, dtype(xp, real_of(dtype_name(x))))
+    return xp.astype(out, out_dtype)
 
 
 def _c2c_kernel(xp, x, attrs):
+    empty = _empty_batch(xp, x, attrs.axes, x.shape[attrs.axes[-1]], x.dtype)
+    if empty is not None:
+        return empty
     fn, norm = (xp.fft.fftn, _FORWARD_NORM) if attrs.forward else (xp.fft.ifftn, _INVERSE_NORM)
     return xp.astype(fn(x, axes=attrs.axes, norm=norm[attrs.normalization]), x.dtype)
 

@@ -695,10 +695,11 @@ def _layer_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
 
 def _batch_norm_grad_torch(g, x, gamma, a, mean=None, rstd=None):
     """ATen's native_batch_norm_backward in training mode (channels on axis 1; float32/64, bfloat16); mean and rstd
-    given, or recomputed."""
+    given, or recomputed. An empty batch takes the shared kernel: ATen's divides by the element count, a
+    floating-point exception that ends the process (eager's autograd never calls it there)."""
     import torch
 
-    if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+    if a.axis % x.ndim != 1 or x.dtype not in (torch.float32, torch.float64, torch.bfloat16) or not x.numel():
         return _on_torch(lambda xp, *t: _shared_grad(False, xp, *t), g, x, gamma, a, mean, rstd)
     wide = mean is None and x.dtype == torch.bfloat16
     if mean is None:

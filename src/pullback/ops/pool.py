@@ -19,6 +19,8 @@ helper is the forward op again (or a gather), so the family is closed:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -442,8 +444,8 @@ def _with_indices_torch(x, a):
 def _with_indices_grad_kernel(xp, g, x, idx, a):
     n, c, h, w = x.shape
     flat = full(xp, (n, c, h * w), 0, g)
-    idx = xp.reshape(idx, (n, c, -1))
-    return xp.reshape(add_at(flat, grid(xp, idx, 2), xp.reshape(g, (n, c, -1))), tuple(x.shape))
+    pooled = (n, c, math.prod(g.shape[2:]))  # not -1: ambiguous for an empty batch
+    return xp.reshape(add_at(flat, grid(xp, xp.reshape(idx, pooled), 2), xp.reshape(g, pooled)), tuple(x.shape))
 
 
 def _with_indices_grad_numpy(g, x, idx, a):
