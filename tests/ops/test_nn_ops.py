@@ -12,6 +12,10 @@ import math
 import numpy as np
 import pytest
 
+import pullback
+from pullback import op
+from pullback.analysis import infer_expr
+from pullback.ir.errors import TypeInferenceError
 from opgrad import case, check_rule, dtype_check, torch_check
 from test_grouped import GROUPED
 
@@ -651,3 +655,33 @@ def test_gradient_rule_matches_finite_differences(c):
 @pytest.mark.parametrize("c", CASES, ids=repr)
 def test_kernel_returns_inferred_dtype(c, dtype):
     dtype_check(c, dtype)
+
+
+@pytest.mark.parametrize("shape, widths", [((1, 5), ((-2, 1), (0, 0))), ((3, 5), ((-4, 2), (0, 0))),
+                                           ((3, 5), ((0, 0), (3, -6))), ((0, 5), ((-1, 1), (2, -2)))])
+def test_pad_refuses_a_crop_beyond_the_axis_as_eager_does(shape, widths):
+    """Negative widths crop before any padding: cropping more than an axis holds is a type error (eager: "narrow():
+    length must be non-negative"), even where the padding would bring the size back (the kernel returned a row
+    its type did not have)."""
+    import torch
+    import torch.nn.functional as F
+
+    flat = tuple(w for pair in reversed(widths) for w in pair)
+    with pytest.raises(RuntimeError, match="narrow"):
+        F.pad(torch.ones(shape), flat)
+    x = pullback.var("x", shape=shape)
+    with pytest.raises(TypeInferenceError, match="crops more than the dimension"):
+        infer_expr(op.nn.pad(x, pad_width=widths))
+
+
+@pytest.mark.parametrize("widths", [((-3, 1), (0, 0)), ((-2, -1), (1, -1)), ((-1, 2), (-5, 0))])
+def test_pad_crops_then_pads_as_eager_on_every_target(widths):
+    import torch
+    import torch.nn.functional as F
+
+    xs = np.arange(15, dtype="float32").reshape(3, 5)
+    want = F.pad(torch.from_numpy(xs), tuple(w for pair in reversed(widths) for w in pair)).numpy()
+    x = pullback.var("x", shape=(3, 5))
+    fn = pullback.Function([x], op.nn.pad(x, pad_width=widths))
+    np.testing.assert_array_equal(pullback.build(fn)["main"](xs), want)
+    np.testing.assert_array_equal(pullback.build(fn, target="torch")["main"](torch.from_numpy(xs)).numpy(), want)

@@ -545,7 +545,7 @@ def _pad_infer(arg_types, attrs):
             out.append(Any)
             continue
         n = d + a + b
-        if n < 0:
+        if n < 0 or max(-a, 0) + max(-b, 0) > d:  # a crop is taken before any padding (PyTorch's narrow)
             raise type_error("nn.pad", arg_types, f"pad_width {attrs.pad_width} crops more than the dimension {d}")
         if attrs.pad_mode == "reflect" and max(a, b) >= d:
             raise type_error("nn.pad", arg_types, f"reflect padding {max(a, b)} must be smaller than the dimension {d}")
