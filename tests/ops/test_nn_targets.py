@@ -241,3 +241,30 @@ def test_every_nn_op_is_checked_on_every_target():
     assert NN_OPS <= ops, f"nn operators without a case: {sorted(NN_OPS - ops)}"
     assert len(NN_OPS) == 54, sorted(NN_OPS)  # every operator of conv, pool, norm, loss, nn, activation
 
+
+
+@pytest.mark.parametrize("target", ["torch", "jax"])
+@pytest.mark.parametrize("pool, strides, padding, ceil", [((2, 2), (1, 2), (2, 2), True), ((3, 3), (2, 2), (3, 1), False),
+                                                          ((2, 3), (2, 2), (0, 1, 1, 0), False)])
+def test_max_pool_gradient_with_padding_wider_than_half_the_window_is_numpys(target, pool, strides, padding, ceil):
+    """Padding wider than ATen pads itself leaves windows wholly in the padding: their gradient goes to a padding
+    position and is dropped, on every target (the torch target mapped those windows onto a data element, as
+    ``max_pool2d_with_indices``' indices do: the gradient's sum was 56 where the 36 finite windows give 36)."""
+    import pullback as pb
+    from pullback import op, transform
+
+    pytest.importorskip(target)
+    xs = np.random.default_rng(1).standard_normal((1, 2, 5, 6))
+    x = pb.var("x", shape=xs.shape, dtype="float64")
+    y = op.nn.max_pool2d(x, pool_size=pool, strides=strides, padding=padding, ceil_mode=ceil)
+    g = transform.FirstOrderGradient()(pb.IRModule.from_expr(pb.Function([x], op.sum(y))))
+    value, (want,) = pb.build(g)["main_grad"](xs)
+    finite = np.isfinite(pb.build(pb.Function([x], y))["main"](xs)).sum()
+    assert want.sum() == finite
+    arg = xs
+    if target == "torch":
+        import torch
+
+        arg = torch.from_numpy(xs)
+    got = np.asarray(pb.build(g, target=target)["main_grad"](arg)[1][0])
+    np.testing.assert_array_equal(got, want)

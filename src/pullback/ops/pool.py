@@ -329,9 +329,20 @@ def _max_pool_torch(x, a):
 
 def _max_pool_grad_torch(g, x, a):
     """ATen's max_pool2d_with_indices then its backward (no scatter where ATen pads itself); both take ``x``
-    channels-last, converted once here."""
+    channels-last, converted once here. Where we pad (wider than ATen allows), on the padded input, then cropped:
+    a window lying wholly in the padding sends its gradient to a padding position, dropped (mapping its index
+    into the data first, as ``max_pool2d_with_indices`` does, had it land on a data element)."""
+    import torch
+
     x = channels_last(x)
-    return _with_indices_grad_torch(g, x, _with_indices_torch(x, a)[1], a)
+    if _torch_native(a):
+        return _with_indices_grad_torch(g, x, _with_indices_torch(x, a)[1], a)
+    xin, pad, ceil = _torch_input(x, a, -np.inf)
+    xin = channels_last(xin)
+    idx = torch.ops.aten.max_pool2d_with_indices(xin, a.pool_size, a.strides, pad, a.dilation, ceil)[1]
+    gin = torch.ops.aten.max_pool2d_with_indices_backward(channels_last(g), xin, a.pool_size, a.strides, pad,
+                                                          a.dilation, ceil, idx)
+    return _crop_torch(gin, x, a)
 
 
 def _max_pool_gather_torch(x, src, a):
