@@ -235,3 +235,29 @@ def test_topk_breaks_ties_as_torch_topk_on_torch():
         infer_expr(op.topk_indices(x, 5))
     with pytest.raises(AttrError, match="k must be >= 0"):
         op.topk_indices(x, -1)
+
+
+@pytest.mark.parametrize("target", ["numpy", "jax", "torch"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_logcumsumexp_in_half_precision_rounds_once_on_every_target(dtype, target):
+    """A 64-long ``logcumsumexp`` of half-precision values, forward and reverse, within one rounding of float64's on
+    the same inputs: accumulated in float32 on every target (jax scanned in bfloat16 itself, whole units off)."""
+    if target != "numpy":
+        pytest.importorskip(target)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    half = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    xs = np.random.default_rng(4).uniform(-3, 3, (2, 64)).astype(half)
+    want = np.logaddexp.accumulate(xs.astype("float64"), axis=-1)
+    for reverse in (False, True):
+        x = pullback.var("x", shape=xs.shape, dtype=dtype)
+        run = pullback.build(pullback.Function([x], op.logcumsumexp(x, axis=-1, reverse=reverse)), target=target)["main"]
+        if target == "torch":
+            import torch as t
+
+            arg = t.from_numpy(xs.view(np.int16)).view(getattr(t, dtype))
+            got = run(arg).float().numpy()
+        else:
+            got = np.asarray(run(xs)).astype("float64")
+        ref = want if not reverse else np.flip(np.logaddexp.accumulate(np.flip(xs.astype("float64"), -1), axis=-1), -1)
+        ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+        np.testing.assert_allclose(got, ref, rtol=2 * ulp, atol=0, err_msg=f"reverse={reverse}")

@@ -141,18 +141,30 @@ def _logcumsumexp_kernel(xp, x, attrs):
 
 
 def _logcumsumexp_numpy(x, attrs):
+    """``np.logaddexp.accumulate``; float16 accumulated in float32 and rounded once (bfloat16 arrives in float32,
+    ``runtime.opmath``), as ATen's kernel does."""
     if x.ndim == 0 or x.size == 0:
         return x
     ax = attrs.axis % x.ndim
+    acc = x.astype(np.float32) if x.dtype == np.float16 else x
     if not attrs.reverse:
-        return np.logaddexp.accumulate(x, axis=ax)
-    return np.flip(np.logaddexp.accumulate(np.flip(x, ax), axis=ax), ax)
+        out = np.logaddexp.accumulate(acc, axis=ax)
+    else:
+        out = np.flip(np.logaddexp.accumulate(np.flip(acc, ax), axis=ax), ax)
+    return out.astype(x.dtype, copy=False)
 
 
 def _logcumsumexp_jax(x, attrs):
+    """``lax.cumlogsumexp``; float16 and bfloat16 accumulated in float32 and rounded once, as the numpy and torch
+    targets do (in bfloat16 itself a 64-long scan drifted by whole units)."""
     import jax
+    import jax.numpy as jnp
 
-    return x if x.ndim == 0 else jax.lax.cumlogsumexp(x, axis=attrs.axis % x.ndim, reverse=attrs.reverse)
+    if x.ndim == 0:
+        return x
+    wide = x.dtype in (jnp.float16, jnp.bfloat16)
+    y = jax.lax.cumlogsumexp(x.astype(jnp.float32) if wide else x, axis=attrs.axis % x.ndim, reverse=attrs.reverse)
+    return y.astype(x.dtype) if wide else y
 
 
 def _logcumsumexp_torch(x, attrs):
