@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -238,13 +240,16 @@ def test_second_order(c):
 
 @pytest.mark.parametrize("target", ["numpy", "jax", "torch"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_unary_operators_in_half_precision_on_every_target(dtype, target):
+def test_unary_operators_in_half_precision_on_every_target(dtype, target, monkeypatch):
     """Every unary operator of the table on float16 and bfloat16 tensors gives a tensor of that dtype: on numpy
-    and jax within one rounding of the float64 result on the same (rounded) inputs, on torch eager PyTorch's
-    bits (its kernels: ``i0e`` in float16 is 3 half ulps off; ``ndtri`` has no float16 CPU kernel, in eager
-    too). jax's ``ndtri`` and ``log_ndtr`` refused half types: they now compute in float32."""
+    and jax within two roundings of the float64 result on the same (rounded) inputs (XLA composes some in the
+    half type: jax's bfloat16 ``log2`` is ``log`` then a product, 1.1 ulp off at 0.992; float32's own error where
+    the result is near 0: ``lgamma(1)``), on torch eager PyTorch's bits (its kernels: ``i0e`` in float16 is 3 half
+    ulps off; ``ndtri`` has no float16 CPU kernel, in eager too). jax's ``ndtri`` and ``log_ndtr`` refused half
+    types: they now compute in float32."""
     pytest.importorskip(target) if target != "numpy" else None
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    monkeypatch.setattr(sys.modules[__name__], "RNG", np.random.default_rng(5))  # the same inputs in any test order
     half = np.dtype(getattr(ml_dtypes, dtype)) if dtype == "bfloat16" else np.dtype(dtype)
     ulp = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11  # a half ulp, relative
     problems = []
@@ -281,7 +286,7 @@ def test_unary_operators_in_half_precision_on_every_target(dtype, target):
             problems.append(f"{name}: {got.dtype}, not {dtype}")
             continue
         err = np.abs(got.astype("float64") - want)
-        bound = 2 * ulp * np.abs(want) + np.finfo(half).smallest_normal
+        bound = 4 * ulp * np.abs(want) + 1e-6
         if not np.all(err <= bound):
             k = int(np.argmax(err - bound))
             problems.append(f"{name}: {got.flat[k]} at x = {xs.flat[k]}, float64 gives {want.flat[k]}")
