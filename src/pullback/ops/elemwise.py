@@ -20,7 +20,7 @@ from ..ir.types import ALL_DTYPES, DTYPES, FLOAT_DTYPES, TensorType, is_complex,
 from . import layout as T
 from . import special
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
-from .kernels import as_array, check_divisor, is_integer, numpy_quiet
+from .kernels import as_array, check_divisor, is_integer, numpy_quiet, rounded_once
 from .registry import FusionKind, Recompute, defop, get_op, type_error
 
 # ------------------------------------------------------------------ helpers
@@ -210,13 +210,10 @@ def _scipy_jax(name: str):
     """``jax.scipy.special.<name>``; float16 and bfloat16 computed in float32 and rounded once (some, as ``ndtri``
     and ``log_ndtr``, refuse half types), as the numpy and torch targets compute them."""
     def kernel(x, attrs=None):
-        import jax.numpy as jnp
         import jax.scipy.special as jsp
 
         fn = (lambda v: jsp.polygamma(attrs.n, v)) if name == "polygamma" else getattr(jsp, name)
-        if x.dtype in (jnp.float16, jnp.bfloat16):
-            return fn(x.astype(jnp.float32)).astype(x.dtype)
-        return fn(x)
+        return rounded_once(fn, x)
 
     return kernel
 

@@ -67,6 +67,12 @@ def accumulated(xp, x):
     return xp.astype(x, xp.float32) if dtype_name(x) in HALF_DTYPES else x
 
 
+def rounded_once(fn: Callable, x):
+    """``fn(x)``; float16 and bfloat16 computed in float32 and rounded once to x's dtype, as ATen computes them
+    (NumPy and jax arrays)."""
+    return fn(x.astype("float32")).astype(x.dtype) if dtype_name(x) in HALF_DTYPES else fn(x)
+
+
 def sum_of(xp, x, axis, keepdims: bool):
     """``xp.sum`` in x's dtype, float16 and bfloat16 added up in float32 and rounded once (as ATen does;
     ``jnp.sum(x, dtype=bfloat16)`` adds in bfloat16, NumPy's float16 sums round at every pairwise step)."""

@@ -306,11 +306,12 @@ def _max_pool_jax(x, a):
 
 
 def _torch_argmax(x, a):
-    """(flat index of each window's first max into the ATen input, that input's shape)."""
-    import torch.nn.functional as F
+    """(flat index of each window's first max into the ATen input, that input (channels-last), its padding, ceil)."""
+    import torch
 
     xin, pad, ceil = _torch_input(x, a, -np.inf)
-    return F.max_pool2d(xin, a.pool_size, a.strides, pad, a.dilation, ceil, return_indices=True)[1], xin.shape
+    xin = channels_last(xin)
+    return torch.ops.aten.max_pool2d_with_indices(xin, a.pool_size, a.strides, pad, a.dilation, ceil)[1], xin, pad, ceil
 
 
 def _crop_torch(y, x, a):
@@ -337,9 +338,7 @@ def _max_pool_grad_torch(g, x, a):
     x = channels_last(x)
     if _torch_native(a):
         return _with_indices_grad_torch(g, x, _with_indices_torch(x, a)[1], a)
-    xin, pad, ceil = _torch_input(x, a, -np.inf)
-    xin = channels_last(xin)
-    idx = torch.ops.aten.max_pool2d_with_indices(xin, a.pool_size, a.strides, pad, a.dilation, ceil)[1]
+    idx, xin, pad, ceil = _torch_argmax(x, a)
     gin = torch.ops.aten.max_pool2d_with_indices_backward(channels_last(g), xin, a.pool_size, a.strides, pad,
                                                           a.dilation, ceil, idx)
     return _crop_torch(gin, x, a)

@@ -19,7 +19,7 @@ from ..ir.errors import AttrError
 from ..ir.expr import Call, Expr, const
 from ..ir.types import ALL_DTYPES, DTYPES, FLOAT_DTYPES, TensorType
 from .common import normalize_axis, numel, same_dtype, tensor_arg
-from .kernels import accumulated
+from .kernels import accumulated, rounded_once
 from .registry import FusionKind, defop, get_op, type_error
 from .shape import AxisAttrs
 from .sorting import NO_GRAD
@@ -146,25 +146,19 @@ def _logcumsumexp_numpy(x, attrs):
     if x.ndim == 0 or x.size == 0:
         return x
     ax = attrs.axis % x.ndim
-    acc = x.astype(np.float32) if x.dtype == np.float16 else x
     if not attrs.reverse:
-        out = np.logaddexp.accumulate(acc, axis=ax)
-    else:
-        out = np.flip(np.logaddexp.accumulate(np.flip(acc, ax), axis=ax), ax)
-    return out.astype(x.dtype, copy=False)
+        return rounded_once(lambda v: np.logaddexp.accumulate(v, axis=ax), x)
+    return rounded_once(lambda v: np.flip(np.logaddexp.accumulate(np.flip(v, ax), axis=ax), ax), x)
 
 
 def _logcumsumexp_jax(x, attrs):
     """``lax.cumlogsumexp``; float16 and bfloat16 accumulated in float32 and rounded once, as the numpy and torch
     targets do (in bfloat16 itself a 64-long scan drifted by whole units)."""
     import jax
-    import jax.numpy as jnp
 
     if x.ndim == 0:
         return x
-    wide = x.dtype in (jnp.float16, jnp.bfloat16)
-    y = jax.lax.cumlogsumexp(x.astype(jnp.float32) if wide else x, axis=attrs.axis % x.ndim, reverse=attrs.reverse)
-    return y.astype(x.dtype) if wide else y
+    return rounded_once(lambda v: jax.lax.cumlogsumexp(v, axis=attrs.axis % x.ndim, reverse=attrs.reverse), x)
 
 
 def _logcumsumexp_torch(x, attrs):
