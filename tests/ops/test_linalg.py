@@ -242,3 +242,29 @@ def test_a_matrix_that_is_not_positive_definite_is_an_execution_error(target):
     run = build(pullback.IRModule.from_expr(pullback.Function([a], op.cholesky(a))), target=target)["main"]
     with pytest.raises(ExecutionError, match="cholesky"):
         run(np.array([[1.0, 2.0], [2.0, 1.0]]))
+
+
+# OpenBLAS's SVD (NumPy's) never returned on this matrix (both infinities in one batch element); eager PyTorch
+# refuses a non-finite matrix with "failed to converge because the input matrix contained non-finite values"
+_BOTH_INFINITIES = np.array([[-np.inf, -1.91564556, np.inf], [-0.32990407, -0.88064652, -0.65628501],
+                             [-0.67201468, 0.38018909, -0.1100587], [1.48257116, -1.82960402, -0.00308096],
+                             [-0.89205579, 0.77587185, -2.11806004]])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("name", ["svd", "pinv"])
+@pytest.mark.parametrize("bad", ["both infinities", "nan"])
+def test_svd_of_a_non_finite_matrix_is_an_execution_error_on_every_target(name, target, bad):
+    if target != "numpy":
+        pytest.importorskip(target)
+    from pullback.runtime import build
+
+    data = _BOTH_INFINITIES.copy() if bad != "nan" else np.where(np.eye(5, 3) > 0, np.nan, _BOTH_INFINITIES.clip(-1, 1))
+    a = pullback.var("a", TensorType((2, 5, 3), "float64"))
+    body = op.pinv(a) if name == "pinv" else op.svd(a)[1]
+    run = build(pullback.IRModule.from_expr(pullback.Function([a], body)), target=target)["main"]
+    batch = np.stack([np.ones((5, 3)) + np.eye(5, 3), data])
+    with pytest.raises(ExecutionError, match=f"{name}: the input matrix contains non-finite values"):
+        run(batch)
+    np.testing.assert_allclose(run(batch[:1].repeat(2, 0)).shape, body.checked_type.shape)  # finite: runs

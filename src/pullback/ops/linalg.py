@@ -22,7 +22,7 @@ from . import elemwise as E
 from . import layout as T
 from .common import broadcast_shapes, numel, same_dtype, tensor_arg
 from .elemwise import conj_if_complex
-from .kernels import as_array, device
+from .kernels import as_array, check, device, is_traced
 from .nn import check_bool, check_int, field, nonzero, scalar
 from .indexing import strided_slice
 from .registry import FusionKind, defop, type_error, zero_flops
@@ -453,8 +453,21 @@ def _svd_infer(arg_types, attrs):
                       TensorType(batch + (k, n), a.dtype)))
 
 
+def _reduced_svd(xp, a, op: str):
+    """``xp.linalg.svd(a, full_matrices=False)``; a matrix with a NaN or infinite entry is an error, as in eager
+    PyTorch (OpenBLAS's SVD, NumPy's and XLA's on CPU, never returns on some matrices holding both infinities;
+    traced, the check raises after the call, so the SVD runs on such a matrix zeroed and its factors are NaN)."""
+    finite = xp.isfinite(a)
+    check(~finite, f"{op}: the input matrix contains non-finite values (NaN or inf): its SVD does not converge")
+    if not is_traced(a):
+        return xp.linalg.svd(a, full_matrices=False)
+    bad = ~xp.all(finite, axis=(-2, -1), keepdims=True)
+    u, s, vh = xp.linalg.svd(xp.where(bad, 0, a), full_matrices=False)
+    return xp.where(bad, xp.nan, u), xp.where(bad[..., 0], xp.nan, s), xp.where(bad, xp.nan, vh)
+
+
 def _svd(xp, a, attrs=None):
-    u, s, vh = xp.linalg.svd(a, full_matrices=False)
+    u, s, vh = _reduced_svd(xp, a, "svd")
     if 0 in u.shape or 0 in vh.shape:
         return u, s, vh
     signs = _column_signs(xp, u)
@@ -539,7 +552,7 @@ def _pinv(xp, a, attrs):
     rtol = attrs.rtol
     if rtol is None:
         rtol = float(np.finfo(str(a.dtype).split(".")[-1]).eps) * max(m, n) if attrs.atol == 0 else 0.0
-    u, s, vh = xp.linalg.svd(a, full_matrices=False)
+    u, s, vh = _reduced_svd(xp, a, "pinv")
     tol = xp.maximum(xp.max(s, axis=-1, keepdims=True) * rtol, xp.asarray(attrs.atol, dtype=s.dtype))
     kept = s > tol
     inv_s = xp.where(kept, 1 / xp.where(kept, s, xp.ones_like(s)), xp.zeros_like(s))
