@@ -190,6 +190,24 @@ def test_log_gamma_family_is_accurate_on_every_target(target):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15, err_msg=f"{name} {attrs} on {target}")
 
 
+
+@pytest.mark.parametrize("target", ["numpy", "numpy without scipy", "jax", "torch"])
+def test_lgamma_at_its_poles_and_infinities_is_eager_pytorchs(target, monkeypatch):
+    """+inf at -inf (SciPy's gammaln gives -inf; libm's fallback raised OverflowError), at 0 and the negative
+    integers; NaN stays NaN."""
+    torch = pytest.importorskip("torch")
+    if target == "numpy without scipy":
+        from pullback.ops import special
+
+        monkeypatch.setattr(special, "_scipy_special", lambda: None)
+        target = "numpy"
+    elif target != "numpy":
+        pytest.importorskip(target)
+    xs = np.array([-np.inf, np.inf, np.nan, 0.0, -1.0, -2.0, -2.5, 0.5])
+    x = pullback.var("x", shape=xs.shape, dtype="float64")
+    got = pullback.build(pullback.IRModule.from_expr(pullback.Function([x], op.lgamma(x))), target=target)["main"](xs)
+    np.testing.assert_allclose(np.asarray(got), torch.lgamma(torch.from_numpy(xs)).numpy(), rtol=1e-13)
+
 def test_errors_name_the_op():
     x = pullback.var("x", shape=(2, 3))
     i = pullback.var("i", shape=(2, 3), dtype="int32")

@@ -107,18 +107,19 @@ def erfc(x: np.ndarray) -> np.ndarray:
 
 
 def _lgamma1(v: float) -> float:
-    return math.inf if v <= 0 and v == math.floor(v) else math.lgamma(v)  # poles: +inf, as PyTorch
+    return math.inf if v == -math.inf or v <= 0 and v == math.floor(v) else math.lgamma(v)  # poles, -inf: +inf
 
 
 _lgamma_scalar = np.frompyfunc(_lgamma1, 1, 1)
 
 
 def lgamma(x: np.ndarray) -> np.ndarray:
-    """``log |Gamma(x)|`` elementwise in x's dtype (SciPy's ``gammaln``, else libm's element by element)."""
+    """``log |Gamma(x)|`` elementwise in x's dtype (SciPy's ``gammaln``, else libm's element by element); +inf at
+    -inf as libm, ATen and XLA give (SciPy's ``gammaln(-inf)`` is -inf)."""
     x = np.asarray(x)
     sp = _scipy_special()
     if sp is not None:
-        return np.asarray(sp.gammaln(x), dtype=x.dtype)
+        return np.asarray(np.where(np.isneginf(x), np.inf, sp.gammaln(x)), dtype=x.dtype)
     return np.asarray(_lgamma_scalar(x.astype(np.float64)), dtype=x.dtype)
 
 
