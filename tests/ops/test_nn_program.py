@@ -423,3 +423,24 @@ def test_attention_rows_a_huge_negative_mask_covers_whole_get_eagers_gradients(t
     _, grads = pb.build(mod, target=target)["main_grad"](*xs.values())
     for n, g in zip("qkv", grads):
         np.testing.assert_allclose(np.asarray(g), ts[n].grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=n)
+
+
+@pytest.mark.parametrize("target", ["numpy", "jax"])
+def test_attention_of_a_nan_query_row_has_a_nan_log_sum_exp_as_atens(target):
+    """With a bias, a query row holding a NaN: its output and its log-sum-exp NaN (ATen's flash kernel), where the
+    row masked everywhere gets 0 (the masked-row rule once caught the NaN row too, giving it 0)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip(target)
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((1, 2, 4, 3)), rng.standard_normal((1, 2, 6, 3)), rng.standard_normal((1, 2, 6, 3))
+    bias = rng.standard_normal((1, 1, 4, 6))
+    q[0, 1, 2, 0] = np.nan
+    bias[0, 0, 1] = -np.inf  # a row masked everywhere
+    vs = [pullback.var(n, shape=x.shape, dtype="float64") for n, x in zip("qkvb", (q, k, v, bias))]
+    mod = pullback.IRModule.from_expr(Function(vs, op.nn.attention(*vs, scale=0.5)))
+    out, lse = (np.asarray(r) for r in pullback.build(mod, target=target)["main"](q, k, v, bias))
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(bias).expand(1, 2, 4, 6), scale=0.5)
+    np.testing.assert_allclose(out, want[0].numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, want[1].numpy(), rtol=1e-12, atol=1e-12)
+    assert np.isnan(lse[0, 1, 2]) and lse[0, 0, 1] == 0

@@ -130,7 +130,7 @@ def _kernel(xp, q, k, v, *rest):
     if bias is None:
         out, lse = xp.matmul(e / z, wv), m + xp.log(z)
     else:
-        live = z > 0
+        live = z != 0  # a NaN row keeps its NaN log-sum-exp, as ATen's
         z = xp.where(live, z, 1.0)
         out, lse = xp.matmul(e / z, wv), xp.where(live, m + xp.log(z), 0.0)
     return xp.asarray(out, dtype=q.dtype), xp.asarray(lse[..., 0], dtype=dtype(xp, lse_dtype(dtype_name(q))))
