@@ -418,6 +418,106 @@ def checkpointed():
     return CheckpointedBlock(), (torch.randn(6, 10), torch.randn(6, 10))
 
 
+class VideoClassifier(nn.Module):
+    """3-D convolution, batch norm and max pooling over (frames, height, width) clips."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.conv, self.bn, self.pool = nn.Conv3d(3, 4, 3, padding=1), nn.BatchNorm3d(4), nn.MaxPool3d(2)
+        self.fc = nn.Linear(4 * 2 * 4 * 4, classes)
+
+    def forward(self, clips, y):
+        return F.cross_entropy(self.fc(self.pool(F.relu(self.bn(self.conv(clips)))).flatten(1)), y)
+
+
+def video():
+    return VideoClassifier(), (torch.randn(2, 3, 4, 8, 8), torch.tensor([1, 3]))
+
+
+class Seq2SeqDecoder(nn.Module):
+    """``nn.TransformerDecoder`` (two layers, dropout) over a padded target with a causal mask and an encoder's
+    memory; cross-entropy with label smoothing, the padding ignored."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d, padding_idx=0)
+        layer = nn.TransformerDecoderLayer(d, 2, 2 * d, dropout=0.1, batch_first=True)
+        self.dec, self.out = nn.TransformerDecoder(layer, 2), nn.Linear(d, VOCAB)
+
+    def forward(self, ids, memory, targets):
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        h = self.dec(self.emb(ids), memory, tgt_mask=mask, tgt_is_causal=True)
+        return F.cross_entropy(self.out(h).flatten(0, 1), targets.flatten(), ignore_index=0, label_smoothing=0.1)
+
+
+def transformer_decoder():
+    ids = _ids(BATCH, SEQ + 1)
+    ids[1, 5:] = 0
+    return Seq2SeqDecoder(), (ids, torch.randn(BATCH, 5, 16), torch.roll(ids, -1, 1))
+
+
+class VAE(nn.Module):
+    """A variational autoencoder: the reparameterised sample (``torch.randn_like`` in forward), a Bernoulli
+    reconstruction loss and the Gaussian KL term."""
+
+    def __init__(self, d=16, z=4):
+        super().__init__()
+        self.enc, self.mu, self.log_var, self.dec = nn.Linear(d, 8), nn.Linear(8, z), nn.Linear(8, z), nn.Linear(z, d)
+
+    def forward(self, x):
+        h = F.relu(self.enc(x))
+        mu, log_var = self.mu(h), self.log_var(h)
+        sample = mu + torch.randn_like(mu) * torch.exp(0.5 * log_var)
+        kl = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())
+        return F.binary_cross_entropy(torch.sigmoid(self.dec(sample)), x, reduction="sum") + kl
+
+
+def vae():
+    return VAE(), (torch.rand(8, 16),)
+
+
 ZOO = {f.__name__: f for f in (bert, gpt2, vit, t5, bart, llama, falcon, resnet, unet_transpose, unet_upsample, lstm, gru, causal_sdpa,
-                               causal_tril, mlp, mobilenet, padded_mha, audio, image_to_image, checkpointed)}
+                               causal_tril, mlp, mobilenet, padded_mha, audio, image_to_image, checkpointed, video,
+                               transformer_decoder, vae)}
+
+
+# ------------------------------------------------------------------ models torch.export cannot trace
+
+
+class CTCRecognizer(nn.Module):
+    """A bidirectional LSTM over feature frames trained with the CTC loss: its lengths are tensors, so the size of
+    its alignment table depends on their values."""
+
+    def __init__(self, features=8, symbols=6):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(features, 16, batch_first=True, bidirectional=True), nn.Linear(32, symbols)
+
+    def forward(self, frames, targets, frame_lengths, target_lengths):
+        h, _ = self.rnn(frames)
+        log_probs = F.log_softmax(self.fc(h), -1).transpose(0, 1)
+        return F.ctc_loss(log_probs, targets, frame_lengths, target_lengths, zero_infinity=True)
+
+
+def ctc():
+    return CTCRecognizer(), (torch.randn(2, 12, 8), torch.randint(1, 6, (2, 4)), torch.tensor([12, 10]), torch.tensor([4, 3]))
+
+
+class PackedClassifier(nn.Module):
+    """A GRU over a ``PackedSequence`` of unsorted lengths: the packed batch sizes come from the lengths' values."""
+
+    def __init__(self, classes=2):
+        super().__init__()
+        self.emb, self.rnn, self.fc = nn.Embedding(VOCAB, 8), nn.GRU(8, 8, batch_first=True), nn.Linear(8, classes)
+
+    def forward(self, ids, lengths, y):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False)
+        return F.cross_entropy(self.fc(self.rnn(packed)[1][-1]), y)
+
+
+def packed_gru():
+    return PackedClassifier(), (_ids(3, SEQ), torch.tensor([6, 3, 4]), torch.tensor([0, 1, 1]))
+
+
+# each with the words of the error from_torch gives (what to do: pad and mask, or torch.compile)
+TORCH_COMPILE_ONLY = {ctc: "ctc_loss", packed_gru: "pack_padded_sequence"}
 

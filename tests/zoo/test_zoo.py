@@ -19,7 +19,7 @@ import pullback as pb  # noqa: E402
 from pullback.frontend import import_torch, main_inputs  # noqa: E402
 from pullback.integrations.torch import draw_masks  # noqa: E402
 
-from models import ZOO  # noqa: E402
+from models import TORCH_COMPILE_ONLY, ZOO  # noqa: E402
 from tracking import compare, compiled_tracks_eager, train  # noqa: E402
 
 RNNS = ("lstm", "gru")
@@ -76,16 +76,30 @@ def test_five_sgd_steps_through_compile_track_eager(name):
     compiled_tracks_eager(name, model, inputs)
 
 
-@pytest.mark.parametrize("name", list(ZOO))
-def test_five_sgd_steps_through_torch_compile_track_eager(name):
+def torch_compile_tracks_eager(name, model, inputs, allow_rnn: bool = False) -> None:
     import torch._dynamo
 
-    model, inputs = make(name)
     eager = copy.deepcopy(model)
     ref = train(eager, inputs)
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(allow_rnn=name in RNNS):
+    with torch._dynamo.config.patch(allow_rnn=allow_rnn):
         compiled = torch.compile(model, backend="pullback", dynamic=False)
         got = train(compiled, inputs)
     torch._dynamo.reset()
     compare(name, eager, model, ref, got, prefix="_orig_mod.")
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_five_sgd_steps_through_torch_compile_track_eager(name):
+    torch_compile_tracks_eager(name, *make(name), allow_rnn=name in RNNS)
+
+
+@pytest.mark.parametrize("make_model, what", list(TORCH_COMPILE_ONLY.items()), ids=lambda v: getattr(v, "__name__", v))
+def test_what_torch_export_cannot_trace_says_so_and_trains_through_torch_compile(make_model, what):
+    """A CTC loss (its lengths tensors) and an RNN over a PackedSequence: from_torch's error names the operator and
+    both ways out; through torch.compile(backend="pullback") (those parts run eagerly) five steps track eager."""
+    torch.manual_seed(0)
+    model, inputs = make_model()
+    with pytest.raises(pb.PullbackError, match=rf"{what}.*mask.*torch.compile\(model, backend=\"pullback\"\)"):
+        import_torch(model, inputs)
+    torch_compile_tracks_eager(make_model.__name__, model, inputs)
