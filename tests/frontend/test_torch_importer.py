@@ -451,6 +451,8 @@ def _with_zeros(shape, seed):
     ("searchsorted", lambda x, y: x * torch.searchsorted(y.sort(1).values, x) + x * torch.bucketize(x, y[0].sort().values, right=True)),
     ("cholesky_inverse", lambda x, y: torch.cholesky_inverse(torch.linalg.cholesky(x @ x.T + 4 * torch.eye(4, dtype=x.dtype)))
      + torch.cholesky_inverse(torch.linalg.cholesky(y @ y.T + torch.eye(4, dtype=x.dtype), upper=True), upper=True)),
+    ("tril_indices", lambda x, y: (x @ y)[tuple(torch.tril_indices(4, 4))] + x[tuple(torch.triu_indices(3, 4, 1))].sum()
+     + (x[:3] * y[:3])[tuple(torch.tril_indices(3, 4, -1))].sum()),
 ])
 def test_converters_from_the_operator_sweep_match_torch(name, fn):
     """Operators models call that the importer did not convert (found by importing ~130 torch functions):

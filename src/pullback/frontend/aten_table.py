@@ -593,6 +593,16 @@ def _arange(cx, *args, **kwargs):
     return dynamic_range(cx, length, start, step, cx.out_dtype)
 
 
+@aten("aten.tril_indices.default", "aten.triu_indices.default")
+def _triangle_indices(cx, row, col, offset=0, **kwargs):
+    """``torch.tril_indices``/``triu_indices``: the (2, N) coordinates of a triangle, a constant of the program."""
+    if not all(isinstance(v, int) for v in (row, col, offset)):
+        raise PullbackError(f"{cx.node.target.__name__.split('.')[0]} of a size the input decides is not supported "
+                            f"(row, col and offset must be static), got {row}, {col}, {offset}")
+    pick = np.tril_indices if "tril" in str(cx.node.target) else np.triu_indices
+    return const(np.stack(pick(row, offset, col)).astype(cx.out_dtype).reshape(2, -1))
+
+
 def dynamic_range(cx, length, start, step, dt: str) -> Expr:
     """``start + step * arange(length)`` for a symbolic ``length`` (a ``SymInt`` an input carries):
     ``start + step * (cumsum(ones) - 1)`` over the input axis that carries it."""
