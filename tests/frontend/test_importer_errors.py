@@ -472,6 +472,25 @@ def test_a_tensor_hook_registered_in_forward_is_refused_with_its_line():
         from_torch(_TwoLayers(hook_in_forward=True), (torch.randn(4, 3),))
 
 
+class _InputGradient(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(torch.tanh(self.lin(x)).sum(), x, create_graph=True)
+        return g.square().sum()
+
+
+def test_a_gradient_taken_in_forward_is_named_with_its_line_and_the_route_that_trains_it():
+    """torch.export fails on it with a message about fake tensors in its constants (once misread as a `.data`
+    write): the error names torch.autograd.grad, where it is called, and torch.compile."""
+    with pytest.raises(pb.PullbackError, match=r"forward calls torch.autograd.grad \(at .*test_importer_errors.py:\d+\)"
+                                               r".*gradient penalty.*torch.compile\(model, backend=\"pullback\"\)"):
+        from_torch(_InputGradient(), (torch.randn(4, 4),))
+
+
 def test_parameter_and_forward_hooks_run_as_in_eager():
     """Hooks that stay outside the compiled backward: a parameter's gradient hook (run by autograd when it
     accumulates the gradient) and forward hooks (traced with the forward)."""

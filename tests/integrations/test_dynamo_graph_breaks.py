@@ -233,3 +233,48 @@ def test_a_graph_that_returns_no_tensor_runs_as_it_is():
     gm = torch.fx.symbolic_trace(lambda: ())
     assert pullback_backend(gm, []) is gm
 
+
+
+class TensorHook(nn.Module):
+    """Halves the gradient reaching a hidden activation (``Tensor.register_hook`` in forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.requires_grad:
+            h.register_hook(lambda g: g * 0.5)
+        return self.b(torch.relu(h)).square().mean()
+
+
+def test_a_gradient_hook_on_a_tensor_runs_that_graph_eagerly_with_a_warning(target):
+    """Dynamo keeps the hook in the graph (the ``register_hook`` higher-order operator); torch.export dropped it and
+    the gradients were twice eager's. Now the graph runs eagerly, said by a warning, and trains like eager."""
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"gradient hook on a tensor.*register_hook.*runs eagerly"):
+        _train_side_by_side(TensorHook().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(3)],
+                            target=target)
+
+
+class GradientPenalty(nn.Module):
+    """WGAN-GP's critic loss: the critic's gradient at interpolated points, taken in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.critic = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, real):
+        fake = real.flip(0)
+        x = (0.3 * real + 0.7 * fake).requires_grad_(True)
+        (g,) = torch.autograd.grad(self.critic(x).sum(), x, create_graph=True)
+        return self.critic(fake).mean() - self.critic(real).mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
+
+
+def test_a_gradient_penalty_taken_in_forward_trains_like_eager(target):
+    """WGAN-GP (``torch.autograd.grad(..., create_graph=True)`` in forward): Dynamo runs the gradient eagerly
+    between the graphs it hands over."""
+    torch.manual_seed(0)
+    _train_side_by_side(GradientPenalty().double(), [torch.randn(4, 4, dtype=torch.float64) for _ in range(3)],
+                        target=target)

@@ -128,32 +128,51 @@ def check_backward_hooks(module, who: str) -> None:
         raise PullbackError(f"{who}: backward hooks on {', '.join(found)} (handle.remove() removes one); {HOOKS_HINT}")
 
 
+GRAD_IN_FORWARD_HINT = (
+    "a gradient taken inside the forward (a gradient penalty, a meta-learning inner step), which torch.export "
+    "cannot trace: train it through torch.compile(model, backend=\"pullback\"), which runs that part eagerly "
+    "between the graphs it compiles")
+
+
 @contextmanager
 def tensor_hooks_refused(who: str) -> Iterator[None]:
-    """While the block runs (``torch.export``), a ``Tensor.register_hook`` call from outside torch is recorded;
-    when the block ends, a ``PullbackError`` names each (the trace keeps no hook: it would silently not run)."""
+    """While the block runs (``torch.export``), ``Tensor.register_hook`` and ``torch.autograd.grad`` calls from
+    outside torch are recorded; when the block ends, a ``PullbackError`` names each hook (the trace keeps none: it
+    would silently not run), and an export that fails after a gradient was taken in forward says so."""
     import sys
 
     import torch
 
     root = torch.__file__.rsplit("/", 1)[0]
-    original = torch.Tensor.__dict__["register_hook"]
-    calls: list = []
+    hooks: list = []
+    grads: list = []
 
-    def register_hook(self, hook):
-        caller = sys._getframe(1)
-        if not caller.f_code.co_filename.startswith(root):
-            calls.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
-        return original(self, hook)
+    def recording(original, calls: list):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.startswith(root):
+                calls.append(f"{caller.f_code.co_filename}:{caller.f_lineno}")
+            return original(*args, **kwargs)
 
-    torch.Tensor.register_hook = register_hook
+        return call
+
+    register_hook, grad = torch.Tensor.__dict__["register_hook"], torch.autograd.grad
+    torch.Tensor.register_hook = recording(register_hook, hooks)
+    torch.autograd.grad = recording(grad, grads)
     try:
         yield
+    except Exception as e:
+        if grads and not isinstance(e, PullbackError):
+            raise PullbackError(f"{who}: forward calls torch.autograd.grad (at {', '.join(dict.fromkeys(grads))}): "
+                                f"{GRAD_IN_FORWARD_HINT}; torch.export's error: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise
     finally:
-        torch.Tensor.register_hook = original
-    if calls:
+        torch.Tensor.register_hook, torch.autograd.grad = register_hook, grad
+    if hooks:
         raise PullbackError(f"{who}: forward registers a gradient hook on a tensor (Tensor.register_hook at "
-                            f"{', '.join(dict.fromkeys(calls))}); {HOOKS_HINT}")
+                            f"{', '.join(dict.fromkeys(hooks))}); {HOOKS_HINT}; or train it through "
+                            "torch.compile(model, backend=\"pullback\"), which runs the graph registering it eagerly")
 
 
 @contextmanager

@@ -20,6 +20,7 @@ specialises it, or the first batch is 1) one program per input shape.
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 from ..frontend.torch_importer import export, import_exported, tied_keys
@@ -88,6 +89,23 @@ class _Layout:
             else:
                 out.append(("size",) if dynamic and k in self.sizes else ("value", x.item() if hasattr(x, "item") else x))
         return tuple(out)
+
+
+def _registers_tensor_hooks(gm) -> bool:
+    """``gm`` registers a gradient hook on a tensor it computes (``Tensor.register_hook`` in forward: Dynamo keeps
+    it as the ``register_hook`` higher-order operator), which a compiled backward cannot call (torch.export drops
+    it: the hook silently did not run). Such a graph runs eagerly, with a warning."""
+    import torch
+
+    hop = getattr(torch.ops.higher_order, "register_hook", None)
+    sites = [n.meta.get("stack_trace", "").strip().splitlines()[-2:] for n in gm.graph.nodes
+             if n.op == "call_function" and n.target is hop]
+    if sites:
+        where = " ".join(sites[0]).strip() if sites[0] else "in forward"
+        warnings.warn("torch.compile(backend=\"pullback\"): a graph registers a gradient hook on a tensor it computes "
+                      f"(Tensor.register_hook, {where}); pullback's compiled backward cannot call it, so this graph "
+                      "runs eagerly (its gradients are eager's)", stacklevel=2)
+    return bool(sites)
 
 
 def _higher_order_as_calls(gm, name: str, module_of):
@@ -241,6 +259,8 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     if not _computes_a_tensor(out_node):
         return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
+    if _registers_tensor_hooks(gm):
+        return gm
     gm = _custom_functions_as_functions(_checkpoints_as_calls(_data_as_detach(gm)))  # the same graph, rewritten
 
     as_tuple = isinstance(out_node.args[0], (tuple, list))

@@ -231,37 +231,44 @@ def _function():
 
         @staticmethod
         def backward(ctx, *grads):
-            tp = ctx.tp
-            saved = ctx.saved_tensors
-            needs = wanted(ctx, ctx.needs_input_grad[2:])
-            given = sum(1 << j for j, g in enumerate(grads) if g is not None)
-            reaches = tp.reaches
-            wrt = [k for k in range(len(needs)) if needs[k] and reaches[k] & given and k not in tp.no_path]
-            full = [None] * len(needs)
-            if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
-                if ctx.inputs is None or ctx.inputs is _RELEASED:
-                    raise PullbackError(DOUBLE_BACKWARD if ctx.inputs is None else BACKWARD_TWICE)
-                positions = tuple(tp.wrt_index[k] for k in wrt)
-                inputs = ctx.inputs.unchanged(tp.differentiable().vjp(positions).reads)
-                for k, g in zip(wrt, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
-                    full[k] = g
-                return (None, None, *full)
-            if not _keeps_graph():  # as autograd frees what it saved
-                ctx.inputs = _RELEASED
-            residuals, consume = ctx.residuals, False
-            if residuals is _SAVED:
-                residuals = saved
-            else:  # given up to the backward's plan (``consume``), unless the graph is retained
-                if residuals is None:
-                    raise PullbackError(BACKWARD_TWICE)
-                _check_versions(ctx.viewed)
-                if not _keeps_graph():
-                    ctx.residuals, ctx.viewed, consume = None, (), True
-            gs = tp.bridge.backward(residuals, grads, ctx.out_shapes, consume)  # written-back values' cotangents: zeros
-            for k in wrt:
-                full[k] = gs[k]
-            return (None, None, *full)
+            return run_backward(ctx, grads)
 
+    def _backward(ctx, grads):
+        """PullbackFunction's backward. Never traced by Dynamo: autograd runs it also inside a frame Dynamo
+        evaluates (``torch.autograd.grad`` in a compiled module's forward, a gradient penalty), whose code Dynamo
+        would otherwise compile as a graph of its own (the numpy and jax targets' conversions cannot be)."""
+        tp = ctx.tp
+        saved = ctx.saved_tensors
+        needs = wanted(ctx, ctx.needs_input_grad[2:])
+        given = sum(1 << j for j, g in enumerate(grads) if g is not None)
+        reaches = tp.reaches
+        wrt = [k for k in range(len(needs)) if needs[k] and reaches[k] & given and k not in tp.no_path]
+        full = [None] * len(needs)
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, from the inputs
+            if ctx.inputs is None or ctx.inputs is _RELEASED:
+                raise PullbackError(DOUBLE_BACKWARD if ctx.inputs is None else BACKWARD_TWICE)
+            positions = tuple(tp.wrt_index[k] for k in wrt)
+            inputs = ctx.inputs.unchanged(tp.differentiable().vjp(positions).reads)
+            for k, g in zip(wrt, gradients(tp.differentiable(), inputs, ctx.out_shapes, grads, positions)):
+                full[k] = g
+            return (None, None, *full)
+        if not _keeps_graph():  # as autograd frees what it saved
+            ctx.inputs = _RELEASED
+        residuals, consume = ctx.residuals, False
+        if residuals is _SAVED:
+            residuals = saved
+        else:  # given up to the backward's plan (``consume``), unless the graph is retained
+            if residuals is None:
+                raise PullbackError(BACKWARD_TWICE)
+            _check_versions(ctx.viewed)
+            if not _keeps_graph():
+                ctx.residuals, ctx.viewed, consume = None, (), True
+        gs = tp.bridge.backward(residuals, grads, ctx.out_shapes, consume)  # written-back values' cotangents: zeros
+        for k in wrt:
+            full[k] = gs[k]
+        return (None, None, *full)
+
+    run_backward = torch.compiler.disable(_backward)
     return PullbackFunction
 
 
