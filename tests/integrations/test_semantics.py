@@ -186,7 +186,7 @@ def test_bernoulli_of_tensor_probabilities_draws_as_eager(target, dtype):
 
 class Reparameterized(nn.Module):
     """Samples by reparameterization: ``Normal.rsample`` (``normal_functional``) and ``torch.normal`` with tensor
-    and float arguments, the draws scaled by learned parameters."""
+    and float arguments, the draws scaled by learned parameters; and noise of two numbers and a size."""
 
     def __init__(self):
         super().__init__()
@@ -197,7 +197,8 @@ class Reparameterized(nn.Module):
         d = torch.distributions.Normal(mu, scale, validate_args=False)
         z = d.rsample()
         w = torch.normal(mu, scale) + torch.normal(mu, 2.0) + torch.normal(0.5, scale)
-        return (d.log_prob(z) * w).sum() + z.pow(2).mean()
+        noise = torch.normal(0.1, 0.3, size=(x.shape[0], 2), dtype=x.dtype)
+        return (d.log_prob(z) * w).sum() + (z + noise).pow(2).mean()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

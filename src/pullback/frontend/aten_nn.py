@@ -112,6 +112,12 @@ def _normal_functional(cx, x, mean=0.0, std=1.0, generator=None):
     return _normal(cx, scalar(mean, cx.out_dtype), scalar(std, cx.out_dtype))
 
 
+@aten("aten.normal.float_float")
+def _normal_sized(cx, mean, std, size, generator=None, **kwargs):
+    """``torch.normal(mean, std, size)`` of two numbers: as ``torch.normal`` of tensors (below)."""
+    return _normal(cx, mean, std)
+
+
 @aten("aten.normal.Tensor_Tensor", "aten.normal.Tensor_float", "aten.normal.float_Tensor")
 def _normal(cx, mean, std, generator=None):
     """``torch.normal(mean, std)``: ``mean + std * z`` for a standard normal input ``z`` of the result's shape
