@@ -518,6 +518,41 @@ def packed_gru():
     return PackedClassifier(), (_ids(3, SEQ), torch.tensor([6, 3, 4]), torch.tensor([0, 1, 1]))
 
 
-# each with the words of the error from_torch gives (what to do: pad and mask, or torch.compile)
-TORCH_COMPILE_ONLY = {ctc: "ctc_loss", packed_gru: "pack_padded_sequence"}
+class SparseGCN(nn.Module):
+    """A graph convolution over a sparse COO adjacency matrix (``torch.sparse.mm``)."""
+
+    def __init__(self, features=5, classes=3):
+        super().__init__()
+        self.lin = nn.Linear(features, classes)
+
+    def forward(self, x, adjacency, y):
+        return F.cross_entropy(torch.sparse.mm(adjacency, self.lin(x)), y)
+
+
+def sparse_gcn():
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 3]])
+    adjacency = torch.sparse_coo_tensor(edges, torch.full((7,), 0.5), (6, 6))
+    return SparseGCN(), (torch.randn(6, 5), adjacency, torch.randint(0, 3, (6,)))
+
+
+class HostMatching(nn.Module):
+    """DETR-style: each prediction matched to its nearest target by NumPy on the detached costs, then an L1 loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x, targets):
+        pred = self.head(x)
+        nearest = torch.as_tensor(torch.cdist(pred, targets).detach().numpy().argmin(1))
+        return F.l1_loss(pred, targets[nearest])
+
+
+def host_matching():
+    return HostMatching(), (torch.randn(5, 4), torch.randn(5, 4))
+
+
+# each with the words of the error from_torch gives (what to do instead, or torch.compile)
+TORCH_COMPILE_ONLY = {ctc: "ctc_loss.*mask", packed_gru: "pack_padded_sequence.*mask", sparse_gcn: "sparse_coo tensor.*to_dense",
+                      host_matching: "into NumPy"}
 

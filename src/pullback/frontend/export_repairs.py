@@ -44,6 +44,9 @@ DYNAMIC_SHAPE_HINT = (
     " (an operator whose result's shape depends on the values of its inputs, such as nonzero, unique, masked_select, "
     "boolean-mask indexing or ctc_loss, has no static type: compute with masks of fixed shape, "
     f"e.g. torch.where, instead, or {EAGER_BETWEEN_GRAPHS})")
+HOST_READ_HINT = (" (forward reads a tensor's values into NumPy, e.g. a matching computed with SciPy on the "
+                  "detached costs, which torch.export cannot trace: compute it with torch operators, or "
+                  f"{EAGER_BETWEEN_GRAPHS})")
 VALUE_SIZE_HINT = (
     " (a size is computed from a tensor's values, e.g. the batch sizes of pack_padded_sequence's lengths in an RNN "
     f"over a PackedSequence, which torch.export cannot trace: pad the batch and mask instead, or {EAGER_BETWEEN_GRAPHS})")
@@ -66,6 +69,8 @@ def failure_hint(e: BaseException) -> str:
         return DYNAMIC_SHAPE_HINT
     if isinstance(e, TypeError) and "FakeTensor" in str(e):  # a tensor where a size goes: torch.zeros(n, t)
         return VALUE_SIZE_HINT
+    if ".numpy() is not supported for tensor subclasses" in str(e):
+        return HOST_READ_HINT
     if "Cache'> in output" in str(e):  # Hugging Face's DynamicCache (use_cache=True, the default of decoders)
         return CACHE_OUTPUT_HINT
     if "fake tensor in the exported program constant" in str(e):  # what `.data` in forward leaves behind
@@ -711,5 +716,5 @@ def autocast_casts_kept(ep) -> None:
             gm.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "HOST_READ_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
            "stack_traces_kept", "graph_code_made_lazily"]

@@ -85,6 +85,11 @@ def check_inputs(values: Sequence, who: str, what: str = "example input", keywor
                 f"{who}: {label} is a tensor of a torch.func transform (vmap, grad, jacrev, ...); these transforms "
                 "do not reach pullback's programs: differentiate with autograd (loss.backward(), torch.autograd.grad, "
                 "create_graph=True for higher orders) and batch with a batch dimension")
+        if v.layout != torch.strided:
+            raise PullbackError(
+                f"{who}: {label} is a {str(v.layout).removeprefix('torch.')} tensor; pullback computes on dense "
+                "tensors: pass it .to_dense() (a graph's adjacency: or its edges as index tensors, with index_add), "
+                "or train through torch.compile(model, backend=\"pullback\"), which runs the sparse operators eagerly")
         if not _supported(v):
             raise PullbackError(f"{who}: {label} has dtype {v.dtype}; supported: {', '.join(ALL_DTYPES)}")
 
