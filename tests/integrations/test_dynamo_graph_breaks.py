@@ -278,3 +278,24 @@ def test_a_gradient_penalty_taken_in_forward_trains_like_eager(target):
     torch.manual_seed(0)
     _train_side_by_side(GradientPenalty().double(), [torch.randn(4, 4, dtype=torch.float64) for _ in range(3)],
                         target=target)
+
+
+class DetachedLeaf(nn.Module):
+    """A detached copy made a leaf of its own (``h.detach().requires_grad_()``): a graph break, the first graph
+    returning ``h`` and ``h.detach()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        h = self.a(x)
+        leaf = h.detach().requires_grad_()
+        return self.b(h).square().mean() + (leaf * 2).sum() * 0.1
+
+
+def test_a_detached_leaf_made_in_forward_trains_like_eager(target):
+    """The first graph's two outputs were one tensor, marked non-differentiable: ``a`` got no gradient."""
+    torch.manual_seed(0)
+    _train_side_by_side(DetachedLeaf().double(), [torch.randn(3, 4, dtype=torch.float64) for _ in range(3)],
+                        target=target)

@@ -368,6 +368,33 @@ def test_detach_blocks_the_gradient():
     np.testing.assert_allclose(g, model.w.grad.numpy(), rtol=1e-6)
 
 
+
+class DetachedAndTracked(nn.Module):
+    """Returns a hidden activation both detached and tracked (a target network's copy beside the online one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h.detach(), h
+
+
+def test_an_output_returned_detached_and_tracked_keeps_its_gradient(target):
+    """The program's two outputs are one tensor; marking the detached one non-differentiable cut the tracked one's
+    gradient too (it came back with requires_grad False)."""
+    torch.manual_seed(0)
+    model, x = DetachedAndTracked(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    detached, h = pb_compile(model, (x,), target=target)(x)
+    assert not detached.requires_grad and h.requires_grad
+    (h * detached).sum().backward()
+    d, e = eager(x)
+    (e * d).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
 def test_a_replaced_parameter_is_the_one_trained(target):
     """Parameters and buffers are read from the module at each call: a Parameter object assigned after
     compiling is used and gets the gradient; with one of another shape the module is exported again, so one that

@@ -225,6 +225,11 @@ def _function():
                 ctx.residuals = list(residuals)
                 ctx.viewed = bridge.viewed(residuals)
             nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
+            if nondiff and len(nondiff) < len(results):  # one tensor both a detached and a tracked output (x.detach()
+                tracked = {id(r) for r, f in zip(results, tp.tracked_out) if f}  # and x): two tensors, else marking
+                if any(id(r) in tracked for r in nondiff):  # the detached one would cut the other's gradient
+                    results = tuple(r.detach() if not f and id(r) in tracked else r for r, f in zip(results, tp.tracked_out))
+                    nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
             if nondiff:
                 ctx.mark_non_differentiable(*nondiff)
             return tuple(results)
