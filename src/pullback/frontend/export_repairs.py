@@ -36,7 +36,8 @@ from typing import Iterator, Optional
 DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
     "torch.export follows one path: make the choice a Python setting, e.g. layerdrop=0 in a model's config, "
-    "or compute both sides and pick with torch.where; or train it through torch.compile(model, backend=\"pullback\"), "
+    "or compute both sides and pick with torch.where, or branch with torch.cond (only the taken side runs); or "
+    "train it through torch.compile(model, backend=\"pullback\"), "
     "which runs such branches eagerly between the graphs it compiles)")
 EAGER_BETWEEN_GRAPHS = ("train it through torch.compile(model, backend=\"pullback\"), which runs that part eagerly "
                         "between the graphs it compiles")

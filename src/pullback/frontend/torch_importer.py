@@ -45,7 +45,7 @@ import numpy as np
 
 from ..analysis.type_infer import infer_expr, infer_module
 from ..ir.errors import DiagnosticError, PullbackError
-from ..ir.expr import Constant, Expr, Function, Tuple, Var
+from ..ir.expr import Constant, Expr, Function, If, Tuple, TupleGetItem, Var, const
 from ..ir.module import IRModule
 from ..ir.types import Any, TensorType
 from ..runtime.values import tensor_numpy
@@ -545,7 +545,7 @@ def import_exported(ep, params_as: str = "inputs", tied: Optional[dict] = None,
         elif node.op == "output":
             outs = node.args[0]
         else:
-            problems.add(f"FX node of kind {node.op}", node, f"{node.target}")
+            env[node] = _other_node(ep.graph_module, node, problems)
     if problems:
         raise problems.error()
 
@@ -649,6 +649,53 @@ def _effects_error(graph) -> PullbackError:
                          f"(torch.export threads an effect token through them): {'; '.join(uses) or 'none found'}")
 
 
+def _other_node(gm, node, problems: _Problems):
+    """A ``get_attr`` node's graph (the branch of a ``torch.cond``), else reported (``_MISSING``)."""
+    import torch
+
+    if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), torch.fx.GraphModule):
+        return getattr(gm, node.target)
+    problems.add(f"FX node of kind {node.op}", node, f"{node.target}")
+    return _MISSING
+
+
+def _branch(cx: ConvertContext, gm, operands: list, problems: _Problems) -> list:
+    """The values the graph of a ``torch.cond`` branch computes from ``operands`` (its placeholders, in order)."""
+    env: dict = {}
+    inputs = iter(operands)
+    outer, outs = cx.node, []
+    try:
+        for node in gm.graph.nodes:
+            cx.node = node
+            if node.op == "placeholder":
+                env[node] = next(inputs)
+            elif node.op == "call_function":
+                env[node] = _convert(cx, node, env, problems)
+            elif node.op == "output":
+                outs = _map_args(node.args[0], env)
+            else:
+                env[node] = _other_node(gm, node, problems)
+    finally:
+        cx.node = outer
+    return list(outs)
+
+
+def _cond(cx: ConvertContext, node, args: list, problems: _Problems):
+    """``torch.cond(pred, true_fn, false_fn, operands)``: an ``If`` of the two branches' values (a tuple), each
+    result one field of it; only the taken branch runs, and the gradient flows through it."""
+    pred, true_gm, false_gm, operands = args[:4]
+    branches = [_branch(cx, gm, list(operands), problems) for gm in (true_gm, false_gm)]
+    if any(_has_missing(b) for b in branches):
+        return _MISSING
+    if isinstance(pred, (bool, int)):  # decided when exporting
+        return branches[0] if pred else branches[1]
+    test = pred if cx.dtype_of(pred) == "bool" else _op("not_equal")(pred, const(np.zeros((), cx.dtype_of(pred))))
+    if cx.shape_of(test):
+        test = _op("reshape")(test, ())
+    out = If(test, Tuple(branches[0]), Tuple(branches[1]))
+    return [TupleGetItem(out, i) for i in range(len(branches[0]))]
+
+
 def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
     """The pullback value of one ``call_function`` node (``_MISSING`` when it, or an input, cannot be converted)."""
     args = _map_args(node.args, env)
@@ -660,6 +707,10 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         if value is None:
             problems.add(f"output {args[1]} of {node.args[0].target}", node, "this result is not converted")
             return _MISSING
+    elif str(node.target) == "cond" and callable(node.target):  # torch.ops.higher_order.cond
+        value = _cond(cx, node, args, problems)
+        if value is _MISSING:
+            return value
     elif str(node.target).startswith(custom_vjp.NAMESPACE + "."):  # a custom Function with its own backward
         value = custom_vjp.convert(cx, str(node.target).split(".")[1], args[0])
     else:
