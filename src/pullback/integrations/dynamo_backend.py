@@ -20,6 +20,7 @@ specialises it, or the first batch is 1) one program per input shape.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Sequence
 
@@ -150,6 +151,60 @@ def _checkpoints_as_calls(gm):
     return _higher_order_as_calls(gm, "tag_activation_checkpoint", lambda gm, k, n: (n.args[0].target, n.args[1:]))
 
 
+def _autocast_regions_as_calls(gm):
+    """``gm`` with each ``torch.autocast`` block Dynamo kept as ``_enter_autocast`` ... ``_exit_autocast`` calls a
+    call of a submodule that runs the block's nodes under ``torch.autocast``, as the user wrote it (torch.export
+    handles the context manager; the bare calls left its casts' dtypes disagreeing with the graph's)."""
+    from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    nodes = list(gm.graph.nodes)
+    enters = [n for n in nodes if n.op == "call_function" and n.target is _enter_autocast]
+    regions = []
+    for enter in enters:
+        exits = [u for u in enter.users if u.op == "call_function" and u.target is _exit_autocast]
+        if len(exits) != 1 or len(enter.users) != 1:
+            return gm
+        body = nodes[nodes.index(enter) + 1: nodes.index(exits[0])]
+        if any(n.op not in ("call_function", "call_method", "call_module") or n.target in (_enter_autocast, _exit_autocast)
+               for n in body):
+            return gm  # nested blocks or other node kinds: left to torch.export as they are
+        regions.append((enter, exits[0], body))
+    for k, (enter, exit_, body) in enumerate(regions):
+        settings = enter.args
+        gm.graph.erase_node(exit_)
+        gm.graph.erase_node(enter)
+        if not body:
+            continue
+        gm = fuse_by_partitions(gm, [dict.fromkeys(body)], prefix=f"_pullback_autocast_{k}_")
+        name = next(n.target for n in gm.graph.nodes if n.op == "call_module"
+                    and str(n.target).startswith(f"_pullback_autocast_{k}_"))
+        gm.add_submodule(name, _under_autocast()(getattr(gm, name), settings))
+    if regions:
+        gm.recompile()
+    return gm
+
+
+@functools.lru_cache(maxsize=None)
+def _under_autocast():
+    """The module class running a graph under ``torch.autocast`` (made on first use: no torch import at load)."""
+    import torch
+
+    class UnderAutocast(torch.nn.Module):
+        """``body`` called under ``torch.autocast(*settings)``."""
+
+        def __init__(self, body, settings):
+            super().__init__()
+            self.body, self.settings = body, tuple(settings)
+
+        def forward(self, *args):
+            device, dtype, enabled, cache = self.settings
+            with torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=cache):
+                return self.body(*args)
+
+    return UnderAutocast
+
+
 def _data_as_detach(gm):
     """``gm`` with each ``x.data`` (Dynamo's ``_get_data_attr(x)``) a ``detach`` (the same values, no gradient):
     torch.export cannot trace ``_get_data_attr`` (the fake tensor it makes has no data)."""
@@ -261,7 +316,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
         return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
     if _registers_tensor_hooks(gm):
         return gm
-    gm = _custom_functions_as_functions(_checkpoints_as_calls(_data_as_detach(gm)))  # the same graph, rewritten
+    gm = _custom_functions_as_functions(_checkpoints_as_calls(_autocast_regions_as_calls(_data_as_detach(gm))))
 
     as_tuple = isinstance(out_node.args[0], (tuple, list))
     programs: dict = {}
