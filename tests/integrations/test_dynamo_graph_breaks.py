@@ -336,3 +336,30 @@ def test_an_autocast_block_in_forward_trains_like_eager(target):
         torch.testing.assert_close(losses[1], losses[0], **tol)
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p, q, **tol)
+
+
+def test_torch_compiles_options_choose_the_target_and_its_modes_are_accepted(monkeypatch):
+    """``torch.compile(model, backend="pullback", options={"target": ..., "policy": ...})`` as for Inductor's
+    options; ``mode=`` (Inductor's tuning) changes nothing; an unknown option or mode is refused by name."""
+    import pullback.integrations.dynamo_backend as db
+
+    made = []
+    real = db.TrainingProgram
+    monkeypatch.setattr(db, "TrainingProgram", lambda prog, wrt, target, policy: made.append((target, policy))
+                        or real(prog, wrt, target, policy))
+    torch.manual_seed(0)
+    model, x = nn.Linear(3, 1).double(), torch.randn(4, 3, dtype=torch.float64)
+    for kw, want in ((dict(options={"target": "numpy", "policy": "min_cut"}), ("numpy", "min_cut")),
+                     (dict(mode="max-autotune"), (db.DEFAULT_TARGET, "save_all"))):
+        torch._dynamo.reset()
+        made.clear()
+        loss = torch.compile(model, backend="pullback", **kw)(x).square().sum()
+        loss.backward()
+        assert made == [want], kw
+        torch.testing.assert_close(loss, model(x).square().sum())
+    for kw, message in ((dict(options={"targte": "numpy"}), "unknown option 'targte'"),
+                        (dict(options={"target": "tpu"}), "target must be one of"),
+                        (dict(mode="fastest"), "mode must be one of")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            torch.compile(model, backend="pullback", **kw)(x)

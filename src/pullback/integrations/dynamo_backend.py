@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..frontend.torch_importer import export, import_exported, tied_keys
+from ..ir.errors import PullbackError
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, placed, training_wrt
 
 
@@ -306,10 +307,23 @@ def _computes_a_tensor(out) -> bool:
                for n in found)  # a node without Dynamo's example value (a graph traced by hand) may be one
 
 
-def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all"):
-    """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
-    ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``)."""
+# torch.compile's modes tune Inductor (autotuning, CUDA graphs); pullback compiles the same way under each
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+
+def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET, policy: str = "save_all",
+                     mode: Optional[str] = None, options: Optional[dict] = None):
+    """Compile the Dynamo graph ``gm`` for ``example_inputs``; returns ``callable(*inputs) -> outputs``.
+    ``target``: the executor (``integrations.torch.TARGETS``; default ``DEFAULT_TARGET``); ``policy``: what the
+    forward saves for the backward. ``torch.compile(model, backend="pullback", options={"target": "jax"})`` passes
+    them as ``options``; its ``mode`` is accepted and changes nothing."""
+    if mode not in MODES:
+        raise PullbackError(f"pullback_backend: mode must be one of {', '.join(map(str, MODES[1:]))}, got {mode!r}")
+    unknown = sorted(set(options or {}) - {"target", "policy"})
+    if unknown:
+        raise PullbackError(f"pullback_backend: unknown option {', '.join(map(repr, unknown))} (options: 'target', "
+                            "'policy')")
+    target, policy = (options or {}).get("target", target), (options or {}).get("policy", policy)
     check_target(target, "pullback_backend")
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     if not _computes_a_tensor(out_node):
