@@ -3,8 +3,6 @@ model branching with it trains like eager on every target and through both compi
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,7 @@ nn = torch.nn
 
 import pullback as pb  # noqa: E402
 from pullback.frontend import import_torch, main_inputs  # noqa: E402
-from pullback.integrations.torch import compile as pb_compile  # noqa: E402
+from pullback.integrations.torch import train_side_by_side  # noqa: E402
 
 
 class Gated(nn.Module):
@@ -71,32 +69,13 @@ def test_cond_imports_as_if_with_eagers_value_and_gradients(kind, target):
         np.testing.assert_allclose(np.asarray(g), by_name[key].grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
 
 
-def _train(model, xs, route: str):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    if route == "compile":
-        model = pb_compile(model, (xs[0],))
-    elif route == "dynamo":
-        torch._dynamo.reset()
-        model = torch.compile(model, backend="pullback", dynamic=False)
-    losses = []
-    for x in xs:
-        loss = model(x)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-@pytest.mark.parametrize("route", ["compile", "dynamo"])
+@pytest.mark.parametrize("route", ["export", "dynamo"])
 def test_a_model_branching_with_cond_trains_like_eager(route):
     """Steps taking every branch: the losses and final weights equal eager's (float64)."""
     model, _ = _inputs("positive")
-    xs = [_inputs(kind)[1] for kind in ("positive", "inner-tanh", "inner-sigmoid", "positive")]
-    eager = copy.deepcopy(model)
-    want = _train(eager, xs, "eager")
-    got = _train(model, xs, route)
+    batches = [((_inputs(kind)[1],), None) for kind in ("positive", "inner-tanh", "inner-sigmoid", "positive")]
     torch._dynamo.reset()
-    np.testing.assert_allclose(got, want, rtol=1e-12)
-    for p, q in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+    out = train_side_by_side(model, batches, lambda loss, _: loss, route=route, verbose=False)
+    torch._dynamo.reset()
+    np.testing.assert_allclose(out["pullback"], out["eager"], rtol=1e-12)
+    assert out["max_weight_diff"] <= 1e-13
