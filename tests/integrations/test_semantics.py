@@ -901,3 +901,46 @@ def test_one_tensor_given_for_two_inputs_still_makes_a_program_of_two(target):
     prog = import_torch(eager, (ids, ids))
     loss = pb.build(prog.mod)["main"](*main_inputs(prog, [ids.numpy(), labels.numpy()]))
     assert float(np.asarray(loss)) == pytest.approx(want.item(), rel=1e-6)
+
+
+class CachingForward(nn.Module):
+    """Keeps the last hidden activation (a tensor attribute) and counts its calls (a number) in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+        self.cache, self.calls = None, 0
+
+    def forward(self, x):
+        h = self.a(x)
+        previous = torch.zeros_like(h) if self.cache is None else self.cache
+        self.cache = h.detach()
+        self.calls += 1
+        return self.b(h + 0.5 * previous).square().mean()
+
+
+def test_attributes_forward_assigns_are_named_by_a_warning_and_torch_compile_replays_them():
+    """The exported program keeps no side effect: compile warns, naming each attribute and its line (before, the
+    cache silently stayed None and every step computed as the first); torch.compile(backend="pullback") replays
+    them, training like eager."""
+    torch.manual_seed(0)
+    model, x = CachingForward(), torch.randn(3, 4)
+    with pytest.warns(UserWarning, match=r"forward assigns module attributes \(CachingForward.cache at "
+                                         r".*test_semantics.py:\d+; CachingForward.calls at .*torch.compile"):
+        pb_compile(model, (x,))
+    assert model.cache is None and model.calls == 0  # as the user left them
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pullback")
+    for m in (eager, compiled):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = m(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch._dynamo.reset()
+    assert model.calls == eager.calls == 3
+    torch.testing.assert_close(model.cache, eager.cache)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q)

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 from ..ir.errors import PullbackError
 from ..ir.types import ALL_DTYPES
 
-__all__ = ["check_inputs", "keyword_labels", "keyword_arguments", "check_module_state", "check_backward_hooks", "tensor_hooks_refused", "quiet_torch_logs"]
+__all__ = ["check_inputs", "keyword_labels", "keyword_arguments", "check_module_state", "check_backward_hooks", "tensor_hooks_refused", "attribute_writes_warned", "quiet_torch_logs"]
 
 
 def _describe(value) -> str:
@@ -178,6 +178,43 @@ def tensor_hooks_refused(who: str) -> Iterator[None]:
         raise PullbackError(f"{who}: forward registers a gradient hook on a tensor (Tensor.register_hook at "
                             f"{', '.join(dict.fromkeys(hooks))}); {HOOKS_HINT}; or train it through "
                             "torch.compile(model, backend=\"pullback\"), which runs the graph registering it eagerly")
+
+
+@contextmanager
+def attribute_writes_warned(who: str) -> Iterator[None]:
+    """While the block runs (``torch.export``), attributes that forward assigns on a module (not its parameters,
+    buffers or submodules; from code outside torch) are recorded; when it ends, a warning names each with its line:
+    the exported program keeps no such side effect, so a compiled call leaves them as they were."""
+    import sys
+    import warnings
+
+    import torch
+
+    root = torch.__file__.rsplit("/", 1)[0]
+    original = torch.nn.Module.__setattr__
+    writes: dict = {}
+
+    def setattr_(self, name, value):
+        caller = sys._getframe(1)
+        state = self.__dict__
+        if ("_parameters" in state and caller.f_code.co_name != "__init__"
+                and not caller.f_code.co_filename.startswith(root)
+                and not any(name in state.get(k, ()) for k in ("_parameters", "_buffers", "_modules"))
+                and not isinstance(value, torch.nn.Module)):
+            writes.setdefault(f"{type(self).__name__}.{name}", f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        return original(self, name, value)
+
+    torch.nn.Module.__setattr__ = setattr_
+    try:
+        yield
+    finally:
+        torch.nn.Module.__setattr__ = original
+    if writes:
+        where = "; ".join(f"{k} at {v}" for k, v in writes.items())
+        warnings.warn(f"{who}: forward assigns module attributes ({where}); a compiled call does not (the exported "
+                      "program computes tensors only): later calls read them as they were before compiling. State "
+                      "that changes at each step belongs in a buffer updated in place (register_buffer, copy_) or an "
+                      "input; torch.compile(model, backend=\"pullback\") replays such assignments", stacklevel=3)
 
 
 @contextmanager

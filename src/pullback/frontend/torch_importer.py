@@ -57,7 +57,7 @@ from .core_aten import UNSUPPORTED
 from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, static_dim, torch_dtype_name, torch_shape
 from .decompositions import own_decompositions
 from .torch_checks import (check_inputs, check_module_state, keyword_arguments, keyword_labels, quiet_torch_logs,
-                           tensor_hooks_refused)
+                           tensor_hooks_refused, attribute_writes_warned)
 
 # composite ops kept whole by run_decompositions because one pullback op covers them (or, for detach, because
 # decomposing it to ``alias`` would lose its meaning: no gradient). Still the better choice: on a
@@ -257,7 +257,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
                     return torch.export.export(module, tuple(example_inputs[:n]), kwargs=kwargs, dynamic_shapes=dynamic)
 
             try:
-                with custom_functions.recorded() as applied, tensor_hooks_refused("from_torch"):
+                with custom_functions.recorded() as applied, tensor_hooks_refused("from_torch"), \
+                        attribute_writes_warned("from_torch"):
                     try:
                         ep = trace()
                     except Exception as e:  # noqa: BLE001
