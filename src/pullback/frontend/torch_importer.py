@@ -650,6 +650,14 @@ def _effects_error(graph) -> PullbackError:
                          f"(torch.export threads an effect token through them): {'; '.join(uses) or 'none found'}")
 
 
+@functools.cache
+def _higher_order(name: str):
+    """``torch.ops.higher_order.<name>`` (None when this torch has none)."""
+    import torch
+
+    return getattr(torch.ops.higher_order, name, None)
+
+
 def _other_node(gm, node, problems: _Problems):
     """A ``get_attr`` node's graph (the branch of a ``torch.cond``), else reported (``_MISSING``)."""
     import torch
@@ -708,7 +716,7 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         if value is None:
             problems.add(f"output {args[1]} of {node.args[0].target}", node, "this result is not converted")
             return _MISSING
-    elif str(node.target) == "cond" and callable(node.target):  # torch.ops.higher_order.cond
+    elif node.target is _higher_order("cond"):
         value = _cond(cx, node, args, problems)
         if value is _MISSING:
             return value
