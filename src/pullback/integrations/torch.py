@@ -188,6 +188,13 @@ def check_target(target: str, who: str) -> None:
         raise PullbackError(f"{who}: target must be one of {', '.join(TARGETS)}, got {target!r}")
 
 
+def _untracked_apart(results, tracked_out) -> tuple:
+    """``results`` with each output returned without a gradient a tensor of its own where the same tensor is also
+    returned with one (``h.detach()`` beside ``h``): marking it non-differentiable would cut the other's gradient."""
+    tracked = {id(r) for r, f in zip(results, tracked_out) if f}
+    return tuple(r.detach() if not f and id(r) in tracked else r for r, f in zip(results, tracked_out))
+
+
 @lru_cache(maxsize=None)
 def _function():
     """The ``torch.autograd.Function`` (made on first use so ``import pullback`` never imports torch)."""
@@ -224,14 +231,9 @@ def _function():
             else:  # the backward's plan frees each after its last reader (autograd: each node's after it ran)
                 ctx.residuals = list(residuals)
                 ctx.viewed = bridge.viewed(residuals)
-            nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
-            if nondiff and len(nondiff) < len(results):  # one tensor both a detached and a tracked output (x.detach()
-                tracked = {id(r) for r, f in zip(results, tp.tracked_out) if f}  # and x): two tensors, else marking
-                if any(id(r) in tracked for r in nondiff):  # the detached one would cut the other's gradient
-                    results = tuple(r.detach() if not f and id(r) in tracked else r for r, f in zip(results, tp.tracked_out))
-                    nondiff = [r for r, f in zip(results, tp.tracked_out) if not f]
-            if nondiff:
-                ctx.mark_non_differentiable(*nondiff)
+            if not all(tp.tracked_out[:n]):
+                results = _untracked_apart(results, tp.tracked_out)
+                ctx.mark_non_differentiable(*[r for r, f in zip(results, tp.tracked_out) if not f])
             return tuple(results)
 
         @staticmethod
