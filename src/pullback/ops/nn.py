@@ -24,6 +24,7 @@ from . import elemwise as E
 from . import reduce as R
 from . import layout as T
 from .common import broadcast_shapes, float_arg, normalize_axis, numel, same_dtype, same_layout, tensor_arg
+from .kernels import device
 from .registry import FusionKind, Recompute, array_namespace, defop, get_op, seq_of_int, type_error, zero_flops
 
 # ------------------------------------------------------------------ helpers shared by the nn modules
@@ -679,7 +680,8 @@ dropout = defop(
     "nn.dropout",
     2,
     _dropout_infer,
-    kernel=lambda xp, x, m, attrs: as_dtype(xp, x * m * (1.0 / (1.0 - attrs.rate)), x.dtype),
+    kernel=lambda xp, x, m, attrs: x * m * xp.asarray(1.0 / (1.0 - attrs.rate), dtype=x.dtype, device=device(x)),
+    half_native=True,  # the scale rounded to x's dtype first, then one rounding: eager's bits in bfloat16 and float16
     attrs_type=DropoutAttrs,
     grad=_dropout_grad,
     pattern=FusionKind.BROADCAST,

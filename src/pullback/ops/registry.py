@@ -166,6 +166,7 @@ class OpDef(Op):
         type_only: tuple = (),
         flops: FlopsFn = _default_flops,
         torch_name: Optional[str] = None,
+        half_native: bool = False,
         doc: str = "",
     ):
         self.name = name
@@ -197,6 +198,9 @@ class OpDef(Op):
         self.type_only = tuple(type_only)
         self.flops = flops
         self.torch_name = torch_name
+        # the kernel rounds bfloat16 as ATen does itself: the targets give it bfloat16 operands as they are, not
+        # widened to float32 ("opmath", runtime.opmath)
+        self.half_native = half_native
         self.__doc__ = doc or f"The ``{name}`` operator."
         if differentiable and grad is None:
             # allowed while a rule is being written; the registry test reports it

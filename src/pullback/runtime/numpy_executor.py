@@ -99,7 +99,7 @@ class NumpyTarget(Target):
         self._groups: dict[Function, Callable] = {}  # primitive Function (identity hash) -> its kernel
 
     def kernel(self, call: Call) -> Callable:
-        if involves_bfloat16(call):
+        if involves_bfloat16(call) and not call.op.half_native:
             return in_float32(call.op.impl(self.name), call, numpy_widen, numpy_narrow)
         return (self.aten and aten_kernel(call)) or call.op.impl(self.name)
 

@@ -61,7 +61,7 @@ class TorchTarget(Target):
         if fast:
             return fast
         op = call.op
-        if op.pattern == FusionKind.INJECTIVE or not involves_bfloat16(call):
+        if op.pattern == FusionKind.INJECTIVE or op.half_native or not involves_bfloat16(call):
             return op.impl("torch")
         wide = in_float32(op.impl("torch"), call, torch_widen, torch_narrow)
         return wide if "torch" not in op.impls else native_or(op.impl("torch"), wide)
