@@ -370,5 +370,13 @@ def _reaches(e: Expr, memo: dict, hit) -> bool:
     return memo[id(e)]
 
 
-__all__ = ["ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
+def higher_order(name: str):
+    """``torch.ops.higher_order.<name>``, the operator a graph's node targets (None when this torch has none, or
+    not yet: some are made when the module defining them is first imported, e.g. Dynamo's ``register_hook``)."""
+    import torch
+
+    return getattr(torch.ops.higher_order, name, None)
+
+
+__all__ = ["higher_order", "ConvertContext", "RandomInput", "DropoutMask", "Names", "Shaped", "source_line", "torch_dtype_name",
            "torch_shape", "static_dim", "RANDOM_KINDS"]

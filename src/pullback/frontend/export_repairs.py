@@ -33,6 +33,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from .context import higher_order
+
 DATA_DEPENDENT_HINT = (
     " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
     "torch.export follows one path: make the choice a Python setting, e.g. layerdrop=0 in a model's config, "
@@ -614,7 +616,7 @@ def detach_no_grad_blocks(ep) -> None:
     (the block's parameters would be trained). ``detach`` is kept whole and converts to ``stop_gradient``."""
     import torch
 
-    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    hop = higher_order("wrap_with_set_grad_enabled")
     graph = ep.graph_module.graph
     changed = False
     for node in list(graph.nodes):
@@ -691,7 +693,7 @@ def autocast_casts_kept(ep) -> None:
     before ``run_decompositions`` decomposes them outside the region."""
     import torch
 
-    hop = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+    hop = higher_order("wrap_with_autocast")
     ambient = {d: torch.get_autocast_dtype(d) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)}
     stack = [(ep.graph_module, ambient)]  # (graph module, {device type: dtype} of the regions open there)
     while stack:

@@ -54,7 +54,8 @@ from . import custom_functions, custom_vjp, export_repairs
 from .aten_table import ATEN_TABLE, _op
 from .aten_linalg import CHECK_ERRORS, TOKEN
 from .core_aten import UNSUPPORTED
-from .context import ConvertContext, DropoutMask, Names, RandomInput, source_line, static_dim, torch_dtype_name, torch_shape
+from .context import (ConvertContext, DropoutMask, Names, RandomInput, higher_order, source_line, static_dim,
+                      torch_dtype_name, torch_shape)
 from .decompositions import own_decompositions
 from .torch_checks import (check_inputs, check_module_state, keyword_arguments, keyword_labels, quiet_torch_logs,
                            tensor_hooks_refused, attribute_writes_warned)
@@ -636,9 +637,7 @@ class _Problems:
 
 def _effects(graph) -> list:
     """The ``with_effects`` nodes of operators with side effects other than linalg's error checks (prints)."""
-    import torch
-
-    hop = getattr(torch.ops.higher_order, "with_effects", None)
+    hop = higher_order("with_effects")
     return [n for n in graph.nodes if n.op == "call_function" and n.target is hop and str(n.args[1]) != CHECK_ERRORS]
 
 
@@ -648,14 +647,6 @@ def _effects_error(graph) -> PullbackError:
     uses = [f"{n.args[1]} at {source_line(n)}" for n in _effects(graph)]
     return PullbackError("from_torch: the module calls operators with side effects, which pullback does not convert "
                          f"(torch.export threads an effect token through them): {'; '.join(uses) or 'none found'}")
-
-
-@functools.cache
-def _higher_order(name: str):
-    """``torch.ops.higher_order.<name>`` (None when this torch has none)."""
-    import torch
-
-    return getattr(torch.ops.higher_order, name, None)
 
 
 def _other_node(gm, node, problems: _Problems):
@@ -716,7 +707,7 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
         if value is None:
             problems.add(f"output {args[1]} of {node.args[0].target}", node, "this result is not converted")
             return _MISSING
-    elif node.target is _higher_order("cond"):
+    elif node.target is higher_order("cond"):
         value = _cond(cx, node, args, problems)
         if value is _MISSING:
             return value

@@ -24,6 +24,7 @@ import functools
 import warnings
 from typing import Optional, Sequence
 
+from ..frontend.context import higher_order
 from ..frontend.torch_importer import export, import_exported, tied_keys
 from ..ir.errors import PullbackError
 from .torch import DEFAULT_TARGET, TrainingProgram, call, check_target, module_state, placed, training_wrt
@@ -97,9 +98,8 @@ def _registers_tensor_hooks(gm) -> bool:
     """``gm`` registers a gradient hook on a tensor it computes (``Tensor.register_hook`` in forward: Dynamo keeps
     it as the ``register_hook`` higher-order operator), which a compiled backward cannot call (torch.export drops
     it: the hook silently did not run). Such a graph runs eagerly, with a warning."""
-    import torch
 
-    hop = getattr(torch.ops.higher_order, "register_hook", None)
+    hop = higher_order("register_hook")
     sites = [n.meta.get("stack_trace", "").strip().splitlines()[-2:] for n in gm.graph.nodes
              if n.op == "call_function" and n.target is hop]
     if sites:
@@ -113,9 +113,8 @@ def _registers_tensor_hooks(gm) -> bool:
 def _higher_order_as_calls(gm, name: str, module_of):
     """``gm`` with each call of the higher-order operator ``name`` replaced by a call of the submodule
     ``module_of(gm, k, node)`` returns (its name, and its arguments); ``gm`` itself when there is none."""
-    import torch
 
-    hop = getattr(torch.ops.higher_order, name, None)
+    hop = higher_order(name)
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop]
     for k, n in enumerate(calls):
         target, args = module_of(gm, k, n)
