@@ -36,7 +36,8 @@ from typing import Iterator, Optional
 from .context import higher_order
 
 DATA_DEPENDENT_HINT = (
-    " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`; "
+    " (the module branches on a tensor's value, e.g. `if mask.any():` or LayerDrop's `torch.rand(()) < p`, or "
+    "makes a Python number of one, e.g. `int(mask.sum())` or `.item()`; "
     "torch.export follows one path: make the choice a Python setting, e.g. layerdrop=0 in a model's config, "
     "or compute both sides and pick with torch.where, or branch with torch.cond (only the taken side runs); or "
     "train it through torch.compile(model, backend=\"pullback\"), "
@@ -354,6 +355,49 @@ def stack_traces_kept() -> Iterator[None]:
         yield
     finally:
         fx_config.do_not_emit_stack_traces = before
+
+
+def _decompositions_module():
+    import torch._decomp
+
+    return torch._decomp
+
+
+# PyTorch's Python reference of nll_loss asks `input.numel() == 0` (to return its empty-batch results), which a
+# batch of data-dependent size cannot answer: the C++ composite (what eager and torch.export themselves run) can
+_GUARDING_REFERENCES = ("nll_loss.default",)
+
+
+def _without_guarding_references(original):
+    if not isinstance(original, dict):
+        return None
+    import torch
+
+    guarding = {getattr(torch.ops.aten, name.split(".")[0]).default for name in _GUARDING_REFERENCES}
+    return {op: fn for op, fn in original.items() if op not in guarding}
+
+
+_composites_for_unbacked = _WhileOpen(_decompositions_module, "decomposition_table", _without_guarding_references)
+
+
+def has_data_dependent_sizes(ep) -> bool:
+    """Whether a value of ``ep`` has a size computed from tensor values (boolean-mask indexing, nonzero)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(node.meta.get("val")) for node in ep.graph.nodes)
+
+
+@contextmanager
+def data_dependent_sizes_retraced(ep) -> Iterator[None]:
+    """While the block is open, a retrace of ``ep`` (``run_decompositions``) computes the fake results of the
+    composites whose Python references ask a question of a data-dependent size (``F.cross_entropy(logits[mask],
+    labels[mask])``: "is the masked batch empty?") with their C++ composites instead, as torch.export did; other
+    programs retrace as before."""
+    if not has_data_dependent_sizes(ep):
+        yield
+        return
+    with _composites_for_unbacked():
+        yield
 
 
 @contextmanager
@@ -719,5 +763,5 @@ def autocast_casts_kept(ep) -> None:
             gm.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "HOST_READ_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "data_dependent_sizes_retraced", "has_data_dependent_sizes", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "HOST_READ_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
            "stack_traces_kept", "graph_code_made_lazily"]

@@ -293,7 +293,8 @@ def export(module, example_inputs: Sequence, decompose: bool = True, dynamic_bat
         if not decompose:
             return ep
         with export_repairs.rnn_dropout_between_layers(), export_repairs.random_draws_kept(_seeded_ops()), \
-                export_repairs.composite_overrides_narrowed(ep), export_repairs.stack_traces_kept():
+                export_repairs.composite_overrides_narrowed(ep), export_repairs.stack_traces_kept(), \
+                export_repairs.data_dependent_sizes_retraced(ep):
             return ep.run_decompositions(decomposition_table())
 
 
