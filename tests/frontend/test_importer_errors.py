@@ -108,6 +108,23 @@ def test_a_branch_on_a_tensor_value_says_how_to_make_it_static(capfd):
     assert capfd.readouterr().err == ""  # torch.export's partial graph dump is not passed on
 
 
+@pytest.mark.parametrize("how", ["batch_norm", "cdist"])
+def test_a_size_computed_from_values_that_export_cannot_take_says_how_to_mask_instead(how, capfd):
+    """Rows selected by a boolean mask have a data-dependent count; batch_norm's batch size check and cdist ask
+    about it. The error names that (not a branch) and the masked form that exports."""
+    class Selected(torch.nn.Module):
+        def forward(self, x, mask):
+            rows = x[mask]
+            if how == "batch_norm":
+                return torch.nn.functional.batch_norm(rows, None, None, training=True).sum()
+            return torch.cdist(rows, rows).sum()
+
+    with pytest.raises(pb.PullbackError, match=r"a size computed from tensor values.*x\[mask\].*reduction='none'\) \* mask"
+                                               r".*backend=\"pullback\""):
+        from_torch(Selected(), (torch.randn(4, 3), torch.tensor([True, False, True, True])))
+    assert capfd.readouterr().err == ""
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_transformer_given_a_mask_without_its_causal_flag_imports_and_computes_what_eager_does(causal):
     """nn.Transformer compares a given tgt_mask with a causal one (a branch on values) only to pick an attention

@@ -48,6 +48,12 @@ DYNAMIC_SHAPE_HINT = (
     " (an operator whose result's shape depends on the values of its inputs, such as nonzero, unique, masked_select, "
     "boolean-mask indexing or ctc_loss, has no static type: compute with masks of fixed shape, "
     f"e.g. torch.where, instead, or {EAGER_BETWEEN_GRAPHS})")
+DATA_DEPENDENT_SIZE_HINT = (
+    " (a size computed from tensor values, such as the number of rows `x[mask]`, `nonzero` or `masked_select` "
+    "select, reaches a check or operator that torch.export cannot decide for every size, e.g. batch_norm's batch "
+    "size check or cdist: compute on the fixed shape and weight by the mask instead, e.g. "
+    "`(F.cross_entropy(logits, labels, reduction='none') * mask).sum() / mask.sum()`, "
+    f"or {EAGER_BETWEEN_GRAPHS})")
 HOST_READ_HINT = (" (forward reads a tensor's values into NumPy, e.g. a matching computed with SciPy on the "
                   "detached costs, which torch.export cannot trace: compute it with torch operators, or "
                   f"{EAGER_BETWEEN_GRAPHS})")
@@ -68,7 +74,8 @@ def failure_hint(e: BaseException) -> str:
     """What to change in the model, for the export failures whose torch message does not say it."""
     name = type(e).__name__
     if "GuardOnDataDependent" in name:
-        return DATA_DEPENDENT_HINT
+        sized = "Size-like symbols:" in str(e) and "Size-like symbols: none" not in str(e)
+        return DATA_DEPENDENT_SIZE_HINT if sized else DATA_DEPENDENT_HINT
     if name == "DynamicOutputShapeException":
         return DYNAMIC_SHAPE_HINT
     if isinstance(e, TypeError) and "FakeTensor" in str(e):  # a tensor where a size goes: torch.zeros(n, t)
@@ -763,5 +770,5 @@ def autocast_casts_kept(ep) -> None:
             gm.recompile()
 
 
-__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "data_dependent_sizes_retraced", "has_data_dependent_sizes", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "HOST_READ_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
+__all__ = ["CACHE_OUTPUT_HINT", "DATA_DEPENDENT_HINT", "DATA_DEPENDENT_SIZE_HINT", "DATA_WRITE_HINT", "no_grad_read_of", "data_dependent_sizes_retraced", "has_data_dependent_sizes", "DYNAMIC_SHAPE_HINT", "VALUE_SIZE_HINT", "HOST_READ_HINT", "failure_hint", "pass_on", "unvalidated_arguments", "transformer_masks_as_given", "host_random_draws_refused", "random_draws_kept", "HOST_RANDOM_HINT", "rnn_dropout_between_layers", "detach_no_grad_blocks", "autocast_casts_kept", "module_to_unchanged_as_is", "checkpoints_as_plain_calls", "while_tracing",
            "stack_traces_kept", "graph_code_made_lazily"]
