@@ -287,3 +287,77 @@ def test_cross_entropy_over_boolean_mask_selected_tokens_trains_like_eager(targe
         np.testing.assert_allclose(losses[0], losses[1], rtol=1e-12)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12, msg=name)
+
+
+class SparseMoE(nn.Module):
+    """Mixtral's sparse mixture of experts as Hugging Face wrote it before grouped GEMMs: each expert takes the
+    tokens routed to it (``torch.where`` of the routing mask: a data-dependent count) and adds its outputs back
+    with ``index_add_``."""
+
+    def __init__(self, d=8, experts=4, k=2):
+        super().__init__()
+        self.k, self.n = k, experts
+        self.gate = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 16), nn.SiLU(), nn.Linear(16, d)) for _ in range(experts))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        b, length, d = x.shape
+        h = x.view(-1, d)
+        w, chosen = torch.topk(F.softmax(self.gate(h), dim=1), self.k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(h)
+        routed = F.one_hot(chosen, num_classes=self.n).permute(2, 1, 0)
+        for e in range(self.n):
+            slot, tokens = torch.where(routed[e])
+            out.index_add_(0, tokens, self.experts[e](h[tokens]) * w[tokens, slot, None])
+        return self.head(out.view(b, length, d)).mean(1)
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_a_mixture_of_experts_routing_tokens_with_where_and_index_add_trains_like_eager(target):
+    """Each step routes a different number of tokens to each expert: one program, eager's losses and weights
+    (``index_add_`` of a data-dependent number of rows needed static shapes before)."""
+    from pullback.integrations.torch import check_side_by_side, train_side_by_side
+
+    torch.manual_seed(0)
+    batches = [((torch.randn(3, 5, 8, dtype=torch.float64),), torch.randint(0, 3, (3,))) for _ in range(4)]
+    result = train_side_by_side(SparseMoE().double(), batches, F.cross_entropy, lr=0.5, target=target, verbose=False)
+    check_side_by_side(result, rtol=1e-10, atol=1e-12, verbose=False)
+
+
+class RowsWrittenBack(nn.Module):
+    """Writes of a data-dependent number of rows: ``out[idx] = rows``, a slice of them, ``scatter_add``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, mask):
+        h = self.lin(x)
+        idx = torch.nonzero(mask).squeeze(-1)
+        out = torch.zeros_like(h)
+        out[idx] = h[idx] * 2
+        part = h.clone()
+        part[idx, 1:3] = h[idx, :2].tanh()
+        summed = torch.zeros(4, 4, dtype=h.dtype).scatter_add(0, idx[:, None].expand(-1, 4) % 4, h[idx])
+        return out.pow(2).sum() + part.sum() + summed.pow(2).sum()
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_rows_selected_by_a_mask_written_back_compute_eagers_values_and_gradients(target):
+    torch.manual_seed(0)
+    model = RowsWrittenBack().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    masks = [torch.tensor(m) for m in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1])]
+    compiled = pb_compile(model, (x, masks[0].bool()), target=target)
+    for mask in masks:
+        for m in (model, eager):
+            m.zero_grad()
+        got, want = compiled(x, mask.bool()), eager(x, mask.bool())
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)

@@ -169,20 +169,25 @@ def _index_put(cx, x, indices, values, accumulate=False):
             return _op("add")(x, _masked_fill_from(cx, _op("zeros_like")(x), mask, values, shape))
         return _masked_fill_from(cx, x, mask, values, shape)
     flat_x, flat, pos, batch, rest, shape = _linearized(cx, x, indices)
-    static(cx, "index_put", tuple(batch) + tuple(rest))  # x's indexed (first) dimension may be dynamic
+    # x's indexed (first) dimension may be dynamic, and so may one dimension of the index (rows a mask selected,
+    # as `out.index_add_(0, idx, rows)` of a mixture of experts' tokens) when the values have the index's shape
     layout = _result_layout(pos, batch, len(rest))
     torch_shape = tuple((batch + rest)[i] for i in layout)
-    vals = values if tuple(cx.shape_of(values)) == torch_shape else _op("broadcast_to")(values, torch_shape)
+    if tuple(cx.shape_of(values)) != torch_shape or sum(d is Any for d in batch) > 1:
+        static(cx, "index_put", tuple(batch) + tuple(rest))
+        values = _op("broadcast_to")(values, torch_shape)
+    static(cx, "index_put", rest)
+    vals = values
     if layout != tuple(range(len(layout))):
         vals = _op("transpose")(vals, tuple(int(i) for i in np.argsort(layout)))
-    nb = math.prod(batch)
+    nb = -1 if Any in batch else math.prod(batch)
     vals = _op("reshape")(vals, (nb,) + rest)
     flat = _op("reshape")(flat, (nb,))
     if accumulate:
         out = _op("index_add")(flat_x, flat, vals, axis=0, sequential=True)  # eager's rounding in half precision
     else:
         idx = _op("reshape")(flat, (nb,) + (1,) * len(rest))
-        out = _op("scatter")(flat_x, _op("broadcast_to")(idx, (nb,) + rest), vals, axis=0)
+        out = _op("scatter")(flat_x, _op("broadcast_to_like")(idx, vals), vals, axis=0)
     perm = tuple(pos) + tuple(i for i in range(len(shape)) if i not in pos)
     out = _op("reshape")(out, newshape(cx, "index_put", tuple(shape[i] for i in perm)))
     return out if perm == tuple(range(len(shape))) else _op("transpose")(out, tuple(int(i) for i in np.argsort(perm)))
@@ -193,9 +198,10 @@ def _index_put(cx, x, indices, values, accumulate=False):
 
 def _fit(cx, src, index) -> Expr:
     """``src`` cut to ``index``'s shape (PyTorch reads only that corner of a larger ``src``)."""
-    s, i = cx.shape_of(src), static(cx, "scatter", cx.shape_of(index))
-    if tuple(s) == tuple(i):
+    s, i = tuple(cx.shape_of(src)), tuple(cx.shape_of(index))
+    if s == i:  # (a dynamic size of both: rows one mask selected)
         return src
+    i = static(cx, "scatter", i)
     return _op("strided_slice")(src, (0,) * len(i), i, None, tuple(range(len(i))))
 
 
