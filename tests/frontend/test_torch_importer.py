@@ -1042,3 +1042,45 @@ def test_topk_chooses_among_ties_as_eager_on_torch():
     gv.backward()
     wv.backward()
     assert torch.equal(gi, wi) and torch.equal(mine.grad, theirs.grad)
+
+
+class _LogSoftmaxNLL(torch.nn.Module):
+    """PyTorch's MNIST example's loss: ``F.nll_loss(F.log_softmax(x))``, here with weights and an ignored class,
+    over (N, C) or (N, C, H, W) scores."""
+
+    def __init__(self, spatial: bool):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 1) if spatial else None
+        self.lin = None if spatial else torch.nn.Linear(3, 4)
+
+    def forward(self, x, y):
+        z = self.conv(x) if self.conv is not None else self.lin(x)
+        logp = torch.nn.functional.log_softmax(z, dim=1)
+        return torch.nn.functional.nll_loss(logp, y, weight=torch.tensor([1.0, 0.5, 2.0, 1.0], dtype=z.dtype),
+                                            ignore_index=2)
+
+
+@pytest.mark.parametrize("spatial", [False, True], ids=["nll_loss", "nll_loss2d"])
+def test_nll_loss_imports_as_one_operator_with_eagers_values_and_gradients(spatial):
+    """``F.nll_loss`` is one ``nn.nll_loss`` (ATen's kernel each way on the torch target), not PyTorch's
+    decomposition into a dozen gathers, wheres and sums."""
+    torch.manual_seed(0)
+    model = _LogSoftmaxNLL(spatial).double()
+    x = torch.randn(5, 2, 3, 3, dtype=torch.float64) if spatial else torch.randn(5, 3, dtype=torch.float64)
+    y = torch.randint(0, 4, (5, 3, 3) if spatial else (5,))
+    mod, _ = from_torch(model, (x, y))
+    names = [n.op.name for n in pullback.ir.post_order(mod["main"].body) if isinstance(n, pullback.Call)
+             and isinstance(n.op, pullback.ops.OpDef)]
+    assert names.count("nn.nll_loss") == 1 and "gather" not in names and "scatter_add" not in names, names
+    want = model(x, y)
+    want.backward()
+    for target in ("numpy", "torch"):
+        from pullback.integrations.torch import compile as pb_compile
+
+        trained = copy.deepcopy(model)
+        trained.zero_grad()
+        got = pb_compile(trained, (x, y), target=target)(x, y)
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        for p, q in zip(trained.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)

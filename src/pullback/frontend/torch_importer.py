@@ -81,6 +81,9 @@ PRESERVED = (
     # its decomposition draws float32 uniforms where eager draws them in the probabilities' dtype (float64: another
     # stream, other masks)
     "bernoulli.default",
+    # F.nll_loss (after log_softmax: PyTorch's MNIST example): one ATen kernel each way, where PyTorch's decomposition
+    # takes twelve small operators forward and eight backward (a third of a small MLP's step)
+    "nll_loss_forward.default", "nll_loss2d_forward.default",
 )
 PARAMS_AS = ("inputs", "constants")
 # a library's own operator (a torch.library custom op: its Python body and registered backward are opaque to the
