@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 from pullback.runtime.build import TARGETS  # noqa: E402
-from pullback.testing.torch_models import WORKLOADS, make_workload  # noqa: E402
+from pullback.testing.torch_models import FIRST_MODELS, WORKLOADS, make_workload  # noqa: E402
 
 # workloads the importer cannot import yet: name -> (exception, reason)
 NOT_IMPORTED: dict = {}
@@ -25,7 +25,7 @@ def _cases():
     for t in ("numpy", "jax", "torch"):
         if t not in TARGETS:
             continue
-        for name in WORKLOADS:
+        for name in (*WORKLOADS, *FIRST_MODELS):
             marks = [pytest.mark.skipif(t == "jax" and not _has("jax"), reason="jax not installed")]
             if name in NOT_IMPORTED:
                 exc, reason = NOT_IMPORTED[name]
@@ -49,6 +49,7 @@ def test_five_sgd_steps_track_eager(name, target):
     for step in range(STEPS):
         losses = []
         for m, opt in zip((eager, compiled), opts):
+            torch.manual_seed(step)  # the same dropout masks (the MNIST example's network, the ViT)
             loss = m(*wl.batch(step))
             opt.zero_grad()
             loss.backward()

@@ -226,13 +226,126 @@ WORKLOADS: dict[str, Callable[..., TorchWorkload]] = {
     "transformer": transformer, "bert": bert, "cnn": cnn, "resnet": resnet, "gpt2": gpt2}
 
 
+# ------------------------------------------------------------------ the first models users bring
+
+
+def mnist_mlp(small: bool = False) -> TorchWorkload:
+    hidden, b = (16, 4) if small else (256, 64)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return TorchWorkload("mnist_mlp", LossOf(net, F.cross_entropy), _image_batch(b, 1, 28, 10),
+                         f"MLP 784-{hidden}-10 on 28x28, batch {b}, cross-entropy")
+
+
+class MNISTNet(nn.Module):
+    """The network of PyTorch's MNIST example (pytorch/examples ``mnist/main.py``), its log-softmax included."""
+
+    def __init__(self, c1: int = 32, c2: int = 64, size: int = 28, hidden: int = 128):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, c1, 3, 1), nn.Conv2d(c1, c2, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+        self.fc1, self.fc2 = nn.Linear(c2 * ((size - 4) // 2) ** 2, hidden), nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = F.relu(self.fc1(torch.flatten(self.dropout1(x), 1)))
+        return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
+
+
+def mnist_cnn(small: bool = False) -> TorchWorkload:
+    c1, c2, size, hidden, b = (4, 8, 12, 16, 4) if small else (32, 64, 28, 128, 64)
+    return TorchWorkload("mnist_cnn", LossOf(MNISTNet(c1, c2, size, hidden), F.nll_loss), _image_batch(b, 1, size, 10),
+                         f"PyTorch's MNIST example network ({c1}/{c2} channels, {size}x{size}), batch {b}, NLL")
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding, a two-layer ``nn.LSTM`` and a linear head, cross-entropy over every position."""
+
+    def __init__(self, vocab: int, d: int, hidden: int):
+        super().__init__()
+        self.embed, self.rnn, self.head = nn.Embedding(vocab, d), nn.LSTM(d, hidden, 2, batch_first=True), nn.Linear(hidden, vocab)
+
+    def forward(self, ids, labels):
+        return F.cross_entropy(self.head(self.rnn(self.embed(ids))[0]).flatten(0, 1), labels.flatten())
+
+
+def lstm_lm(small: bool = False) -> TorchWorkload:
+    vocab, d, hidden, s, b = (50, 16, 32, 6, 2) if small else (1000, 128, 256, 32, 16)
+
+    def batch(seed: int) -> tuple:
+        g = _generator(1000 + seed)
+        return torch.randint(0, vocab, (b, s), generator=g), torch.randint(0, vocab, (b, s), generator=g)
+
+    return TorchWorkload("lstm_lm", LSTMLanguageModel(vocab, d, hidden), batch,
+                         f"LSTM LM: 2-layer nn.LSTM {d}->{hidden}, vocab {vocab}, seq {s}, batch {b}")
+
+
+class ViT(nn.Module):
+    """A small vision transformer: patch convolution, class token, learnt positions, pre-norm encoder layers."""
+
+    def __init__(self, size: int, patch: int, d: int, heads: int, layers: int, classes: int = 10):
+        super().__init__()
+        n = (size // patch) ** 2
+        self.patch = nn.Conv2d(3, d, patch, patch)
+        self.cls, self.pos = nn.Parameter(torch.zeros(1, 1, d)), nn.Parameter(torch.randn(1, n + 1, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, 0.1, activation="gelu", batch_first=True, norm_first=True)
+        self.encoder, self.head = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), nn.Linear(d, classes)
+
+    def forward(self, x):
+        h = self.patch(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos
+        return self.head(self.encoder(h)[:, 0])
+
+
+def vit(small: bool = False) -> TorchWorkload:
+    size, d, heads, layers, b = (8, 16, 2, 1, 2) if small else (32, 192, 3, 4, 32)
+    return TorchWorkload("vit", LossOf(ViT(size, 4, d, heads, layers), F.cross_entropy), _image_batch(b, 3, size, 10),
+                         f"ViT d{d} h{heads} {layers} layers, patches 4x4 of {size}x{size}, batch {b}, cross-entropy")
+
+
+class UNet(nn.Module):
+    """A two-level U-Net: group and instance norms, SiLU and Mish, a transposed-convolution upsampling and a skip
+    connection, a bilinear resize."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.GroupNorm(4, c), nn.SiLU())
+        self.down2 = nn.Sequential(nn.Conv2d(c, 2 * c, 3, padding=1), nn.InstanceNorm2d(2 * c, affine=True), nn.SiLU())
+        self.up = nn.ConvTranspose2d(2 * c, c, 2, 2)
+        self.fuse = nn.Sequential(nn.Conv2d(2 * c, c, 3, padding=1), nn.Mish())
+        self.out = nn.Conv2d(c, 1, 1)
+
+    def forward(self, x):
+        a = self.down1(x)
+        u = self.fuse(torch.cat([self.up(self.down2(F.max_pool2d(a, 2))), a], 1))
+        return self.out(F.interpolate(u, scale_factor=0.5, mode="bilinear", align_corners=True))
+
+
+def unet(small: bool = False) -> TorchWorkload:
+    c, size, b = (4, 8, 2) if small else (8, 32, 16)
+
+    def batch(seed: int) -> tuple:
+        g = _generator(1000 + seed)
+        return torch.randn(b, 3, size, size, generator=g), (torch.rand(b, 1, size // 2, size // 2, generator=g) > 0.5).float()
+
+    return TorchWorkload("unet", LossOf(UNet(c), F.binary_cross_entropy_with_logits), batch,
+                         f"U-Net {c}/{2 * c} channels, {size}x{size}, batch {b}, BCE with logits")
+
+
+# models users try first (bench/torch_train.py --first): not the issue's five, measured beside them
+FIRST_MODELS: dict[str, Callable[..., TorchWorkload]] = {
+    "mnist_mlp": mnist_mlp, "mnist_cnn": mnist_cnn, "lstm_lm": lstm_lm, "vit": vit, "unet": unet}
+
+
 def make_workload(name: str, small: bool = False, seed: int = 0) -> TorchWorkload:
-    """The workload ``name`` (one of ``WORKLOADS``) with its weights drawn from ``torch.manual_seed(seed)``."""
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+    """The workload ``name`` (one of ``WORKLOADS`` or ``FIRST_MODELS``) with its weights drawn from
+    ``torch.manual_seed(seed)``."""
+    known = {**WORKLOADS, **FIRST_MODELS}
+    if name not in known:
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(known)}")
     torch.manual_seed(seed)
-    return WORKLOADS[name](small)
+    return known[name](small)
 
 
 __all__ = ["TorchWorkload", "LossOf", "BNCNN", "BasicBlock", "ResNet", "CausalLM", "WORKLOADS", "make_workload",
-           "transformer", "bert", "cnn", "resnet", "gpt2"]
+           "transformer", "bert", "cnn", "resnet", "gpt2", "FIRST_MODELS", "MNISTNet", "LSTMLanguageModel", "ViT", "UNet",
+           "mnist_mlp", "mnist_cnn", "lstm_lm", "vit", "unet"]
