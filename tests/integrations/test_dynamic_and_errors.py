@@ -361,3 +361,49 @@ def test_rows_selected_by_a_mask_written_back_compute_eagers_values_and_gradient
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         for p, q in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+
+
+class SelectedRowsJoined(nn.Module):
+    """``torch.cat`` of rows a mask selects with rows of static count, before, after and around them."""
+
+    def __init__(self, both_selected: bool = False):
+        super().__init__()
+        self.lin, self.both = nn.Linear(4, 4), both_selected
+
+    def forward(self, x, mask):
+        h = self.lin(x)
+        if self.both:
+            return torch.cat([h[mask], h[~mask]]).pow(2).sum()
+        around = torch.cat([h[:1], h[mask] * 2, h[-2:].tanh()])
+        first = torch.cat([h[mask], h[:2]])
+        last = torch.cat([h[:3], h[mask].sin()])
+        weights = torch.arange(first.shape[0], dtype=h.dtype)[:, None]
+        return around.pow(2).sum() + (first * weights).sum() + last.pow(3).sum()
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_rows_selected_by_a_mask_joined_with_others_get_eagers_gradients(target):
+    """The gradient of a concatenation with one part of run-time size slices the others from either end (it
+    needed every size static); masks selecting some, most and no rows."""
+    torch.manual_seed(0)
+    model = SelectedRowsJoined().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    masks = [torch.tensor(m, dtype=torch.bool) for m in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [0] * 6)]
+    compiled = pb_compile(model, (x, masks[0]), target=target)
+    for mask in masks:
+        model.zero_grad()
+        eager.zero_grad()
+        got, want = compiled(x, mask), eager(x, mask)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_joining_two_parts_of_run_time_sizes_names_what_the_gradient_needs():
+    x, mask = torch.randn(6, 4), torch.tensor([True, False, True, True, False, False])
+    with pytest.raises(pb.PullbackError, match=r"concatenate: the gradient needs the sizes along axis 0 of all parts "
+                                               r"but one static, got \['\?', '\?'\] \(rows a mask selects"):
+        pb_compile(SelectedRowsJoined(both_selected=True), (x, mask))(x, mask)

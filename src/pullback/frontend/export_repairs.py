@@ -372,7 +372,7 @@ def _decompositions_module():
 
 # PyTorch's Python reference of nll_loss asks `input.numel() == 0` (to return its empty-batch results), which a
 # batch of data-dependent size cannot answer: the C++ composite (what eager and torch.export themselves run) can
-_GUARDING_REFERENCES = ("nll_loss.default",)
+_GUARDING_REFERENCES = ("nll_loss",)  # their .default overloads
 
 
 def _without_guarding_references(original):
@@ -380,7 +380,7 @@ def _without_guarding_references(original):
         return None
     import torch
 
-    guarding = {getattr(torch.ops.aten, name.split(".")[0]).default for name in _GUARDING_REFERENCES}
+    guarding = {getattr(torch.ops.aten, name).default for name in _GUARDING_REFERENCES}
     return {op: fn for op, fn in original.items() if op not in guarding}
 
 

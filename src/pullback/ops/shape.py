@@ -118,12 +118,36 @@ def _concat_infer(arg_types, attrs):
 def _concat_grad(call: Call, g: Expr):
     ax = normalize_axis("concatenate", call.attrs.axis, call.checked_type.ndim)
     sizes = [a.checked_type.shape[ax] for a in call.args]
-    if any(d is Any for d in sizes):
-        raise PullbackError(f"concatenate: the gradient needs static sizes along axis {ax}, got {sizes}")
     if len(sizes) == 1:
         return [g]
+    dynamic = [i for i, d in enumerate(sizes) if d is Any]
+    if len(dynamic) > 1:
+        shown = ["?" if d is Any else d for d in sizes]
+        raise PullbackError(f"concatenate: the gradient needs the sizes along axis {ax} of all parts but one static, "
+                            f"got {shown} (rows a mask selects have a size known only at run time)")
+    if dynamic:
+        return _slices_around(g, sizes, dynamic[0], ax)
     parts = split(g, tuple(int(v) for v in np.cumsum(sizes)[:-1]), ax)
     return [TupleGetItem(parts, i) for i in range(len(sizes))]
+
+
+def _slices_around(g: Expr, sizes: list, k: int, ax: int) -> list:
+    """The cotangents of parts of static ``sizes`` around part ``k`` of a run-time size: the parts before it
+    sliced from the start of ``g``, those after it from its end, part ``k`` what lies between."""
+    from .indexing import strided_slice
+
+    after, end = sum(sizes[k + 1:]), np.iinfo(np.int64).max  # (a slice's end past the last: Python's clamp)
+    bounds, start = [], 0
+    for i, d in enumerate(sizes):
+        if i < k:
+            bounds.append((start, start + d))
+            start += d
+        elif i == k:
+            bounds.append((start, -after if after else end))
+        else:
+            rest = sum(sizes[i:])
+            bounds.append((-rest, -rest + d if rest > d else end))
+    return [strided_slice(g, (b,), (e,), None, (ax,)) for b, e in bounds]
 
 
 concatenate = defop("concatenate", -1, _concat_infer, kernel=lambda xp, *xs: xp.concat(xs[:-1], axis=xs[-1].axis),
