@@ -407,3 +407,30 @@ def test_joining_two_parts_of_run_time_sizes_names_what_the_gradient_needs():
     with pytest.raises(pb.PullbackError, match=r"concatenate: the gradient needs the sizes along axis 0 of all parts "
                                                r"but one static, got \['\?', '\?'\] \(rows a mask selects"):
         pb_compile(SelectedRowsJoined(both_selected=True), (x, mask))(x, mask)
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_torch_compile_capturing_data_dependent_shapes_computes_eagers_gradients(target):
+    """With Dynamo capturing operators of data-dependent shapes into the graph (instead of breaking it there),
+    the sizes of a concatenation of selected rows arrive as ``torch.sym_sum``, a Python function the importer
+    named a library's custom operator and refused."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = SelectedRowsJoined().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        compiled = torch.compile(model, backend="pullback", options={"target": target})
+        for mask in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]):
+            mask = torch.tensor(mask, dtype=torch.bool)
+            model.zero_grad()
+            eager.zero_grad()
+            got, want = compiled(x, mask), eager(x, mask)
+            got.backward()
+            want.backward()
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            for p, q in zip(model.parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()

@@ -637,6 +637,19 @@ for _fn in (operator.ge, operator.gt, operator.le, operator.lt, operator.eq, ope
     ATEN_TABLE[str(_fn)] = _python_scalar(_fn)
 
 
+def _over_terms(fn):
+    """A ``torch.sym_*`` function of a list of shape values (Dynamo's graphs of data-dependent sizes: the rows a
+    ``torch.cat`` of masked selections has, ``torch.sym_sum``), as ``_python_scalar`` computes operators."""
+    scalar_fn = _python_scalar(lambda *terms: fn(terms))
+    return lambda cx, terms: scalar_fn(cx, *terms)
+
+
+# keyed as the importer names a Python function in a graph: "module.qualname"
+ATEN_TABLE["torch.sym_sum"] = _over_terms(sum)
+ATEN_TABLE["torch.sym_max"] = _python_scalar(max)
+ATEN_TABLE["torch.sym_min"] = _python_scalar(min)
+
+
 @aten("aten._local_scalar_dense.default", "aten.item.default")
 def _item(cx, x):
     """``x.item()``: the one element as a rank-0 tensor (later operators take it as an operand)."""

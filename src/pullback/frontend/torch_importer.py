@@ -36,6 +36,7 @@ import functools
 import io
 import operator
 import re
+import types
 import warnings
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
@@ -718,10 +719,10 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
     elif str(node.target).startswith(custom_vjp.NAMESPACE + "."):  # a custom Function with its own backward
         value = custom_vjp.convert(cx, str(node.target).split(".")[1], args[0])
     else:
-        key = str(node.target)
+        key = target_key(node.target)
         conv = ATEN_TABLE.get(key)
         if conv is None:
-            hint = UNSUPPORTED.get(key) or (CUSTOM_OP_HINT if key.split(".")[0] not in ("aten", "prims") else "")
+            hint = UNSUPPORTED.get(key) or (CUSTOM_OP_HINT if _is_library_op(node.target) else "")
             problems.add(key, node, hint)  # a known gap says why
             return _MISSING
         try:
@@ -741,6 +742,21 @@ def _convert(cx: ConvertContext, node, env: dict, problems: _Problems):
     else:
         cx.record(value, node.meta.get("val"))
     return value
+
+
+def target_key(target) -> str:
+    """The converter table's key of a graph node's target: an operator's name (``aten.add.Tensor``), a Python
+    function's ``module.qualname`` (``torch.sym_sum``), else its ``str`` (``operator.add``'s)."""
+    if isinstance(target, types.FunctionType):
+        return f"{target.__module__}.{target.__qualname__}"
+    return str(target)
+
+
+def _is_library_op(target) -> bool:
+    """An operator of a library's namespace (torch.library), not ATen's or prims'."""
+    import torch
+
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims")
 
 
 def _map_args(a, env):
