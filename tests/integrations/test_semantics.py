@@ -944,3 +944,33 @@ def test_attributes_forward_assigns_are_named_by_a_warning_and_torch_compile_rep
     torch.testing.assert_close(model.cache, eager.cache)
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_a_sparse_embedding_is_named_by_a_warning_and_trains_with_sgd_like_eager(target):
+    """``nn.Embedding(sparse=True)``: pullback's gradient of its weight is dense; a warning says so (SparseAdam
+    would refuse it with no word of why it is dense), and SGD updates as with eager's sparse gradient."""
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(20, 8, sparse=True, padding_idx=0), nn.Linear(8, 3)
+
+        def forward(self, ids, y):
+            return F.cross_entropy(self.head(self.embed(ids).mean(1)), y)
+
+    torch.manual_seed(0)
+    model = Bag()
+    eager = copy.deepcopy(model)
+    ids, y = torch.randint(0, 20, (4, 5)), torch.randint(0, 3, (4,))
+    with pytest.warns(UserWarning, match=r"sparse=True gets a dense weight gradient.*SparseAdam refuses it.*sparse=False"):
+        compiled = pb_compile(model, (ids, y), target=target)
+        compiled(ids, y)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, model)]
+    for _ in range(3):
+        for m, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            m(ids, y).backward()
+            opt.step()
+    assert eager.embed.weight.grad.is_sparse
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q)

@@ -657,6 +657,31 @@ def test_compiling_does_not_copy_the_weights():
     assert not any(np.shares_memory(c, w) for c, w in zip(copies, weights))
 
 
+@pytest.mark.parametrize("target", ["numpy", "torch"])
+def test_a_module_converted_to_another_dtype_after_the_first_call_exports_again(target):
+    """``model.double()`` (or ``.half()``) after compiling converts the same parameter objects in place: with
+    inputs of the same dtype as before (token ids), the compiled module exports for the new dtype (it raised a
+    parameter-type error), and back again."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Tanh(), nn.Linear(4, 2))
+    eager = copy.deepcopy(model)
+    x = torch.randint(0, 10, (5, 3))
+    cm = pb_compile(model, (x,), target=target)
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        model.to(dtype)
+        eager.to(dtype)
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        out = cm(x)
+        out.pow(2).sum().backward()
+        eager(x).pow(2).sum().backward()
+        assert out.dtype == dtype
+        for a, b in zip(model.parameters(), eager.parameters()):
+            assert a.grad.dtype == dtype
+            torch.testing.assert_close(a.grad, b.grad)
+    assert len(cm._imports) == 2
+
+
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_retain_graph_backwards_twice_like_eager_and_frees_the_residuals_otherwise(target, batch_norm):
     """Two losses backward through one forward (``retain_graph=True``, as in GAN training) accumulate what eager

@@ -6,6 +6,7 @@ convolution (1-D, 2-D, 3-D, transposed), pooling (1-D to 3-D), attention, losses
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -1056,12 +1057,21 @@ def _scaled_by_frequency(cx, looked_up: Expr, w: Expr, idx: Expr) -> Expr:
     return _op("add")(frozen, _op("divide")(_op("subtract")(looked_up, frozen), per_lookup))
 
 
+SPARSE_EMBEDDING_WARNING = (
+    "pullback: an embedding with sparse=True gets a dense weight gradient from pullback (SGD and Adagrad update "
+    "with it as with eager's sparse one; SparseAdam refuses it): construct the embedding with sparse=False (and "
+    "train it with Adam or AdamW)")
+
+
 @aten("aten.embedding.default")
 def _embedding(cx, w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """``take(w, idx, axis=0)``; rows looked up at ``padding_idx`` pass no gradient to the weight, and with
     ``scale_grad_by_freq`` each lookup's gradient is divided by how often its index occurs in ``idx`` (PyTorch's
     rules, see ``_scaled_by_frequency``). The weight's gradient adds the lookups' rows one by one (``sequential``),
-    as eager's ``embedding_dense_backward`` does (in half precision, its rounding)."""
+    as eager's ``embedding_dense_backward`` does (in half precision, its rounding). With ``sparse`` the gradient
+    is that dense one: a warning says what that changes."""
+    if sparse:
+        warnings.warn(SPARSE_EMBEDDING_WARNING, stacklevel=2)
     out = _op("take")(w, idx, axis=0, sequential=True)
     if scale_grad_by_freq:
         out = _scaled_by_frequency(cx, out, w, idx)

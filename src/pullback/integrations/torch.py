@@ -524,10 +524,12 @@ class _Import:
                 tensors = list(map(_held, self.owners))
         except (KeyError, AttributeError):
             return None
-        ids = list(map(id, tensors))
+        ids, dtypes = list(map(id, tensors)), list(map(_DTYPE, tensors))
+        if dtypes != self.dtypes:  # also of the same tensors: module.double() after the export converts in place
+            return None
         if ids == self.seen:
             return tensors  # the tensors of the last call (a training loop): checked then
-        if list(map(_SHAPE, tensors)) != self.shapes or list(map(_DTYPE, tensors)) != self.dtypes:
+        if list(map(_SHAPE, tensors)) != self.shapes:
             return None
         self.seen = ids
         return tensors
