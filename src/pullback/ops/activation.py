@@ -401,8 +401,16 @@ def _softplus_kernel(xp, x, a):
     return xp.where(bx > a.threshold, x, soft)
 
 
+def _softplus_torch(x, a):
+    """ATen's ``softplus``, eager's kernel (one pass; the shared formula takes four, ``logaddexp`` the slowest)."""
+    import torch
+
+    return torch.ops.aten.softplus(x, a.beta, a.threshold)
+
+
 softplus = activation("nn.softplus", SoftplusAttrs, _softplus_kernel,
-                      lambda c, g: [softplus_grad(g, c.args[0], c.attrs.beta, c.attrs.threshold)], 4, "softplus")
+                      lambda c, g: [softplus_grad(g, c.args[0], c.attrs.beta, c.attrs.threshold)], 4, "softplus",
+                      impls={"torch": _softplus_torch})
 
 
 def _softplus_grad_kernel(xp, g, x, a):

@@ -33,7 +33,7 @@ from .values import read_only  # a read-only view: a later ATen kernel reads its
 
 ATEN_DTYPES = frozenset({"float32", "float64"})
 GEMMS = frozenset({"nn.dense", "nn.linear", "nn.matmul", "nn.batch_matmul"})
-CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
+CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_bias", "nn.conv2d_transpose", "nn.conv2d_backward_weight"})
 # activations, softmaxes and their gradients, one or two passes over memory: ATen runs them on both cores (NumPy
 # and the numba loops on one). Measured step against step in one process (NumPy's kernels -> these ATen's): BN-CNN
 # 0.89x, transformer layer 0.97x, BERT layer 0.96x, GPT-2 0.97x. Small ones too: in a training step each NumPy call
@@ -45,7 +45,7 @@ CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_transpose", "nn.conv2d_backwar
 # gradient (where) 4.1 ms, against ATen's 0.07-0.3 ms.
 ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "clip", "nn.clip_grad", "nn.leaky_relu", "nn.leaky_relu_grad",
                          "nn.gelu", "nn.gelu_grad", "nn.silu", "nn.silu_grad", "sigmoid", "nn.softmax", "nn.softmax_grad",
-                         "nn.log_softmax", "nn.log_softmax_grad"})
+                         "nn.log_softmax", "nn.log_softmax_grad", "nn.softplus", "nn.softplus_grad"})
 # constant padding (ATen's ``constant_pad_nd``: always new memory, filled on both cores): ResNet-18's single-tap
 # weight gradients pad 1 MB to 9.4 MB each (0.52 -> 0.38 ms in the step); its step 0.96-0.99x in one process
 PADS = frozenset({"nn.pad"})
