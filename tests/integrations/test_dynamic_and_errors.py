@@ -326,6 +326,18 @@ def test_a_mixture_of_experts_routing_tokens_with_where_and_index_add_trains_lik
     check_side_by_side(result, rtol=1e-10, atol=1e-12, verbose=False)
 
 
+def _same_values_and_gradients(compiled, model, eager, *inputs):
+    """One call of ``compiled`` (which trains ``model``) and of ``eager``: the same value and gradients (float64)."""
+    model.zero_grad()
+    eager.zero_grad()
+    got, want = compiled(*inputs), eager(*inputs)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+
+
 class RowsWrittenBack(nn.Module):
     """Writes of a data-dependent number of rows: ``out[idx] = rows``, a slice of them, ``scatter_add``."""
 
@@ -353,14 +365,7 @@ def test_rows_selected_by_a_mask_written_back_compute_eagers_values_and_gradient
     masks = [torch.tensor(m) for m in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1])]
     compiled = pb_compile(model, (x, masks[0].bool()), target=target)
     for mask in masks:
-        for m in (model, eager):
-            m.zero_grad()
-        got, want = compiled(x, mask.bool()), eager(x, mask.bool())
-        got.backward()
-        want.backward()
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+        _same_values_and_gradients(compiled, model, eager, x, mask.bool())
 
 
 class SelectedRowsJoined(nn.Module):
@@ -392,14 +397,7 @@ def test_rows_selected_by_a_mask_joined_with_others_get_eagers_gradients(target)
     masks = [torch.tensor(m, dtype=torch.bool) for m in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [0] * 6)]
     compiled = pb_compile(model, (x, masks[0]), target=target)
     for mask in masks:
-        model.zero_grad()
-        eager.zero_grad()
-        got, want = compiled(x, mask), eager(x, mask)
-        got.backward()
-        want.backward()
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+        _same_values_and_gradients(compiled, model, eager, x, mask)
 
 
 def test_joining_two_parts_of_run_time_sizes_names_what_the_gradient_needs():
@@ -425,12 +423,5 @@ def test_torch_compile_capturing_data_dependent_shapes_computes_eagers_gradients
         compiled = torch.compile(model, backend="pullback", options={"target": target})
         for mask in ([1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]):
             mask = torch.tensor(mask, dtype=torch.bool)
-            model.zero_grad()
-            eager.zero_grad()
-            got, want = compiled(x, mask), eager(x, mask)
-            got.backward()
-            want.backward()
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-            for p, q in zip(model.parameters(), eager.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+            _same_values_and_gradients(compiled, model, eager, x, mask)
     torch._dynamo.reset()
