@@ -164,8 +164,26 @@ def test_static_dims_required_by_some_gradients_are_reported():
     x = pullback.var("x", shape=(pullback.Any, 4))
     e = op.concatenate([x, x], 0)
     infer_expr(e)
-    with pytest.raises(PullbackError, match="concatenate.*static"):
+    with pytest.raises(PullbackError, match="concatenate.*all parts but one static"):
         e.op.grad(e, pullback.var("g", shape=(pullback.Any, 4)))
+
+
+@pytest.mark.parametrize("sizes", [(2, None, 0), (None, 0, 2, 0), (0, None), (1, None, 2)])
+def test_concatenate_gradient_with_one_part_of_run_time_size(sizes):
+    """The other parts' cotangents are slices from either end (empty parts at the end too), the run-time part's
+    what lies between: each part gets its rows of the cotangent."""
+    A = pullback.Any
+    xs = [pullback.var(f"x{i}", shape=(A if d is None else d, 3)) for i, d in enumerate(sizes)]
+    e = op.concatenate(xs, 0)
+    infer_expr(e)
+    g = pullback.var("g", shape=(A, 3))
+    fn = pullback.Function([g, *xs], pullback.Tuple(e.op.grad(e, g)))
+    n = 4  # the run-time part's rows
+    rows = [n if d is None else d for d in sizes]
+    cot = RNG.standard_normal((sum(rows), 3)).astype("float32")
+    got = pullback.build(pullback.IRModule.from_expr(fn))["main"](cot, *[np.zeros((r, 3), "float32") for r in rows])
+    for part, want in zip(got, np.split(cot, np.cumsum(rows)[:-1])):
+        np.testing.assert_array_equal(part, want)
 
 
 def test_out_of_range_indices_raise_execution_errors():

@@ -144,9 +144,9 @@ def _slices_around(g: Expr, sizes: list, k: int, ax: int) -> list:
             start += d
         elif i == k:
             bounds.append((start, -after if after else end))
-        else:
+        else:  # (an empty part at the end: an empty slice past the last)
             rest = sum(sizes[i:])
-            bounds.append((-rest, -rest + d if rest > d else end))
+            bounds.append((-rest if rest else end, -rest + d if rest > d else end))
     return [strided_slice(g, (b,), (e,), None, (ax,)) for b, e in bounds]
 
 
