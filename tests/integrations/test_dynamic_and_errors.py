@@ -402,8 +402,8 @@ def test_rows_selected_by_a_mask_joined_with_others_get_eagers_gradients(target)
 
 def test_joining_two_parts_of_run_time_sizes_names_what_the_gradient_needs():
     x, mask = torch.randn(6, 4), torch.tensor([True, False, True, True, False, False])
-    with pytest.raises(pb.PullbackError, match=r"concatenate: the gradient needs the sizes along axis 0 of all parts "
-                                               r"but one static, got \['\?', '\?'\] \(rows a mask selects"):
+    with pytest.raises(pb.PullbackError, match=r"concatenate: the gradient needs static sizes along axis 0 for all "
+                                               r"parts but one, got \['\?', '\?'\] \(rows a mask selects"):
         pb_compile(SelectedRowsJoined(both_selected=True), (x, mask))(x, mask)
 
 

@@ -123,7 +123,7 @@ def _concat_grad(call: Call, g: Expr):
     dynamic = [i for i, d in enumerate(sizes) if d is Any]
     if len(dynamic) > 1:
         shown = ["?" if d is Any else d for d in sizes]
-        raise PullbackError(f"concatenate: the gradient needs the sizes along axis {ax} of all parts but one static, "
+        raise PullbackError(f"concatenate: the gradient needs static sizes along axis {ax} for all parts but one, "
                             f"got {shown} (rows a mask selects have a size known only at run time)")
     if dynamic:
         return _slices_around(g, sizes, dynamic[0], ax)
