@@ -368,7 +368,6 @@ def test_detach_blocks_the_gradient():
     np.testing.assert_allclose(g, model.w.grad.numpy(), rtol=1e-6)
 
 
-
 class DetachedAndTracked(nn.Module):
     """Returns a hidden activation both detached and tracked (a target network's copy beside the online one)."""
 
