@@ -189,6 +189,8 @@ ACTIVATIONS = [
     case("nn.hardsigmoid", _HARD((3, 8)) * 3, torch=hardsigmoid_exact),
     case("nn.softplus", normal(3, 4) * 3, torch=F("softplus")),
     case("nn.softplus", normal(3, 4) * 3, attrs=dict(beta=2.0, threshold=3.0), torch=F("softplus", 2.0, 3.0), id="softplus-b2-t3"),
+    case("nn.mish", normal(3, 4) * 3, torch=F("mish")),
+    case("nn.mish", np.array([-100.0, -30.0, 0.0, 30.0, 100.0]), torch=F("mish"), id="mish-saturated"),
     case("nn.softmax", normal(3, 5), torch=F("softmax", dim=-1)),
     case("nn.softmax", normal(2, 3, 4), attrs=dict(axis=1), torch=F("softmax", dim=1), id="softmax-axis1"),
     case("nn.log_softmax", normal(3, 5), torch=F("log_softmax", dim=-1)),
@@ -235,6 +237,35 @@ POOL = [
     case("nn.adaptive_avg_pool2d", normal(2, 3, 7, 5), attrs=dict(output_size=(3, 2)), torch=F("adaptive_avg_pool2d", (3, 2))),
     case("nn.adaptive_avg_pool2d", normal(1, 2, 4, 6), attrs=dict(output_size=(None, 4)), torch=F("adaptive_avg_pool2d", (4, 4)),
          id="adaptive_avg_pool2d-none"),
+]
+
+
+def _bilinear(size=None, align_corners=False, scale=None):
+    if scale is not None:
+        return F("interpolate", scale_factor=scale, mode="bilinear", align_corners=align_corners, recompute_scale_factor=False)
+    return F("interpolate", size=size, mode="bilinear", align_corners=align_corners)
+
+
+def _bilinear_back(size, in_size, align_corners=False, scales=(None, None)):
+    return lambda g: aten("upsample_bilinear2d_backward")(g, size, [*g.shape[:2], *in_size], align_corners, *scales)
+
+
+IMAGE = [  # bilinear resizing: up, down, a scale factor that is not the sizes' ratio, one pixel
+    case("image.resize2d", normal(2, 3, 5, 7), attrs=dict(size=(10, 14)), torch=_bilinear((10, 14))),
+    case("image.resize2d", normal(2, 3, 5, 7), attrs=dict(size=(8, 11), coordinate_transformation_mode="align_corners"),
+         torch=_bilinear((8, 11), True), id="resize2d-align_corners"),
+    case("image.resize2d", normal(1, 2, 7, 9), attrs=dict(size=(3, 4)), torch=_bilinear((3, 4)), id="resize2d-down"),
+    case("image.resize2d", normal(1, 2, 7, 9), attrs=dict(size=(10, 13), scales=(1.5, 1.5)), torch=_bilinear(scale=1.5),
+         id="resize2d-scales"),
+    case("image.resize2d", normal(1, 2, 4, 3), attrs=dict(size=(1, 1), coordinate_transformation_mode="align_corners"),
+         torch=_bilinear((1, 1), True), id="resize2d-one-pixel"),
+    case("image.resize2d_grad", normal(2, 3, 10, 14), attrs=dict(size=(10, 14), in_size=(5, 7)),
+         torch=_bilinear_back([10, 14], (5, 7))),
+    case("image.resize2d_grad", normal(1, 2, 10, 13), attrs=dict(size=(10, 13), in_size=(7, 9), scales=(1.5, 1.5)),
+         torch=_bilinear_back([10, 13], (7, 9), scales=(1.5, 1.5)), id="resize2d_grad-scales"),
+    case("image.resize2d_grad", normal(1, 2, 3, 4), attrs=dict(size=(3, 4), in_size=(7, 9),
+                                                            coordinate_transformation_mode="align_corners"),
+         torch=_bilinear_back([3, 4], (7, 9), True), id="resize2d_grad-align_corners-down"),
 ]
 
 NORM = [
@@ -535,6 +566,13 @@ def silu_back(g, x):  # PyTorch's silu derivative in differentiable torch ops (A
     return g * s * (1 + x * (1 - s))
 
 
+def mish_back(g, x):  # PyTorch's mish derivative in differentiable torch ops (ATen's mish_backward has none)
+    import torch
+
+    t = torch.tanh(torch.nn.functional.softplus(x))
+    return g * (t + x * torch.sigmoid(x) * (1 - t * t))
+
+
 def on_bounds(lo, hi, *shape):
     """Normal values, every third one exactly ``lo`` or ``hi`` (clip's gradient keeps them)."""
     x = normal(*shape) * 2
@@ -570,6 +608,7 @@ FUSED_GRADS = [
     case("nn.softplus_grad", normal(3, 4), normal(3, 4) * 4, torch=aten("softplus_backward", 1.0, 20.0)),
     case("nn.softplus_grad", normal(3, 4), normal(3, 4) * 2, attrs=dict(beta=2.0, threshold=1.5),
          torch=aten("softplus_backward", 2.0, 1.5), id="softplus_grad-b2-t1.5"),
+    case("nn.mish_grad", normal(3, 4), normal(3, 4) * 3, torch=mish_back),
     case("tanh_grad", normal(3, 4), np.tanh(normal(3, 4) * 2), torch=aten("tanh_backward")),
     case("tanh_grad", normal(), np.tanh(normal()), torch=aten("tanh_backward"), id="tanh_grad-rank0"),
     case("sigmoid_grad", normal(3, 4), 1 / (1 + np.exp(-2 * normal(3, 4))), torch=aten("sigmoid_backward")),
@@ -636,7 +675,7 @@ CONV_BIAS = [
     conv_bias_case(2, 3, 3, 3, 5, (3, 3)),  # a 1x1 output: a GEMM of the windows plus the bias on torch
 ]
 
-TORCH_CASES = ACTIVATIONS + LINEAR + GROUPED + CONV + CONV_BIAS + POOL + NORM + NATIVE_NORM + MISC + FUSED_GRADS
+TORCH_CASES = ACTIVATIONS + LINEAR + GROUPED + CONV + CONV_BIAS + POOL + IMAGE + NORM + NATIVE_NORM + MISC + FUSED_GRADS
 CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
 
 

@@ -25,7 +25,7 @@ from opgrad import case, vars_for
 from test_nn_ops import CASES
 from test_nn_program import PROGRAMS, _inputs
 
-NN_MODULES = {"conv", "pool", "norm", "loss", "nn", "activation"}
+NN_MODULES = {"conv", "pool", "norm", "loss", "nn", "activation", "image"}
 NN_OPS = {o.name for o in list_ops() if o.kernel is not None and o.kernel.__module__.rsplit(".", 1)[-1] in NN_MODULES}
 TOLERANCE = {"float64": (1e-11, 1e-13), "float32": (2e-6, 1e-6)}  # (rtol, atol)
 RNG = np.random.default_rng(3)
@@ -239,7 +239,7 @@ def test_nn_op_gives_numpy_result_on_target(expr, xs, inputs, target, how, dt):
 def test_every_nn_op_is_checked_on_every_target():
     ops = {n.op.name for _, expr, _, _ in _subjects() for n in post_order(expr) if isinstance(n, Call)}
     assert NN_OPS <= ops, f"nn operators without a case: {sorted(NN_OPS - ops)}"
-    assert len(NN_OPS) == 54, sorted(NN_OPS)  # every operator of conv, pool, norm, loss, nn, activation
+    assert len(NN_OPS) == 58, sorted(NN_OPS)  # every operator of conv, pool, norm, loss, nn, activation, image
 
 
 

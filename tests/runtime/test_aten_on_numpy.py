@@ -55,10 +55,10 @@ def test_activations_softmaxes_and_their_gradients_run_aten_kernels_at_every_siz
                 op.nn.softmax_grad(g, y), op.nn.log_softmax_grad(g, op.nn.log_softmax(x)),
                 op.nn.gelu(x, approximate="tanh"), op.nn.clip_grad(g, op.clip(x, 0.0, 1.0), 0.0, 0.5),
                 op.nn.silu_grad(g, op.nn.silu(x)), op.sigmoid(x), op.nn.leaky_relu_grad(g, op.nn.leaky_relu(x, 0.2), 0.2),
-                op.nn.softplus_grad(g, op.nn.softplus(x, 2.0, 1.5), 2.0, 1.5)]
+                op.nn.softplus_grad(g, op.nn.softplus(x, 2.0, 1.5), 2.0, 1.5), op.nn.mish_grad(g, op.nn.mish(x))]
         fn = _typed(Function([x, g], pb.Tuple(outs)))
         taken = {n.op.name for n in post_order(fn.body) if isinstance(n, Call) and takes(n)}
-        assert taken == ELEMENTWISE and {"nn.softplus", "nn.softplus_grad"} <= taken  # (Mish's softplus: logaddexp)
+        assert taken == ELEMENTWISE and {"nn.softplus", "nn.softplus_grad", "nn.mish", "nn.mish_grad"} <= taken
         xs, gs = rng.standard_normal(shape).astype("float32"), rng.standard_normal(shape).astype("float32")
         for got, want in zip(pb.build(fn, aten=True)["main"](xs, gs), pb.build(fn)["main"](xs, gs)):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

@@ -235,7 +235,8 @@ def test_rsqrt_is_eagers_bits(fast):
 
 @pytest.mark.parametrize("name, aten", [("nn.threshold_grad", "threshold_backward"), ("nn.silu_grad", "silu_backward"),
                                         ("nn.gelu_grad", "gelu_backward"), ("tanh_grad", "tanh_backward"),
-                                        ("sigmoid_grad", "sigmoid_backward"), ("nn.softplus_grad", "softplus_backward")])
+                                        ("sigmoid_grad", "sigmoid_backward"), ("nn.softplus_grad", "softplus_backward"),
+                                        ("nn.mish_grad", "mish_backward")])
 @pytest.mark.parametrize("data_last", [True, False])
 def test_elementwise_gradients_of_mixed_layouts_follow_the_data(name, aten, data_last, monkeypatch):
     """A gradient in one memory format meeting data in the other (a convolution's input gradient and a saved

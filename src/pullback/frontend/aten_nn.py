@@ -708,6 +708,34 @@ def _adaptive_backward(cx, g, x):
     return _grad_of(_op("nn.adaptive_avg_pool2d")(x, output_size=tuple(cx.shape_of(g)[-2:])), g)
 
 
+# ------------------------------------------------------------------ bilinear resizing
+
+
+def _resize_attrs(cx, what: str, x, size, align_corners, scales) -> dict:
+    static(cx, what, cx.shape_of(x)[2:])
+    mode = "align_corners" if align_corners else "half_pixel"
+    given = None if scales is None or all(v is None for v in scales) else tuple(float(v) for v in scales)
+    return dict(size=tuple(int(d) for d in size), coordinate_transformation_mode=mode, scales=given)
+
+
+@aten("aten.upsample_bilinear2d.default")
+def _upsample_bilinear2d(cx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _op("image.resize2d")(x, **_resize_attrs(cx, "bilinear resizing", x, output_size, align_corners, (scales_h, scales_w)))
+
+
+@aten("aten.upsample_bilinear2d.vec")
+def _upsample_bilinear2d_vec(cx, x, output_size, align_corners, scale_factors=None):
+    hw = static(cx, "bilinear resizing", cx.shape_of(x)[2:])
+    size = output_size if output_size is not None else [math.floor(n * f) for n, f in zip(hw, scale_factors)]
+    return _op("image.resize2d")(x, **_resize_attrs(cx, "bilinear resizing", x, size, align_corners, scale_factors))
+
+
+@aten("aten.upsample_bilinear2d_backward.default")
+def _upsample_bilinear2d_backward(cx, g, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    attrs = _resize_attrs(cx, "bilinear resizing's gradient", g, output_size, align_corners, (scales_h, scales_w))
+    return _op("image.resize2d_grad")(g, in_size=tuple(int(d) for d in input_size[2:]), **attrs)
+
+
 # ------------------------------------------------------------------ attention
 
 

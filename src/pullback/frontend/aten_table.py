@@ -189,7 +189,7 @@ def no_value(cx, *args, **kwargs):
 _UNARY = {
     "relu": "nn.relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "log": "log", "sqrt": "sqrt",
     "rsqrt": "rsqrt", "neg": "negative", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos", "tan": "tan",
-    "silu": "nn.silu", "hardswish": "nn.hardswish", "hardsigmoid": "nn.hardsigmoid", "reciprocal": "reciprocal",
+    "silu": "nn.silu", "mish": "nn.mish", "hardswish": "nn.hardswish", "hardsigmoid": "nn.hardsigmoid", "reciprocal": "reciprocal",
     "log1p": "log1p", "log2": "log2", "log10": "log10", "square": "square",
     "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "acosh": "acosh", "asinh": "asinh",
     "atanh": "atanh", "expm1": "expm1", "sign": "sign", "lgamma": "lgamma", "digamma": "digamma",

@@ -7,7 +7,10 @@ so the operators it calls are decomposed in turn:
   lowers to permutes, reshapes and batched matrix products (no ``(N, out, in1, in2)`` intermediate);
 - ``aten.grid_sampler_3d`` (``F.grid_sample`` of a volume: voxel-grid radiance fields, 3-D spatial
   transformers) becomes eight (trilinear) or one (nearest) gathers of the flattened volume, weighted; the
-  gradient w.r.t. the grid comes from the weights, as ATen's.
+  gradient w.r.t. the grid comes from the weights, as ATen's;
+- ``aten.upsample_bilinear2d.vec`` (``F.interpolate(mode="bilinear")``) becomes the ``.default`` overload with
+  its output size and scale factors, which the importer converts to one ``image.resize2d``, where the image
+  sizes are static; with a symbolic height or width, PyTorch's own decomposition (gathers and blends).
 """
 
 from __future__ import annotations
@@ -91,11 +94,27 @@ def grid_sampler_3d(volume, grid, interpolation_mode: int = 0, padding_mode: int
     return out.reshape(n, c, od, oh, ow)
 
 
+def upsample_bilinear2d(x, output_size, align_corners: bool, scale_factors):
+    """``aten.upsample_bilinear2d.vec``: the ``.default`` overload (sizes and scales explicit) where the input's
+    height and width and the output size are static ints, else PyTorch's decomposition."""
+    import torch
+    from torch._decomp import decomposition_table
+    from torch._decomp.decompositions import upsample_compute_output_size
+
+    size = upsample_compute_output_size(x.size(), output_size, scale_factors)
+    if not all(type(d) is int for d in (*x.shape[2:], *size)):
+        return decomposition_table[torch.ops.aten.upsample_bilinear2d.vec](x, output_size, align_corners, scale_factors)
+    scales = scale_factors if scale_factors else (None, None)
+    return torch.ops.aten.upsample_bilinear2d.default(x, list(size), align_corners, *scales)
+
+
 def own_decompositions() -> dict:
     """``{ATen overload: decomposition}`` for the operators above."""
     import torch
 
-    return {torch.ops.aten._trilinear.default: trilinear, torch.ops.aten.grid_sampler_3d.default: grid_sampler_3d}
+    aten = torch.ops.aten
+    return {aten._trilinear.default: trilinear, aten.grid_sampler_3d.default: grid_sampler_3d,
+            aten.upsample_bilinear2d.vec: upsample_bilinear2d}
 
 
-__all__ = ["own_decompositions", "trilinear", "grid_sampler_3d"]
+__all__ = ["own_decompositions", "trilinear", "grid_sampler_3d", "upsample_bilinear2d"]

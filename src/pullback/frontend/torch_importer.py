@@ -70,8 +70,9 @@ PRESERVED = (
     "linear.default", "layer_norm.default", "conv2d.default", "max_pool2d.default", "adaptive_avg_pool2d.default",
     "scaled_dot_product_attention.default", "cross_entropy_loss.default", "matmul.default", "detach.default",
     "silu.default", "softplus.default", "tril.default", "triu.default", "special_log_ndtr.default",
-    # one kernel each way, eager's, where PyTorch's decompositions take four to seven (MobileNetV3, LeViT)
-    "hardswish.default", "hardsigmoid.default",
+    # one kernel each way, eager's, where PyTorch's decompositions take four to seven (MobileNetV3, LeViT, Mish in
+    # YOLOv4 and U-Nets)
+    "hardswish.default", "hardsigmoid.default", "mish.default",
     # a write of one index (``out[:, t] = v`` in a loop): PyTorch's decomposition is a where over the whole tensor
     # (RWKV's time loop: quadratic in the sequence length), ours a strided_set of the one slice
     "select_scatter.default",
@@ -145,7 +146,8 @@ _MISSING = object()
 
 # core overloads lowered by PyTorch's own decompositions (torch._decomp) although the default table keeps them
 # (upsampling becomes index arithmetic and ``index``/``_unsafe_index``, i.e. ``take``: the same formulas as eager)
-EXTRA_DECOMPOSED: tuple = ("upsample_nearest2d.vec", "upsample_bilinear2d.vec", "grid_sampler_2d.default",
+# (``upsample_bilinear2d.vec``: ``decompositions.upsample_bilinear2d``, one ``image.resize2d`` for static sizes)
+EXTRA_DECOMPOSED: tuple = ("upsample_nearest2d.vec", "grid_sampler_2d.default",
                            "upsample_nearest1d.vec", "upsample_linear1d.vec", "upsample_nearest3d.vec",
                            "upsample_trilinear3d.vec", "upsample_bicubic2d.vec")
 

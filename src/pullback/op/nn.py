@@ -21,8 +21,13 @@ def _op_getattr(prefix: str, where: str, namespace: dict):
     return __getattr__
 
 
+def _names(prefix: str) -> list:
+    """The names after ``prefix`` of the operators named ``prefix + name`` (a namespace's ``__dir__``)."""
+    return sorted(o.name[len(prefix):] for o in _list_ops() if o.name.startswith(prefix))
+
+
 __getattr__ = _op_getattr("nn.", "pullback.op.nn", globals())
 
 
 def __dir__():
-    return sorted(o.name[3:] for o in _list_ops() if o.name.startswith("nn."))
+    return _names("nn.")

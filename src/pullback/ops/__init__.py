@@ -7,6 +7,7 @@ from . import activation, attention, conv, linalg, loss, norm, pool, quant  # no
 from . import autodiff, bitwise, math, scan, scatter, sorting  # noqa: F401  (operators the PyTorch importer needs)
 from . import complex  # noqa: F401  (complex tensors and Fourier transforms)
 from . import grouped  # noqa: F401  (mixture-of-experts GEMMs)
+from . import image  # noqa: F401  (bilinear resizing)
 from .registry import FusionKind, OpDef, Recompute, defop, get_op, has_op, is_call_to, list_ops, register
 
 for _name in ("add", "subtract", "multiply", "divide", "negative"):

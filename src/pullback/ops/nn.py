@@ -1,7 +1,7 @@
 """Neural-network operators (``pullback.op.nn.*``): relu, dense, bias_add, batch_flatten, pad, dropout.
 
 The other ``nn.*`` families live next door: ``activation`` (leaky_relu, gelu, silu,
-softplus, softmax, log_softmax), ``linalg`` (matmul, batch_matmul), ``conv``,
+softplus, mish, softmax, log_softmax), ``linalg`` (matmul, batch_matmul), ``conv``,
 ``pool``, ``norm`` and ``loss``. The helpers at the top are shared by them: rule
 helpers (pullback exprs), attribute checks, and kernel helpers that work on any
 array namespace ``xp`` (``numpy``, ``jax.numpy``, array-api-compat's ``torch``).

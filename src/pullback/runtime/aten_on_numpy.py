@@ -45,7 +45,8 @@ CONVOLUTIONS = frozenset({"nn.conv2d", "nn.conv2d_bias", "nn.conv2d_transpose", 
 # gradient (where) 4.1 ms, against ATen's 0.07-0.3 ms.
 ELEMENTWISE = frozenset({"nn.relu", "nn.threshold_grad", "clip", "nn.clip_grad", "nn.leaky_relu", "nn.leaky_relu_grad",
                          "nn.gelu", "nn.gelu_grad", "nn.silu", "nn.silu_grad", "sigmoid", "nn.softmax", "nn.softmax_grad",
-                         "nn.log_softmax", "nn.log_softmax_grad", "nn.softplus", "nn.softplus_grad"})
+                         "nn.log_softmax", "nn.log_softmax_grad", "nn.softplus", "nn.softplus_grad",
+                         "nn.mish", "nn.mish_grad"})
 # constant padding (ATen's ``constant_pad_nd``: always new memory, filled on both cores): ResNet-18's single-tap
 # weight gradients pad 1 MB to 9.4 MB each (0.52 -> 0.38 ms in the step); its step 0.96-0.99x in one process
 PADS = frozenset({"nn.pad"})
@@ -70,11 +71,15 @@ NORMS = frozenset({"nn.layer_norm", "nn.native_layer_norm", "nn.layer_norm_grad"
 # backward's sums, on both cores) where NumPy's is a numba loop, whose import and cached machine code cost the first
 # call of a program ~0.6 s (GPT-2's first step through the integration 2.2-2.6 -> 1.6-1.7 s)
 INDEXING = frozenset({"index_add"})
-ATEN_OPS = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | INDEXING | frozenset({
+# bilinear resizing and its gradient (a U-Net's decoder): ATen's kernels on both cores, where NumPy's are four
+# gathers and blends forward and four scatters backward, each one pass over memory
+RESIZING = frozenset({"image.resize2d", "image.resize2d_grad"})
+ATEN_OPS = (GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | INDEXING | RESIZING
+            | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
-    "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"})
+    "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"}))
 # operators whose ATen kernel always returns new memory, shared with no other value
-ALLOCATING = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | GROUPED | INDEXING | {"nn.layer_norm"}
+ALLOCATING = GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | GROUPED | INDEXING | RESIZING | {"nn.layer_norm"}
 
 
 def _float_tensors(t) -> bool:
