@@ -280,6 +280,18 @@ def test_a_gradient_penalty_taken_in_forward_trains_like_eager(target):
                         target=target)
 
 
+def test_a_gradient_penalty_traced_into_the_graph_runs_that_graph_eagerly(target):
+    """With ``trace_autograd_ops`` (and, in one process, after PyTorch's ``torch.cond`` autograd had run), Dynamo
+    traces ``torch.autograd.grad`` into the graph instead of breaking there; torch.export cannot trace autograd
+    on its fake tensors ("Expected a real tensor"), so that graph runs eagerly, as the graph break would have."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        _train_side_by_side(GradientPenalty().double(), [torch.randn(4, 4, dtype=torch.float64) for _ in range(3)],
+                            target=target)
+    torch._dynamo.reset()
+
+
 class DetachedLeaf(nn.Module):
     """A detached copy made a leaf of its own (``h.detach().requires_grad_()``): a graph break, the first graph
     returning ``h`` and ``h.detach()``."""

@@ -110,6 +110,18 @@ def _registers_tensor_hooks(gm) -> bool:
     return bool(sites)
 
 
+def _takes_gradients(gm) -> bool:
+    """``gm`` calls ``torch.autograd.grad`` or ``backward`` itself (a gradient penalty taken in forward, which Dynamo
+    traces into the graph under ``trace_autograd_ops``, and after some of PyTorch's own higher-order operators ran):
+    torch.export cannot trace autograd on the fake tensors it made, so the graph runs eagerly, as Dynamo's graph
+    break at the call would have it."""
+    import torch
+
+    calls = (torch.autograd.grad, torch.autograd.backward)
+    return any(n.op == "call_function" and n.target in calls or n.op == "call_method" and n.target == "backward"
+               for n in gm.graph.nodes)
+
+
 def _higher_order_as_calls(gm, name: str, module_of):
     """``gm`` with each call of the higher-order operator ``name`` replaced by a call of the submodule
     ``module_of(gm, k, node)`` returns (its name, and its arguments); ``gm`` itself when there is none."""
@@ -327,7 +339,7 @@ def pullback_backend(gm, example_inputs: Sequence, target: str = DEFAULT_TARGET,
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     if not _computes_a_tensor(out_node):
         return gm  # e.g. the empty graph Dynamo makes between two graph breaks: nothing to compile
-    if _registers_tensor_hooks(gm):
+    if _registers_tensor_hooks(gm) or _takes_gradients(gm):
         return gm
     gm = _custom_functions_as_functions(_checkpoints_as_calls(_autocast_regions_as_calls(_data_as_detach(gm))))
 
