@@ -472,7 +472,8 @@ def _mish_grad_grad(call: Call, h: Expr):
 
 
 # one kernel each way (ATen's mish / mish_backward) where PyTorch's decomposition takes softplus, tanh and a product
-# forward and seven kernels backward (a U-Net's Mish blocks, (16, 8, 32, 32) float32 on torch: 0.9 -> 0.3 ms a step)
+# forward and seven kernels backward: eager's kernels and bits, fewer saved tensors (a U-Net's Mish, (16, 8, 32, 32)
+# float32 on torch: 0.9 -> 0.75 ms a step, ATen's mish kernels being slow themselves)
 mish_grad = elementwise_grad("nn.mish_grad", _mish_grad_kernel, "mish_backward", _mish_grad_grad, 12,
                              "Gradient of ``nn.mish``: ``(out_grad, data) -> out_grad * mish'(data)`` "
                              "(ATen ``mish_backward``).")
