@@ -485,6 +485,38 @@ MISC += [
                                                      padding_bias((1, 1, 4, 6), (0, 0, 3, slice(None)))),
          attrs=dict(scale=0.6, is_causal=True), torch=attention_grad_torch(0.6, True), id="attention_grad-gqa-bias-causal"),
 ]
+
+
+def _bce(reduction, weighted=False, pos_weighted=False):
+    def f(z, y, w, pw):
+        import torch.nn.functional as tF
+
+        return tF.binary_cross_entropy_with_logits(z, y, w if weighted else None, reduction=reduction,
+                                                   pos_weight=pw if pos_weighted else None)
+
+    return f
+
+
+MISC += [  # soft targets (a gradient for them too, PyTorch's); the weights get none, as in PyTorch
+    case("nn.binary_cross_entropy_with_logits", normal(4, 3) * 3, RNG.uniform(0, 1, (4, 3)), np.ones(()), np.ones(()),
+         torch=_bce("mean"), wrt=[0, 1], id="bce_with_logits-mean"),
+    case("nn.binary_cross_entropy_with_logits", normal(4, 3) * 3, RNG.uniform(0, 1, (4, 3)), positive(4, 1), positive(3),
+         attrs=dict(reduction="sum", weighted=True, pos_weighted=True), torch=_bce("sum", True, True), wrt=[0, 1],
+         id="bce_with_logits-sum-weights"),
+    case("nn.binary_cross_entropy_with_logits", normal(2, 3, 2) * 30, RNG.uniform(0, 1, (2, 3, 2)), np.ones(()), positive(2),
+         attrs=dict(reduction="none", pos_weighted=True), torch=_bce("none", False, True), wrt=[0, 1],
+         id="bce_with_logits-none-saturated"),
+]
+HELPERS_BCE = [
+    case("nn.binary_cross_entropy_with_logits_grad", np.array(0.7), normal(4, 3), RNG.uniform(0, 1, (4, 3)), np.ones(()),
+         np.ones(()), wrt=[0, 1, 2], id="bce_with_logits_grad-mean"),
+    case("nn.binary_cross_entropy_with_logits_grad", normal(4, 3), normal(4, 3), RNG.uniform(0, 1, (4, 3)), positive(4, 3),
+         positive(3), attrs=dict(reduction="none", weighted=True, pos_weighted=True), wrt=[0, 1, 2],
+         id="bce_with_logits_grad-none-weights"),
+    case("nn.binary_cross_entropy_with_logits_grad", np.array(1.3), normal(4, 3), RNG.uniform(0, 1, (4, 3)), positive(3),
+         positive(3), attrs=dict(reduction="sum", weighted=True, pos_weighted=True), wrt=[0, 1, 2],
+         id="bce_with_logits_grad-sum-weights"),
+]
 for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch
@@ -676,7 +708,7 @@ CONV_BIAS = [
 ]
 
 TORCH_CASES = ACTIVATIONS + LINEAR + GROUPED + CONV + CONV_BIAS + POOL + IMAGE + NORM + NATIVE_NORM + MISC + FUSED_GRADS
-CASES = TORCH_CASES + NORM_FD + HELPERS + FUSED_GRADS_FD + POOL_INDICES
+CASES = TORCH_CASES + NORM_FD + HELPERS + HELPERS_BCE + FUSED_GRADS_FD + POOL_INDICES
 
 
 @pytest.mark.parametrize("c", TORCH_CASES, ids=repr)

@@ -1074,6 +1074,18 @@ def _nll_loss_forward(cx, logp, target, weight, reduction, ignore_index):
     return [_nll(cx, logp, target, weight, reduction, ignore_index), None]
 
 
+@aten("aten.binary_cross_entropy_with_logits.default")
+def _bce_with_logits(cx, z, target, weight=None, pos_weight=None, reduction=1):
+    """One ``nn.binary_cross_entropy_with_logits`` (ATen's kernel on torch), where PyTorch's decomposition takes
+    sixteen operators forward and saves two masks for the backward; weights in the logits' dtype, a ``1``
+    placeholder for an absent one."""
+    dt = cx.dtype_of(z)
+    one = const(np.ones((), dt))
+    args = [cast(cx, v, dt) if v is not None else one for v in (target, weight, pos_weight)]
+    return _op("nn.binary_cross_entropy_with_logits")(z, *args, reduction=_REDUCTIONS[reduction], weighted=weight is not None,
+                                                      pos_weighted=pos_weight is not None)
+
+
 def _scaled_by_frequency(cx, looked_up: Expr, w: Expr, idx: Expr) -> Expr:
     """Rows ``take(w, idx)`` whose gradient is divided by how often each index occurs in ``idx`` (PyTorch's
     ``scale_grad_by_freq``); the values are unchanged: ``stop_gradient(y) + (y - stop_gradient(y)) / count``."""

@@ -53,6 +53,7 @@ ALIASES: dict[str, tuple] = {
     "scaled_dot_product_attention": ("nn.functional.scaled_dot_product_attention",),
     "linear": ("nn.functional.linear",), "cross_entropy_loss": ("nn.functional.cross_entropy",),
     "matmul": ("matmul",), "silu": ("nn.functional.silu",), "mse_loss": ("nn.functional.mse_loss",),
+    "mish": ("nn.functional.mish",), "binary_cross_entropy_with_logits": ("nn.functional.binary_cross_entropy_with_logits",),
     "multilabel_margin_loss": ("nn.functional.multilabel_margin_loss",), "linalg_vector_norm": ("linalg.vector_norm",),
     "histc": ("histc",), "index_fill": ("index_fill",), "_safe_softmax": ("torch.ops.aten._safe_softmax.default",),
     "var_mean": ("var_mean", "var_mean.unbiased"), "lgamma": ("lgamma",), "digamma": ("digamma",),

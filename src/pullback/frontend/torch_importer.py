@@ -86,6 +86,9 @@ PRESERVED = (
     # F.nll_loss (after log_softmax: PyTorch's MNIST example): one ATen kernel each way, where PyTorch's decomposition
     # takes twelve small operators forward and eight backward (a third of a small MLP's step)
     "nll_loss_forward.default", "nll_loss2d_forward.default",
+    # F.binary_cross_entropy_with_logits (segmentation, multi-label heads, GAN discriminators): one kernel forward and
+    # one formula back, where the decomposition takes sixteen operators and saves two masks
+    "binary_cross_entropy_with_logits.default",
 )
 PARAMS_AS = ("inputs", "constants")
 # a library's own operator (a torch.library custom op: its Python body and registered backward are opaque to the

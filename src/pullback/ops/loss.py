@@ -1,4 +1,5 @@
-"""Losses: ``nn.cross_entropy``, ``nn.cross_entropy_with_logits`` (Relay semantics) and ``nn.nll_loss`` (PyTorch's).
+"""Losses: ``nn.cross_entropy``, ``nn.cross_entropy_with_logits`` (Relay semantics), ``nn.nll_loss`` and
+``nn.binary_cross_entropy_with_logits`` (PyTorch's).
 
 - ``cross_entropy(p, t) = -sum(log(p) * t) / p.shape[0]`` (p are probabilities);
 - ``cross_entropy_with_logits(lp, t) = -sum(lp * t) / lp.shape[0]`` (lp are log-probabilities);
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,9 +20,10 @@ from ..ir.errors import ExecutionError
 from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, is_float
 from . import elemwise as E
-from .common import float_arg, numel, same_dtype, tensor_arg
-from .kernels import check, is_traced
-from .nn import as_dtype, check_choice, check_int, count, is_torch, numel_flops, on_device
+from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
+from .kernels import check, is_traced, numpy_quiet
+from . import reduce as R
+from .nn import as_dtype, check_bool, check_choice, check_int, count, is_torch, numel_flops, on_device, scalar
 from .registry import FusionKind, array_namespace, defop, type_error
 
 # ------------------------------------------------------------------ cross entropy
@@ -212,3 +215,146 @@ nll_loss_grad = defop(
     pattern=FusionKind.OPAQUE, flops=lambda ts, out, a: numel(out.shape), torch_name="nll_loss_backward",
     doc="Gradient of ``nn.nll_loss``: ``(out_grad, predictions, targets, weights) -> predictions-shaped``.")
 
+
+# ------------------------------------------------------------------ binary cross-entropy with logits
+
+
+@dataclass(frozen=True)
+class BCEWithLogitsAttrs:
+    """``weighted`` / ``pos_weighted``: whether the third / fourth operand is a weight (else a placeholder, e.g.
+    ``const(1.0)``, that is not read)."""
+
+    reduction: str = "mean"
+    weighted: bool = False
+    pos_weighted: bool = False
+
+    def __post_init__(self):
+        check_choice(self, "reduction", ("mean", "sum", "none"))
+        check_bool(self, "weighted", "pos_weighted")
+
+
+def _bce_check(op: str, arg_types, first: int) -> TensorType:
+    z = float_arg(op, arg_types, first)
+    y, w, pw = (tensor_arg(op, arg_types, first + i) for i in (1, 2, 3))
+    same_dtype(op, [z, y, w, pw])
+    if len(y.shape) != len(z.shape) or any(a is not Any and b is not Any and a != b for a, b in zip(y.shape, z.shape)):
+        raise type_error(op, arg_types, f"targets must have the logits' shape {z.shape}, got {y.shape}")
+    for name, t in (("weight", w), ("pos_weight", pw)):
+        out = broadcast_shapes(op, arg_types, t.shape, z.shape)
+        if len(out) != len(z.shape) or any(a is not Any and b is not Any and a != b for a, b in zip(out, z.shape)):
+            raise type_error(op, arg_types, f"{name} of shape {t.shape} does not broadcast to the logits' {z.shape}")
+    return z
+
+
+def _bce_infer(arg_types, attrs):
+    z = _bce_check("nn.binary_cross_entropy_with_logits", arg_types, 0)
+    return TensorType(z.shape if attrs.reduction == "none" else (), z.dtype)
+
+
+def _bce_grad_infer(arg_types, attrs):
+    op = "nn.binary_cross_entropy_with_logits_grad"
+    z = _bce_check(op, arg_types, 1)
+    g = float_arg(op, arg_types, 0)
+    want = z.shape if attrs.reduction == "none" else ()
+    if len(g.shape) != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(g.shape, want)):
+        raise type_error(op, arg_types, f"the output gradient must have shape {want}, got {g.shape}")
+    return z
+
+
+def _log_sigmoid(xp, z):
+    """``log(sigmoid(z)) = min(z, 0) - log1p(exp(-|z|))``, without overflow."""
+    return xp.minimum(z, 0.0) - xp.log1p(xp.exp(-xp.abs(z)))
+
+
+def _bce_kernel(xp, z, y, w, pw, a):
+    """ATen's formula: ``(1 - y) z - lw log_sigmoid(z)``, ``lw = (pos_weight - 1) y + 1``, times the weight."""
+    ls = _log_sigmoid(xp, z)
+    if a.pos_weighted:
+        ls = ls * ((pw - 1.0) * y + 1.0)
+    loss = (1.0 - y) * z - ls
+    if a.weighted:
+        loss = loss * w
+    out = loss if a.reduction == "none" else xp.sum(loss) / (math.prod(loss.shape) if a.reduction == "mean" else 1)
+    return as_dtype(xp, out, z.dtype)
+
+
+def _bce_grad_kernel(xp, g, z, y, w, pw, a):
+    """``(sigmoid(z) - y) w g'``, with a pos_weight ``((pw y + 1 - y) sigmoid(z) - pw y) w g'`` (ATen's), ``g'`` the
+    output gradient over the mean's count."""
+    s = E.sigmoid_kernel(xp, z)
+    if a.pos_weighted:
+        t = pw * y
+        d = (t + 1.0 - y) * s - t
+    else:
+        d = s - y
+    if a.weighted:
+        d = d * w
+    d = d * (g / math.prod(z.shape) if a.reduction == "mean" else g)
+    return as_dtype(xp, xp.broadcast_to(d, z.shape) if tuple(d.shape) != tuple(z.shape) else d, z.dtype)
+
+
+def _bce_torch(z, y, w, pw, a):
+    """ATen's ``binary_cross_entropy_with_logits``: eager's kernel."""
+    import torch
+
+    return torch.ops.aten.binary_cross_entropy_with_logits(z, y, w if a.weighted else None, pw if a.pos_weighted else None,
+                                                           _REDUCTIONS[a.reduction])
+
+
+def _bce_scale(a: BCEWithLogitsAttrs, g: Expr, z: Expr, w: Expr) -> Expr:
+    """The output gradient as each logit's factor: ``g`` (none, sum) or ``g / n`` (mean), times the weight."""
+    if a.reduction == "mean":
+        g = g / count(z, tuple(range(len(z.checked_type.shape))))
+    return g * w if a.weighted else g
+
+
+def _log_sigmoid_expr(v: Expr) -> Expr:
+    return E.minimum(v, scalar(0.0, v)) - E.log1p(E.exp(-E.abs(v)))
+
+
+def _bce_grad(c: Call, g: Expr):
+    """d/dz: ``nn.binary_cross_entropy_with_logits_grad``; d/dy (float targets, PyTorch's): ``-z``, with a pos_weight
+    ``log_sigmoid(-z) - pw log_sigmoid(z)``; the weights get none (as in PyTorch)."""
+    z, y, w, pw = c.args
+    a = c.attrs
+    dz = binary_cross_entropy_with_logits_grad(g, z, y, w, pw, a.reduction, a.weighted, a.pos_weighted)
+    if not is_float(y.checked_type.dtype):
+        return [dz, None, None, None]
+    dy = _log_sigmoid_expr(-z) - _log_sigmoid_expr(z) * pw if a.pos_weighted else -z
+    return [dz, dy * _bce_scale(a, g, z, w), None, None]
+
+
+def _bce_grad_grad(c: Call, h: Expr):
+    """Of ``dz = coef(z, y) g'``, ``coef = (p s - t)`` with ``t = pw y``, ``p = t + 1 - y`` (``s - y`` without a
+    pos_weight), ``s = sigmoid(z)``: d/dg sums ``h coef`` (over the mean's count), d/dz = ``h p s (1 - s) g'``,
+    d/dy = ``h ((pw - 1) s - pw) g'``."""
+    g, z, y, w, pw = c.args
+    a = c.attrs
+    one = scalar(1.0, z)
+    s = E.sigmoid(z)
+    scale = _bce_scale(a, g, z, w)
+    if a.pos_weighted:
+        t = pw * y
+        slope, coef, dy = t + one - y, (t + one - y) * s - t, (pw - one) * s - pw
+    else:
+        slope, coef, dy = one, s - y, -one
+    dg = h * coef * w if a.weighted else h * coef
+    if a.reduction != "none":
+        dg = R.sum(dg)
+        if a.reduction == "mean":
+            dg = dg / count(z, tuple(range(len(z.checked_type.shape))))
+    return [dg, h * slope * s * (one - s) * scale, h * dy * scale if is_float(y.checked_type.dtype) else None, None, None]
+
+
+binary_cross_entropy_with_logits = defop(
+    "nn.binary_cross_entropy_with_logits", 4, _bce_infer, kernel=_bce_kernel,
+    impls={"torch": _bce_torch}, attrs_type=BCEWithLogitsAttrs,
+    grad=_bce_grad, pattern=FusionKind.OPAQUE, flops=numel_flops(8), torch_name="binary_cross_entropy_with_logits",
+    doc="``(logits, targets, weight, pos_weight)``: PyTorch's ``F.binary_cross_entropy_with_logits`` (``weighted`` / "
+        "``pos_weighted`` say which of the last two are read); targets of the logits' shape, weights broadcast.")
+binary_cross_entropy_with_logits_grad = defop(
+    "nn.binary_cross_entropy_with_logits_grad", 5, _bce_grad_infer, kernel=_bce_grad_kernel,
+    impls={"numpy": numpy_quiet(_bce_grad_kernel, over="ignore")}, attrs_type=BCEWithLogitsAttrs, grad=_bce_grad_grad,
+    pattern=FusionKind.OPAQUE, flops=numel_flops(6),
+    doc="Gradient of ``nn.binary_cross_entropy_with_logits`` w.r.t. the logits: "
+        "``(out_grad, logits, targets, weight, pos_weight) -> logits-shaped``.")

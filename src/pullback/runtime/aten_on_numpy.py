@@ -53,9 +53,10 @@ PADS = frozenset({"nn.pad"})
 # maxima and minima (a masked softmax's row maxima): NumPy's loop checks for NaN element by element, 6.5x ATen's on
 # Swin's (256, 3, 16, 16) attention rows (0.62 against 0.09 ms)
 EXTREMES = frozenset({"max", "min"})
-# the negative log-likelihood and its gradient (integer targets): NumPy's pick, range check and weighted mean took
+# the negative log-likelihood and its gradient (integer targets), binary cross-entropy with logits (one kernel where
+# NumPy takes eight passes): NumPy's pick, range check and weighted mean took
 # ten calls, 130 + 70 us in the BN-CNN's step, cold (ATen's 25 + 36 us; the loss is then eager's bits too)
-LOSSES = frozenset({"nn.nll_loss", "nn.nll_loss_grad"})
+LOSSES = frozenset({"nn.nll_loss", "nn.nll_loss_grad", "nn.binary_cross_entropy_with_logits"})
 # attention (ATen's flash kernel): NumPy's batched GEMMs beside ATen's would have the two thread pools fight
 ATTENTION = frozenset({"nn.attention", "nn.attention_grad"})
 # a mixture of experts' grouped GEMMs (integer offsets): NumPy's BLAS between ATen's kernels fought its thread pool,
