@@ -21,7 +21,7 @@ from ..ir.expr import Call, Expr
 from ..ir.types import Any, TensorType, is_float
 from . import elemwise as E
 from .common import broadcast_shapes, float_arg, numel, same_dtype, tensor_arg
-from .kernels import check, is_traced, numpy_quiet
+from .kernels import accumulated, check, is_traced, numpy_quiet
 from . import reduce as R
 from .nn import as_dtype, check_bool, check_choice, check_int, count, is_torch, numel_flops, on_device, scalar
 from .registry import FusionKind, array_namespace, defop, type_error
@@ -266,8 +266,10 @@ def _log_sigmoid(xp, z):
     return xp.minimum(z, 0.0) - xp.log1p(xp.exp(-xp.abs(z)))
 
 
-def _bce_kernel(xp, z, y, w, pw, a):
-    """ATen's formula: ``(1 - y) z - lw log_sigmoid(z)``, ``lw = (pos_weight - 1) y + 1``, times the weight."""
+def _bce_kernel(xp, z0, y, w, pw, a):
+    """ATen's formula: ``(1 - y) z - lw log_sigmoid(z)``, ``lw = (pos_weight - 1) y + 1``, times the weight; float16
+    and bfloat16 in float32, rounded once."""
+    z, y, w, pw = (accumulated(xp, v) for v in (z0, y, w, pw))
     ls = _log_sigmoid(xp, z)
     if a.pos_weighted:
         ls = ls * ((pw - 1.0) * y + 1.0)
@@ -275,12 +277,13 @@ def _bce_kernel(xp, z, y, w, pw, a):
     if a.weighted:
         loss = loss * w
     out = loss if a.reduction == "none" else xp.sum(loss) / (math.prod(loss.shape) if a.reduction == "mean" else 1)
-    return as_dtype(xp, out, z.dtype)
+    return as_dtype(xp, out, z0.dtype)
 
 
-def _bce_grad_kernel(xp, g, z, y, w, pw, a):
+def _bce_grad_kernel(xp, g, z0, y, w, pw, a):
     """``(sigmoid(z) - y) w g'``, with a pos_weight ``((pw y + 1 - y) sigmoid(z) - pw y) w g'`` (ATen's), ``g'`` the
-    output gradient over the mean's count."""
+    output gradient over the mean's count; float16 and bfloat16 in float32, rounded once."""
+    g, z, y, w, pw = (accumulated(xp, v) for v in (g, z0, y, w, pw))
     s = E.sigmoid_kernel(xp, z)
     if a.pos_weighted:
         t = pw * y
@@ -290,15 +293,18 @@ def _bce_grad_kernel(xp, g, z, y, w, pw, a):
     if a.weighted:
         d = d * w
     d = d * (g / math.prod(z.shape) if a.reduction == "mean" else g)
-    return as_dtype(xp, xp.broadcast_to(d, z.shape) if tuple(d.shape) != tuple(z.shape) else d, z.dtype)
+    return as_dtype(xp, xp.broadcast_to(d, z.shape) if tuple(d.shape) != tuple(z.shape) else d, z0.dtype)
 
 
 def _bce_torch(z, y, w, pw, a):
-    """ATen's ``binary_cross_entropy_with_logits``: eager's kernel."""
+    """ATen's ``binary_cross_entropy_with_logits``: eager's kernel (float16 and bfloat16 in float32, rounded once:
+    ATen's composite rounds each of its steps, a few bits off for bfloat16; autocast runs it in float32 anyway)."""
     import torch
 
-    return torch.ops.aten.binary_cross_entropy_with_logits(z, y, w if a.weighted else None, pw if a.pos_weighted else None,
-                                                           _REDUCTIONS[a.reduction])
+    z0, (z, y, w, pw) = z, (v.float() if v.dtype in (torch.float16, torch.bfloat16) else v for v in (z, y, w, pw))
+    out = torch.ops.aten.binary_cross_entropy_with_logits(z, y, w if a.weighted else None, pw if a.pos_weighted else None,
+                                                          _REDUCTIONS[a.reduction])
+    return out.to(z0.dtype)
 
 
 def _bce_scale(a: BCEWithLogitsAttrs, g: Expr, z: Expr, w: Expr) -> Expr:
