@@ -14,14 +14,15 @@ target).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
 
 from ..ir.errors import AttrError
-from ..ir.types import TensorType
+from ..ir.types import HALF_DTYPES, TensorType
 from .common import float_arg, numel
-from .kernels import add_at
+from .kernels import add_at, dtype_name
 from .nn import check_choice, constant, on_device, widen16
 from .registry import FusionKind, defop, type_error
 
@@ -92,14 +93,15 @@ def _resize_grad_infer(arg_types, attrs):
     return TensorType(g.shape[:2] + attrs.in_size, g.dtype)
 
 
-def _taps(n_in: int, n_out: int, a: Resize2DAttrs, axis: int, dtype) -> tuple:
+@lru_cache(maxsize=256)
+def _taps(n_in: int, n_out: int, align_corners: bool, scale: Optional[float], dtype: str) -> tuple:
     """(lower, upper, weight of upper) along one axis: PyTorch's source indices and blend weights, computed in the
-    data's precision as its decomposition does."""
-    if a.align_corners:
+    data's precision as its decomposition does (once per size, scale and dtype; the kernels never write into them)."""
+    dtype = np.dtype(dtype)
+    if align_corners:
         s = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
         src = s * np.arange(n_out, dtype=dtype)
     else:
-        scale = None if a.scales is None else a.scales[axis]
         s = 1.0 / scale if scale else n_in / n_out
         src = s * (np.arange(n_out, dtype=dtype) + dtype.type(0.5)) - dtype.type(0.5)
     src = np.maximum(src, dtype.type(0.0))
@@ -111,10 +113,11 @@ def _taps(n_in: int, n_out: int, a: Resize2DAttrs, axis: int, dtype) -> tuple:
 def _all_taps(xp, x, in_hw, out_hw, a: Resize2DAttrs) -> tuple:
     """The taps of both axes as ``xp`` arrays (weights in x's dtype; the height's as a column); computed in
     float32 for 16-bit data, as ATen does."""
-    name = str(x.dtype).removeprefix("torch.")
-    dtype = np.dtype("float32" if name.endswith("float16") else name)
-    h = _taps(in_hw[0], out_hw[0], a, 0, dtype)
-    w = _taps(in_hw[1], out_hw[1], a, 1, dtype)
+    name = dtype_name(x)
+    dtype = "float32" if name in HALF_DTYPES else name
+    scales = a.scales or (None, None)
+    h = _taps(in_hw[0], out_hw[0], a.align_corners, scales[0], dtype)
+    w = _taps(in_hw[1], out_hw[1], a.align_corners, scales[1], dtype)
     index = lambda v: xp.asarray(v, **on_device(xp, x))  # noqa: E731
     return ((index(h[0]), index(h[1]), constant(xp, h[2][:, None], x)),
             (index(w[0]), index(w[1]), constant(xp, w[2], x)))

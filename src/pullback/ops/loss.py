@@ -26,6 +26,11 @@ from . import reduce as R
 from .nn import as_dtype, check_bool, check_choice, check_int, count, is_torch, numel_flops, on_device, scalar
 from .registry import FusionKind, array_namespace, defop, type_error
 
+def _fits(shape: tuple, want: tuple) -> bool:
+    """``shape`` may be ``want`` (same rank; an ``Any`` dimension matches any size)."""
+    return len(shape) == len(want) and all(a is Any or b is Any or a == b for a, b in zip(shape, want))
+
+
 # ------------------------------------------------------------------ cross entropy
 
 
@@ -34,7 +39,7 @@ def _ce_infer(op):
         p = float_arg(op, arg_types, 0)
         t = tensor_arg(op, arg_types, 1)
         same_dtype(op, arg_types)
-        if p.ndim < 1 or p.ndim != t.ndim or any(a is not Any and b is not Any and a != b for a, b in zip(p.shape, t.shape)):
+        if p.ndim < 1 or not _fits(t.shape, p.shape):
             raise type_error(op, arg_types, "predictions and targets must have the same shape (rank >= 1)")
         return TensorType((), p.dtype)
 
@@ -87,7 +92,7 @@ def _nll_check(op, arg_types, attrs, pred_i: int):
     if p.ndim < 2:
         raise type_error(op, arg_types, f"predictions must be (N, C, d...), got rank {p.ndim}")
     want = (p.shape[0],) + p.shape[2:]
-    if t.ndim != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(t.shape, want)):
+    if not _fits(t.shape, want):
         raise type_error(op, arg_types, f"targets must have shape {want}, got {t.shape}")
     if w.ndim != 1 or (w.shape[0] is not Any and p.shape[1] is not Any and w.shape[0] != p.shape[1]):
         raise type_error(op, arg_types, f"weights must have shape ({p.shape[1]},), got {w.shape}")
@@ -129,7 +134,7 @@ def _nll_grad_infer(arg_types, attrs):
     p, t = _nll_check(op, arg_types, attrs, 1)
     g = float_arg(op, arg_types, 0)
     want = t.shape if attrs.reduction == "none" else ()
-    if g.ndim != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(g.shape, want)):
+    if not _fits(g.shape, want):
         raise type_error(op, arg_types, f"the output gradient must have shape {want}, got {g.shape}")
     return p
 
@@ -237,11 +242,11 @@ def _bce_check(op: str, arg_types, first: int) -> TensorType:
     z = float_arg(op, arg_types, first)
     y, w, pw = (tensor_arg(op, arg_types, first + i) for i in (1, 2, 3))
     same_dtype(op, [z, y, w, pw])
-    if len(y.shape) != len(z.shape) or any(a is not Any and b is not Any and a != b for a, b in zip(y.shape, z.shape)):
+    if not _fits(y.shape, z.shape):
         raise type_error(op, arg_types, f"targets must have the logits' shape {z.shape}, got {y.shape}")
     for name, t in (("weight", w), ("pos_weight", pw)):
         out = broadcast_shapes(op, arg_types, t.shape, z.shape)
-        if len(out) != len(z.shape) or any(a is not Any and b is not Any and a != b for a, b in zip(out, z.shape)):
+        if not _fits(out, z.shape):
             raise type_error(op, arg_types, f"{name} of shape {t.shape} does not broadcast to the logits' {z.shape}")
     return z
 
@@ -256,7 +261,7 @@ def _bce_grad_infer(arg_types, attrs):
     z = _bce_check(op, arg_types, 1)
     g = float_arg(op, arg_types, 0)
     want = z.shape if attrs.reduction == "none" else ()
-    if len(g.shape) != len(want) or any(a is not Any and b is not Any and a != b for a, b in zip(g.shape, want)):
+    if not _fits(g.shape, want):
         raise type_error(op, arg_types, f"the output gradient must have shape {want}, got {g.shape}")
     return z
 
@@ -307,10 +312,15 @@ def _bce_torch(z, y, w, pw, a):
     return out.to(z0.dtype)
 
 
+def _count_all(z: Expr) -> Expr:
+    """The number of entries of ``z`` (a mean's divisor), as a scalar of its dtype."""
+    return count(z, tuple(range(len(z.checked_type.shape))))
+
+
 def _bce_scale(a: BCEWithLogitsAttrs, g: Expr, z: Expr, w: Expr) -> Expr:
     """The output gradient as each logit's factor: ``g`` (none, sum) or ``g / n`` (mean), times the weight."""
     if a.reduction == "mean":
-        g = g / count(z, tuple(range(len(z.checked_type.shape))))
+        g = g / _count_all(z)
     return g * w if a.weighted else g
 
 
@@ -348,7 +358,7 @@ def _bce_grad_grad(c: Call, h: Expr):
     if a.reduction != "none":
         dg = R.sum(dg)
         if a.reduction == "mean":
-            dg = dg / count(z, tuple(range(len(z.checked_type.shape))))
+            dg = dg / _count_all(z)
     return [dg, h * slope * s * (one - s) * scale, h * dy * scale if is_float(y.checked_type.dtype) else None, None, None]
 
 
