@@ -106,6 +106,26 @@ def test_third_derivative_equals_eager(target):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
+class TwoBiases(nn.Module):
+    """``tanh(x w^T + a + b)``: the biases ``a`` and ``b`` get one gradient value (an LSTM's two biases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.a, self.b = (nn.Parameter(torch.randn(*s, dtype=F64)) for s in ((4, 3), (4,), (4,)))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w.t() + self.a + self.b)
+
+
+def test_two_parameters_with_one_gradient_value_get_memory_of_their_own(target):
+    """The gradient program gives one array for both biases: handed to autograd as two tensors on one memory,
+    the penalty's gradient added in place into the first bias's gradient reached the second's too (numpy target:
+    both off by the penalty's share)."""
+    torch.manual_seed(6)
+    model = TwoBiases()
+    _side_by_side(pb_compile(model, (torch.ones(2, 3, dtype=F64),), target=target), model, _gradient_penalty)
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_attention_models_differentiate_twice(dropout):
     """A TransformerEncoderLayer (scaled_dot_product_attention; with dropout: masks drawn as eager draws them)

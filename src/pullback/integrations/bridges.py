@@ -50,6 +50,19 @@ def version(t) -> Optional[int]:
 _STORAGE = methodcaller("untyped_storage")
 
 
+def unshared(tensors: list) -> list:
+    """``tensors`` with each one that starts at the memory of an earlier one copied: a program may give one value
+    as two gradients (an LSTM's two biases); autograd would accumulate each parameter's next gradient in place
+    into the memory of both."""
+    seen = set()
+    for i, t in enumerate(tensors):
+        p = t.data_ptr()
+        if p in seen and t.numel():
+            tensors[i] = t.clone()
+        seen.add(p)
+    return tensors
+
+
 class Bridge:
     """Runs built ``@main_fwd`` / ``@main_bwd`` of one target on torch tensors.
 
@@ -80,8 +93,9 @@ class Bridge:
         return self.outputs(out), res
 
     def infer(self, tensors: Sequence) -> list:
-        """The flat outputs as torch tensors, where ``fwd`` is a program without residuals (``@main``)."""
-        return self.outputs(self.call(tensors))
+        """The flat outputs as torch tensors, where ``fwd`` is a program without residuals (``@main``; a gradient
+        program of ``higher_order``: its gradients each in memory of their own, ``unshared``)."""
+        return unshared(self.outputs(self.call(tensors)))
 
     def call(self, tensors: Sequence):
         """``fwd``'s result on the torch tensors ``tensors``."""
@@ -110,7 +124,7 @@ class Bridge:
         else:
             args = [*residuals, ct]
         gs = self.run(self.bwd, args, check=False, consume=consume)
-        return [self.to_torch(g) for g in gs]
+        return unshared([self.to_torch(g) for g in gs])
 
     def run(self, fn, args: Sequence, check: bool, consume: bool = False):
         """``fn.call_native(args, check, consume)``, the cores handed over before and after."""
