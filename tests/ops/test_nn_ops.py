@@ -7,6 +7,7 @@ depthwise, non-square kernels and sizes the stride does not divide.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ import pullback
 from pullback import op
 from pullback.analysis import infer_expr
 from pullback.ir.errors import TypeInferenceError
-from opgrad import case, check_rule, dtype_check, torch_check
+from opgrad import case, check_ad, check_rule, dtype_check, torch_check
 from test_grouped import GROUPED
 
 RNG = np.random.default_rng(7)
@@ -533,6 +534,54 @@ for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch
 
+def lstm_torch(reverse=False):
+    """One LSTM layer by ATen's ``lstm`` (eager's), the reversed direction over the flipped sequence."""
+    def f(x, h0, c0, w_ih, w_hh, *b):
+        import torch
+
+        y, h, c = torch.lstm(x.flip(0) if reverse else x, (h0[None], c0[None]), [w_ih, w_hh, *b], bool(b), 1, 0.0, False,
+                             False, False)
+        return (y.flip(0) if reverse else y), h[0], c[0]
+
+    return f
+
+
+def lstm_grad_torch(reverse=False):
+    """(dx, dh0, dc0, dw_ih, dw_hh[, db]) by autograd through ``lstm_torch`` (``y`` unused: recomputed)."""
+    def f(gy, gh, gc, x, h0, c0, w_ih, w_hh, y, *b):
+        import torch
+
+        leaves = [t.detach().requires_grad_() for t in (x, h0, c0, w_ih, w_hh, *b)]
+        return torch.autograd.grad(lstm_torch(reverse)(*leaves), leaves, (gy, gh, gc))[:6]
+
+    return f
+
+
+def lstm_inputs(t, b, i, h, biases=True) -> list:
+    ws = [fresh_normal(t, b, i), fresh_normal(b, h) * 0.5, fresh_normal(b, h), fresh_normal(4 * h, i) * 0.5,
+          fresh_normal(4 * h, h) * 0.5]
+    return ws + ([fresh_normal(4 * h) * 0.5, fresh_normal(4 * h) * 0.5] if biases else [])
+
+
+def lstm_grad_inputs(reverse, *dims, biases=True) -> list:
+    """Cotangents, the layer's operands and its hidden states ``y`` (pullback's NumPy kernel: checked against
+    ATen's by the ``nn.lstm`` cases)."""
+    ops = lstm_inputs(*dims, biases=biases)
+    t, b, _, h = dims
+    y = pullback.ops.get_op("nn.lstm").compute(*ops, pullback.ops.get_op("nn.lstm").make_attrs(reverse=reverse))[0]
+    return [fresh_normal(t, b, h), fresh_normal(b, h), fresh_normal(b, h)] + ops[:5] + [y] + ops[5:]
+
+
+MISC += [  # one LSTM layer over a sequence, each direction, with and without biases
+    case("nn.lstm", *lstm_inputs(4, 2, 3, 5), torch=lstm_torch()),
+    case("nn.lstm", *lstm_inputs(3, 2, 4, 3, biases=False), attrs=dict(reverse=True), torch=lstm_torch(True),
+         id="lstm-reverse-nobias"),
+    case("nn.lstm", *lstm_inputs(1, 3, 2, 2), attrs=dict(reverse=True), torch=lstm_torch(True), id="lstm-one-step"),
+    # (no rule of its own: AD differentiates its expansion, checked by test_second_derivatives_of_an_lstm_layer)
+    case("nn.lstm_grad", *lstm_grad_inputs(False, 4, 2, 3, 5), torch=lstm_grad_torch(), fd=False),
+    case("nn.lstm_grad", *lstm_grad_inputs(True, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True),
+         torch=lstm_grad_torch(True), fd=False, id="lstm_grad-reverse-nobias"),
+]
 HELPERS = [  # gradient ops: their own rules are checked too
     case("nn.fake_quantize_grad", normal(2, 4, 3), normal(2, 4, 3) * 2, *PER_CHANNEL_Q, attrs=dict(quant_min=-8, quant_max=7),
          wrt=[0]),
@@ -732,6 +781,13 @@ def test_forward_and_vjp_match_torch(c):
 @pytest.mark.parametrize("c", CASES, ids=repr)
 def test_gradient_rule_matches_finite_differences(c):
     check_rule(c)
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.op == "nn.lstm_grad"], ids=repr)
+def test_an_lstm_gradient_is_differentiated_through_its_expansion(c):
+    """``nn.lstm_grad`` has no rule of its own: AD differentiates its step-by-step expansion (second derivatives
+    of an LSTM), against finite differences of its kernel in every operand."""
+    check_ad(dataclasses.replace(c, fd=True))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

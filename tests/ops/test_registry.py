@@ -30,8 +30,8 @@ def test_op_is_complete(o):
     assert callable(o.compute), f"{o.name}: no compute"
     assert isinstance(o.pattern, FusionKind), f"{o.name}: no fusion pattern"
     assert callable(o.flops), f"{o.name}: no flops estimate"
-    if o.differentiable:
-        assert callable(o.grad), f"{o.name}: no gradient rule and not marked differentiable=False"
+    if o.differentiable:  # a rule, or an expansion into operators AD differentiates (OpDef.expand)
+        assert callable(o.grad) or callable(o.expand), f"{o.name}: no gradient rule and not marked differentiable=False"
     else:
         assert o.grad is None and o.nondiff_reason, f"{o.name}: differentiable=False needs a reason and no rule"
     if o.attrs_type is not None:

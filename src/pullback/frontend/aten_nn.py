@@ -736,6 +736,23 @@ def _upsample_bilinear2d_backward(cx, g, output_size, input_size, align_corners,
     return _op("image.resize2d_grad")(g, in_size=tuple(int(d) for d in input_size[2:]), **attrs)
 
 
+# ------------------------------------------------------------------ recurrent layers
+
+
+@aten("aten.mkldnn_rnn_layer.default")
+def _mkldnn_rnn_layer(cx, x, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse, batch_sizes, mode, hidden_size, num_layers,
+                      has_biases, bidirectional, batch_first, train):
+    """One ``nn.lstm`` (``decompositions.lstm`` lowers ``nn.LSTM`` to one such layer per layer and direction); the
+    fourth result, oneDNN's workspace, is never read."""
+    if mode != 2 or list(batch_sizes) or num_layers != 1 or bidirectional or batch_first:
+        raise PullbackError(f"mkldnn_rnn_layer: one unidirectional LSTM layer (mode 2) over a (T, B, I) sequence is "
+                            f"supported, got mode={mode}, num_layers={num_layers}, bidirectional={bidirectional}, "
+                            f"batch_first={batch_first}, batch_sizes={list(batch_sizes)}")
+    biases = (b_ih, b_hh) if has_biases else ()
+    y = _op("nn.lstm")(x, h0, c0, w_ih, w_hh, *biases, reverse=bool(reverse))
+    return [TupleGetItem(y, k) for k in range(3)] + [const(np.zeros(0, np.uint8))]
+
+
 # ------------------------------------------------------------------ attention
 
 

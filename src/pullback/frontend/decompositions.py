@@ -10,7 +10,11 @@ so the operators it calls are decomposed in turn:
   gradient w.r.t. the grid comes from the weights, as ATen's;
 - ``aten.upsample_bilinear2d.vec`` (``F.interpolate(mode="bilinear")``) becomes the ``.default`` overload with
   its output size and scale factors, which the importer converts to one ``image.resize2d``, where the image
-  sizes are static; with a symbolic height or width, PyTorch's own decomposition (gathers and blends).
+  sizes are static; with a symbolic height or width, PyTorch's own decomposition (gathers and blends);
+- ``aten.lstm.input`` (``nn.LSTM`` over a padded batch) becomes one ``mkldnn_rnn_layer`` per layer and direction
+  (converted to one ``nn.lstm``), with the dropout between layers where eager applies it, in place of PyTorch's
+  decomposition into every step's cell (2,400 operators a training step for a 2-layer LSTM over 32 steps); an
+  LSTM with projections (``proj_size``) or mixed dtypes keeps PyTorch's decomposition.
 """
 
 from __future__ import annotations
@@ -108,13 +112,47 @@ def upsample_bilinear2d(x, output_size, align_corners: bool, scale_factors):
     return torch.ops.aten.upsample_bilinear2d.default(x, list(size), align_corners, *scales)
 
 
+def _one_layer_lstm(inp, hidden, params, has_biases, reverse=False):
+    """One direction of one layer as ATen's oneDNN layer (``mkldnn_rnn_layer``, which the importer converts to
+    ``nn.lstm``): ``(y, (h_T, c_T))`` of a (T, B, I) input and (B, H) states, ``_rnn_helper``'s layer function."""
+    import torch
+
+    w_ih, w_hh = params[0], params[1]
+    b_ih, b_hh = (params[2], params[3]) if has_biases else (w_ih.new_zeros(w_ih.shape[0]), w_hh.new_zeros(w_hh.shape[0]))
+    h0, c0 = hidden
+    y, hy, cy, _ = torch.ops.aten.mkldnn_rnn_layer.default(inp, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse, [], 2,
+                                                           h0.shape[-1], 1, has_biases, False, False, False)
+    return y, (hy, cy)
+
+
+def lstm(input, hx, params, has_biases: bool, num_layers: int, dropout: float, train: bool, bidirectional: bool,
+         batch_first: bool):
+    """``aten.lstm.input``: PyTorch's layer loop (``_rnn_helper``: directions, ``batch_first``, and the dropout
+    between layers as ``export_repairs.rnn_dropout_between_layers`` applies it) over one ``mkldnn_rnn_layer``
+    per layer and direction; PyTorch's own decomposition for projections or mixed dtypes."""
+    import torch
+    from torch._decomp import decomposition_table
+    from torch._decomp import decompositions as torch_decompositions
+
+    tensors = [input, *hx, *params]
+    if len(hx) != 2 or hx[0].shape[-1] != hx[1].shape[-1] or len({t.dtype for t in tensors}) != 1 \
+            or not input.dtype.is_floating_point:
+        return decomposition_table[torch.ops.aten.lstm.input](input, hx, params, has_biases, num_layers, dropout, train,
+                                                              bidirectional, batch_first)
+    params = torch_decompositions.gather_params(params, has_biases, False)
+    out, finals = torch_decompositions._rnn_helper(input, list(zip(hx[0], hx[1])), params, has_biases, num_layers,
+                                                   dropout, train, bidirectional, batch_first, _one_layer_lstm)
+    h, c = zip(*finals)
+    return out, torch.stack(h, 0), torch.stack(c, 0)
+
+
 def own_decompositions() -> dict:
     """``{ATen overload: decomposition}`` for the operators above."""
     import torch
 
     aten = torch.ops.aten
     return {aten._trilinear.default: trilinear, aten.grid_sampler_3d.default: grid_sampler_3d,
-            aten.upsample_bilinear2d.vec: upsample_bilinear2d}
+            aten.upsample_bilinear2d.vec: upsample_bilinear2d, aten.lstm.input: lstm}
 
 
-__all__ = ["own_decompositions", "trilinear", "grid_sampler_3d", "upsample_bilinear2d"]
+__all__ = ["own_decompositions", "trilinear", "grid_sampler_3d", "upsample_bilinear2d", "lstm"]

@@ -133,6 +133,9 @@ class OpDef(Op):
     a set that ``kinks`` cannot describe (steps, ties, constant slices);
     ``example_attrs`` attributes to use where its attrs have no defaults.
 
+    ``expand(call) -> Expr``: the call written in other operators, which AD differentiates in place of an operator
+    that has no rule of its own (``grad=None``; an LSTM's gradient, for second derivatives).
+
     ``pattern`` is its Relay fusion kind; ``recompute`` what recomputing it in the backward costs
     (a :class:`Recompute` class, by default derived from ``pattern``); ``type_only`` the positions of the
     operands it reads only for their shape and dtype (the like-operators' templates): its result never shares
@@ -159,6 +162,7 @@ class OpDef(Op):
         attrs_type: Optional[type] = None,
         grad: Optional[GradFn] = None,
         grad_sees_wanted: bool = False,
+        expand: Optional[Callable[[Call], Expr]] = None,
         differentiable: bool = True,
         nondiff_reason: str = "",
         pattern: FusionKind = FusionKind.OPAQUE,
@@ -189,6 +193,7 @@ class OpDef(Op):
         self.grad = grad
         # the rule takes ``wanted=`` (one bool per argument: does AD want its gradient) and may choose by it
         self.grad_sees_wanted = grad_sees_wanted
+        self.expand = expand  # the call in other operators: AD differentiates that where there is no rule
         self.differentiable = differentiable
         self.nondiff_reason = nondiff_reason
         self.pattern = FusionKind(pattern)

@@ -75,7 +75,10 @@ INDEXING = frozenset({"index_add"})
 # bilinear resizing and its gradient (a U-Net's decoder): ATen's kernels on both cores, where NumPy's are four
 # gathers and blends forward and four scatters backward, each one pass over memory
 RESIZING = frozenset({"image.resize2d", "image.resize2d_grad"})
+# an LSTM layer and its gradient: oneDNN's fused layer (eager's), where NumPy's kernel loops over the steps
+RECURRENT = frozenset({"nn.lstm", "nn.lstm_grad"})
 ATEN_OPS = (GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | INDEXING | RESIZING
+            | RECURRENT
             | frozenset({
     "nn.max_pool2d", "nn.max_pool2d_grad", "nn.max_pool2d_gather", "nn.avg_pool2d", "nn.avg_pool2d_grad", "nn.adaptive_avg_pool2d",
     "nn.adaptive_avg_pool2d_grad", "nn.batch_norm", "nn.batch_norm_grad", "nn.native_batch_norm", "nn.native_batch_norm_grad"}))

@@ -29,7 +29,7 @@ from ..ir.module import IRModule
 from ..ir.traversal import post_order
 from ..ir.types import FuncType, TupleType
 from .ad.common import all_float_leaves, build_struct, has_float_leaf, ones, typed_as
-from .ad.inline import inline_calls
+from .ad.inline import expand_calls, inline_calls
 from .ad.scan import active_nodes, scan_module
 from .ad.sweep import ReverseSweep
 from ..ir.gc_pause import gc_paused
@@ -110,8 +110,8 @@ def _differentiate(mod: IRModule, func: str, wrt: WrtSpec, mode: str) -> Functio
         raise DiagnosticError(f"FirstOrderGradient cannot differentiate @{func}", problems)
     entry = scans[func]
     order, active = entry.order, entry.active
-    if entry.has_calls:
-        fn = inline_calls(mod, func)
+    if entry.has_calls or any(s.expansions for s in scans.values()):
+        fn = expand_calls(inline_calls(mod, func) if entry.has_calls else fn)
         order = post_order(fn.body)
         active = active_nodes(order, params)
     body = fn.body

@@ -19,7 +19,7 @@ from typing import Optional
 from ...analysis.type_infer import infer_expr
 from ...ir.expr import Call, Expr, Function, GlobalVar
 from ...ir.module import IRModule
-from ...ir.traversal import post_order, rebuild
+from ...ir.traversal import post_order, rebuild, transform
 
 
 def _callee(mod: IRModule, node: Expr) -> Optional[Function]:
@@ -95,3 +95,20 @@ def inline_calls(mod: IRModule, func: str) -> Function:
     out = Function(fn.params, result, fn.ret_type, fn.attrs)
     infer_expr(out)
     return out
+
+
+def expand_calls(fn: Function) -> Function:
+    """``fn`` with each call of an operator AD differentiates through its expansion (``OpDef.expand``: no rule of
+    its own) replaced by that expansion (typed)."""
+    from .scan import expanded
+
+    def expand(old: Expr, new: Expr):
+        if not expanded(new):
+            return None
+        infer_expr(new)
+        out = new.op.expand(new)
+        infer_expr(out)
+        return out
+
+    body = transform(fn.body, expand)
+    return fn if body is fn.body else Function(fn.params, body, fn.ret_type, attrs=fn.attrs)

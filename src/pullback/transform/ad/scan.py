@@ -38,6 +38,16 @@ def active_nodes(order: list, params: Iterable[Var]) -> set:
     return active
 
 
+def differentiable(op: OpDef) -> bool:
+    """AD can differentiate calls of ``op``: by its rule, or through its expansion (``OpDef.expand``)."""
+    return op.differentiable and (op.grad is not None or op.expand is not None)
+
+
+def expanded(call: Expr) -> bool:
+    """``call`` is differentiated through its operator's expansion (no rule of its own)."""
+    return type(call) is Call and isinstance(call.op, OpDef) and call.op.grad is None and call.op.expand is not None
+
+
 def _no_grad_reason(op: OpDef) -> str:
     if not op.differentiable:
         return f"operator {op.name} is not differentiable ({op.nondiff_reason})" if op.nondiff_reason else f"operator {op.name} is not differentiable"
@@ -55,6 +65,7 @@ class FunctionScan:
         self.problems: list[str] = []
         self.callees: list[tuple[str, Call]] = []  # (callee name, first call site)
         self.primitives: list[Function] = []
+        self.expansions = False  # a call AD differentiates through its operator's expansion
         needed = {fn.body} if fn.body in active else set()
         seen_callees: set[str] = set()
         for n in reversed(order):
@@ -72,7 +83,8 @@ class FunctionScan:
                     self.primitives.append(op)
             if n not in needed:
                 continue
-            if type(n) is Call and isinstance(n.op, OpDef) and (n.op.grad is None or not n.op.differentiable):
+            self.expansions = self.expansions or expanded(n)
+            if type(n) is Call and isinstance(n.op, OpDef) and not differentiable(n.op):
                 self.problems.append(f"{_no_grad_reason(n.op)}, {binding(fn_name, fn, n)}")
             kids = (n.true_branch, n.false_branch) if type(n) is If else n.children()
             for c in kids:
