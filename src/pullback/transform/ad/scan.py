@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ...analysis.callgraph import CallGraph
-from ...ir.expr import Call, Constant, Function, GlobalVar, If, Var
+from ...ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Var
 from ...ir.module import IRModule
 from ...ir.types import TensorType, is_inexact
 from ...ir.traversal import post_order
