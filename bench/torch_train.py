@@ -38,7 +38,8 @@ median over the rounds. Columns:
   row: the distinct memory kept for the backward after a forward (a weight saved as ``w.t()`` counts once, as
   does an input batch), eager and Inductor through ``torch.autograd.graph.saved_tensors_hooks``, pullback
   the residuals its autograd Function keeps (``ctx.residuals``: tensors on the torch target, the target's
-  arrays elsewhere, each by the storage that owns its memory: ``_saved_bytes_pullback``);
+  arrays elsewhere, with what the torch target's LSTM layers keep in oneDNN's graphs, each by the storage that owns
+  its memory: ``_saved_bytes_pullback``);
   ``act MB``: the same without the storages of the parameters, buffers and inputs: the memory that saving
   for the backward adds. (The JSON rows also hold ``ir_saved_mb`` / ``ir_act_mb``, ``analysis.saved_bytes``
   of ``@main_fwd``: the residuals' types summed, a view of another residual or of a parameter counted as a
@@ -227,7 +228,9 @@ def _saved_bytes_pullback(m, inputs, held) -> tuple[int, int]:
     ctx = out.grad_fn
     residuals = getattr(ctx, "residuals", None)  # a list: save_for_backward only under saved-tensor hooks
     saved = residuals if isinstance(residuals, list) else ctx.saved_tensors
-    owners = dict(_memory_key(v, torch) for v in saved)
+    from pullback.ops.rnn import taped_tensors  # the graphs oneDNN's LSTM layers keep for their backward
+
+    owners = dict(_memory_key(v, torch) for v in (*saved, *taped_tensors()))
     kept = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
     out.backward()
     return sum(owners.values()), sum(v for k, v in owners.items() if k not in kept)

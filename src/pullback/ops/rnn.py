@@ -246,12 +246,19 @@ def _lstm_torch(x, h0, c0, w_ih, w_hh, *rest):
         return _lstm_kernel(array_namespace("torch"), x, h0, c0, w_ih, w_hh, *rest)
     leaves = [t.detach().requires_grad_() for t in (x, h0, c0, w_ih, w_hh) + (() if b_ih is None else (b_ih, b_hh))]
     with torch.enable_grad():
-        out = _onednn_layer(*leaves[:5], *(leaves[5:] or (None, None)), a.reverse, True)[:3]
+        *out, workspace = _onednn_layer(*leaves[:5], *(leaves[5:] or (None, None)), a.reverse, True)
     y, h, c = (t.detach() for t in out)
     key = _key(y)
     ref = weakref.ref(y, lambda r, k=key: _forget(k, r))
-    _TAPES[key] = (ref, [t._version for t in leaves + [y]], a.reverse, out, leaves)
+    _TAPES[key] = (ref, [t._version for t in leaves + [y]], a.reverse, out, leaves, workspace)
     return y, h, c
+
+
+def taped_tensors() -> list:
+    """The tensors the kept graphs hold for their gradients (``_TAPES``: operands, results, oneDNN's workspace),
+    what a forward keeps for its backward besides a program's own residuals (``bench/torch_train.py`` counts
+    them)."""
+    return [t for entry in list(_TAPES.values()) for t in (*entry[3], *entry[4], entry[5])]
 
 
 def _same(leaf, given) -> bool:
@@ -267,7 +274,7 @@ def _taped(y, operands: tuple, reverse: bool):
     if entry is None or entry[0]() is None:  # (alive, the forward's y holds this memory: the same values)
         return None
     del _TAPES[_key(y)]
-    _, versions, was_reverse, out, leaves = entry
+    _, versions, was_reverse, out, leaves, _ = entry
     if was_reverse != reverse or [t._version for t in leaves + [y]] != versions or len(leaves) != len(operands) \
             or not all(_same(leaf, t) for leaf, t in zip(leaves, operands)):
         return None
@@ -381,4 +388,4 @@ lstm_grad = defop(
     doc="Gradient of ``nn.lstm``: ``(y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y[, b_ih, b_hh])`` -> "
         "``(dx, dh0, dc0, dw_ih, dw_hh[, db])`` (``db`` is both biases' gradient).")
 
-__all__ = ["LSTMAttrs", "lstm", "lstm_grad"]
+__all__ = ["LSTMAttrs", "lstm", "lstm_grad", "taped_tensors"]
