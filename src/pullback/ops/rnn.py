@@ -254,6 +254,16 @@ def _lstm_torch(x, h0, c0, w_ih, w_hh, *rest):
     return y, h, c
 
 
+def tie(y, holder) -> None:
+    """Keep the graph of the forward that gave ``y`` while ``holder`` lives (instead of while ``y`` does): the
+    NumPy array on ``y``'s memory that the numpy target hands on (``runtime.aten_on_numpy``), ``y`` itself being a
+    tensor that dies with the call."""
+    key = _key(y)
+    entry = _TAPES.get(key)
+    if entry is not None:
+        _TAPES[key] = (weakref.ref(holder, lambda r, k=key: _forget(k, r)),) + entry[1:]
+
+
 def taped_tensors() -> list:
     """The tensors the kept graphs hold for their gradients (``_TAPES``: operands, results, oneDNN's workspace),
     what a forward keeps for its backward besides a program's own residuals (``bench/torch_train.py`` counts
@@ -388,4 +398,4 @@ lstm_grad = defop(
     doc="Gradient of ``nn.lstm``: ``(y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y[, b_ih, b_hh])`` -> "
         "``(dx, dh0, dc0, dw_ih, dw_hh[, db])`` (``db`` is both biases' gradient).")
 
-__all__ = ["LSTMAttrs", "lstm", "lstm_grad", "taped_tensors"]
+__all__ = ["LSTMAttrs", "lstm", "lstm_grad", "taped_tensors", "tie"]
