@@ -824,3 +824,31 @@ def test_pad_crops_then_pads_as_eager_on_every_target(widths):
     fn = pullback.Function([x], op.nn.pad(x, pad_width=widths))
     np.testing.assert_array_equal(pullback.build(fn)["main"](xs), want)
     np.testing.assert_array_equal(pullback.build(fn, target="torch")["main"](torch.from_numpy(xs)).numpy(), want)
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (dict(h0=(2, 6)), r"nn\.lstm.*shapes .*\(2, 6\).* are not x \(T, B, I\).*H = 6"),  # c0 (2, 5) against h0 (2, 6)
+    (dict(w_ih=(20, 4)), r"nn\.lstm.*w_ih \(4H, I\)"),  # I = 3, not 4
+    (dict(x=(4, 3)), r"nn\.lstm.*expects a \(T, B, I\) sequence"),
+])
+def test_lstm_names_the_operands_that_do_not_fit(shapes, match):
+    dims = dict(x=(4, 2, 3), h0=(2, 5), c0=(2, 5), w_ih=(20, 3), w_hh=(20, 5))
+    dims.update(shapes)
+    xs = [pullback.var(k, shape=s, dtype="float32") for k, s in dims.items()]
+    with pytest.raises(TypeInferenceError, match=match):
+        infer_expr(op.nn.lstm(*xs))
+
+
+def test_second_derivatives_of_an_lstm_over_a_varying_length_say_why_not():
+    from pullback.ir.errors import PullbackError
+    from pullback.ir.types import Any, TensorType
+
+    dims = dict(x=(Any, 2, 3), h0=(2, 5), c0=(2, 5), w_ih=(20, 3), w_hh=(20, 5))
+    xs = [pullback.var(k, TensorType(s, "float64")) for k, s in dims.items()]
+    g = pullback.var("g", TensorType((Any, 2, 5), "float64"))
+    zero = pullback.var("z", TensorType((2, 5), "float64"))
+    y = pullback.ir.expr.TupleGetItem(op.nn.lstm(*xs), 0)
+    d = pullback.ir.expr.TupleGetItem(op.nn.lstm_grad(g, zero, zero, *xs, y), 3)  # dW_ih
+    mod = pullback.IRModule({"main": pullback.Function([*xs, g, zero], op.sum(d * d))})
+    with pytest.raises(PullbackError, match="static sequence length"):
+        pullback.transform.FirstOrderGradient(wrt=[xs[3]])(mod)

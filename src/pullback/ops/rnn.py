@@ -78,23 +78,23 @@ def _check_layer(name: str, arg_types, first: int) -> tuple:
     return x, h0, w_ih
 
 
-def _lstm_infer(arg_types, attrs):
-    name = "nn.lstm"
-    if len(arg_types) not in (5, 7):
-        raise type_error(name, arg_types, f"expects x, h0, c0, w_ih, w_hh and optionally b_ih, b_hh, got "
-                                          f"{len(arg_types)} operands")
+def _operands(name: str, arg_types, counts: tuple, what: str) -> None:
+    """``counts`` operands (without or with the two biases) of one dtype."""
+    if len(arg_types) not in counts:
+        raise type_error(name, arg_types, f"expects {what} and optionally b_ih, b_hh, got {len(arg_types)} operands")
     same_dtype(name, arg_types)
-    x, h0, _ = _check_layer(name, arg_types, 0)
+
+
+def _lstm_infer(arg_types, attrs):
+    _operands("nn.lstm", arg_types, (5, 7), "x, h0, c0, w_ih, w_hh")
+    x, h0, _ = _check_layer("nn.lstm", arg_types, 0)
     state = TensorType(h0.shape, x.dtype)
     return TupleType([TensorType(x.shape[:2] + h0.shape[1:], x.dtype), state, state])
 
 
 def _lstm_grad_infer(arg_types, attrs):
     name = "nn.lstm_grad"
-    if len(arg_types) not in (9, 11):
-        raise type_error(name, arg_types, f"expects (y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y) and optionally "
-                                          f"b_ih, b_hh, got {len(arg_types)} operands")
-    same_dtype(name, arg_types)
+    _operands(name, arg_types, (9, 11), "(y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y)")
     x, h0, w_ih = _check_layer(name, arg_types[:8] + arg_types[9:], 3)
     y_type = TensorType(x.shape[:2] + h0.shape[1:], x.dtype)
     for i in (0, 8):
