@@ -534,54 +534,78 @@ for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch
 
-def lstm_torch(reverse=False):
-    """One LSTM layer by ATen's ``lstm`` (eager's), the reversed direction over the flipped sequence."""
-    def f(x, h0, c0, w_ih, w_hh, *b):
+def rnn_torch(cell: str, reverse=False):
+    """One LSTM or GRU layer by ATen's ``lstm`` / ``gru`` (eager's), the reversed direction over the flipped
+    sequence: ``(y, h_T[, c_T])``."""
+    def f(x, *rest):
         import torch
 
-        y, h, c = torch.lstm(x.flip(0) if reverse else x, (h0[None], c0[None]), [w_ih, w_hh, *b], bool(b), 1, 0.0, False,
-                             False, False)
-        return (y.flip(0) if reverse else y), h[0], c[0]
+        n = 2 if cell == "lstm" else 1
+        states, (w_ih, w_hh, *b) = [s[None] for s in rest[:n]], rest[n:]
+        out = getattr(torch, cell)(x.flip(0) if reverse else x, states if n == 2 else states[0], [w_ih, w_hh, *b],
+                                   bool(b), 1, 0.0, False, False, False)
+        y, *last = out[0], *(out[1:] if n == 2 else out[1:2])
+        return ((y.flip(0) if reverse else y), *[v[0] for v in last])
 
     return f
 
 
-def lstm_grad_torch(reverse=False):
-    """(dx, dh0, dc0, dw_ih, dw_hh[, db]) by autograd through ``lstm_torch`` (``y`` unused: recomputed)."""
-    def f(gy, gh, gc, x, h0, c0, w_ih, w_hh, y, *b):
+def rnn_grad_torch(cell: str, reverse=False):
+    """The gradients of the layer's operands by autograd through ``rnn_torch`` (``y`` unused: recomputed); an LSTM's
+    one bias gradient (both biases get it)."""
+    def f(*args):
         import torch
 
-        leaves = [t.detach().requires_grad_() for t in (x, h0, c0, w_ih, w_hh, *b)]
-        return torch.autograd.grad(lstm_torch(reverse)(*leaves), leaves, (gy, gh, gc))[:6]
+        n = 2 if cell == "lstm" else 1
+        cts, (*operands, _y), b = args[:n + 1], args[n + 1:n + 5 + n], args[n + 5 + n:]
+        leaves = [t.detach().requires_grad_() for t in (*operands, *b)]
+        grads = torch.autograd.grad(rnn_torch(cell, reverse)(*leaves), leaves, cts)
+        return grads[:len(grads) - (1 if cell == "lstm" and b else 0)]
 
     return f
 
 
-def lstm_inputs(t, b, i, h, biases=True) -> list:
-    ws = [fresh_normal(t, b, i), fresh_normal(b, h) * 0.5, fresh_normal(b, h), fresh_normal(4 * h, i) * 0.5,
-          fresh_normal(4 * h, h) * 0.5]
-    return ws + ([fresh_normal(4 * h) * 0.5, fresh_normal(4 * h) * 0.5] if biases else [])
+GATES = {"lstm": 4, "gru": 3}
 
 
-def lstm_grad_inputs(reverse, *dims, biases=True) -> list:
+def rnn_inputs(cell: str, t, b, i, h, biases=True) -> list:
+    """x, the initial states, w_ih, w_hh (and the biases)."""
+    g = GATES[cell]
+    states = [fresh_normal(b, h) * 0.5] + ([fresh_normal(b, h)] if cell == "lstm" else [])
+    ws = [fresh_normal(t, b, i), *states, fresh_normal(g * h, i) * 0.5, fresh_normal(g * h, h) * 0.5]
+    return ws + ([fresh_normal(g * h) * 0.5, fresh_normal(g * h) * 0.5] if biases else [])
+
+
+def rnn_grad_inputs(cell: str, reverse, *dims, biases=True) -> list:
     """Cotangents, the layer's operands and its hidden states ``y`` (pullback's NumPy kernel: checked against
-    ATen's by the ``nn.lstm`` cases)."""
-    ops = lstm_inputs(*dims, biases=biases)
+    ATen's by the layer's cases)."""
+    ops = rnn_inputs(cell, *dims, biases=biases)
     t, b, _, h = dims
-    y = pullback.ops.get_op("nn.lstm").compute(*ops, pullback.ops.get_op("nn.lstm").make_attrs(reverse=reverse))[0]
-    return [fresh_normal(t, b, h), fresh_normal(b, h), fresh_normal(b, h)] + ops[:5] + [y] + ops[5:]
+    layer = pullback.ops.get_op(f"nn.{cell}")
+    y = layer.compute(*ops, layer.make_attrs(reverse=reverse))[0]
+    n = len(ops) - (2 if biases else 0)
+    return [fresh_normal(t, b, h)] + [fresh_normal(b, h) for _ in range(n - 3)] + ops[:n] + [y] + ops[n:]
 
 
-MISC += [  # one LSTM layer over a sequence, each direction, with and without biases
-    case("nn.lstm", *lstm_inputs(4, 2, 3, 5), torch=lstm_torch()),
-    case("nn.lstm", *lstm_inputs(3, 2, 4, 3, biases=False), attrs=dict(reverse=True), torch=lstm_torch(True),
-         id="lstm-reverse-nobias"),
-    case("nn.lstm", *lstm_inputs(1, 3, 2, 2), attrs=dict(reverse=True), torch=lstm_torch(True), id="lstm-one-step"),
-    # (no rule of its own: AD differentiates its expansion, checked by test_second_derivatives_of_an_lstm_layer)
-    case("nn.lstm_grad", *lstm_grad_inputs(False, 4, 2, 3, 5), torch=lstm_grad_torch(), fd=False),
-    case("nn.lstm_grad", *lstm_grad_inputs(True, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True),
-         torch=lstm_grad_torch(True), fd=False, id="lstm_grad-reverse-nobias"),
-]
+def rnn_cases(cell: str) -> list:
+    """One layer over a sequence, each direction, with and without biases; its gradient (no rule of its own: AD
+    differentiates its expansion, test_a_recurrent_gradient_is_differentiated_through_its_expansion)."""
+    op = f"nn.{cell}"
+    return [
+        case(op, *rnn_inputs(cell, 4, 2, 3, 5), torch=rnn_torch(cell)),
+        case(op, *rnn_inputs(cell, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True), torch=rnn_torch(cell, True),
+             id=f"{cell}-reverse-nobias"),
+        case(op, *rnn_inputs(cell, 1, 3, 2, 2), attrs=dict(reverse=True), torch=rnn_torch(cell, True),
+             id=f"{cell}-one-step"),
+        case(f"{op}_grad", *rnn_grad_inputs(cell, False, 4, 2, 3, 5), torch=rnn_grad_torch(cell), fd=False),
+        case(f"{op}_grad", *rnn_grad_inputs(cell, True, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True),
+             torch=rnn_grad_torch(cell, True), fd=False, id=f"{cell}_grad-reverse-nobias"),
+    ]
+
+
+MISC += rnn_cases("lstm") + rnn_cases("gru")
+
+
 HELPERS = [  # gradient ops: their own rules are checked too
     case("nn.fake_quantize_grad", normal(2, 4, 3), normal(2, 4, 3) * 2, *PER_CHANNEL_Q, attrs=dict(quant_min=-8, quant_max=7),
          wrt=[0]),
@@ -783,10 +807,11 @@ def test_gradient_rule_matches_finite_differences(c):
     check_rule(c)
 
 
-@pytest.mark.parametrize("c", [c for c in CASES if c.op == "nn.lstm_grad"], ids=repr)
-def test_an_lstm_gradient_is_differentiated_through_its_expansion(c):
-    """``nn.lstm_grad`` has no rule of its own: AD differentiates its step-by-step expansion (second derivatives
-    of an LSTM), against finite differences of its kernel in every operand."""
+@pytest.mark.parametrize("c", [c for c in CASES if c.op in ("nn.lstm_grad", "nn.gru_grad")], ids=repr)
+def test_a_recurrent_gradient_is_differentiated_through_its_expansion(c):
+    """``nn.lstm_grad`` and ``nn.gru_grad`` have no rule of their own: AD differentiates their step-by-step
+    expansions (second derivatives of an LSTM or a GRU), against finite differences of their kernels in every
+    operand."""
     check_ad(dataclasses.replace(c, fd=True))
 
 
@@ -829,7 +854,7 @@ def test_pad_crops_then_pads_as_eager_on_every_target(widths):
 @pytest.mark.parametrize("shapes, match", [
     (dict(h0=(2, 6)), r"nn\.lstm.*shapes .*\(2, 6\).* are not x \(T, B, I\).*H = 6"),  # c0 (2, 5) against h0 (2, 6)
     (dict(w_ih=(20, 4)), r"nn\.lstm.*w_ih \(4H, I\)"),  # I = 3, not 4
-    (dict(x=(4, 3)), r"nn\.lstm.*expects a \(T, B, I\) sequence"),
+    (dict(x=(4, 3)), r"nn\.lstm.*expects x \(T, B, I\), h0 and c0 \(B, H\)"),
 ])
 def test_lstm_names_the_operands_that_do_not_fit(shapes, match):
     dims = dict(x=(4, 2, 3), h0=(2, 5), c0=(2, 5), w_ih=(20, 3), w_hh=(20, 5))

@@ -1,7 +1,8 @@
-"""``nn.LSTM`` imported as one ``nn.lstm`` per layer and direction (oneDNN's fused layer on torch, eager's kernel;
-a loop over the steps on numpy and jax), where PyTorch's decomposition unrolls every step's cell; trained like
-eager on every target, with the dropout between layers, given initial states, a varying batch, and through Dynamo.
-An LSTM with projections keeps PyTorch's decomposition."""
+"""``nn.LSTM`` and ``nn.GRU`` imported as one ``nn.lstm`` / ``nn.gru`` per layer and direction (eager's kernels on
+torch: oneDNN's fused LSTM layer, ATen's GRU; a loop over the steps on numpy and jax), where PyTorch's decomposition
+unrolls every step's cell; trained like eager on every target, with the dropout between layers, given initial
+states, a varying batch, through Dynamo, and under a gradient penalty. An LSTM with projections keeps PyTorch's
+decomposition."""
 
 from __future__ import annotations
 
@@ -20,53 +21,54 @@ from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 TARGETS = ("numpy", "jax", "torch")
 CONFIGS = {"stacked": dict(num_layers=2), "bidirectional-batch-first": dict(num_layers=2, bidirectional=True, batch_first=True),
            "no-bias": dict(bias=False)}
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
 def _ops(fn) -> list:
     return [n.op.name for n in pb.ir.traversal.post_order(fn.body) if isinstance(n, pb.Call) and hasattr(n.op, "name")]
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_an_lstm_imports_as_one_operator_per_layer_and_direction(config):
+def test_a_recurrent_layer_imports_as_one_operator_per_layer_and_direction(config, cell):
     kw = CONFIGS[config]
     torch.manual_seed(0)
-    model = nn.LSTM(4, 6, **kw).double()
+    model = CELLS[cell](4, 6, **kw).double()
     x = torch.randn(3, 5, 4, dtype=torch.float64)
     prog = import_torch(model, (x,))
     ops = _ops(prog.main)
-    assert ops.count("nn.lstm") == kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1), ops
+    assert ops.count(f"nn.{cell}") == kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1), ops
     assert not {"sigmoid", "tanh", "nn.dense", "nn.linear"} & set(ops), sorted(set(ops))
-    y, (h, c) = model(x)
+    y, state = model(x)
     for target in TARGETS:
         got = pb.build(prog.mod, target=target)["main"](*main_inputs(prog, (x,)))
-        for a, b in zip(got, (y, h, c)):
+        for a, b in zip(got, (y, *state) if cell == "lstm" else (y, state)):
             np.testing.assert_allclose(np.asarray(a), b.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=target)
 
 
 class Tagger(nn.Module):
-    """Embeddings, a stacked bidirectional LSTM with dropout between its layers from given initial states, a
-    linear head, cross-entropy over every position."""
+    """Embeddings, a stacked bidirectional LSTM or GRU with dropout between its layers from given initial states,
+    a linear head, cross-entropy over every position."""
 
-    def __init__(self, proj_size: int = 0):
+    def __init__(self, cell: str = "lstm", proj_size: int = 0):
         super().__init__()
         self.embed = nn.Embedding(11, 6)
-        self.rnn = nn.LSTM(6, 8, num_layers=2, dropout=0.3, bidirectional=True, batch_first=True, proj_size=proj_size)
+        kw = dict(proj_size=proj_size) if cell == "lstm" else {}
+        self.rnn = CELLS[cell](6, 8, num_layers=2, dropout=0.3, bidirectional=True, batch_first=True, **kw)
         self.head = nn.Linear(2 * (proj_size or 8), 5)
 
     def forward(self, ids, labels, *states):
-        y, _ = self.rnn(self.embed(ids), states or None)
+        y, _ = self.rnn(self.embed(ids), (states if len(states) > 1 else states[0]) if states else None)
         return nn.functional.cross_entropy(self.head(y).flatten(0, 1), labels.flatten())
 
 
-def _batch(step: int, batch: int = 3, proj: int = 0, dtype=torch.float32, states: bool = True):
-    """Token ids, labels and (with ``states``) initial hidden and cell states to learn from."""
+def _batch(step: int, batch: int = 3, proj: int = 0, dtype=torch.float32, states: int = 2):
+    """Token ids, labels and ``states`` initial states to learn from (an LSTM's hidden and cell states, a GRU's
+    hidden state)."""
     g = torch.Generator().manual_seed(step)
     ids, labels = torch.randint(0, 11, (batch, 7), generator=g), torch.randint(0, 5, (batch, 7), generator=g)
-    if not states:
-        return ids, labels
-    h0 = torch.randn(4, batch, proj or 8, generator=g, dtype=dtype, requires_grad=True)
-    c0 = torch.randn(4, batch, 8, generator=g, dtype=dtype, requires_grad=True)
-    return ids, labels, h0, c0
+    sizes = (proj or 8, 8)[:states]
+    return (ids, labels) + tuple(torch.randn(4, batch, n, generator=g, dtype=dtype, requires_grad=True) for n in sizes)
 
 
 def _train_side_by_side(model, compiled, batches, rtol: float, atol: float):
@@ -90,46 +92,53 @@ def _train_side_by_side(model, compiled, batches, rtol: float, atol: float):
         torch.testing.assert_close(q, p, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def _states(cell: str) -> int:
+    return 2 if cell == "lstm" else 1
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_stacked_bidirectional_lstm_with_dropout_trains_like_eager(target, dtype):
-    """Float32 on torch runs oneDNN's layer and its backward (eager's kernels); float64 the loop over the steps."""
+def test_a_stacked_bidirectional_rnn_with_dropout_trains_like_eager(target, dtype, cell):
+    """On torch, eager's kernels both ways (float32 LSTM: oneDNN's layer); elsewhere the loops over the steps."""
     torch.manual_seed(0)
-    dt = getattr(torch, dtype)
-    model = Tagger().to(dt).train()
-    compiled = pb_compile(model, _batch(0, dtype=dt), target=target)
-    prog = import_torch(model, _batch(0, dtype=dt))
-    assert _ops(prog.main).count("nn.lstm") == 4 and [m.rate for m in prog.masks] == [0.3]
+    dt, n = getattr(torch, dtype), _states(cell)
+    model = Tagger(cell).to(dt).train()
+    compiled = pb_compile(model, _batch(0, dtype=dt, states=n), target=target)
+    prog = import_torch(model, _batch(0, dtype=dt, states=n))
+    assert _ops(prog.main).count(f"nn.{cell}") == 4 and [m.rate for m in prog.masks] == [0.3]
     tol = dict(rtol=2e-5, atol=2e-6) if dtype == "float32" else dict(rtol=1e-11, atol=1e-13)
-    _train_side_by_side(model, compiled, [_batch(s, dtype=dt) for s in range(3)], **tol)
+    _train_side_by_side(model, compiled, [_batch(s, dtype=dt, states=n) for s in range(3)], **tol)
 
 
-def test_an_lstm_trains_like_eager_over_batches_of_every_size():
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_a_recurrent_model_trains_like_eager_over_batches_of_every_size(cell):
     torch.manual_seed(1)
-    model = Tagger().double().eval()  # (no dropout: eval mode; zero initial states)
-    compiled = pb_compile(model, _batch(0, 3, states=False), target="torch", dynamic_batch=True)
-    _train_side_by_side(model, compiled, [_batch(s, b, states=False) for s, b in enumerate((3, 5, 2))],
+    model = Tagger(cell).double().eval()  # (no dropout: eval mode; zero initial states)
+    compiled = pb_compile(model, _batch(0, 3, states=0), target="torch", dynamic_batch=True)
+    _train_side_by_side(model, compiled, [_batch(s, b, states=0) for s, b in enumerate((3, 5, 2))],
                         rtol=1e-11, atol=1e-13)
 
 
-def test_an_lstm_trains_like_eager_through_dynamo():
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_a_recurrent_model_trains_like_eager_through_dynamo(cell):
     from pullback.integrations.dynamo_backend import pullback_backend
 
     torch.manual_seed(2)
-    model = Tagger().double().train()
+    model = Tagger(cell).double().train()
     torch._dynamo.reset()
     try:  # (Dynamo captures RNN modules only with allow_rnn; else it runs them eagerly between its graphs)
         with torch._dynamo.config.patch(allow_rnn=True):
             compiled = torch.compile(model, backend=pullback_backend)
-            _train_side_by_side(model, compiled, [_batch(s, dtype=torch.float64) for s in range(2)], rtol=1e-11,
-                                atol=1e-13)
+            _train_side_by_side(model, compiled, [_batch(s, dtype=torch.float64, states=_states(cell)) for s in range(2)],
+                                rtol=1e-11, atol=1e-13)
     finally:
         torch._dynamo.reset()
 
 
 def test_an_lstm_with_projections_keeps_the_unrolled_cells_and_trains_like_eager():
     torch.manual_seed(3)
-    model = Tagger(proj_size=3).double().train()
+    model = Tagger("lstm", proj_size=3).double().train()
     prog = import_torch(model, _batch(0, proj=3, dtype=torch.float64))
     assert "nn.lstm" not in _ops(prog.main)
     compiled = pb_compile(model, _batch(0, proj=3, dtype=torch.float64), target="torch")
@@ -138,23 +147,24 @@ def test_an_lstm_with_projections_keeps_the_unrolled_cells_and_trains_like_eager
 
 
 class Critic(nn.Module):
-    """A sequence critic: a bidirectional LSTM and a linear score per sequence."""
+    """A sequence critic: a bidirectional LSTM or GRU and a linear score per sequence."""
 
-    def __init__(self):
+    def __init__(self, cell: str = "lstm"):
         super().__init__()
-        self.rnn, self.score = nn.LSTM(3, 4, bidirectional=True), nn.Linear(8, 1)
+        self.rnn, self.score = CELLS[cell](3, 4, bidirectional=True), nn.Linear(8, 1)
 
     def forward(self, x):
         y, _ = self.rnn(x)
         return self.score(y.mean(0)).sum()
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("target", TARGETS)
-def test_a_gradient_penalty_through_an_lstm_trains_like_eager(target):
-    """Second derivatives: ``nn.lstm_grad`` is differentiated through its step-by-step expansion (WGAN-GP's
-    penalty on a recurrent critic), against eager's double backward in float64."""
+def test_a_gradient_penalty_through_a_recurrent_layer_trains_like_eager(target, cell):
+    """Second derivatives: ``nn.lstm_grad`` / ``nn.gru_grad`` are differentiated through their step-by-step
+    expansions (WGAN-GP's penalty on a recurrent critic), against eager's double backward in float64."""
     torch.manual_seed(4)
-    model = Critic().double()
+    model = Critic(cell).double()
     eager = copy.deepcopy(model)
     x = torch.randn(5, 2, 3, dtype=torch.float64)
     compiled = pb_compile(model, (x,), target=target)
@@ -173,9 +183,9 @@ def test_gradients_accumulated_over_two_backwards_stay_apart(target):
     (sharing memory, the second accumulation would add into both)."""
     torch.manual_seed(5)
     model = Tagger().double().eval()
-    eager, compiled = copy.deepcopy(model), pb_compile(model, _batch(0, states=False), target=target)
+    eager, compiled = copy.deepcopy(model), pb_compile(model, _batch(0, states=0), target=target)
     for f in (eager, compiled):
         for step in range(2):  # no zero_grad: the second backward adds into the first's gradients
-            f(*_batch(step, states=False)).backward()
+            f(*_batch(step, states=0)).backward()
     for (k, p), q in zip(eager.named_parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-11, atol=1e-13, msg=lambda m, k=k: f"{k}: {m}")
