@@ -766,13 +766,13 @@ def _gru(cx, x, hx, params, has_biases, num_layers, dropout, train, bidirectiona
     ``batch_first`` as transposes."""
     dirs, group, dt = 2 if bidirectional else 1, 4 if has_biases else 2, cx.dtype_of(x)
     params = [cast(cx, p, dt) for p in params]  # (one dtype: an autocast region computes the GRU in its dtype)
-    seq = _op("transpose")(x, axes=(1, 0, 2)) if batch_first else x
+    seq, hx = _op("transpose")(x, axes=(1, 0, 2)) if batch_first else x, cast(cx, hx, dt)
     finals = []
     for layer in range(num_layers):
         outs = []
         for d in range(dirs):
             k = layer * dirs + d
-            h0 = _op("squeeze")(_op("strided_slice")(cast(cx, hx, dt), (k,), (k + 1,), (1,), (0,)), (0,))
+            h0 = _op("squeeze")(_op("strided_slice")(hx, (k,), (k + 1,), (1,), (0,)), (0,))
             call = _op("nn.gru")(seq, h0, *params[k * group:(k + 1) * group], reverse=bool(d))
             outs.append(TupleGetItem(call, 0))
             finals.append(TupleGetItem(call, 1))

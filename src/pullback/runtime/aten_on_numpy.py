@@ -170,9 +170,9 @@ def aten_kernel(call: Call) -> Optional[Callable]:
         def run_taped(*args):
             *arrays, attrs = args
             out = fn(*[as_tensor(torch, a) for a in arrays], attrs)
-            arrays = tuple(read_only(o.numpy()) for o in out)
-            tie(out[0], arrays[0])
-            return arrays
+            results = tuple(read_only(o.numpy()) for o in out)
+            tie(out[0], results[0])
+            return results
 
         return run_taped
     return run_read_only

@@ -8,7 +8,9 @@ function is never replaced. Steps:
    problem); one scan of every reachable body collecting *every* problem
    (operators without gradient whose output needs one, closures, recursion,
    integer parameters in ``wrt``) into one ``DiagnosticError``;
-2. calls to global and primitive functions are inlined (callees first);
+2. calls to global and primitive functions are inlined (callees first), and
+   calls of operators without a rule of their own replaced by their expansion
+   into operators that have one (``OpDef.expand``: an LSTM's gradient);
 3. one reverse sweep (``ad.sweep``) over the body in reverse post order
    applying one transpose rule per node (``ad.rules``: operators, Tuple,
    TupleGetItem, If), with symbolic zeros (``ad.zeros``); linear in the

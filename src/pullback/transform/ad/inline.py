@@ -20,6 +20,7 @@ from ...analysis.type_infer import infer_expr
 from ...ir.expr import Call, Expr, Function, GlobalVar
 from ...ir.module import IRModule
 from ...ir.traversal import post_order, rebuild, transform
+from .scan import expanded
 
 
 def _callee(mod: IRModule, node: Expr) -> Optional[Function]:
@@ -100,7 +101,6 @@ def inline_calls(mod: IRModule, func: str) -> Function:
 def expand_calls(fn: Function) -> Function:
     """``fn`` with each call of an operator AD differentiates through its expansion (``OpDef.expand``: no rule of
     its own) replaced by that expansion (typed)."""
-    from .scan import expanded
 
     def expand(old: Expr, new: Expr):
         if not expanded(new):
