@@ -1,12 +1,13 @@
-"""``nn.LSTM`` and ``nn.GRU`` imported as one ``nn.lstm`` / ``nn.gru`` per layer and direction (eager's kernels on
-torch: oneDNN's fused LSTM layer, ATen's GRU; a loop over the steps on numpy and jax), where PyTorch's decomposition
-unrolls every step's cell; trained like eager on every target, with the dropout between layers, given initial
+"""``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` imported as one ``nn.lstm`` / ``nn.gru`` / ``nn.rnn`` per layer and
+direction (eager's kernels on torch: oneDNN's fused LSTM layer, ATen's GRU and RNN; a loop over the steps on numpy
+and jax), where PyTorch's decomposition unrolls every step's cell; trained like eager on every target, with the dropout between layers, given initial
 states, a varying batch, through Dynamo, and under a gradient penalty. An LSTM with projections keeps PyTorch's
 decomposition."""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import pytest
@@ -21,7 +22,11 @@ from pullback.integrations.torch import compile as pb_compile  # noqa: E402
 TARGETS = ("numpy", "jax", "torch")
 CONFIGS = {"stacked": dict(num_layers=2), "bidirectional-batch-first": dict(num_layers=2, bidirectional=True, batch_first=True),
            "no-bias": dict(bias=False)}
-CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN, "rnn-relu": functools.partial(nn.RNN, nonlinearity="relu")}
+
+
+def _op(cell: str) -> str:
+    return f"nn.{cell.split('-')[0]}"
 
 
 def _ops(fn) -> list:
@@ -37,7 +42,7 @@ def test_a_recurrent_layer_imports_as_one_operator_per_layer_and_direction(confi
     x = torch.randn(3, 5, 4, dtype=torch.float64)
     prog = import_torch(model, (x,))
     ops = _ops(prog.main)
-    assert ops.count(f"nn.{cell}") == kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1), ops
+    assert ops.count(_op(cell)) == kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1), ops
     assert not {"sigmoid", "tanh", "nn.dense", "nn.linear"} & set(ops), sorted(set(ops))
     y, state = model(x)
     for target in TARGETS:
@@ -106,7 +111,7 @@ def test_a_stacked_bidirectional_rnn_with_dropout_trains_like_eager(target, dtyp
     model = Tagger(cell).to(dt).train()
     compiled = pb_compile(model, _batch(0, dtype=dt, states=n), target=target)
     prog = import_torch(model, _batch(0, dtype=dt, states=n))
-    assert _ops(prog.main).count(f"nn.{cell}") == 4 and [m.rate for m in prog.masks] == [0.3]
+    assert _ops(prog.main).count(_op(cell)) == 4 and [m.rate for m in prog.masks] == [0.3]
     tol = dict(rtol=2e-5, atol=2e-6) if dtype == "float32" else dict(rtol=1e-11, atol=1e-13)
     _train_side_by_side(model, compiled, [_batch(s, dtype=dt, states=n) for s in range(3)], **tol)
 

@@ -534,16 +534,19 @@ for _c in MISC:
     if _c.op == "nn.nll_loss":
         _c.wrt = [0]  # weights are constants, as in PyTorch
 
+ATEN_RNN = {"lstm": "lstm", "gru": "gru", "rnn": "rnn_tanh", "rnn-relu": "rnn_relu"}
+
+
 def rnn_torch(cell: str, reverse=False):
-    """One LSTM or GRU layer by ATen's ``lstm`` / ``gru`` (eager's), the reversed direction over the flipped
-    sequence: ``(y, h_T[, c_T])``."""
+    """One LSTM, GRU or Elman RNN layer by ATen's ``lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` (eager's), the
+    reversed direction over the flipped sequence: ``(y, h_T[, c_T])``."""
     def f(x, *rest):
         import torch
 
         n = 2 if cell == "lstm" else 1
         states, (w_ih, w_hh, *b) = [s[None] for s in rest[:n]], rest[n:]
-        out = getattr(torch, cell)(x.flip(0) if reverse else x, states if n == 2 else states[0], [w_ih, w_hh, *b],
-                                   bool(b), 1, 0.0, False, False, False)
+        out = getattr(torch, ATEN_RNN[cell])(x.flip(0) if reverse else x, states if n == 2 else states[0],
+                                             [w_ih, w_hh, *b], bool(b), 1, 0.0, False, False, False)
         y, *last = out[0], *(out[1:] if n == 2 else out[1:2])
         return ((y.flip(0) if reverse else y), *[v[0] for v in last])
 
@@ -552,7 +555,7 @@ def rnn_torch(cell: str, reverse=False):
 
 def rnn_grad_torch(cell: str, reverse=False):
     """The gradients of the layer's operands by autograd through ``rnn_torch`` (``y`` unused: recomputed); an LSTM's
-    one bias gradient (both biases get it)."""
+    or Elman RNN's one bias gradient (both biases get it)."""
     def f(*args):
         import torch
 
@@ -560,12 +563,12 @@ def rnn_grad_torch(cell: str, reverse=False):
         cts, (*operands, _y), b = args[:n + 1], args[n + 1:n + 5 + n], args[n + 5 + n:]
         leaves = [t.detach().requires_grad_() for t in (*operands, *b)]
         grads = torch.autograd.grad(rnn_torch(cell, reverse)(*leaves), leaves, cts)
-        return grads[:len(grads) - (1 if cell == "lstm" and b else 0)]
+        return grads[:len(grads) - (1 if cell != "gru" and b else 0)]
 
     return f
 
 
-GATES = {"lstm": 4, "gru": 3}
+GATES = {"lstm": 4, "gru": 3, "rnn": 1, "rnn-relu": 1}
 
 
 def rnn_inputs(cell: str, t, b, i, h, biases=True) -> list:
@@ -581,29 +584,40 @@ def rnn_grad_inputs(cell: str, reverse, *dims, biases=True) -> list:
     ATen's by the layer's cases)."""
     ops = rnn_inputs(cell, *dims, biases=biases)
     t, b, _, h = dims
-    layer = pullback.ops.get_op(f"nn.{cell}")
-    y = layer.compute(*ops, layer.make_attrs(reverse=reverse))[0]
+    layer = pullback.ops.get_op(f"nn.{cell.split('-')[0]}")
+    y = layer.compute(*ops, layer.make_attrs(reverse=reverse, **_elman(cell)))[0]
     n = len(ops) - (2 if biases else 0)
     return [fresh_normal(t, b, h)] + [fresh_normal(b, h) for _ in range(n - 3)] + ops[:n] + [y] + ops[n:]
+
+
+def _elman(cell: str) -> dict:
+    return dict(nonlinearity="relu") if cell == "rnn-relu" else {}
 
 
 def rnn_cases(cell: str) -> list:
     """One layer over a sequence, each direction, with and without biases; its gradient (no rule of its own: AD
     differentiates its expansion, test_a_recurrent_gradient_is_differentiated_through_its_expansion)."""
-    op = f"nn.{cell}"
+    op, kw = f"nn.{cell.split('-')[0]}", _elman(cell)
     return [
-        case(op, *rnn_inputs(cell, 4, 2, 3, 5), torch=rnn_torch(cell)),
-        case(op, *rnn_inputs(cell, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True), torch=rnn_torch(cell, True),
+        case(op, *rnn_inputs(cell, 4, 2, 3, 5), attrs=kw, torch=rnn_torch(cell), id=cell),
+        case(op, *rnn_inputs(cell, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True, **kw), torch=rnn_torch(cell, True),
              id=f"{cell}-reverse-nobias"),
-        case(op, *rnn_inputs(cell, 1, 3, 2, 2), attrs=dict(reverse=True), torch=rnn_torch(cell, True),
+        case(op, *rnn_inputs(cell, 1, 3, 2, 2), attrs=dict(reverse=True, **kw), torch=rnn_torch(cell, True),
              id=f"{cell}-one-step"),
-        case(f"{op}_grad", *rnn_grad_inputs(cell, False, 4, 2, 3, 5), torch=rnn_grad_torch(cell), fd=False),
-        case(f"{op}_grad", *rnn_grad_inputs(cell, True, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True),
-             torch=rnn_grad_torch(cell, True), fd=False, id=f"{cell}_grad-reverse-nobias"),
+        case(f"{op}_grad", *rnn_grad_inputs(cell, False, 4, 2, 3, 5), attrs=kw, torch=rnn_grad_torch(cell), fd=False,
+             id=f"{cell}_grad", wrt=_smooth_in(cell, 9)),
+        case(f"{op}_grad", *rnn_grad_inputs(cell, True, 3, 2, 4, 3, biases=False), attrs=dict(reverse=True, **kw),
+             torch=rnn_grad_torch(cell, True), fd=False, id=f"{cell}_grad-reverse-nobias", wrt=_smooth_in(cell, 7)),
     ]
 
 
-MISC += rnn_cases("lstm") + rnn_cases("gru")
+def _smooth_in(cell: str, operands: int):
+    """The operands a gradient case is differentiated in: relu's slope is a step in ``y`` (operand 6, with exact
+    zeros where finite differences cross it), so an Elman relu gradient is not differentiated in ``y``."""
+    return [i for i in range(operands) if i != 6] if cell == "rnn-relu" else None
+
+
+MISC += rnn_cases("lstm") + rnn_cases("gru") + rnn_cases("rnn") + rnn_cases("rnn-relu")
 
 
 HELPERS = [  # gradient ops: their own rules are checked too
@@ -807,7 +821,7 @@ def test_gradient_rule_matches_finite_differences(c):
     check_rule(c)
 
 
-@pytest.mark.parametrize("c", [c for c in CASES if c.op in ("nn.lstm_grad", "nn.gru_grad")], ids=repr)
+@pytest.mark.parametrize("c", [c for c in CASES if c.op in ("nn.lstm_grad", "nn.gru_grad", "nn.rnn_grad")], ids=repr)
 def test_a_recurrent_gradient_is_differentiated_through_its_expansion(c):
     """``nn.lstm_grad`` and ``nn.gru_grad`` have no rule of their own: AD differentiates their step-by-step
     expansions (second derivatives of an LSTM or a GRU), against finite differences of their kernels in every

@@ -759,29 +759,37 @@ def _step_sizes(cx, batch_first: bool) -> tuple:
     return (shape[1], shape[0]) if batch_first else (shape[0], shape[1])
 
 
-@aten("aten.gru.input")
-def _gru(cx, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    """``nn.GRU`` over a padded batch: one ``nn.gru`` per layer and direction (PyTorch's decomposition unrolls
-    every step's cell), with the dropout between layers where eager applies it (its masks drawn in eager's order),
-    ``batch_first`` as transposes."""
-    dirs, group, dt = 2 if bidirectional else 1, 4 if has_biases else 2, cx.dtype_of(x)
-    params = [cast(cx, p, dt) for p in params]  # (one dtype: an autocast region computes the GRU in its dtype)
-    seq, hx = _op("transpose")(x, axes=(1, 0, 2)) if batch_first else x, cast(cx, hx, dt)
-    finals = []
-    for layer in range(num_layers):
-        outs = []
-        for d in range(dirs):
-            k = layer * dirs + d
-            h0 = _op("squeeze")(_op("strided_slice")(hx, (k,), (k + 1,), (1,), (0,)), (0,))
-            call = _op("nn.gru")(seq, h0, *params[k * group:(k + 1) * group], reverse=bool(d))
-            outs.append(TupleGetItem(call, 0))
-            finals.append(TupleGetItem(call, 1))
-        seq = outs[0] if dirs == 1 else _op("concatenate")(outs, axis=2)
-        if dropout and train and layer < num_layers - 1:
-            hidden = cx.shape_of(params[1])[1] * dirs
-            mask = cx.dropout_mask((*_step_sizes(cx, batch_first), hidden), dropout)
-            seq = _op("nn.dropout")(seq, mask, rate=float(dropout))
-    return [_op("transpose")(seq, axes=(1, 0, 2)) if batch_first else seq, _op("stack")(finals, axis=0)]
+def _stacked_layers(op: str, **attrs):
+    """The converter of ``nn.GRU`` / ``nn.RNN`` over a padded batch: one ``op`` per layer and direction (PyTorch's
+    decomposition unrolls every step's cell), with the dropout between layers where eager applies it (its masks drawn
+    in eager's order), ``batch_first`` as transposes."""
+
+    def convert(cx, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        dirs, group, dt = 2 if bidirectional else 1, 4 if has_biases else 2, cx.dtype_of(x)
+        params = [cast(cx, p, dt) for p in params]  # (one dtype: an autocast region computes the layers in its dtype)
+        seq, hx = _op("transpose")(x, axes=(1, 0, 2)) if batch_first else x, cast(cx, hx, dt)
+        finals = []
+        for layer in range(num_layers):
+            outs = []
+            for d in range(dirs):
+                k = layer * dirs + d
+                h0 = _op("squeeze")(_op("strided_slice")(hx, (k,), (k + 1,), (1,), (0,)), (0,))
+                call = _op(op)(seq, h0, *params[k * group:(k + 1) * group], reverse=bool(d), **attrs)
+                outs.append(TupleGetItem(call, 0))
+                finals.append(TupleGetItem(call, 1))
+            seq = outs[0] if dirs == 1 else _op("concatenate")(outs, axis=2)
+            if dropout and train and layer < num_layers - 1:
+                hidden = cx.shape_of(params[1])[1] * dirs
+                mask = cx.dropout_mask((*_step_sizes(cx, batch_first), hidden), dropout)
+                seq = _op("nn.dropout")(seq, mask, rate=float(dropout))
+        return [_op("transpose")(seq, axes=(1, 0, 2)) if batch_first else seq, _op("stack")(finals, axis=0)]
+
+    return convert
+
+
+aten("aten.gru.input")(_stacked_layers("nn.gru"))
+aten("aten.rnn_tanh.input")(_stacked_layers("nn.rnn"))
+aten("aten.rnn_relu.input")(_stacked_layers("nn.rnn", nonlinearity="relu"))
 
 
 # ------------------------------------------------------------------ attention

@@ -89,9 +89,9 @@ PRESERVED = (
     # F.binary_cross_entropy_with_logits (segmentation, multi-label heads, GAN discriminators): one kernel forward and
     # one formula back, where the decomposition takes sixteen operators and saves two masks
     "binary_cross_entropy_with_logits.default",
-    # nn.GRU over a padded batch: one nn.gru per layer and direction (ATen's GRU on torch, eager's kernel both ways),
-    # where PyTorch's decomposition unrolls every step's cell (nn.LSTM: decompositions.lstm, oneDNN's layers)
-    "gru.input",
+    # nn.GRU and nn.RNN over a padded batch: one nn.gru / nn.rnn per layer and direction (ATen's kernels on torch,
+    # eager's both ways), where PyTorch's decomposition unrolls every step's cell (nn.LSTM: decompositions.lstm)
+    "gru.input", "rnn_tanh.input", "rnn_relu.input",
 )
 PARAMS_AS = ("inputs", "constants")
 # a library's own operator (a torch.library custom op: its Python body and registered backward are opaque to the

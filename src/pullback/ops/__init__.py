@@ -8,7 +8,7 @@ from . import autodiff, bitwise, math, scan, scatter, sorting  # noqa: F401  (op
 from . import complex  # noqa: F401  (complex tensors and Fourier transforms)
 from . import grouped  # noqa: F401  (mixture-of-experts GEMMs)
 from . import image  # noqa: F401  (bilinear resizing)
-from . import gru, lstm  # noqa: F401  (recurrent layers)
+from . import elman, gru, lstm  # noqa: F401  (recurrent layers)
 from .registry import FusionKind, OpDef, Recompute, defop, get_op, has_op, is_call_to, list_ops, register
 
 for _name in ("add", "subtract", "multiply", "divide", "negative"):

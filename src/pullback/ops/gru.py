@@ -19,35 +19,16 @@ from __future__ import annotations
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Call, Expr, Tuple, TupleGetItem
-from ..ir.types import Any, TensorType, TupleType
+from ..ir.types import Any
 from . import elemwise as E
-from . import layout as T
 from . import reduce as R
 from .kernels import accumulated
 from .linalg import matmul
-from .nn import dense, field, nonzero
-from .registry import array_namespace
-from .rnn import (check_cotangents, check_layer, define_layer, input_gates, operands, parts, per_step, previous,
-                  rounded, sigmoid, steps, taped_forward, taped_gradients)
+from .nn import dense
+from .rnn import Layer, define_layer, input_gates, parts, per_step, previous, rounded, sigmoid, steps
 from .shape import concatenate, split, stack
 
 STATES = ("h0",)
-
-
-def _gru_infer(arg_types, attrs):
-    operands("nn.gru", arg_types, (4, 6), "x, h0, w_ih, w_hh")
-    x, h0, _ = check_layer("nn.gru", arg_types, 0, 3, STATES)
-    return TupleType([TensorType(x.shape[:2] + h0.shape[1:], x.dtype), TensorType(h0.shape, x.dtype)])
-
-
-def _gru_grad_infer(arg_types, attrs):
-    name = "nn.gru_grad"
-    operands(name, arg_types, (7, 9), "(y_grad, h_grad, x, h0, w_ih, w_hh, y)")
-    x, h0, w_ih = check_layer(name, arg_types[:6] + arg_types[7:], 2, 3, STATES)
-    check_cotangents(name, arg_types, (0, 6), (1,), TensorType(x.shape[:2] + h0.shape[1:], x.dtype), h0)
-    grads = [x, h0, w_ih, TensorType(arg_types[5].shape, x.dtype)]
-    bias = TensorType((w_ih.shape[0],), x.dtype)
-    return TupleType(grads + ([bias, bias] if len(arg_types) == 9 else []))
 
 
 def _thirds(v, hidden: int) -> tuple:
@@ -119,40 +100,14 @@ def _aten_layer(leaves: list, reverse: bool) -> tuple:
     return ((y.flip(0) if reverse else y), h[0]), ()
 
 
-def _eager(x) -> bool:
+def _runner(x, attrs):
+    """ATen's GRU where eager runs it (float32 and float64); else None (the shared kernel)."""
     import torch
 
-    return x.dtype in (torch.float32, torch.float64)
-
-
-def _gru_torch(x, h0, w_ih, w_hh, *rest):
-    """Eager's kernel, its graph kept for the gradient; the shared kernel for float16 and bfloat16."""
-    b_ih, b_hh, a = parts(rest)
-    if not _eager(x):
-        return _gru_kernel(array_namespace("torch"), x, h0, w_ih, w_hh, *rest)
-    return taped_forward((x, h0, w_ih, w_hh) + (() if b_ih is None else (b_ih, b_hh)), _aten_layer, a.reverse)
-
-
-def _gru_grad_torch(gy, gh, x, h0, w_ih, w_hh, y, *rest):
-    """Eager's backward from the forward's graph, or after its forward again; else the shared kernel."""
-    b_ih, b_hh, a = parts(rest)
-    if not _eager(x):
-        return _gru_grad_kernel(array_namespace("torch"), gy, gh, x, h0, w_ih, w_hh, y, *rest)
-    tensors = (x, h0, w_ih, w_hh) + (() if b_ih is None else (b_ih, b_hh))
-    return tuple(taped_gradients(y, tensors, (gy, gh), _aten_layer, a.reverse))
+    return _aten_layer if x.dtype in (torch.float32, torch.float64) else None
 
 
 # ------------------------------------------------------------------ AD
-
-
-def _gru_grad_rule(call: Call, g: Expr):
-    """``nn.gru_grad`` from the hidden states the forward gave; a symbolic-zero cotangent becomes zeros."""
-    cts = [nonzero(field(g, k)) for k in range(2)]
-    if all(c is None for c in cts):
-        return [None] * len(call.args)
-    cts = [T.zeros_like(TupleGetItem(call, k)) if c is None else c for k, c in enumerate(cts)]
-    d = gru_grad(*cts, *call.args[:4], TupleGetItem(call, 0), *call.args[4:], reverse=call.attrs.reverse)
-    return [TupleGetItem(d, k) for k in range(len(call.args))]
 
 
 def _gru_grad_expanded(call: Call) -> Expr:
@@ -187,12 +142,11 @@ def _gru_grad_expanded(call: Call) -> Expr:
     return Tuple(grads + ([] if b_ih is None else [R.sum(rows_i, (0,)), R.sum(rows_h, (0,))]))
 
 
-gru, gru_grad = define_layer(
-    "nn.gru", 1, 3, (_gru_infer, _gru_kernel, _gru_torch, _gru_grad_rule),
-    (_gru_grad_infer, _gru_grad_kernel, _gru_grad_torch, _gru_grad_expanded), ("gru", "gru_backward"),
+gru, gru_grad = define_layer("nn.gru", Layer(
+    STATES, 3, 2, _gru_kernel, _gru_grad_kernel, _runner, _gru_grad_expanded, ("gru", "gru_backward"),
     ("``nn.gru(x, h0, w_ih, w_hh[, b_ih, b_hh], reverse=False)``: one direction of one GRU layer over a (T, B, I) "
      "sequence, PyTorch's gates and weights; ``(y, h_T)``.",
      "Gradient of ``nn.gru``: ``(y_grad, h_grad, x, h0, w_ih, w_hh, y[, b_ih, b_hh])`` -> "
-     "``(dx, dh0, dw_ih, dw_hh[, db_ih, db_hh])``."))
+     "``(dx, dh0, dw_ih, dw_hh[, db_ih, db_hh])``.")))
 
 __all__ = ["gru", "gru_grad"]

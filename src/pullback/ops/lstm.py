@@ -20,35 +20,16 @@ from __future__ import annotations
 
 from ..ir.errors import PullbackError
 from ..ir.expr import Call, Expr, Tuple, TupleGetItem
-from ..ir.types import Any, TensorType, TupleType
+from ..ir.types import Any
 from . import elemwise as E
-from . import layout as T
 from . import reduce as R
 from .kernels import accumulated
 from .linalg import matmul
-from .nn import dense, field, nonzero
-from .registry import array_namespace
-from .rnn import (check_cotangents, check_layer, define_layer, input_gates, operands, parts, per_step, previous,
-                  rounded, sigmoid, steps, taped_forward, taped_gradients)
+from .nn import dense
+from .rnn import Layer, bias_sum, define_layer, input_gates, parts, per_step, previous, rounded, sigmoid, steps
 from .shape import concatenate, split, stack
 
 STATES = ("h0", "c0")
-
-
-def _lstm_infer(arg_types, attrs):
-    operands("nn.lstm", arg_types, (5, 7), "x, h0, c0, w_ih, w_hh")
-    x, h0, _ = check_layer("nn.lstm", arg_types, 0, 4, STATES)
-    state = TensorType(h0.shape, x.dtype)
-    return TupleType([TensorType(x.shape[:2] + h0.shape[1:], x.dtype), state, state])
-
-
-def _lstm_grad_infer(arg_types, attrs):
-    name = "nn.lstm_grad"
-    operands(name, arg_types, (9, 11), "(y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y)")
-    x, h0, w_ih = check_layer(name, arg_types[:8] + arg_types[9:], 3, 4, STATES)
-    check_cotangents(name, arg_types, (0, 8), (1, 2), TensorType(x.shape[:2] + h0.shape[1:], x.dtype), h0)
-    grads = [x, h0, h0, w_ih, TensorType(arg_types[7].shape, x.dtype)]
-    return TupleType(grads + ([TensorType((w_ih.shape[0],), x.dtype)] if len(arg_types) == 11 else []))
 
 
 def _split(xp, gates, hidden: int) -> tuple:
@@ -57,15 +38,11 @@ def _split(xp, gates, hidden: int) -> tuple:
     return sigmoid(xp, i), sigmoid(xp, f), xp.tanh(g), sigmoid(xp, o)
 
 
-def _bias(xp, b_ih, b_hh):
-    return None if b_ih is None else accumulated(xp, b_ih) + accumulated(xp, b_hh)
-
-
 def _lstm_kernel(xp, x, h0, c0, w_ih, w_hh, *rest):
     """One step at a time (float16/bfloat16 in float32)."""
     b_ih, b_hh, a = parts(rest)
     wx, h, c, wi, wh = (accumulated(xp, t) for t in (x, h0, c0, w_ih, w_hh))
-    pre = input_gates(xp, wx, wi, _bias(xp, b_ih, b_hh))
+    pre = input_gates(xp, wx, wi, bias_sum(xp, b_ih, b_hh))
     whT, hidden, ys = xp.permute_dims(wh, (1, 0)), h.shape[1], [None] * x.shape[0]
     for t in steps(x.shape[0], a.reverse):
         i, f, g, o = _split(xp, pre[t] + xp.matmul(h, whT), hidden)
@@ -84,7 +61,7 @@ def _lstm_grad_kernel(xp, gy, gh, gc, x, h0, c0, w_ih, w_hh, y, *rest):
     n, hidden = x.shape[0], h0.shape[1]
     order = steps(n, a.reverse)
     h_prev = xp.stack(previous(order, wh0, wy), axis=0) if n else xp.zeros(wy.shape, dtype=wy.dtype)
-    pre = input_gates(xp, wx, wi, _bias(xp, b_ih, b_hh)) + xp.matmul(h_prev, xp.permute_dims(wh, (1, 0)))
+    pre = input_gates(xp, wx, wi, bias_sum(xp, b_ih, b_hh)) + xp.matmul(h_prev, xp.permute_dims(wh, (1, 0)))
     i, f, g, o = _split(xp, pre, hidden)
     ig, cs, c_prev, c = i * g, [None] * n, [None] * n, wc0
     for t in order:
@@ -151,38 +128,11 @@ def _aten_layer(leaves: list, reverse: bool) -> tuple:
 _RUNNERS = {"onednn": _onednn_layer, "aten": _aten_layer}
 
 
-def _lstm_torch(x, h0, c0, w_ih, w_hh, *rest):
-    """Eager's kernel (``_eager_kernel``), its graph kept for the gradient; else the shared kernel."""
-    b_ih, b_hh, a = parts(rest)
-    run = _RUNNERS.get(_eager_kernel(x))
-    if run is None:
-        return _lstm_kernel(array_namespace("torch"), x, h0, c0, w_ih, w_hh, *rest)
-    return taped_forward((x, h0, c0, w_ih, w_hh) + (() if b_ih is None else (b_ih, b_hh)), run, a.reverse)
-
-
-def _lstm_grad_torch(gy, gh, gc, x, h0, c0, w_ih, w_hh, y, *rest):
-    """Eager's backward from the forward's graph, or after its forward again; else the shared kernel."""
-    b_ih, b_hh, a = parts(rest)
-    run = _RUNNERS.get(_eager_kernel(x))
-    if run is None:
-        return _lstm_grad_kernel(array_namespace("torch"), gy, gh, gc, x, h0, c0, w_ih, w_hh, y, *rest)
-    tensors = (x, h0, c0, w_ih, w_hh) + (() if b_ih is None else (b_ih, b_hh))
-    return tuple(taped_gradients(y, tensors, (gy, gh, gc), run, a.reverse)[:6])  # (the biases' gradients are equal)
+def _runner(x, attrs):
+    return _RUNNERS.get(_eager_kernel(x))
 
 
 # ------------------------------------------------------------------ AD
-
-
-def _lstm_grad_rule(call: Call, g: Expr):
-    """``nn.lstm_grad`` from the hidden states the forward gave; a symbolic-zero cotangent becomes zeros."""
-    cts = [nonzero(field(g, k)) for k in range(3)]
-    if all(c is None for c in cts):
-        return [None] * len(call.args)
-    cts = [T.zeros_like(TupleGetItem(call, k)) if c is None else c for k, c in enumerate(cts)]
-    x, h0, c0, w_ih, w_hh = call.args[:5]
-    d = lstm_grad(*cts, x, h0, c0, w_ih, w_hh, TupleGetItem(call, 0), *call.args[5:], reverse=call.attrs.reverse)
-    grads = [TupleGetItem(d, k) for k in range(5)]
-    return grads + ([TupleGetItem(d, 5)] * 2 if len(call.args) == 7 else [])
 
 
 def _lstm_grad_expanded(call: Call) -> Expr:
@@ -218,12 +168,11 @@ def _lstm_grad_expanded(call: Call) -> Expr:
     return Tuple(grads + ([R.sum(rows, (0,))] if bias is not None else []))
 
 
-lstm, lstm_grad = define_layer(
-    "nn.lstm", 2, 4, (_lstm_infer, _lstm_kernel, _lstm_torch, _lstm_grad_rule),
-    (_lstm_grad_infer, _lstm_grad_kernel, _lstm_grad_torch, _lstm_grad_expanded), ("lstm", "mkldnn_rnn_layer_backward"),
+lstm, lstm_grad = define_layer("nn.lstm", Layer(
+    STATES, 4, 1, _lstm_kernel, _lstm_grad_kernel, _runner, _lstm_grad_expanded, ("lstm", "mkldnn_rnn_layer_backward"),
     ("``nn.lstm(x, h0, c0, w_ih, w_hh[, b_ih, b_hh], reverse=False)``: one direction of one LSTM layer over a "
      "(T, B, I) sequence, PyTorch's gates and weights; ``(y, h_T, c_T)``.",
      "Gradient of ``nn.lstm``: ``(y_grad, h_grad, c_grad, x, h0, c0, w_ih, w_hh, y[, b_ih, b_hh])`` -> "
-     "``(dx, dh0, dc0, dw_ih, dw_hh[, db])`` (``db`` is both biases' gradient)."))
+     "``(dx, dh0, dc0, dw_ih, dw_hh[, db])`` (``db`` is both biases' gradient).")))
 
 __all__ = ["lstm", "lstm_grad"]

@@ -16,14 +16,16 @@ states, a transposed input).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..ir.expr import Expr, TupleGetItem
-from ..ir.types import FLOAT_DTYPES, Any, TensorType
+from ..ir.types import FLOAT_DTYPES, Any, TensorType, TupleType
 from .common import numel, same_dtype, tensor_arg
-from .nn import check_bool
-from .registry import FusionKind, defop, type_error
+from .kernels import accumulated
+from . import layout as T
+from .nn import check_bool, field, nonzero
+from .registry import FusionKind, array_namespace, defop, type_error
 from .shape import split, squeeze
 
 
@@ -89,6 +91,39 @@ def check_cotangents(name: str, arg_types, ys: tuple, states: tuple, y_type: Ten
                 raise type_error(name, arg_types, f"operand {i} of shape {arg_types[i].shape} is not {what} {like.shape}")
 
 
+def layer_infer(name: str, gates: int, states: tuple):
+    """The type relation of a layer operator: operands ``x, *states, w_ih, w_hh[, b_ih, b_hh]``, results
+    ``(y, *last states)``."""
+    what = ", ".join(("x", *states, "w_ih", "w_hh"))
+
+    def infer(arg_types, attrs):
+        operands(name, arg_types, (3 + len(states), 5 + len(states)), what)
+        x, h0, _ = check_layer(name, arg_types, 0, gates, states)
+        return TupleType([TensorType(x.shape[:2] + h0.shape[1:], x.dtype)] + [TensorType(h0.shape, x.dtype)] * len(states))
+
+    return infer
+
+
+def gradient_infer(name: str, gates: int, states: tuple, bias_grads: int):
+    """The type relation of a layer's gradient operator: operands ``y_grad, *state grads``, the layer's operands
+    (without its biases), ``y``, the biases; results the gradients of the layer's operands (``bias_grads`` for the two
+    biases: one where both get the same)."""
+    s = len(states)
+    y_at = 4 + 2 * s  # after the cotangents (1 + s) and the layer's operands (3 + s)
+    what = ", ".join(("y_grad", *(f"{n[0]}_grad" for n in states), "x", *states, "w_ih", "w_hh", "y"))
+
+    def infer(arg_types, attrs):
+        operands(name, arg_types, (y_at + 1, y_at + 3), f"({what})")
+        x, h0, w_ih = check_layer(name, arg_types[:y_at] + arg_types[y_at + 1:], 1 + s, gates, states)
+        check_cotangents(name, arg_types, (0, y_at), tuple(range(1, 1 + s)), TensorType(x.shape[:2] + h0.shape[1:], x.dtype),
+                         h0)
+        grads = [x] + [h0] * s + [w_ih, TensorType(arg_types[y_at - 1].shape, x.dtype)]
+        biases = [TensorType((w_ih.shape[0],), x.dtype)] * bias_grads if len(arg_types) == y_at + 3 else []
+        return TupleType(grads + biases)
+
+    return infer
+
+
 def parts(rest: tuple) -> tuple:
     """``(b_ih, b_hh, attrs)`` from a kernel's operands after the weights (biases None when absent)."""
     return (rest[0], rest[1], rest[2]) if len(rest) == 3 else (None, None, rest[0])
@@ -119,6 +154,11 @@ def input_gates(xp, x, w_ih, b):
     """``x w_ih^T (+ b)`` for every step at once: (T, B, gates H)."""
     pre = xp.matmul(x, xp.permute_dims(w_ih, (1, 0)))
     return pre if b is None else pre + b
+
+
+def bias_sum(xp, b_ih, b_hh):
+    """``b_ih + b_hh`` (in the kernels' precision), or None for a layer without biases."""
+    return None if b_ih is None else accumulated(xp, b_ih) + accumulated(xp, b_hh)
 
 
 def per_step(v: Expr, n: int) -> list:
@@ -195,6 +235,38 @@ def taped_gradients(y, tensors: tuple, cotangents: tuple, run: Runner, reverse: 
         return torch.autograd.grad(taped[0], taped[1], cotangents)
 
 
+def torch_layer(kernel: Callable, runner: Callable) -> Callable:
+    """The torch kernel of a layer operator: eager's kernel (``runner(x, attrs)``, a ``Runner``, or None where eager's
+    kernels do not take the operands) under autograd, its graph kept for the gradient; else the shared ``kernel``."""
+
+    def run(*args):
+        *tensors, a = args
+        fn = runner(tensors[0], a)
+        if fn is None:
+            return kernel(array_namespace("torch"), *args)
+        return taped_forward(tuple(tensors), fn, a.reverse)
+
+    return run
+
+
+def torch_gradient(kernel: Callable, runner: Callable, states: int, bias_grads: int) -> Callable:
+    """The torch kernel of a layer's gradient operator: eager's backward from the forward's kept graph, or after
+    its forward again (``runner`` as ``torch_layer``'s); else the shared ``kernel``. ``bias_grads``: 1 where both
+    biases get one gradient (given once)."""
+
+    def run(*args):
+        *tensors, a = args
+        cts, layer = tensors[:1 + states], tensors[1 + states:]
+        fn = runner(layer[0], a)
+        if fn is None:
+            return kernel(array_namespace("torch"), *args)
+        y, operands = layer[3 + states], layer[:3 + states] + layer[4 + states:]
+        grads = taped_gradients(y, tuple(operands), tuple(cts), fn, a.reverse)
+        return tuple(grads[:len(grads) - 1] if bias_grads == 1 and len(operands) > 3 + states else grads)
+
+    return run
+
+
 def tie(y, holder) -> None:
     """Keep the graph of the forward that gave ``y`` while ``holder`` lives (instead of while ``y`` does): the
     NumPy array on ``y``'s memory that the numpy target hands on (``runtime.aten_on_numpy``), ``y`` itself being a
@@ -224,20 +296,62 @@ def gemm_flops(arg_types, first: int, gates: int, factor: int) -> int:
     return factor * 2 * n * gates * hidden * (x.shape[2] + hidden) + 3 * gates * n * hidden
 
 
-def define_layer(name: str, states: int, gates: int, forward: tuple, gradient: tuple, torch_names: tuple,
-                 docs: tuple) -> tuple:
-    """Register a layer operator ``name`` (operands ``x``, ``states`` states, ``w_ih``, ``w_hh``, two optional biases)
-    and its gradient ``name_grad`` (the cotangents, the layer's operands and ``y``), each from ``(infer, kernel,
-    torch kernel)``; the layer's rule and the gradient's expansion come last in ``forward`` and ``gradient``."""
-    n, cells = 3 + states, dict(optional_inputs=2, attrs_type=RNNAttrs, pattern=FusionKind.OPAQUE, dtypes=FLOAT_DTYPES)
-    infer, kernel, torch_kernel, rule = forward
-    layer = defop(name, n, infer, kernel=kernel, impls={"torch": torch_kernel}, grad=rule,
-                  flops=lambda ts, out, a: gemm_flops(ts, 0, gates, 1), torch_name=torch_names[0], doc=docs[0], **cells)
-    infer, kernel, torch_kernel, expand = gradient
-    grad = defop(f"{name}_grad", 2 * n - 1, infer, kernel=kernel, impls={"torch": torch_kernel}, expand=expand,
-                 flops=lambda ts, out, a: gemm_flops(ts, n - 2, gates, 3), torch_name=torch_names[1], doc=docs[1],
-                 **cells)
-    return layer, grad
+@dataclass(frozen=True)
+class Layer:
+    """What defines a recurrent layer operator: its ``states`` (names of the (B, H) initial states), weight blocks
+    (``gates``), how many bias gradients its gradient gives (``bias_grads``: 1 where both biases get the same), the
+    shared ``kernel`` and ``grad_kernel`` (``xp``), ``runner(x, attrs)`` (eager's kernel on torch, or None), the
+    gradient's ``expand``, ATen's names of the two, their docs, and the attributes' type."""
+
+    states: tuple
+    gates: int
+    bias_grads: int
+    kernel: Callable
+    grad_kernel: Callable
+    runner: Callable
+    expand: Callable
+    torch_names: tuple
+    docs: tuple
+    attrs_type: type = RNNAttrs
 
 
-__all__ = ["RNNAttrs", "define_layer", "gemm_flops", "taped_forward", "taped_gradients", "taped_tensors", "tie"]
+def _rule(layer: Layer, gradient: Callable) -> Callable:
+    """The layer's gradient rule: its gradient operator (``gradient()``, registered after it) from the hidden states
+    the forward gave; a symbolic-zero cotangent becomes zeros."""
+    s, n = len(layer.states), 3 + len(layer.states)
+
+    def rule(call, g):
+        cts = [nonzero(field(g, k)) for k in range(1 + s)]
+        if all(c is None for c in cts):
+            return [None] * len(call.args)
+        cts = [T.zeros_like(TupleGetItem(call, k)) if c is None else c for k, c in enumerate(cts)]
+        d = gradient()(*cts, *call.args[:n], TupleGetItem(call, 0), *call.args[n:], **asdict(call.attrs))
+        grads = [TupleGetItem(d, k) for k in range(n)]
+        if len(call.args) > n:  # the biases
+            grads += [TupleGetItem(d, n), TupleGetItem(d, n + layer.bias_grads - 1)]
+        return grads
+
+    return rule
+
+
+def define_layer(name: str, layer: Layer) -> tuple:
+    """Register a layer operator ``name`` (operands ``x``, the initial states, ``w_ih``, ``w_hh``, two optional
+    biases; results ``(y, *last states)``) and its gradient ``name_grad`` (the cotangents, the layer's operands,
+    ``y``, the biases; results the operands' gradients)."""
+    s = len(layer.states)
+    n, common = 3 + s, dict(optional_inputs=2, attrs_type=layer.attrs_type, pattern=FusionKind.OPAQUE, dtypes=FLOAT_DTYPES)
+    ops: dict = {}
+    ops["layer"] = defop(
+        name, n, layer_infer(name, layer.gates, layer.states), kernel=layer.kernel,
+        impls={"torch": torch_layer(layer.kernel, layer.runner)}, grad=_rule(layer, lambda: ops["grad"]),
+        flops=lambda ts, out, a: gemm_flops(ts, 0, layer.gates, 1), torch_name=layer.torch_names[0], doc=layer.docs[0],
+        **common)
+    ops["grad"] = defop(
+        f"{name}_grad", 2 * n - 1, gradient_infer(f"{name}_grad", layer.gates, layer.states, layer.bias_grads),
+        kernel=layer.grad_kernel, impls={"torch": torch_gradient(layer.grad_kernel, layer.runner, s, layer.bias_grads)},
+        expand=layer.expand, flops=lambda ts, out, a: gemm_flops(ts, n - 2, layer.gates, 3),
+        torch_name=layer.torch_names[1], doc=layer.docs[1], **common)
+    return ops["layer"], ops["grad"]
+
+
+__all__ = ["RNNAttrs", "Layer", "define_layer", "gemm_flops", "taped_forward", "taped_gradients", "taped_tensors", "tie"]
