@@ -1,10 +1,11 @@
-"""What the recurrent layers share (``nn.lstm`` in ``lstm.py``, ``nn.gru`` in ``gru.py``: one direction of one layer
-over a whole (T, B, I) sequence, PyTorch's gates and weights): the ``reverse`` attribute, the operands' checks, the
-steps' order, and the graphs the torch target keeps between a layer's forward and its gradient.
+"""What the recurrent layers share (``nn.lstm`` in ``lstm.py``, ``nn.gru`` in ``gru.py``, ``nn.rnn`` in ``elman.py``:
+one direction of one layer over a whole (T, B, I) sequence, PyTorch's gates and weights): their definition
+(``Layer``, ``define_layer``: type relations, torch kernels, gradient rule), the operands' checks, the steps' order,
+and the graphs the torch target keeps between a layer's forward and its gradient.
 
 A layer's gradient needs no saved gates: from the hidden states ``y`` its forward gave, every step's gates come back
 in two GEMMs over the whole sequence, and the sweep back in time costs one small GEMM per step. On torch, a layer
-runs eager's own kernel (oneDNN's fused LSTM layer, ATen's GRU) under autograd, and its graph waits in ``_TAPES``
+runs eager's own kernel (oneDNN's fused LSTM layer, ATen's GRU and RNN) under autograd, and its graph waits in ``_TAPES``
 for the gradient, keyed by the ``y`` it gave: the gradient operator, given that ``y``, runs eager's backward from
 the graph (oneDNN keeps an LSTM's gates in a workspace), not the forward again. An entry goes when its gradient
 takes it or when ``y`` is freed (a program that never asks for the gradient keeps nothing). The gradient takes it

@@ -75,10 +75,11 @@ INDEXING = frozenset({"index_add"})
 # bilinear resizing and its gradient (a U-Net's decoder): ATen's kernels on both cores, where NumPy's are four
 # gathers and blends forward and four scatters backward, each one pass over memory
 RESIZING = frozenset({"image.resize2d", "image.resize2d_grad"})
-# recurrent layers and their gradients: eager's kernels (oneDNN's fused LSTM layer, ATen's GRU), where NumPy's
-# kernels loop over the steps; the forward's graph kept for the gradient while the array of its hidden states
-# lives (``ops.rnn.tie``)
-RECURRENT = frozenset({"nn.lstm", "nn.lstm_grad", "nn.gru", "nn.gru_grad"})
+# recurrent layers and their gradients: eager's kernels (oneDNN's fused LSTM layer, ATen's GRU and RNN), where
+# NumPy's kernels loop over the steps; the forward's graph kept for the gradient while the array of its hidden
+# states lives (``ops.rnn.tie``)
+LAYERS = frozenset({"nn.lstm", "nn.gru", "nn.rnn"})
+RECURRENT = LAYERS | {f"{name}_grad" for name in LAYERS}
 ATEN_OPS = (GEMMS | CONVOLUTIONS | ELEMENTWISE | PADS | EXTREMES | LOSSES | ATTENTION | GROUPED | NORMS | INDEXING | RESIZING
             | RECURRENT
             | frozenset({
@@ -164,7 +165,7 @@ def aten_kernel(call: Call) -> Optional[Callable]:
         out = fn(*[as_tensor(torch, a) for a in arrays], attrs)
         return tuple(read_only(o.numpy()) for o in out) if isinstance(out, tuple) else read_only(out.numpy())
 
-    if call.op.name in ("nn.lstm", "nn.gru"):  # the layer's graph kept for the gradient while its y's array lives
+    if call.op.name in LAYERS:  # the layer's graph kept for the gradient while its y's array lives
         from ..ops.rnn import tie
 
         def run_taped(*args):
