@@ -22,7 +22,8 @@ from . import reduce as R
 from .kernels import accumulated
 from .linalg import matmul
 from .nn import check_choice
-from .rnn import RNNAttrs, Layer, bias_sum, define_layer, input_gates, parts, per_step, previous, rounded, steps
+from .rnn import (RNNAttrs, Layer, aten_runner, bias_sum, define_layer, eager_dtype, input_gates, parts, per_step,
+                  previous, rounded, steps)
 from .shape import concatenate, stack
 
 STATES = ("h0",)
@@ -84,24 +85,12 @@ def _rnn_grad_kernel(xp, gy, gh, x, h0, w_ih, w_hh, y, *rest):
 # ------------------------------------------------------------------ torch: eager's kernel
 
 
-def _aten_layer(nonlinearity: str):
-    def run(leaves: list, reverse: bool) -> tuple:
-        """ATen's ``rnn_tanh`` / ``rnn_relu`` of one layer (the reversed direction over the flipped sequence)."""
-        import torch
-
-        x, h0, w_ih, w_hh, *b = leaves
-        fn = torch.rnn_tanh if nonlinearity == "tanh" else torch.rnn_relu
-        y, h = fn(x.flip(0) if reverse else x, h0[None], [w_ih, w_hh, *b], bool(b), 1, 0.0, True, False, False)
-        return ((y.flip(0) if reverse else y), h[0]), ()
-
-    return run
+_ATEN = {"tanh": aten_runner("rnn_tanh", 1), "relu": aten_runner("rnn_relu", 1)}
 
 
 def _runner(x, attrs):
-    """ATen's RNN where eager runs it (float32 and float64); else None (the shared kernel)."""
-    import torch
-
-    return _aten_layer(attrs.nonlinearity) if x.dtype in (torch.float32, torch.float64) else None
+    """ATen's RNN where eager runs it; else None (the shared kernel)."""
+    return _ATEN[attrs.nonlinearity] if eager_dtype(x) else None
 
 
 # ------------------------------------------------------------------ AD

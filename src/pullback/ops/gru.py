@@ -25,7 +25,8 @@ from . import reduce as R
 from .kernels import accumulated
 from .linalg import matmul
 from .nn import dense
-from .rnn import Layer, define_layer, input_gates, parts, per_step, previous, rounded, sigmoid, steps
+from .rnn import (Layer, aten_runner, define_layer, eager_dtype, input_gates, parts, per_step, previous, rounded, sigmoid,
+                  steps)
 from .shape import concatenate, split, stack
 
 STATES = ("h0",)
@@ -91,20 +92,12 @@ def _gru_grad_kernel(xp, gy, gh, x, h0, w_ih, w_hh, y, *rest):
 # ------------------------------------------------------------------ torch: eager's kernel
 
 
-def _aten_layer(leaves: list, reverse: bool) -> tuple:
-    """ATen's ``gru`` of one layer (the reversed direction over the flipped sequence): ``((y, h_T), ())``."""
-    import torch
-
-    x, h0, w_ih, w_hh, *b = leaves
-    y, h = torch.gru(x.flip(0) if reverse else x, h0[None], [w_ih, w_hh, *b], bool(b), 1, 0.0, True, False, False)
-    return ((y.flip(0) if reverse else y), h[0]), ()
+_ATEN = aten_runner("gru", 1)
 
 
 def _runner(x, attrs):
-    """ATen's GRU where eager runs it (float32 and float64); else None (the shared kernel)."""
-    import torch
-
-    return _aten_layer if x.dtype in (torch.float32, torch.float64) else None
+    """ATen's GRU where eager runs it; else None (the shared kernel)."""
+    return _ATEN if eager_dtype(x) else None
 
 
 # ------------------------------------------------------------------ AD

@@ -26,7 +26,8 @@ from . import reduce as R
 from .kernels import accumulated
 from .linalg import matmul
 from .nn import dense
-from .rnn import Layer, bias_sum, define_layer, input_gates, parts, per_step, previous, rounded, sigmoid, steps
+from .rnn import (Layer, aten_runner, bias_sum, define_layer, input_gates, parts, per_step, previous, rounded, sigmoid,
+                  steps)
 from .shape import concatenate, split, stack
 
 STATES = ("h0", "c0")
@@ -115,17 +116,7 @@ def _onednn_layer(leaves: list, reverse: bool) -> tuple:
     return tuple(out), (workspace,)
 
 
-def _aten_layer(leaves: list, reverse: bool) -> tuple:
-    """ATen's ``lstm`` of one layer (the reversed direction over the flipped sequence): ``((y, h_T, c_T), ())``."""
-    import torch
-
-    x, h0, c0, w_ih, w_hh, *b = leaves
-    y, h, c = torch.lstm(x.flip(0) if reverse else x, (h0[None], c0[None]), [w_ih, w_hh, *b], bool(b), 1, 0.0, True,
-                         False, False)
-    return ((y.flip(0) if reverse else y), h[0], c[0]), ()
-
-
-_RUNNERS = {"onednn": _onednn_layer, "aten": _aten_layer}
+_RUNNERS = {"onednn": _onednn_layer, "aten": aten_runner("lstm", 2)}
 
 
 def _runner(x, attrs):

@@ -179,6 +179,29 @@ _TAPES: dict = {}
 Runner = Callable[[list, bool], tuple]  # (leaves, reverse) -> (differentiable results, other tensors they keep)
 
 
+def aten_runner(name: str, states: int) -> Runner:
+    """A ``Runner`` of ATen's one-layer ``name`` (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``: eager's kernels), the
+    reversed direction over the flipped sequence."""
+
+    def run(leaves: list, reverse: bool) -> tuple:
+        import torch
+
+        x, *rest = leaves
+        hx, weights = [s[None] for s in rest[:states]], rest[states:]
+        y, *last = getattr(torch, name)(x.flip(0) if reverse else x, hx if states > 1 else hx[0], weights,
+                                        len(weights) > 2, 1, 0.0, True, False, False)
+        return ((y.flip(0) if reverse else y), *(h[0] for h in last)), ()
+
+    return run
+
+
+def eager_dtype(x) -> bool:
+    """Eager's ATen RNN kernels take ``x`` (float32, float64); other dtypes run the shared kernel."""
+    import torch
+
+    return x.dtype in (torch.float32, torch.float64)
+
+
 def _key(y) -> tuple:
     return y.data_ptr(), tuple(y.shape), tuple(y.stride())
 
@@ -212,10 +235,11 @@ def _same(leaf, given) -> bool:
 def _taped(y, tensors: tuple, reverse: bool):
     """``(outputs, leaves)`` of the forward that gave ``y`` from operands equal to ``tensors``, taken out of
     ``_TAPES``; or None."""
-    entry = _TAPES.get(_key(y))
+    key = _key(y)
+    entry = _TAPES.get(key)
     if entry is None or entry[0]() is None:  # (alive, the forward's y holds this memory: the same values)
         return None
-    del _TAPES[_key(y)]
+    del _TAPES[key]
     _, versions, was_reverse, out, leaves, _ = entry
     if was_reverse != reverse or [t._version for t in leaves + [y]] != versions or len(leaves) != len(tensors) \
             or not all(_same(leaf, t) for leaf, t in zip(leaves, tensors)):
@@ -355,4 +379,4 @@ def define_layer(name: str, layer: Layer) -> tuple:
     return ops["layer"], ops["grad"]
 
 
-__all__ = ["RNNAttrs", "Layer", "define_layer", "gemm_flops", "taped_forward", "taped_gradients", "taped_tensors", "tie"]
+__all__ = ["RNNAttrs", "Layer", "aten_runner", "define_layer", "eager_dtype", "gemm_flops", "taped_forward", "taped_gradients", "taped_tensors", "tie"]
